@@ -1,0 +1,153 @@
+"""Public neuron functions. They check their input, then pick a backend:
+
+    "fused"      the Triton kernels of spikefuse.ops.lif (one launch over all T steps
+                 forward, one reverse-time launch backward); on a CPU tensor they run
+                 through the Triton interpreter (slow: for tests)
+    "reference"  the step-by-step PyTorch loop of spikefuse.reference
+    "auto"       fused on CUDA for float32/bfloat16/float16, reference otherwise
+
+All take time-major input x of shape [T, *] and return spikes of x's shape and dtype.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from . import reference
+from .ops.surrogate import resolve as resolve_surrogate
+
+RESETS = ("hard", "soft", "none")
+BACKENDS = ("auto", "fused", "reference")
+FUSED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def lif(
+    x: torch.Tensor,
+    decay: float | torch.Tensor = 0.5,
+    threshold: float = 1.0,
+    reset: str = "hard",
+    v_reset: float = 0.0,
+    detach_reset: bool = False,
+    surrogate: str = "rectangular",
+    alpha: float | None = None,
+    v0: torch.Tensor | None = None,
+    return_state: bool = False,
+    backend: str = "auto",
+):
+    """Leaky integrate-and-fire neurons over all T steps of x [T, *].
+
+    decay: float in [0, 1], or a tensor (PLIF) that is a scalar or holds one value per
+        channel, channel being dim 2 of x ([T, B, C, ...]).
+    reset: "hard" (to v_reset), "soft" (subtract threshold) or "none".
+    surrogate, alpha: the backward ds/dh (see spikefuse.ops.surrogate); alpha=None
+        takes the surrogate's default width/slope.
+    v0: initial membrane potential, shaped like x[0]; default zeros.
+    return_state: also return the membrane potential after the last step, v[T-1].
+    """
+    _check_x(x)
+    decay_value, decay_tensor = _check_decay(decay, x)
+    threshold = _check_finite("threshold", threshold)
+    v_reset = _check_finite("v_reset", v_reset)
+    if reset not in RESETS:
+        raise ValueError(f"reset: unknown mode {reset!r}; expected one of {list(RESETS)}")
+    surrogate, alpha = resolve_surrogate(surrogate, alpha)
+    _check_v0(v0, x)
+    if _use_fused(backend, x):
+        from .ops.lif import lif_fused
+
+        return lif_fused(x, decay_value, decay_tensor, threshold, reset, v_reset,
+                         bool(detach_reset), surrogate, alpha, v0, bool(return_state))
+    if decay_tensor is not None:
+        decay_value = decay_tensor.reshape(decay_tensor.shape + (1,) * max(x.dim() - 3, 0))
+    return reference.lif(x, decay_value, threshold, reset, v_reset, bool(detach_reset),
+                         surrogate, alpha, v0, bool(return_state))
+
+
+def if_(x: torch.Tensor, threshold: float = 1.0, **kwargs):
+    """Integrate-and-fire (LIF with decay = 1); same options as `lif`."""
+    if "decay" in kwargs:
+        raise TypeError("if_() takes no decay: integrate-and-fire has decay = 1")
+    return lif(x, decay=1.0, threshold=threshold, **kwargs)
+
+
+def plif(x: torch.Tensor, decay: torch.Tensor, **kwargs):
+    """Parametric LIF: `decay` is a tensor (scalar or per channel) that gets a gradient."""
+    if not isinstance(decay, torch.Tensor):
+        raise TypeError(f"decay must be a tensor for plif, got {type(decay).__name__}")
+    return lif(x, decay=decay, **kwargs)
+
+
+# ---- input checks: each names the argument and what was expected ----
+
+def _check_x(x):
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+    if x.dim() < 1:
+        raise ValueError("x must have a leading time dimension [T, *], got a 0-d tensor")
+    if x.shape[0] == 0:
+        raise ValueError(f"x has T == 0 time steps (shape {tuple(x.shape)}); expected T >= 1")
+    if not x.is_floating_point():
+        raise TypeError(f"x must be a floating-point tensor, got dtype {x.dtype}")
+
+
+def _check_finite(name, value):
+    if isinstance(value, torch.Tensor) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise TypeError(f"{name} must be a finite Python number, got {value!r}")
+    return float(value)
+
+
+def _check_decay(decay, x):
+    """Returns (float decay, None) or (1.0, tensor decay of shape [1] or [C])."""
+    if isinstance(decay, torch.Tensor):
+        if not decay.is_floating_point():
+            raise TypeError(f"decay must be a floating-point tensor, got dtype {decay.dtype}")
+        if x is not None and decay.device != x.device:
+            raise ValueError(f"decay is on {decay.device} but x is on {x.device}")
+        channels = x.shape[2] if x is not None and x.dim() >= 3 else None
+        if decay.numel() != 1 and (decay.dim() != 1 or decay.shape[0] != channels):
+            raise ValueError(
+                f"decay must be a scalar tensor or have one value per channel "
+                f"(shape [{channels}] for x of shape {tuple(x.shape)}), got shape {tuple(decay.shape)}")
+        if decay.device.type == "cpu" and not torch.compiler.is_compiling():
+            if ((decay < 0) | (decay > 1)).any():  # CUDA values are not checked: it would force a sync
+                raise ValueError("decay values must lie in [0, 1]")
+        return 1.0, decay.reshape(-1)
+    if isinstance(decay, bool) or not isinstance(decay, (int, float)) or not 0.0 <= decay <= 1.0:
+        raise ValueError(f"decay must be a number in [0, 1] or a tensor, got {decay!r}")
+    return float(decay), None
+
+
+def _check_v0(v0, x):
+    if v0 is None:
+        return
+    if not isinstance(v0, torch.Tensor):
+        raise TypeError(f"v0 must be a tensor shaped like x[0], got {type(v0).__name__}")
+    if v0.shape != x.shape[1:]:
+        raise ValueError(f"v0 must have shape {tuple(x.shape[1:])} (one step of x), got {tuple(v0.shape)}")
+    if v0.device != x.device:
+        raise ValueError(f"v0 is on {v0.device} but x is on {x.device}")
+    if not v0.is_floating_point():
+        raise TypeError(f"v0 must be floating point, got dtype {v0.dtype}")
+
+
+def _use_fused(backend, x):
+    if backend not in BACKENDS:
+        raise ValueError(f"backend: unknown {backend!r}; expected one of {list(BACKENDS)}")
+    if backend == "reference":
+        return False
+    fusable = x.dtype in FUSED_DTYPES
+    if backend == "fused":
+        if not fusable:
+            raise TypeError(f"x dtype {x.dtype} has no fused kernel; expected one of "
+                            f"{[str(d) for d in FUSED_DTYPES]} or backend='reference'")
+        return True
+    return fusable and x.is_cuda and _triton_available()
+
+
+def _triton_available():
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True

@@ -1,0 +1,62 @@
+"""Pure-PyTorch, step-by-step neuron dynamics: the oracle every fused kernel is tested against.
+
+Equations (DESIGN.md), time-major x of shape [T, *]:
+    h[t] = decay * v[t-1] + x[t]                     charge, v[-1] = v0 (default 0)
+    s[t] = 1 if h[t] >= threshold else 0             fire (surrogate gradient in backward)
+    v[t] = h[t]*(1-s[t]) + v_reset*s[t]              reset="hard"
+         = h[t] - threshold*s[t]                     reset="soft"
+         = h[t]                                      reset="none"
+`detach_reset` cuts the reset's dependence on s. Gradients come from autograd alone,
+so this file is deliberately the plainest possible reading of the equations.
+"""
+from __future__ import annotations
+
+import torch
+
+from .ops.surrogate import spike
+
+
+def lif(
+    x: torch.Tensor,
+    decay: float | torch.Tensor = 0.5,
+    threshold: float = 1.0,
+    reset: str = "hard",
+    v_reset: float = 0.0,
+    detach_reset: bool = False,
+    surrogate: str = "rectangular",
+    alpha: float | None = None,
+    v0: torch.Tensor | None = None,
+    return_state: bool = False,
+):
+    """Leaky integrate-and-fire over all T steps; returns spikes [T, *] (and v[T-1] if asked).
+
+    `decay` is a float or a tensor broadcastable to one time step x[0] (PLIF: a scalar
+    tensor, or per channel shaped [C, 1, ..., 1] for x of shape [T, B, C, ...]).
+    """
+    v = torch.zeros_like(x[0]) if v0 is None else v0
+    spikes = []
+    for t in range(x.shape[0]):
+        h = decay * v + x[t]
+        s = spike(h - threshold, surrogate, alpha)
+        s_reset = s.detach() if detach_reset else s
+        if reset == "hard":
+            v = h * (1 - s_reset) + v_reset * s_reset
+        elif reset == "soft":
+            v = h - threshold * s_reset
+        elif reset == "none":
+            v = h
+        else:
+            raise ValueError(f"reset: unknown mode {reset!r}; expected 'hard', 'soft' or 'none'")
+        spikes.append(s)
+    out = torch.stack(spikes)
+    return (out, v) if return_state else out
+
+
+def if_(x: torch.Tensor, **kwargs):
+    """Integrate-and-fire: LIF with decay = 1."""
+    return lif(x, decay=1.0, **kwargs)
+
+
+def plif(x: torch.Tensor, decay: torch.Tensor, **kwargs):
+    """Parametric LIF: `decay` is a tensor that requires grad (scalar or per channel)."""
+    return lif(x, decay=decay, **kwargs)
