@@ -1,0 +1,131 @@
+"""Fused LIF kernels (through the Triton interpreter) against the PyTorch reference."""
+import itertools
+
+import pytest
+import torch
+
+import spikefuse.functional as F
+from spikefuse.ops.surrogate import SURROGATES
+
+
+def rel_err(a, b):
+    return ((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30)).item()
+
+
+def run_both(x, grad_out=None, **kw):
+    """Spikes and input/parameter gradients from both backends for the same inputs."""
+    results = []
+    for backend in ("fused", "reference"):
+        leaves = {k: v.detach().clone().requires_grad_(True) for k, v in kw.items()
+                  if isinstance(v, torch.Tensor)}
+        xi = x.detach().clone().requires_grad_(True)
+        options = {**kw, **leaves}
+        if backend == "reference" and x.dtype != torch.float32:  # oracle in float32
+            xi_ref = xi.float()
+        else:
+            xi_ref = xi
+        out = F.lif(xi_ref, backend=backend, **options)
+        spikes, state = out if isinstance(out, tuple) else (out, None)
+        g = torch.randn(spikes.shape, generator=torch.Generator().manual_seed(1)) if grad_out is None else grad_out
+        loss = (spikes * g.to(spikes.dtype)).float().sum()
+        if state is not None:
+            loss = loss + (state.float() * torch.linspace(-1, 1, state.numel()).view(state.shape)).sum()
+        grads = torch.autograd.grad(loss, [xi, *leaves.values()])
+        results.append((spikes.float(), state, dict(zip(["x", *leaves], grads))))
+    return results
+
+
+def assert_match(fused, ref, rtol=1e-5):
+    (s1, v1, g1), (s2, v2, g2) = fused, ref
+    assert torch.equal(s1, s2), f"spikes differ at {(s1 != s2).sum().item()} places"
+    if v1 is not None:
+        torch.testing.assert_close(v1.float(), v2.float(), rtol=rtol, atol=1e-6)
+    for name in g2:
+        if rtol <= 1e-5:
+            torch.testing.assert_close(g1[name].float(), g2[name].float(), rtol=rtol, atol=1e-6,
+                                       msg=lambda m: f"grad {name}: {m}")
+        else:
+            assert rel_err(g1[name], g2[name]) < rtol, f"grad {name}: {rel_err(g1[name], g2[name])}"
+
+
+def rand(*shape, seed=0, dtype=torch.float32, scale=1.0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(shape, generator=g) * scale + 0.3).to(dtype)
+
+
+CASES = list(itertools.product(["hard", "soft", "none"], SURROGATES, [False, True]))
+
+
+@pytest.mark.parametrize("case", range(len(CASES)))
+def test_lif_float32_every_reset_and_surrogate(case):
+    reset, surrogate, detach = CASES[case]
+    x = rand(13, 3, 37, seed=case)
+    kw = dict(decay=0.8, threshold=0.9, reset=reset, v_reset=-0.2, detach_reset=detach,
+              surrogate=surrogate)
+    assert_match(*run_both(x, **kw))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("reset", ["hard", "soft"])
+def test_lif_half_precision(dtype, reset):
+    x = rand(11, 4, 33, seed=3, dtype=dtype)
+    assert_match(*run_both(x, decay=0.6, reset=reset, surrogate="atan"), rtol=1e-2)
+
+
+@pytest.mark.parametrize("shape", [(1, 5), (1, 2, 3), (9, 1), (17, 2, 3, 5), (8, 2, 300)])
+def test_lif_shapes(shape):
+    """T = 1, a partial last time chunk, several programs, 1-D and 4-D trailing shapes."""
+    assert_match(*run_both(rand(*shape, seed=len(shape)), decay=0.5, surrogate="sigmoid"))
+
+
+def test_lif_non_contiguous_input():
+    base = rand(6, 9, 4, 5, seed=4)
+    x = base.transpose(1, 3)[..., ::2]  # [6, 5, 4, 5] strided view
+    assert not x.is_contiguous()
+    assert_match(*run_both(x, decay=0.7, reset="soft"))
+
+
+def test_lif_initial_and_final_state():
+    x = rand(10, 3, 7, seed=5)
+    v0 = rand(3, 7, seed=6, scale=0.5)
+    assert_match(*run_both(x, decay=0.9, v0=v0, return_state=True, surrogate="triangle"))
+
+
+def test_if_is_lif_without_decay():
+    x = rand(12, 2, 19, seed=7, scale=0.4)
+    assert torch.equal(F.if_(x, backend="fused"), F.lif(x, decay=1.0, backend="reference"))
+    assert_match(*run_both(x, decay=1.0, reset="soft"))
+
+
+@pytest.mark.parametrize("per_channel", [False, True])
+@pytest.mark.parametrize("reset", ["hard", "soft", "none"])
+def test_plif_decay_gradient(per_channel, reset):
+    x = rand(9, 3, 6, 4, seed=8)
+    decay = torch.linspace(0.2, 0.95, 6) if per_channel else torch.tensor(0.7)
+    v0 = rand(3, 6, 4, seed=9, scale=0.3)
+    assert_match(*run_both(x, decay=decay, v0=v0, reset=reset, surrogate="fast_sigmoid"))
+
+
+def test_only_final_state_used():
+    x = rand(5, 2, 8, seed=10).requires_grad_(True)
+    _, v = F.lif(x, backend="fused", return_state=True, reset="none")
+    (gf,) = torch.autograd.grad(v.sum(), x)
+    x2 = x.detach().clone().requires_grad_(True)
+    _, v2 = F.lif(x2, backend="reference", return_state=True, reset="none")
+    (gr,) = torch.autograd.grad(v2.sum(), x2)
+    torch.testing.assert_close(gf, gr, rtol=1e-5, atol=1e-6)
+
+
+def test_inference_saves_nothing():
+    x = rand(4, 3, 5, seed=11)
+    with torch.no_grad():
+        s = F.lif(x, backend="fused")
+    assert torch.equal(s, F.lif(x, backend="reference"))
+
+
+def test_spike_at_exact_threshold():
+    """h == threshold fires in both backends, also for threshold 0 and negative zero inputs."""
+    x = torch.tensor([[1.0, 0.5, -0.0], [0.0, 0.5, -0.0]]).unsqueeze(1)
+    for threshold in (1.0, 0.0):
+        kw = dict(decay=1.0, threshold=threshold, reset="none")
+        assert_match(*run_both(x, **kw))
