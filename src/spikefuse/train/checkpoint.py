@@ -1,0 +1,80 @@
+"""Checkpoints that are never half-written: write a temp file in the same directory,
+fsync it, then os.replace it over the old one (atomic on POSIX), then fsync the directory.
+
+RNG states are stored as tensors and plain tuples so `torch.load(weights_only=True)` can
+read them back without unpickling arbitrary objects.
+"""
+from __future__ import annotations
+
+import os
+import random
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import torch
+
+FILENAME = "checkpoint.pt"
+
+
+def save(obj, path: str | os.PathLike) -> None:
+    """torch.save `obj` to `path` atomically: readers see the old file or the new one."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    _fsync_dir(path.parent)  # make the rename itself durable
+
+
+def load(path: str | os.PathLike, map_location="cpu") -> dict:
+    return torch.load(path, map_location=map_location, weights_only=True)
+
+
+def _fsync_dir(directory: Path) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:  # some platforms cannot open directories
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def rng_state(generator: torch.Generator | None = None) -> dict:
+    """Every random number source a training step may touch."""
+    kind, keys, pos, has_gauss, gauss = np.random.get_state()
+    return {
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        "numpy": (kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, gauss),
+        "python": random.getstate(),
+        "data": generator.get_state() if generator is not None else None,
+    }
+
+
+def set_rng_state(state: dict, generator: torch.Generator | None = None) -> None:
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+    kind, keys, pos, has_gauss, gauss = state["numpy"]
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, gauss))
+    version, internal, gauss_next = state["python"]
+    random.setstate((version, tuple(internal), gauss_next))
+    if generator is not None and state["data"] is not None:
+        generator.set_state(state["data"])
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)  # seeds every CUDA device too

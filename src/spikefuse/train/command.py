@@ -1,0 +1,174 @@
+"""`spikefuse train`: options, config file, run directory, errors; the loop is in loop.py."""
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+from ..cli import UsageError
+from .config import FIELDS, ConfigError, make, read_toml
+
+# options that may accompany --resume: they change where the run goes, not what it computes
+RESUME_OPTIONS = {"device"}
+
+
+def _datasets() -> dict:
+    try:
+        from ..data import DATASETS
+        return dict(DATASETS)
+    except Exception:  # the help must print even if the data package cannot be imported
+        return {}
+
+
+def _models() -> dict:
+    from ..models import MODELS
+    return {name: description for name, (_, description) in MODELS.items()}
+
+
+def _listing(title: str, entries: dict) -> str:
+    width = max((len(n) for n in entries), default=0)
+    lines = [f"  {name:<{width}}  {text}" for name, text in entries.items()] or ["  (none available)"]
+    return f"{title}:\n" + "\n".join(lines)
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    datasets, models = _datasets(), _models()
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.epilog = (_listing("data sets", datasets) + "\n\n" + _listing("models", models) +
+                     "\n\nA config file holds the same options as TOML keys (batch-size = 128);"
+                     "\nthe command line wins over it.")
+    add = parser.add_argument
+    s = argparse.SUPPRESS  # unset options stay absent, so a config file can supply them
+    add("--dataset", default=s, metavar="NAME", help="data set (default: digits; see below)")
+    add("--model", default=s, metavar="NAME", help=f"network (default: mlp): {', '.join(models)}")
+    add("--epochs", type=int, default=s, help="passes over the training set (default: 20)")
+    add("--batch-size", type=int, default=s, help="samples per step (default: 64)")
+    add("--lr", type=float, default=s, help="Adam learning rate, cosine-annealed (default: 2e-3)")
+    add("--time-steps", type=int, default=s, metavar="T", help="time steps per sample (default: the data set's)")
+    add("--device", default=s, help="cpu, cuda, cuda:N or auto (default: auto = cuda if present)")
+    add("--precision", default=s, choices=["fp32", "bf16", "fp16"], help="autocast precision (default: fp32)")
+    add("--compile", action="store_true", default=s, help="run the model through torch.compile")
+    add("--seed", type=int, default=s, help="seeds init, data order and every RNG (default: 0)")
+    add("--out", default=s, metavar="DIR", help="run directory (default: runs/<dataset>-<model>-<time>)")
+    add("--resume", metavar="DIR", help="continue the run in DIR from its last checkpoint")
+    add("--config", metavar="FILE", help="TOML file with option values")
+    add("--quiet", action="store_true", help="no progress bars")
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from . import checkpoint
+    from .loop import Trainer
+
+    given = {k: v for k, v in vars(args).items() if k in FIELDS}
+    try:
+        if args.resume:
+            run_dir, state = _resume_state(args, given)
+            cfg = make(state["config"]["options"], given)
+        else:
+            cfg = make(read_toml(args.config) if args.config else {}, given)
+            run_dir = Path(cfg.out or f"runs/{cfg.dataset}-{cfg.model}-{time.strftime('%Y%m%d-%H%M%S')}")
+            if (run_dir / checkpoint.FILENAME).exists():
+                raise UsageError(f"{run_dir} already holds a run; continue it with --resume {run_dir} "
+                                 "or choose another --out")
+    except ConfigError as e:
+        raise UsageError(str(e)) from None
+
+    _check_names(cfg)  # before any slow data loading
+    device = resolve_device(cfg.device)
+    checkpoint.seed_everything(cfg.seed)
+    splits = _load_data(cfg, device)
+    model_args = {"name": cfg.model, "input_shape": list(splits.input_shape),
+                  "num_classes": int(splits.num_classes), "time_steps": int(splits.time_steps), "kwargs": {}}
+    model = _build_model(model_args)
+    optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr)
+    scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=cfg.epochs)
+    trainer = Trainer(model, splits, optimizer, epochs=cfg.epochs, batch_size=cfg.batch_size,
+                      scheduler=scheduler, device=device, precision=cfg.precision, compile=cfg.compile,
+                      seed=cfg.seed, run_dir=run_dir, progress=not args.quiet,
+                      config={"options": cfg.as_dict(), "model": model_args})
+    if args.resume:
+        trainer.resume()
+        print(f"resuming {run_dir} after epoch {trainer.epoch}/{cfg.epochs}")
+    else:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    print(f"training {cfg.model} on {cfg.dataset} ({len(splits.train)} train / {len(splits.test)} test, "
+          f"T={splits.time_steps}) on {device}, {cfg.precision}; run directory {run_dir}")
+    start = time.perf_counter()
+    history = trainer.fit()
+
+    from .plots import plot_run
+    plot_run(run_dir, history, trainer.model, splits.test, device)
+    final = history[-1]
+    print(f"test accuracy {final['test_acc']:.2%} (loss {final['test_loss']:.4f}) after {final['epoch']} epochs "
+          f"in {time.perf_counter() - start:.1f} s; plots, metrics and checkpoint in {run_dir}")
+    return 0
+
+
+def _resume_state(args, given):
+    from . import checkpoint
+
+    run_dir = Path(args.resume)
+    path = run_dir / checkpoint.FILENAME
+    if not path.is_file():
+        what = "does not exist" if not run_dir.exists() else f"has no {checkpoint.FILENAME}"
+        raise UsageError(f"cannot resume: {run_dir} {what}; pass a run directory written by "
+                         "`spikefuse train --out DIR`")
+    extra = sorted(set(given) - RESUME_OPTIONS) + (["config"] if args.config else [])
+    if extra:
+        names = ", ".join("--" + k.replace("_", "-") for k in extra)
+        raise UsageError(f"--resume continues a run with its saved options; drop {names} "
+                         f"(allowed with --resume: {', '.join('--' + k for k in sorted(RESUME_OPTIONS))})")
+    try:
+        state = checkpoint.load(path)
+    except Exception as e:  # a foreign or damaged file: say so in one line
+        raise UsageError(f"cannot read checkpoint {path}: {type(e).__name__}: {str(e).splitlines()[0]}") from None
+    return run_dir, state
+
+
+def resolve_device(name: str) -> str:
+    """'auto' -> cuda if present, else cpu; anything unavailable is a UsageError."""
+    import torch
+
+    cuda = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    available = ["auto", "cpu"] + (["cuda"] + [f"cuda:{i}" for i in range(cuda)] if cuda else [])
+    if torch.backends.mps.is_available():
+        available.append("mps")
+    if name == "auto":
+        return "cuda" if cuda else "cpu"
+    try:
+        device = torch.device(name)
+    except (RuntimeError, ValueError):
+        raise UsageError(f"unknown device {name!r}; available here: {', '.join(available)}") from None
+    index_ok = device.index is None or device.index < cuda
+    if device.type == "cpu" or (device.type == "cuda" and cuda and index_ok) or \
+            (device.type == "mps" and "mps" in available):
+        return str(device)
+    raise UsageError(f"device {name!r} is not available on this machine; available here: {', '.join(available)}")
+
+
+def _check_names(cfg):
+    from .. import data
+    from ..models import MODELS
+
+    if cfg.dataset not in data.DATASETS:
+        raise UsageError(f"unknown data set {cfg.dataset!r}; expected one of: {', '.join(data.DATASETS)}")
+    if cfg.model not in MODELS:
+        raise UsageError(f"unknown model {cfg.model!r}; expected one of: {', '.join(MODELS)}")
+
+
+def _load_data(cfg, device):
+    from .. import data
+
+    try:
+        return data.load(cfg.dataset, time_steps=cfg.time_steps, seed=cfg.seed, device=device)
+    except (ValueError, OSError) as e:  # bad parameters, or files that cannot be fetched or read
+        raise UsageError(f"cannot load data set {cfg.dataset!r}: {str(e).splitlines()[0]}") from None
+
+
+def _build_model(model_args):
+    from ..models import build_model
+
+    return build_model(model_args["name"], model_args["input_shape"], model_args["num_classes"],
+                       model_args["time_steps"], **model_args["kwargs"])

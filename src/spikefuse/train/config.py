@@ -1,0 +1,93 @@
+"""Training options: defaults < config file (TOML) < command line.
+
+Keys in the file mirror the command-line options (`batch-size` or `batch_size`).
+Problems raise ConfigError, a ValueError whose message is one line naming the key.
+"""
+from __future__ import annotations
+
+import dataclasses
+import sys
+from dataclasses import dataclass
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+PRECISIONS = ("fp32", "bf16", "fp16")
+
+
+class ConfigError(ValueError):
+    """A bad option value or config file."""
+
+
+@dataclass
+class Config:
+    dataset: str = "digits"
+    model: str = "mlp"
+    epochs: int = 20
+    batch_size: int = 64
+    lr: float = 2e-3
+    time_steps: int | None = None  # None: the data set's own default
+    device: str = "auto"  # cuda when present, else cpu
+    precision: str = "fp32"
+    compile: bool = False
+    seed: int = 0
+    out: str | None = None  # None: runs/<dataset>-<model>-<timestamp>
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+FIELDS = {f.name: f for f in dataclasses.fields(Config)}
+TYPES = {"dataset": str, "model": str, "epochs": int, "batch_size": int, "lr": float,
+         "time_steps": int, "device": str, "precision": str, "compile": bool, "seed": int, "out": str}
+
+
+def read_toml(path: str) -> dict:
+    """Option values from a TOML file, keys normalised to field names."""
+    try:
+        with open(path, "rb") as f:
+            raw = tomllib.load(f)
+    except OSError as e:
+        raise ConfigError(f"cannot read config file {path}: {e.strerror or e}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"config file {path} is not valid TOML: {e}") from None
+    values = {}
+    for key, value in raw.items():
+        name = key.replace("-", "_")
+        if name not in FIELDS:
+            valid = ", ".join(k.replace("_", "-") for k in FIELDS)
+            raise ConfigError(f"config file {path}: unknown key {key!r}; valid keys: {valid}")
+        values[name] = value
+    return values
+
+
+def make(*layers: dict) -> Config:
+    """A validated Config from dicts of option values, later ones winning."""
+    values = {}
+    for layer in layers:
+        values.update(layer)
+    for name, value in values.items():
+        values[name] = _check_type(name, value)
+    cfg = Config(**values)
+    for name in ("epochs", "batch_size", "time_steps"):
+        value = getattr(cfg, name)
+        if value is not None and value < 1:
+            raise ConfigError(f"{name.replace('_', '-')} must be at least 1, got {value}")
+    if not cfg.lr > 0:
+        raise ConfigError(f"lr must be positive, got {cfg.lr}")
+    if cfg.precision not in PRECISIONS:
+        raise ConfigError(f"unknown precision {cfg.precision!r}; expected one of: {', '.join(PRECISIONS)}")
+    return cfg
+
+
+def _check_type(name: str, value):
+    kind = TYPES[name]
+    if value is None and FIELDS[name].default is None:
+        return None
+    ok = (isinstance(value, kind) and not (kind is not bool and isinstance(value, bool))) or \
+         (kind is float and isinstance(value, int) and not isinstance(value, bool))
+    if not ok:
+        raise ConfigError(f"{name.replace('_', '-')} must be {kind.__name__}, got {value!r}")
+    return kind(value)
