@@ -1,0 +1,95 @@
+"""Spikes as bits: pack a {0, 1} tensor into uint8 (8 spikes per byte) and back.
+
+Element i of the flattened tensor is bit (i % 8) of byte i // 8 (little-endian within a
+byte); the last byte is zero-padded. Packing treats every nonzero value as a spike, so
+a non-binary input is silently rounded up to 1. Set SPIKEFUSE_DEBUG=1 (or
+`spike_pack.DEBUG = True`) to have `check_binary` verify inputs, at the price of a
+device sync per call.
+
+On CUDA (or on the CPU under TRITON_INTERPRET=1) one Triton launch does each direction;
+otherwise plain torch bit operations do the same job (the reference twin).
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+
+from . import lif as _lif  # noqa: F401  (sets TRITON_INTERPRET on GPU-less machines first)
+
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+DEBUG = os.environ.get("SPIKEFUSE_DEBUG", "0") not in ("", "0")
+BLOCK = 1024  # bytes per program: 8 KiB of spikes in, 1 KiB out
+
+
+@triton.jit
+def _pack_kernel(s_ptr, out_ptr, n, n_bytes, BLOCK: tl.constexpr):
+    byte = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    bit = tl.arange(0, 8)
+    idx = byte.to(tl.int64)[:, None] * 8 + bit[None, :]
+    s = tl.load(s_ptr + idx, mask=idx < n, other=0)
+    bits = tl.where(s != 0, 1, 0).to(tl.int32) << bit[None, :]
+    tl.store(out_ptr + byte, tl.sum(bits, axis=1).to(tl.uint8), mask=byte < n_bytes)
+
+
+@triton.jit
+def _unpack_kernel(p_ptr, out_ptr, n, n_bytes, BLOCK: tl.constexpr):
+    byte = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    bit = tl.arange(0, 8)
+    idx = byte.to(tl.int64)[:, None] * 8 + bit[None, :]
+    p = tl.load(p_ptr + byte, mask=byte < n_bytes, other=0).to(tl.int32)
+    # through float32: a direct int -> bfloat16 cast gives garbage in the interpreter
+    s = ((p[:, None] >> bit[None, :]) & 1).to(tl.float32)
+    tl.store(out_ptr + idx, s.to(out_ptr.dtype.element_ty), mask=idx < n)
+
+
+def _use_triton(t: torch.Tensor) -> bool:
+    return t.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def check_binary(s: torch.Tensor, name: str = "spikes") -> None:
+    """In debug mode, raise ValueError unless every value of s is 0 or 1."""
+    if DEBUG and not ((s == 0) | (s == 1)).all():
+        bad = s[(s != 0) & (s != 1)].flatten()[:4].tolist()
+        raise ValueError(f"{name} must be binary (0 or 1) to be saved as bits; found values {bad}")
+
+
+def pack(s: torch.Tensor) -> torch.Tensor:
+    """Flattened s -> uint8 tensor of ceil(numel / 8) bytes (nonzero = 1)."""
+    check_binary(s)
+    flat = s.reshape(-1)
+    if flat.dtype == torch.bool:
+        flat = flat.view(torch.uint8)
+    n = flat.numel()
+    n_bytes = (n + 7) // 8
+    if not _use_triton(flat):
+        bits = torch.zeros(n_bytes * 8, dtype=torch.uint8, device=flat.device)
+        bits[:n] = flat != 0
+        weights = torch.tensor([1, 2, 4, 8, 16, 32, 64, 128], dtype=torch.uint8, device=flat.device)
+        return (bits.view(-1, 8) * weights).sum(1, dtype=torch.uint8)
+    flat = flat.contiguous()
+    out = torch.empty(n_bytes, dtype=torch.uint8, device=flat.device)
+    if n:
+        _pack_kernel[(triton.cdiv(n_bytes, BLOCK),)](flat, out, n, n_bytes, BLOCK=BLOCK)
+    return out
+
+
+def unpack(packed: torch.Tensor, shape, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Inverse of `pack`: the first prod(shape) bits as a tensor of `shape` and `dtype`."""
+    if packed.dtype != torch.uint8 or packed.dim() != 1:
+        raise TypeError(f"packed must be a 1-d uint8 tensor, got {packed.dtype} of shape {tuple(packed.shape)}")
+    n = 1
+    for size in shape:
+        n *= size
+    if packed.numel() != (n + 7) // 8:
+        raise ValueError(f"packed holds {packed.numel()} bytes; shape {tuple(shape)} needs {(n + 7) // 8}")
+    if not _use_triton(packed):
+        shifts = torch.arange(8, dtype=torch.uint8, device=packed.device)
+        bits = (packed[:, None] >> shifts) & 1
+        return bits.reshape(-1)[:n].to(dtype).view(shape)
+    out = torch.empty(shape, dtype=dtype, device=packed.device)
+    if n:
+        _unpack_kernel[(triton.cdiv(packed.numel(), BLOCK),)](packed, out, n, packed.numel(), BLOCK=BLOCK)
+    return out
