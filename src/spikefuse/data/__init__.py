@@ -1,0 +1,16 @@
+"""Spiking data: embedded sets, Tonic event sets, GPU framing, packed event stores and caches.
+
+    splits = spikefuse.data.load("digits", device="cuda")
+    for x, y in splits.train.batches(128, shuffle=True, generator=g):  # x: [T, B, *input_shape]
+        ...
+"""
+from .dataset import DenseSpikeDataset, EventSpikeDataset, SpikeDataset, Splits
+from .framing import Downsample, ToFrame
+from .registry import DATASETS, load
+from .store import EventStore
+from .tonic_sets import DatasetUnavailable
+
+__all__ = [
+    "DATASETS", "load", "Splits", "SpikeDataset", "DenseSpikeDataset", "EventSpikeDataset",
+    "ToFrame", "Downsample", "EventStore", "DatasetUnavailable",
+]

@@ -1,0 +1,149 @@
+"""Event containers: structured numpy arrays in, column tensors out, checked once.
+
+An event stream is a set of equally long columns t (microseconds, integer), x, [y], p.
+Tonic hands out numpy structured arrays; on the device we keep a dict of 1-D tensors
+(torch has no structured dtype). Several samples are packed CSR-style: one set of
+columns plus int64 `offsets` of length B+1, sample i being events[offsets[i]:offsets[i+1]].
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import torch
+
+Columns = dict[str, torch.Tensor]
+
+REQUIRED = ("t", "x", "p")
+
+
+def event_dtype(has_y: bool, sensor_size: Sequence[int] | None = None) -> np.dtype:
+    """The packed on-disk dtype: t int64 µs, x/y int16 (int32 if the sensor is wider), p int8."""
+    wide = sensor_size is not None and max(sensor_size[:2]) > np.iinfo(np.int16).max
+    xy = np.int32 if wide else np.int16
+    fields = [("t", np.int64), ("x", xy)] + ([("y", xy)] if has_y else []) + [("p", np.int8)]
+    return np.dtype(fields)
+
+
+def _to_tensor(a) -> torch.Tensor:
+    if isinstance(a, torch.Tensor):
+        return a
+    a = np.asarray(a)
+    if a.dtype == np.uint16 or a.dtype == np.uint32:
+        a = a.astype(np.int64)  # torch's unsigned types support few ops
+    if a.ndim == 1 and a.strides[0] != a.itemsize:
+        a = a.copy()  # a field of a structured array is strided (even when one element long)
+    return torch.from_numpy(np.ascontiguousarray(a))
+
+
+def as_columns(events, device=None) -> Columns:
+    """Structured array or mapping of arrays/tensors -> dict of 1-D tensors on `device`."""
+    if isinstance(events, np.ndarray):
+        if events.dtype.names is None:
+            raise TypeError(
+                f"events: expected a structured numpy array with fields t, x, [y], p, "
+                f"got a plain array of dtype {events.dtype}"
+            )
+        names = events.dtype.names
+        cols = {k: _to_tensor(events[k]) for k in names if k in ("t", "x", "y", "p")}
+    elif isinstance(events, Mapping):
+        cols = {k: _to_tensor(v) for k, v in events.items() if k in ("t", "x", "y", "p")}
+    else:
+        raise TypeError(
+            f"events: expected a structured numpy array or a mapping of columns, "
+            f"got {type(events).__name__}"
+        )
+    missing = [k for k in REQUIRED if k not in cols]
+    if missing:
+        raise ValueError(f"events: missing field(s) {missing}; need t, x, [y], p")
+    n = cols["t"].shape
+    for k, v in cols.items():
+        if v.dim() != 1 or v.shape != n:
+            raise ValueError(f"events: field {k!r} has shape {tuple(v.shape)}, expected ({n[0]},)")
+    if cols["t"].is_floating_point() or cols["t"].dtype == torch.bool:
+        raise TypeError(f"events: field 't' must be integer microseconds, got {cols['t'].dtype}")
+    if device is not None:
+        cols = {k: v.to(device, non_blocking=True) for k, v in cols.items()}
+    return cols
+
+
+def pack(samples: Sequence) -> tuple[Columns, torch.Tensor]:
+    """A list of per-sample event arrays -> (concatenated columns, int64 offsets [B+1])."""
+    if len(samples) == 0:
+        raise ValueError("samples: need at least one sample")
+    per = [as_columns(s) for s in samples]
+    keys = per[0].keys()
+    if any(p.keys() != keys for p in per):
+        raise ValueError("samples: all samples must have the same fields")
+    lengths = torch.tensor([len(p["t"]) for p in per], dtype=torch.int64)
+    offsets = torch.zeros(len(per) + 1, dtype=torch.int64)
+    torch.cumsum(lengths, 0, out=offsets[1:])
+    return {k: torch.cat([p[k] for p in per]) for k in keys}, offsets
+
+
+def check_offsets(offsets: torch.Tensor, n_events: int) -> torch.Tensor:
+    """Offsets must be int64, start at 0, never decrease and end at the event count."""
+    if not isinstance(offsets, torch.Tensor):
+        offsets = torch.as_tensor(np.asarray(offsets), dtype=torch.int64)
+    if offsets.dim() != 1 or len(offsets) < 2 or offsets.dtype != torch.int64:
+        raise ValueError(f"offsets: expected an int64 vector of length B+1 >= 2, got {offsets.dtype} {tuple(offsets.shape)}")
+    if offsets[0] != 0 or offsets[-1] != n_events or bool((offsets.diff() < 0).any()):
+        raise ValueError(f"offsets: must rise from 0 to the event count {n_events}")
+    return offsets
+
+
+def check_events(
+    cols: Columns,
+    offsets: torch.Tensor,
+    sensor_size: Sequence[int],
+    *,
+    need_sorted: bool,
+) -> None:
+    """Raise ValueError naming the culprit if events do not fit `sensor_size` or time runs back.
+
+    `need_sorted`: time slicing binary-searches t, so t must rise within each sample.
+    """
+    if len(sensor_size) != 3 or any(int(s) != s or s < 1 for s in sensor_size):
+        raise ValueError(f"sensor_size: expected 3 positive ints (W, H, P), got {tuple(sensor_size)}")
+    if len(cols["t"]) == 0:
+        return
+    width, height, polarities = sensor_size
+    t = cols["t"]
+    if bool((t < 0).any()):
+        raise ValueError("events: negative timestamps in field 't'")
+    for k, size in (("x", width), ("y", height)):
+        if k in cols:
+            v = cols[k]
+            lo, hi = int(v.min()), int(v.max())
+            if lo < 0 or hi >= size:
+                raise ValueError(
+                    f"sensor_size: events have {k} in [{lo}, {hi}] but sensor_size gives {k} < {size}"
+                )
+    p = cols["p"].to(torch.int64)
+    if polarities > 1 and (int(p.min()) < 0 or int(p.max()) >= polarities):
+        raise ValueError(
+            f"sensor_size: events have p in [{int(p.min())}, {int(p.max())}] but sensor_size has {polarities} polarities"
+        )
+    same_sample = _same_sample_neighbours(offsets, len(t))
+    if polarities == 1 and bool(((p[1:] != p[:-1]) & same_sample).any()):
+        raise ValueError("events: single polarity sensor (sensor_size[2] == 1) but a sample has both polarities")
+    if need_sorted and bool(((t[1:] < t[:-1]) & same_sample).any()):
+        raise ValueError("events: timestamps 't' must be sorted within each sample for time slicing")
+
+
+def _same_sample_neighbours(offsets: torch.Tensor, n: int) -> torch.Tensor:
+    """mask[i] is True when events i and i+1 belong to the same sample."""
+    mask = torch.ones(max(n - 1, 0), dtype=torch.bool, device=offsets.device)
+    inner = offsets[1:-1]
+    inner = inner[(inner > 0) & (inner < n)]
+    mask[inner - 1] = False
+    return mask
+
+
+def to_structured(cols: Columns, dtype: np.dtype | None = None) -> np.ndarray:
+    """Columns -> a numpy structured array (on the host)."""
+    dtype = dtype or event_dtype("y" in cols)
+    out = np.empty(len(cols["t"]), dtype=dtype)
+    for k in dtype.names:
+        out[k] = cols[k].cpu().numpy()
+    return out

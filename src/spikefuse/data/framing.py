@@ -1,0 +1,245 @@
+"""Events -> dense frames with torch ops only, a whole batch in one pass, on any device.
+
+`ToFrame` and `Downsample` take the same parameters as their Tonic namesakes and give the
+same numbers. Every slicing mode reduces to one idea: each frame of a sample is a range
+[start, end) of that sample's event indices (time modes find the range by binary search of
+t, count modes compute it). Ranges may overlap, so the ranges of the whole batch are
+expanded to (frame, event) pairs and counted with a single `index_put_(accumulate=True)`.
+Window arithmetic is done in float64 in the same order as Tonic so bin edges round alike.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from .events import Columns, as_columns, check_events, check_offsets
+
+
+@dataclass(frozen=True)
+class ToFrame:
+    """Accumulate events into frames [T, P, (H,) W] (single sample) or [T, B, P, (H,) W].
+
+    Exactly one of time_window (µs), event_count, n_time_bins, n_event_bins. `overlap` is in
+    µs / events / fraction of a bin, as in Tonic; include_incomplete keeps the last partial
+    window of the time_window and event_count modes; start_time / end_time (time_window
+    only) fix the time span instead of taking it from the first and last event.
+    Samples of a batch are padded with empty frames to the longest one.
+    """
+
+    sensor_size: tuple[int, int, int]
+    time_window: float | None = None
+    event_count: int | None = None
+    n_time_bins: int | None = None
+    n_event_bins: int | None = None
+    overlap: float = 0
+    include_incomplete: bool = False
+    start_time: float | None = None
+    end_time: float | None = None
+
+    def __post_init__(self):
+        if self.sensor_size is None or len(self.sensor_size) != 3:
+            raise ValueError(f"sensor_size: expected (W, H, P), got {self.sensor_size}")
+        object.__setattr__(self, "sensor_size", tuple(int(s) for s in self.sensor_size))
+        modes = {k: getattr(self, k) for k in ("time_window", "event_count", "n_time_bins", "n_event_bins")}
+        chosen = [k for k, v in modes.items() if v is not None]
+        if len(chosen) != 1:
+            raise ValueError(f"ToFrame: set exactly one of {list(modes)}, got {chosen or 'none'}")
+        mode = chosen[0]
+        if not modes[mode] > 0:
+            raise ValueError(f"{mode}: must be > 0, got {modes[mode]}")
+        if mode in ("n_time_bins", "n_event_bins", "event_count") and int(modes[mode]) != modes[mode]:
+            raise ValueError(f"{mode}: must be an integer, got {modes[mode]}")
+        if mode in ("n_time_bins", "n_event_bins"):
+            if not 0 <= self.overlap < 1:
+                raise ValueError(f"overlap: for {mode} a fraction in [0, 1), got {self.overlap}")
+        elif not 0 <= self.overlap < modes[mode]:
+            raise ValueError(f"overlap: must be in [0, {mode}), got {self.overlap}")
+        if (self.start_time is not None or self.end_time is not None) and mode != "time_window":
+            raise ValueError("start_time/end_time: only used with time_window")
+
+    @property
+    def mode(self) -> str:
+        return next(k for k in ("time_window", "event_count", "n_time_bins", "n_event_bins") if getattr(self, k) is not None)
+
+    def __call__(self, events, *, dtype=torch.float32) -> torch.Tensor:
+        """One sample (structured array or columns) -> [T, P, (H,) W], like tonic's ToFrame."""
+        cols = as_columns(events)
+        offsets = torch.tensor([0, len(cols["t"])], dtype=torch.int64, device=cols["t"].device)
+        return self.batch(cols, offsets, dtype=dtype)[:, 0]
+
+    def batch(self, events, offsets, *, num_frames: int | None = None, dtype=torch.float32,
+              validate: bool = True) -> torch.Tensor:
+        """CSR-packed samples -> frames [T, B, P, (H,) W] on the events' device.
+
+        num_frames: pad with empty frames or cut to exactly this many (a fixed T for training).
+        validate=False skips the input checks (each costs a device sync): for stores checked once.
+        """
+        cols = as_columns(events)
+        t = cols["t"]
+        offsets = torch.as_tensor(offsets, dtype=torch.int64, device=t.device)
+        if validate:
+            check_offsets(offsets, len(t))
+            check_events(cols, offsets, self.sensor_size, need_sorted=self.mode in ("time_window", "n_time_bins"))
+        if num_frames is not None and num_frames < 1:
+            raise ValueError(f"num_frames: must be >= 1, got {num_frames}")
+        start, end, n = self._windows(t, offsets)
+        frames_needed = int(n.max()) if num_frames is None else num_frames
+        return _accumulate(cols, offsets, start, end, n, frames_needed, self.sensor_size, dtype)
+
+    def _windows(self, t: torch.Tensor, offsets: torch.Tensor):
+        """Per sample b and window w the local event range [start, end) and window count n[b]."""
+        lengths = offsets.diff()
+        empty = lengths == 0
+        dev, f64 = t.device, torch.float64
+        ov = self.overlap
+        if self.mode in ("time_window", "n_time_bins"):
+            last_i = (offsets[1:] - 1).clamp(min=0)
+            first_i = offsets[:-1].clamp(max=max(len(t) - 1, 0))
+            if len(t) == 0:
+                first = last = torch.zeros_like(lengths)
+            else:
+                first, last = t[first_i].to(torch.int64), t[last_i].to(torch.int64)
+            if self.mode == "time_window":
+                tw = self.time_window
+                stride = tw - ov
+                t0 = first.to(f64) if self.start_time is None else torch.full_like(first, 0, dtype=f64) + self.start_time
+                t1 = last.to(f64) if self.end_time is None else torch.full_like(first, 0, dtype=f64) + self.end_time
+                ratio = (t1 - t0 - tw) / stride
+                n = (ratio.ceil() if self.include_incomplete else ratio.floor()) + 1
+                n = n.clamp(min=1).to(torch.int64)
+                w = torch.arange(int(n.max()), device=dev, dtype=f64)
+                lo = w * stride + t0[:, None]
+                hi = lo + tw
+            else:
+                bins = self.n_time_bins
+                span = ((last - first) // bins).to(f64) * (1 + ov)
+                stride = span * (1 - ov)
+                lo = torch.arange(bins, device=dev, dtype=f64) * stride[:, None] + first.to(f64)[:, None]
+                hi = lo + span[:, None]
+                n = torch.full_like(lengths, bins)
+            start = _count_below(t, offsets, first, last, lo)
+            end = _count_below(t, offsets, first, last, hi)
+        elif self.mode == "event_count":
+            count = self.event_count
+            eff = lengths.clamp(max=count)
+            stride = count - ov
+            ratio = (lengths - eff).to(f64) / stride
+            n = (ratio.ceil() if self.include_incomplete else ratio.floor()) + 1
+            n = n.to(torch.int64)
+            w = torch.arange(int(n.max()), device=dev, dtype=f64)
+            start = (w * stride).to(torch.int64).expand(len(lengths), -1)
+            end = start + eff[:, None]
+        else:
+            bins = self.n_event_bins
+            size = ((lengths // bins).to(f64) * (1 + ov)).to(torch.int64)
+            stride = (size.to(f64) * (1 - ov)).to(torch.int64)
+            start = torch.arange(bins, device=dev)[None, :] * stride[:, None]
+            end = start + size[:, None]
+            n = torch.full_like(lengths, bins)
+        # Tonic answers an empty sample before slicing: one frame, or n bins, all zero
+        n = torch.where(empty, 1 if self.mode in ("time_window", "event_count") else n, n)
+        # python slicing semantics: events[start:end] clipped to the sample
+        start = torch.minimum(start, lengths[:, None])
+        end = torch.maximum(torch.minimum(end, lengths[:, None]), start)
+        return start, end, n
+
+
+def _count_below(t, offsets, first, last, q):
+    """For each sample b and query q[b, w]: how many of the sample's events have t < q.
+
+    t is an integer, so t < q  <=>  t < ceil(q). Clamping the query into
+    [first, last + 1] keeps the count and lets every sample live in its own disjoint
+    stretch of one int64 key line, so one global searchsorted serves the whole batch.
+    """
+    if len(t) == 0:
+        return torch.zeros(q.shape, dtype=torch.int64, device=q.device)
+    q = q.ceil().clamp(min=-(2.0**62), max=2.0**62).to(torch.int64)
+    q = torch.minimum(torch.maximum(q, first[:, None]), last[:, None] + 1)
+    span = (last - first + 2).clamp(min=0)
+    span = torch.where(offsets.diff() > 0, span, torch.zeros_like(span))
+    base = torch.cumsum(span, 0) - span
+    sid = torch.repeat_interleave(torch.arange(len(span), device=t.device), offsets.diff(), output_size=len(t))
+    keys = t.to(torch.int64) - first[sid] + base[sid]
+    found = torch.searchsorted(keys, q - first[:, None] + base[:, None])
+    return (found - offsets[:-1, None]).clamp(min=0)
+
+
+def _accumulate(cols: Columns, offsets, start, end, n, frames, sensor_size, dtype):
+    """Count every (frame, event) pair of the batch into a zeroed [T, B, P, (H,) W] tensor."""
+    width, height, polarities = sensor_size
+    batch = len(offsets) - 1
+    two_d = "y" in cols
+    shape = (frames, batch, polarities, height, width) if two_d else (frames, batch, polarities, width)
+    dev = cols["t"].device
+    out = torch.zeros(math.prod(shape), dtype=dtype, device=dev)
+    windows = start.shape[1]
+    keep = min(windows, frames)  # windows past `frames` are cut, never counted
+    w_idx = torch.arange(keep, device=dev)
+    valid = w_idx[None, :] < n[:, None]
+    counts = torch.where(valid, end[:, :keep] - start[:, :keep], 0).reshape(-1)
+    total = int(counts.sum())
+    if total:
+        pair = torch.repeat_interleave(torch.arange(len(counts), device=dev), counts, output_size=total)
+        within = torch.arange(total, device=dev) - (torch.cumsum(counts, 0) - counts)[pair]
+        b, w = pair // keep, pair % keep
+        ev = offsets[b] + start[:, :keep].reshape(-1)[pair] + within
+        # a single-polarity sensor puts every event in channel 0, whatever its p (as Tonic)
+        p = cols["p"][ev].to(torch.int64) if polarities > 1 else 0
+        idx = (w * batch + b) * polarities + p
+        if two_d:
+            idx = idx * height + cols["y"][ev].to(torch.int64)
+        idx = idx * width + cols["x"][ev].to(torch.int64)
+        out.index_put_((idx,), torch.ones((), dtype=dtype, device=dev).expand(total), accumulate=True)
+    return out.view(shape)
+
+
+@dataclass(frozen=True)
+class Downsample:
+    """Scale timestamps and coordinates, truncating to the field's integer type, as tonic's Downsample.
+
+    spatial_factor: one factor or (fx, fy); or give sensor_size (W, H, P) and target_size (W', H').
+    """
+
+    time_factor: float = 1
+    spatial_factor: float | tuple[float, float] = 1
+    sensor_size: tuple[int, int, int] | None = None
+    target_size: tuple[int, int] | None = None
+
+    def __post_init__(self):
+        if self.target_size is not None and self.sensor_size is None:
+            raise ValueError("sensor_size: required when target_size is given")
+        for name, f in (("time_factor", self.time_factor), ("spatial_factor", self.spatial_factor)):
+            for v in f if isinstance(f, tuple) else (f,):
+                if not v > 0:
+                    raise ValueError(f"{name}: must be > 0, got {f}")
+
+    def factors(self) -> tuple[float, float]:
+        if self.target_size is not None:
+            return tuple(self.target_size[i] / self.sensor_size[i] for i in range(2))
+        f = self.spatial_factor
+        return tuple(f) if isinstance(f, tuple) else (f, f)
+
+    def output_sensor_size(self, sensor_size) -> tuple[int, int, int]:
+        """The smallest sensor that holds the scaled coordinates of `sensor_size`."""
+        fx, fy = self.factors()
+        w, h, p = sensor_size
+        return (_scale(torch.tensor([w - 1]), fx).item() + 1, _scale(torch.tensor([h - 1]), fy).item() + 1, p)
+
+    def __call__(self, events) -> Columns:
+        cols = dict(as_columns(events))
+        fx, fy = self.factors()
+        cols["t"] = _scale(cols["t"], self.time_factor)
+        cols["x"] = _scale(cols["x"], fx)
+        if "y" in cols:
+            cols["y"] = _scale(cols["y"], fy)
+        return cols
+
+
+def _scale(v: torch.Tensor, factor) -> torch.Tensor:
+    """v * factor cast back to v's dtype: integer factors stay exact, float ones go through
+    float64 and truncate toward zero, as numpy does when assigning into an int field."""
+    if isinstance(factor, int) and not isinstance(factor, bool):
+        return v * factor
+    return (v.to(torch.float64) * float(factor)).trunc().to(v.dtype)

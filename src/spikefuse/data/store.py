@@ -1,0 +1,127 @@
+"""A whole split packed CSR-style: one contiguous event array, int64 offsets, targets.
+
+Sample i is events[offsets[i]:offsets[i+1]]. On disk: three .npy files read memory-mapped.
+In use, either on the host (batches gathered from the memory map, then sent to `device`
+to be framed there) or resident on the device as column tensors (batches gathered with
+index arithmetic on the device: no host round trip, no DataLoader workers).
+"""
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from .events import Columns, as_columns, check_events, event_dtype
+
+FILES = ("events.npy", "offsets.npy", "targets.npy", "meta.json")
+
+
+class EventStore:
+    """Packed events of one split. `device` is where batches come out (and get framed)."""
+
+    def __init__(self, events: np.ndarray, offsets: np.ndarray, targets: np.ndarray,
+                 sensor_size: tuple[int, int, int], device="cpu", columns: Columns | None = None):
+        if len(offsets) != len(targets) + 1 or offsets[0] != 0 or offsets[-1] != len(events):
+            raise ValueError(f"offsets: expected {len(targets) + 1} values from 0 to {len(events)}")
+        self.events = events  # host copy, maybe a memory map
+        self.sensor_size = tuple(int(s) for s in sensor_size)
+        self.device = torch.device(device)
+        self._offsets_np = np.asarray(offsets, dtype=np.int64)
+        self.offsets = torch.from_numpy(np.array(offsets, dtype=np.int64)).to(self.device)
+        self.targets = torch.from_numpy(np.array(targets, dtype=np.int64)).to(self.device)
+        self.columns = columns  # device-resident columns, or None
+
+    def __len__(self) -> int:
+        return len(self.targets)
+
+    @property
+    def resident(self) -> bool:
+        return self.columns is not None
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.events.nbytes) + 8 * (2 * len(self) + 1)
+
+    def targets_tensor(self) -> torch.Tensor:
+        return self.targets
+
+    @classmethod
+    def from_samples(cls, samples: Iterable, sensor_size, *, total: int | None = None, transform=None,
+                     desc: str = "packing events", progress: bool = True) -> EventStore:
+        """Pack (events, target) pairs, applying `transform` (events -> columns) to each; a tqdm bar shows progress."""
+        dtype, parts, targets, lengths = None, [], [], []
+        for events, target in tqdm(samples, total=total, desc=desc, unit="sample", disable=not progress):
+            cols = as_columns(events) if transform is None else transform(events)
+            dtype = dtype or event_dtype("y" in cols, sensor_size)
+            part = np.empty(len(cols["t"]), dtype=dtype)
+            for k in dtype.names:
+                part[k] = cols[k].numpy()
+            parts.append(part)
+            targets.append(int(target))
+            lengths.append(len(part))
+        if not parts:
+            raise ValueError("samples: no samples to pack")
+        offsets = np.zeros(len(parts) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        events = np.concatenate(parts)
+        cols = as_columns(events)
+        check_events(cols, torch.from_numpy(offsets), sensor_size, need_sorted=True)
+        return cls(events, offsets, np.asarray(targets, dtype=np.int64), sensor_size)
+
+    def save(self, directory: Path) -> None:
+        """Write the .npy files and meta.json into `directory` (the caller makes it atomic)."""
+        directory = Path(directory)
+        np.save(directory / "events.npy", np.asarray(self.events))
+        np.save(directory / "offsets.npy", self._offsets_np)
+        np.save(directory / "targets.npy", self.targets.cpu().numpy())
+        meta = {"sensor_size": list(self.sensor_size), "samples": len(self), "events": int(len(self.events))}
+        (directory / "meta.json").write_text(json.dumps(meta))
+
+    @classmethod
+    def load(cls, directory: Path, device="cpu", mmap: bool = True) -> EventStore:
+        directory = Path(directory)
+        meta = json.loads((directory / "meta.json").read_text())
+        mode = "r" if mmap else None
+        return cls(
+            np.load(directory / "events.npy", mmap_mode=mode),
+            np.load(directory / "offsets.npy"),
+            np.load(directory / "targets.npy"),
+            tuple(meta["sensor_size"]),
+            device=device,
+        )
+
+    def to(self, device, resident: bool = True) -> EventStore:
+        """A store whose batches come out on `device`; resident=True also copies the events there."""
+        columns = None
+        if resident:
+            # np.array copies the memory map into RAM once, field by field, then one transfer each
+            columns = {k: torch.from_numpy(np.array(self.events[k])).to(device) for k in self.events.dtype.names}
+        return EventStore(self.events, self._offsets_np, self.targets.cpu().numpy(), self.sensor_size,
+                          device=device, columns=columns)
+
+    def sample(self, i: int) -> np.ndarray:
+        """Sample i as a structured numpy array (a copy)."""
+        return np.array(self.events[self._offsets_np[i]:self._offsets_np[i + 1]])
+
+    def gather(self, idx: torch.Tensor) -> tuple[Columns, torch.Tensor]:
+        """Events of samples `idx`, packed in that order: (columns on `device`, offsets [B+1])."""
+        if self.resident:
+            idx = idx.to(self.device)
+            starts = self.offsets[idx]
+            lengths = self.offsets[idx + 1] - starts
+            offsets = torch.zeros(len(idx) + 1, dtype=torch.int64, device=self.device)
+            torch.cumsum(lengths, 0, out=offsets[1:])
+            total = int(offsets[-1])
+            owner = torch.repeat_interleave(torch.arange(len(idx), device=self.device), lengths, output_size=total)
+            where = starts[owner] + torch.arange(total, device=self.device) - offsets[:-1][owner]
+            return {k: v[where] for k, v in self.columns.items()}, offsets
+        ids = idx.cpu().numpy()
+        lo, hi = self._offsets_np[ids], self._offsets_np[ids + 1]
+        part = np.concatenate([self.events[a:b] for a, b in zip(lo, hi)])
+        offsets = np.zeros(len(ids) + 1, dtype=np.int64)
+        np.cumsum(hi - lo, out=offsets[1:])
+        return as_columns(part, device=self.device), torch.from_numpy(offsets).to(self.device)
