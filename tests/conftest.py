@@ -1,6 +1,7 @@
 import os
 
-# Fused kernels run on the CPU through Triton's interpreter; it must be chosen before
-# triton is first imported.
-os.environ.setdefault("TRITON_INTERPRET", "1")
+# SPIKEFUSE_TEST_DEVICE=cuda runs the kernel tests compiled on a GPU; otherwise the fused
+# kernels run on the CPU through Triton's interpreter, chosen before triton is imported.
+if os.environ.get("SPIKEFUSE_TEST_DEVICE", "cpu") == "cpu":
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "0")

@@ -1,5 +1,6 @@
 """Fused LIF kernels (through the Triton interpreter) against the PyTorch reference."""
 import itertools
+import os
 
 import pytest
 import torch
@@ -7,12 +8,14 @@ import torch
 import spikefuse.functional as F
 from spikefuse.ops.surrogate import SURROGATES
 
+DEVICE = os.environ.get("SPIKEFUSE_TEST_DEVICE", "cpu")
+
 
 def rel_err(a, b):
     return ((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30)).item()
 
 
-def run_both(x, grad_out=None, **kw):
+def run_both(x, **kw):
     """Spikes and input/parameter gradients from both backends for the same inputs."""
     results = []
     for backend in ("fused", "reference"):
@@ -26,10 +29,11 @@ def run_both(x, grad_out=None, **kw):
             xi_ref = xi
         out = F.lif(xi_ref, backend=backend, **options)
         spikes, state = out if isinstance(out, tuple) else (out, None)
-        g = torch.randn(spikes.shape, generator=torch.Generator().manual_seed(1)) if grad_out is None else grad_out
+        g = torch.randn(spikes.shape, generator=torch.Generator().manual_seed(1)).to(DEVICE)
         loss = (spikes * g.to(spikes.dtype)).float().sum()
         if state is not None:
-            loss = loss + (state.float() * torch.linspace(-1, 1, state.numel()).view(state.shape)).sum()
+            weights = torch.linspace(-1, 1, state.numel(), device=DEVICE).view(state.shape)
+            loss = loss + (state.float() * weights).sum()
         grads = torch.autograd.grad(loss, [xi, *leaves.values()])
         results.append((spikes.float(), state, dict(zip(["x", *leaves], grads))))
     return results
@@ -50,7 +54,7 @@ def assert_match(fused, ref, rtol=1e-5):
 
 def rand(*shape, seed=0, dtype=torch.float32, scale=1.0):
     g = torch.Generator().manual_seed(seed)
-    return (torch.randn(shape, generator=g) * scale + 0.3).to(dtype)
+    return (torch.randn(shape, generator=g) * scale + 0.3).to(dtype).to(DEVICE)
 
 
 CASES = list(itertools.product(["hard", "soft", "none"], SURROGATES, [False, True]))
@@ -101,7 +105,7 @@ def test_if_is_lif_without_decay():
 @pytest.mark.parametrize("reset", ["hard", "soft", "none"])
 def test_plif_decay_gradient(per_channel, reset):
     x = rand(9, 3, 6, 4, seed=8)
-    decay = torch.linspace(0.2, 0.95, 6) if per_channel else torch.tensor(0.7)
+    decay = (torch.linspace(0.2, 0.95, 6) if per_channel else torch.tensor(0.7)).to(DEVICE)
     v0 = rand(3, 6, 4, seed=9, scale=0.3)
     assert_match(*run_both(x, decay=decay, v0=v0, reset=reset, surrogate="fast_sigmoid"))
 
@@ -125,7 +129,7 @@ def test_inference_saves_nothing():
 
 def test_spike_at_exact_threshold():
     """h == threshold fires in both backends, also for threshold 0 and negative zero inputs."""
-    x = torch.tensor([[1.0, 0.5, -0.0], [0.0, 0.5, -0.0]]).unsqueeze(1)
+    x = torch.tensor([[1.0, 0.5, -0.0], [0.0, 0.5, -0.0]], device=DEVICE).unsqueeze(1)
     for threshold in (1.0, 0.0):
         kw = dict(decay=1.0, threshold=threshold, reset="none")
         assert_match(*run_both(x, **kw))

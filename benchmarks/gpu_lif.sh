@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# One device call for the LIF core: GPU correctness tests, launch-config sweep, benchmark.
+# Run on the GPU machine from the repo root with peers' wheels in .whl (see README).
+set -uo pipefail
+export PYTHONUNBUFFERED=1 TRITON_DEFAULT_FP_FUSION=0
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
+export PYTHONPATH=$PWD/src:/tmp/site
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv | tee "$OUT/gpu.txt"
+SPIKEFUSE_TEST_DEVICE=cuda python3 -m pytest -q tests/test_lif.py 2>&1 | tail -5 | tee "$OUT/gpu-tests.txt"
+[ "${TUNE:-1}" = 1 ] && python3 benchmarks/tune_lif.py "$OUT/tune-lif.json" 2>&1 | tee "$OUT/tune-lif.txt"
+python3 -m spikefuse.bench.lif --out "$OUT" 2>&1 | tee "$OUT/bench-lif.txt"

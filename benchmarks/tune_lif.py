@@ -1,0 +1,55 @@
+"""Sweep the fused LIF's launch configuration (BLOCK, K, num_warps) per shape on a GPU.
+
+Prints, per shape, forward and backward times of each configuration and the best, as
+bytes moved over time (GB/s) next to the copy bandwidth. Used to choose
+spikefuse.ops.lif._launch_config; results go to the JSON file given as argv[1].
+"""
+import itertools
+import json
+import sys
+
+import torch
+
+import spikefuse.ops.lif as lif_ops
+from spikefuse.bench.timing import copy_bandwidth_gbs, median_ms
+
+SHAPES = [(100, 64, 4096), (500, 16, 4096), (1000, 8, 8192), (32, 8, 262144), (8192, 8, 1024)]
+CONFIGS = [(b, k, w) for (b, w), k in itertools.product(
+    [(128, 1), (256, 1), (256, 2), (512, 2), (512, 4), (1024, 4), (1024, 8)], [2, 4, 8, 16])]
+
+
+def main(out_path):
+    bw = copy_bandwidth_gbs()
+    print(f"copy bandwidth {bw:.0f} GB/s", flush=True)
+    results = []
+    for dtype in (torch.float32, torch.bfloat16):
+        for T, B, N in SHAPES:
+            x = (torch.randn(T, B, N, device="cuda") * 0.6 + 0.4).to(dtype)
+            gs = torch.randn_like(x)
+            esize = x.element_size()
+            rows = []
+            for cfg in CONFIGS:
+                lif_ops._launch_config = lambda n, cfg=cfg: cfg
+                fwd = lambda: lif_ops._forward(x, 0.5, None, None, 1.0, "hard", 0.0, True)
+                _, _, u = fwd()
+                bwd = lambda: lif_ops._backward(gs, None, u, x.shape, 0.5, None, None, 1.0, "hard",
+                                                0.0, False, "rectangular", 1.0, False, False)
+                f_ms, _ = median_ms(fwd, budget_s=0.15)
+                b_ms, _ = median_ms(bwd, budget_s=0.15)
+                n = T * B * N
+                rows.append({"cfg": cfg, "fwd_ms": f_ms, "bwd_ms": b_ms,
+                             "fwd_gbs": 3 * esize * n / f_ms / 1e6, "bwd_gbs": 3 * esize * n / b_ms / 1e6})
+            best_f = min(rows, key=lambda r: r["fwd_ms"])
+            best_b = min(rows, key=lambda r: r["bwd_ms"])
+            floor = 5 * esize * T * B * N / bw / 1e6
+            print(f"{dtype} T={T} B={B} N={N}: floor {floor:.3f} ms; best fwd {best_f['cfg']} "
+                  f"{best_f['fwd_ms']:.3f} ms ({best_f['fwd_gbs']:.0f} GB/s); best bwd {best_b['cfg']} "
+                  f"{best_b['bwd_ms']:.3f} ms ({best_b['bwd_gbs']:.0f} GB/s); "
+                  f"best sum/floor {(best_f['fwd_ms'] + best_b['bwd_ms']) / floor:.2f}", flush=True)
+            results.append({"dtype": str(dtype), "shape": [T, B, N], "floor_ms": floor, "rows": rows})
+    json.dump({"copy_gbs": bw, "device": torch.cuda.get_device_name(), "results": results},
+              open(out_path, "w"), indent=1)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

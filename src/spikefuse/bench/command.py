@@ -1,0 +1,24 @@
+"""`spikefuse bench lif | train | data`: each benchmark writes JSON + markdown results."""
+from __future__ import annotations
+
+import importlib
+
+BENCHMARKS = {
+    "lif": ("spikefuse.bench.lif", "LIF forward+backward vs the bandwidth floor and peer libraries"),
+    "train": ("spikefuse.bench.train", "one training step of the CIFAR-10 networks vs vanilla and SpikingJelly"),
+    "data": ("spikefuse.bench.data", "one epoch of SHD-shaped data through four loading pipelines"),
+}
+
+
+def configure(parser):
+    sub = parser.add_subparsers(dest="benchmark", metavar="BENCHMARK", required=True)
+    for name, (module, help_text) in BENCHMARKS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        try:
+            importlib.import_module(module).configure(p)
+        except ImportError:  # a benchmark still being written: listed, not runnable
+            pass
+
+
+def run(args) -> int:
+    return importlib.import_module(BENCHMARKS[args.benchmark][0]).run(args)

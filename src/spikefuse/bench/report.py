@@ -1,0 +1,60 @@
+"""Benchmark results: the environment they were measured in, and atomic JSON + markdown files."""
+from __future__ import annotations
+
+import datetime as _dt
+import importlib.metadata
+import json
+import os
+import platform
+import tempfile
+
+import torch
+
+PACKAGES = ("spikefuse", "torch", "triton", "snntorch", "norse", "spikingjelly", "tonic")
+
+
+def environment() -> dict:
+    """Device name, library versions and date: recorded in every result file."""
+    versions = {}
+    for name in PACKAGES:
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            versions[name] = None
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor() or "cpu"
+    return {"device": device, "cuda": torch.version.cuda, "python": platform.python_version(),
+            "versions": versions, "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
+
+
+def atomic_write(path: str, text: str) -> None:
+    """Write to a temporary file in the same folder, then rename: never a half-written file."""
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+def write_results(name: str, payload: dict, markdown: str, out_dir: str) -> tuple[str, str]:
+    """benchmarks/results/<name>-<device>.json and .md; returns both paths."""
+    device = payload.get("environment", {}).get("device", "cpu")
+    tag = "".join(c if c.isalnum() else "-" for c in device).strip("-").lower() or "cpu"
+    base = os.path.join(out_dir, f"{name}-{tag}")
+    atomic_write(base + ".json", json.dumps(payload, indent=2) + "\n")
+    atomic_write(base + ".md", markdown)
+    return base + ".json", base + ".md"
+
+
+def table(header: list[str], rows: list[list]) -> str:
+    def fmt(v):
+        return f"{v:.3g}" if isinstance(v, float) else ("-" if v is None else str(v))
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(fmt(v) for v in r) + " |" for r in rows]
+    return "\n".join(lines) + "\n"
