@@ -2,3 +2,9 @@
 from .neurons import IF, LIF, PLIF
 
 __all__ = ["LIF", "IF", "PLIF"]
+from .layers import Dropout, TimeFolded, name_layers, per_step  # noqa: E402
+from .batchnorm import TemporalBatchNorm1d, TemporalBatchNorm2d  # noqa: E402
+from .bn_lif import BNLIF  # noqa: E402
+
+__all__ += ["TimeFolded", "Dropout", "per_step", "name_layers", "TemporalBatchNorm1d",
+            "TemporalBatchNorm2d", "BNLIF"]

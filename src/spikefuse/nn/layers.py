@@ -1,0 +1,98 @@
+"""Time-folded layers: a stateless module runs once over all T steps folded into the batch.
+
+[T, B, ...] -> [T*B, ...] -> module -> [T, B, ...]: one launch per layer instead of T.
+`per_step` is the unfused baseline (a Python loop over T); `Dropout` can share one mask
+across time steps. Shape errors name the layer: `name_layers(model)` gives every
+submodule its qualified name for those messages.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+def layer_name(module: nn.Module) -> str:
+    return getattr(module, "_layer_name", None) or type(module).__name__
+
+
+def name_layers(model: nn.Module) -> nn.Module:
+    """Label each submodule with its qualified name (used in shape-error messages)."""
+    root = type(model).__name__
+    for name, module in model.named_modules():
+        module._layer_name = f"{root}.{name}" if name else root
+    return model
+
+
+def check_input(module: nn.Module, x: torch.Tensor, layout: str, rank=None, channels=None, dim=2):
+    """Raise ValueError naming the layer unless x has `rank` dims and `channels` at `dim`."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{layer_name(module)}: expected a tensor {layout}, got {type(x).__name__}")
+    ranks = rank if isinstance(rank, tuple) else (rank,)
+    if rank is not None and x.dim() not in ranks:
+        raise ValueError(f"{layer_name(module)}: expected input {layout} ({' or '.join(map(str, ranks))} dims), "
+                         f"got shape {tuple(x.shape)}")
+    needed = dim + 1 if dim >= 0 else -dim
+    if channels is not None and (x.dim() < needed or x.shape[dim] != channels):
+        raise ValueError(f"{layer_name(module)}: expected input {layout} with {channels} channels "
+                         f"at dim {dim}, got shape {tuple(x.shape)}")
+
+
+def _expected_channels(module):
+    """(channels, dim) a wrapped layer reads from its unfolded [T, B, ...] input, if known."""
+    if isinstance(module, nn.modules.conv._ConvNd):
+        return module.in_channels, 2
+    if isinstance(module, nn.Linear):
+        return module.in_features, -1
+    if isinstance(module, nn.modules.batchnorm._BatchNorm):
+        return module.num_features, 2
+    return None, 2
+
+
+def fold(x: torch.Tensor) -> torch.Tensor:
+    return x.flatten(0, 1)
+
+
+def unfold(y: torch.Tensor, T: int) -> torch.Tensor:
+    return y.unflatten(0, (T, y.shape[0] // T))
+
+
+class TimeFolded(nn.Module):
+    """Wrap a stateless module (Linear, Conv2d, pooling, dropout...) to take [T, B, ...]."""
+
+    def __init__(self, module: nn.Module):
+        super().__init__()
+        self.module = module
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        channels, dim = _expected_channels(self.module)
+        check_input(self, x, "[T, B, ...]", rank=tuple(range(3, 9)))
+        check_input(self, x, "[T, B, ...]", channels=channels, dim=dim)
+        return unfold(self.module(fold(x)), x.shape[0])
+
+
+def per_step(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """The unfused baseline: `module` applied to each time step in a Python loop."""
+    return torch.stack([module(x[t]) for t in range(x.shape[0])])
+
+
+class Dropout(nn.Module):
+    """Dropout on [T, B, ...]; with shared_across_time=True one mask per sample is drawn
+    and reused at every step, so a dropped neuron stays silent for the whole sequence."""
+
+    def __init__(self, p: float = 0.5, shared_across_time: bool = True):
+        super().__init__()
+        if not 0.0 <= p < 1.0:
+            raise ValueError(f"p must lie in [0, 1), got {p}")
+        self.p, self.shared_across_time = p, shared_across_time
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.training or self.p == 0.0:
+            return x
+        if not self.shared_across_time:
+            return nn.functional.dropout(x, self.p, True)
+        check_input(self, x, "[T, B, ...]", rank=tuple(range(2, 9)))
+        mask = torch.empty((1, *x.shape[1:]), device=x.device, dtype=x.dtype).bernoulli_(1 - self.p)
+        return x * mask.div_(1 - self.p)
+
+    def extra_repr(self):
+        return f"p={self.p}, shared_across_time={self.shared_across_time}"

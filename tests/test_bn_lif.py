@@ -1,0 +1,147 @@
+"""Fused BatchNorm + LIF (Triton interpreter) against torch batch norm over T*B + reference LIF."""
+import copy
+
+import pytest
+import torch
+
+from spikefuse.nn import BNLIF, TemporalBatchNorm2d
+from spikefuse.nn.layers import name_layers
+
+
+def rand(*shape, seed=0, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(shape, generator=g) + 0.2).to(dtype)
+
+
+def make(channels, seed=0, **kw):
+    """A fused BNLIF with non-trivial parameters and running statistics, and its reference twin."""
+    torch.manual_seed(seed)
+    fused = BNLIF(channels, backend="fused", **kw)
+    with torch.no_grad():
+        if fused.affine:
+            fused.weight.uniform_(0.5, 1.5)
+            fused.bias.uniform_(-0.3, 0.3)
+        if fused.track_running_stats:
+            fused.running_mean.uniform_(-0.3, 0.3)
+            fused.running_var.uniform_(0.5, 2.0)
+    ref = copy.deepcopy(fused)
+    ref.backend = "reference"
+    return fused, ref
+
+
+def run(module, x, residual=None, seed=1):
+    """Spikes, gradients of x / residual / parameters, and the buffers after one call."""
+    x = x.detach().clone().requires_grad_(True)
+    r = residual.detach().clone().requires_grad_(True) if residual is not None else None
+    spikes = module(x, r)
+    g = torch.randn(spikes.shape, generator=torch.Generator().manual_seed(seed))
+    (spikes.float() * g).sum().backward()
+    grads = {"x": x.grad, "residual": r.grad if r is not None else None}
+    grads.update({name: p.grad for name, p in module.named_parameters()})
+    return spikes, grads, {k: v.clone() for k, v in module.named_buffers()}
+
+
+def assert_match(fused, ref, x, residual=None, rtol=1e-5):
+    s1, g1, b1 = run(fused, x, residual)
+    s2, g2, b2 = run(ref, x.float() if x.dtype != torch.float32 else x, residual)
+    assert torch.equal(s1.float(), s2), f"spikes differ at {(s1.float() != s2).sum().item()} places"
+    assert 0.02 < s2.mean() < 0.98, "degenerate test: (almost) no or all spikes"
+    for name, g in g2.items():
+        if g is None:
+            assert g1[name] is None, name
+            continue
+        torch.testing.assert_close(g1[name].float(), g, rtol=rtol, atol=rtol * 0.1 * g.abs().max().item(),
+                                   msg=lambda m: f"grad {name}: {m}")
+    for name in b2:
+        torch.testing.assert_close(b1[name], b2[name], rtol=1e-5, atol=1e-7, msg=lambda m: f"buffer {name}: {m}")
+
+
+CASES = [("hard", "rectangular", False), ("hard", "atan", True), ("soft", "triangle", False),
+         ("soft", "sigmoid", True), ("none", "fast_sigmoid", False)]
+
+
+@pytest.mark.parametrize("reset,surrogate,detach", CASES)
+@pytest.mark.parametrize("training", [True, False])
+def test_conv_shaped(reset, surrogate, detach, training):
+    """[T, B, C, H, W] with an odd channel count and T over two checkpoint chunks."""
+    fused, ref = make(5, decay=0.6, threshold=0.4, reset=reset, v_reset=-0.1,
+                      detach_reset=detach, surrogate=surrogate)
+    fused.train(training), ref.train(training)
+    assert_match(fused, ref, rand(11, 3, 5, 3, 2, seed=len(reset)))
+
+
+@pytest.mark.parametrize("T", [1, 8, 17])
+def test_linear_shaped_and_time_lengths(T):
+    """[T, B, C]: T = 1, exactly one chunk, and three chunks (two checkpoints)."""
+    fused, ref = make(7, decay=0.25, threshold=0.25, surrogate="rectangular")
+    assert_match(fused, ref, rand(T, 6, 7, seed=T))
+
+
+def test_learnable_decay():
+    fused, ref = make(3, decay=0.7, threshold=0.5, learn_decay=True, surrogate="fast_sigmoid", reset="soft")
+    assert_match(fused, ref, rand(10, 4, 3, 5, seed=3))
+    fused.eval(), ref.eval()
+    assert_match(fused, ref, rand(10, 4, 3, 5, seed=4))
+
+
+def test_non_contiguous_and_time_expanded_input():
+    fused, ref = make(3, decay=0.5, threshold=0.3)
+    x = rand(4, 6, 2, 3, 5, seed=5).permute(1, 0, 4, 2, 3)  # [6, 4, 5, 2, 3] strided view
+    assert not x.is_contiguous()
+    fused2, ref2 = make(5, decay=0.5, threshold=0.3)
+    assert_match(fused2, ref2, x)
+    static = rand(2, 3, 4, 4, seed=6).expand(9, 2, 3, 4, 4)  # a static image's conv, stride 0 in time
+    assert_match(fused, ref, static)
+
+
+def test_residual_input():
+    fused, ref = make(4, decay=0.5, threshold=0.5, reset="hard")
+    assert_match(fused, ref, rand(9, 3, 4, 2, 2, seed=7), residual=rand(9, 3, 4, 2, 2, seed=8))
+
+
+def test_no_affine_no_running_stats():
+    fused, ref = make(3, affine=False, track_running_stats=False, threshold=0.3)
+    assert_match(fused, ref, rand(5, 4, 3, seed=9))
+    fused.eval(), ref.eval()  # without running statistics eval also uses the batch's
+    assert_match(fused, ref, rand(5, 4, 3, seed=10))
+
+
+def test_cumulative_momentum_and_batch_count():
+    fused, ref = make(3, momentum=None, threshold=0.3)
+    for seed in range(3):
+        assert_match(fused, ref, rand(4, 5, 3, seed=seed))
+    assert fused.num_batches_tracked.item() == 3
+
+
+def test_state_dict_matches_temporal_batchnorm():
+    bn = TemporalBatchNorm2d(6)
+    fused = BNLIF(6)
+    assert set(bn.state_dict()) == set(fused.state_dict())
+    fused.load_state_dict(bn.state_dict())
+
+
+def test_bfloat16_input():
+    fused, ref = make(5, decay=0.5, threshold=0.3, surrogate="atan")
+    x = rand(6, 4, 5, 3, seed=11, dtype=torch.bfloat16)
+    s, grads, _ = run(fused, x)
+    s_ref, grads_ref, _ = run(ref, x.float())
+    assert s.dtype == torch.bfloat16 and grads["x"].dtype == torch.bfloat16
+    assert (s.float() != s_ref).float().mean() < 0.01  # bf16 inputs are exact, stats in float32
+    assert ((grads["x"].float() - grads_ref["x"]).norm() / grads_ref["x"].norm()) < 0.05
+
+
+def test_inference_saves_nothing():
+    fused, ref = make(3, threshold=0.3)
+    x = rand(12, 2, 3, seed=12)
+    with torch.no_grad():
+        assert torch.equal(fused(x), ref(x))
+
+
+def test_shape_errors_name_the_layer():
+    net = name_layers(torch.nn.Sequential(BNLIF(4)))
+    with pytest.raises(ValueError, match=r"Sequential\.0.*4 channels.*\(3, 2, 5, 6\)"):
+        net(torch.zeros(3, 2, 5, 6))
+    with pytest.raises(ValueError, match=r"Sequential\.0.*\[T, B, C, \*\].*\(2, 4\)"):
+        net(torch.zeros(2, 4))
+    with pytest.raises(ValueError, match="residual"):
+        net[0](torch.zeros(3, 2, 4), torch.zeros(3, 2, 5))
