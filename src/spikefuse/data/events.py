@@ -140,6 +140,13 @@ def _same_sample_neighbours(offsets: torch.Tensor, n: int) -> torch.Tensor:
     return mask
 
 
+def segment_ids(counts: torch.Tensor, total: int) -> torch.Tensor:
+    """owner[i] = the segment that element i of the concatenation of len-`counts` segments is in."""
+    if counts.is_cuda:  # a known total spares the device a sync
+        return torch.repeat_interleave(counts, output_size=total)
+    return torch.repeat_interleave(counts)  # on the CPU, output_size takes a slow path
+
+
 def to_structured(cols: Columns, dtype: np.dtype | None = None) -> np.ndarray:
     """Columns -> a numpy structured array (on the host)."""
     dtype = dtype or event_dtype("y" in cols)

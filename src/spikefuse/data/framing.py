@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .events import Columns, as_columns, check_events, check_offsets
+from .events import Columns, as_columns, check_events, check_offsets, segment_ids
 
 
 @dataclass(frozen=True)
@@ -160,7 +160,7 @@ def _count_below(t, offsets, first, last, q):
     span = (last - first + 2).clamp(min=0)
     span = torch.where(offsets.diff() > 0, span, torch.zeros_like(span))
     base = torch.cumsum(span, 0) - span
-    sid = torch.repeat_interleave(torch.arange(len(span), device=t.device), offsets.diff(), output_size=len(t))
+    sid = segment_ids(offsets.diff(), len(t))
     keys = t.to(torch.int64) - first[sid] + base[sid]
     found = torch.searchsorted(keys, q - first[:, None] + base[:, None])
     return (found - offsets[:-1, None]).clamp(min=0)
@@ -181,7 +181,7 @@ def _accumulate(cols: Columns, offsets, start, end, n, frames, sensor_size, dtyp
     counts = torch.where(valid, end[:, :keep] - start[:, :keep], 0).reshape(-1)
     total = int(counts.sum())
     if total:
-        pair = torch.repeat_interleave(torch.arange(len(counts), device=dev), counts, output_size=total)
+        pair = segment_ids(counts, total)
         within = torch.arange(total, device=dev) - (torch.cumsum(counts, 0) - counts)[pair]
         b, w = pair // keep, pair % keep
         ev = offsets[b] + start[:, :keep].reshape(-1)[pair] + within

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from .events import Columns, as_columns, check_events, event_dtype
+from .events import Columns, as_columns, check_events, event_dtype, segment_ids
 
 FILES = ("events.npy", "offsets.npy", "targets.npy", "meta.json")
 
@@ -116,7 +116,7 @@ class EventStore:
             offsets = torch.zeros(len(idx) + 1, dtype=torch.int64, device=self.device)
             torch.cumsum(lengths, 0, out=offsets[1:])
             total = int(offsets[-1])
-            owner = torch.repeat_interleave(torch.arange(len(idx), device=self.device), lengths, output_size=total)
+            owner = segment_ids(lengths, total)
             where = starts[owner] + torch.arange(total, device=self.device) - offsets[:-1][owner]
             return {k: v[where] for k, v in self.columns.items()}, offsets
         ids = idx.cpu().numpy()

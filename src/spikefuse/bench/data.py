@@ -1,0 +1,280 @@
+"""Data-loading benchmark: one training epoch of SHD-shaped data through four pipelines.
+
+The recipe of "Training spiking neural networks, fast" (Lenz et al.): 700 -> 100 channels,
+4 ms frames (at most 250 steps), Linear(100,128)-IF-Linear(128,128)-IF-Linear(128,128)-IF-
+Linear(128,20), batch 128, Adam, cross-entropy on the output summed over time. Pipelines:
+  a  tonic ToFrame in a DataLoader (workers, pinned memory), frames made per sample per epoch
+  b  tonic DiskCachedDataset: frames made once, read back from per-sample HDF5 files
+  c  spikefuse disk store: packed events memory-mapped, batch framed on the device
+  d  spikefuse resident store: packed events on the device, sliced and framed there
+Each pipeline gets the same initial weights and sample order; its cache is built before
+timing (and its build time reported), then a short untimed warm-up, then one timed epoch.
+
+    python -m spikefuse.bench.data --out benchmarks/results [--samples N]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+import numpy as np
+import torch
+from torch import nn
+
+CHANNELS, STEPS, WINDOW_US = 100, 250, 4000
+PIPELINES = {
+    "a": "tonic ToFrame + DataLoader (workers, pinned)",
+    "b": "tonic DiskCachedDataset + DataLoader",
+    "c": "spikefuse disk store (mmap) + device framing",
+    "d": "spikefuse resident store + device framing",
+}
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--out", default="benchmarks/results", help="folder for the JSON + markdown results")
+    parser.add_argument("--samples", type=int, default=None, help="train samples (default: all 8156)")
+    parser.add_argument("--batch-size", type=int, default=128)
+    parser.add_argument("--workers", type=int, default=4, help="DataLoader workers of pipelines a and b")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed warm-up batches per pipeline")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--root", default="~/.cache/spikefuse/bench-data", help="cache folder")
+    parser.add_argument("--pipelines", default="abcd", help="which of a, b, c, d to run")
+    parser.add_argument("--seed", type=int, default=0)
+
+
+# ---- the network -----------------------------------------------------------------------
+
+def _if_neuron():
+    try:
+        from spikefuse.nn import IF
+
+        return IF(threshold=1.0)
+    except ImportError:  # TODO: drop once spikefuse.nn.IF is everywhere
+        return _FallbackIF()
+
+
+class _FallbackIF(nn.Module):
+    """IF with hard reset and a rectangular surrogate, [T, B, N] -> spikes."""
+
+    def forward(self, x):
+        v, out = torch.zeros_like(x[0]), []
+        for xt in x:
+            h = v + xt
+            s = _Spike.apply(h - 1.0)
+            v = h * (1 - s)
+            out.append(s)
+        return torch.stack(out)
+
+
+class _Spike(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, u):
+        ctx.save_for_backward(u)
+        return (u >= 0).to(u.dtype)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (u,) = ctx.saved_tensors
+        return grad * (u.abs() < 0.5).to(grad.dtype)
+
+
+def make_model(seed: int, device) -> nn.Module:
+    torch.manual_seed(seed)
+    hidden = 128
+    return nn.Sequential(
+        nn.Linear(CHANNELS, hidden), _if_neuron(), nn.Linear(hidden, hidden), _if_neuron(),
+        nn.Linear(hidden, hidden), _if_neuron(), nn.Linear(hidden, 20),
+    ).to(device)
+
+
+# ---- tonic pipelines (a, b) -----------------------------------------------------------
+
+class TonicFramed(torch.utils.data.Dataset):
+    """Synthetic SHD events through tonic's Downsample + ToFrame: int16 frames [T, 1, 100]."""
+
+    def __init__(self, source):
+        import tonic.transforms as tt
+
+        self.source = source
+        self.transform = tt.Compose([
+            tt.Downsample(spatial_factor=CHANNELS / 700),
+            tt.ToFrame(sensor_size=(CHANNELS, 1, 1), time_window=WINDOW_US, include_incomplete=True),
+        ])
+
+    def __len__(self):
+        return len(self.source)
+
+    def __getitem__(self, i):
+        events, target = self.source[i]
+        return self.transform(events), target
+
+
+def pad_collate(batch):
+    """Frames of a batch padded with zeros (or cut) to STEPS: x [T, B, 100] float32, y [B]."""
+    x = torch.zeros(STEPS, len(batch), CHANNELS)
+    for b, (frames, _) in enumerate(batch):
+        f = torch.as_tensor(np.asarray(frames)[:STEPS]).reshape(-1, CHANNELS)
+        x[:len(f), b] = f
+    return x, torch.tensor([int(t) for _, t in batch], dtype=torch.int64)
+
+
+def _loader(dataset, args, order_seed):
+    cuda = torch.device(args.device).type == "cuda"
+    return torch.utils.data.DataLoader(
+        dataset, batch_size=args.batch_size, shuffle=True, collate_fn=pad_collate,
+        generator=torch.Generator().manual_seed(order_seed), num_workers=args.workers,
+        pin_memory=cuda, persistent_workers=args.workers > 0,
+    )
+
+
+# ---- spikefuse pipelines (c, d) -------------------------------------------------------
+
+def _store(source, args):
+    from spikefuse.data import Downsample, EventStore
+    from spikefuse.data.cache import cached_store
+
+    down = Downsample(spatial_factor=CHANNELS / 700)
+    sensor = down.output_sensor_size((700, 1, 1))
+
+    def build():
+        return EventStore.from_samples((source[i] for i in range(len(source))), sensor, total=len(source),
+                                       transform=down, desc="spikefuse store")
+    params = {"source": "shd-synthetic", "seed": args.seed, "samples": len(source), "pre": repr(down)}
+    return cached_store(args.root, "bench-shd-synthetic", "train", params, build, device=args.device)
+
+
+def _spikefuse_batches(dataset, args, order_seed):
+    gen = torch.Generator().manual_seed(order_seed)
+    return lambda: dataset.batches(args.batch_size, shuffle=True, generator=gen)
+
+
+# ---- timing ---------------------------------------------------------------------------
+
+def _epoch(batches, model, opt, device, limit=None):
+    """Train over `batches`; returns (wall seconds, seconds inside training steps, steps)."""
+    cuda = device.type == "cuda"
+    spans, step_s = [], 0.0
+    if cuda:
+        torch.cuda.synchronize(device)
+    start = time.perf_counter()
+    steps = 0
+    for x, y in batches:
+        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        if cuda:
+            ev = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            ev[0].record()
+        else:
+            t0 = time.perf_counter()
+        loss = nn.functional.cross_entropy(model(x).sum(0), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        if cuda:
+            ev[1].record()
+            spans.append(ev)
+        else:
+            step_s += time.perf_counter() - t0
+        steps += 1
+        if limit is not None and steps >= limit:
+            break
+    if cuda:
+        torch.cuda.synchronize(device)
+        step_s = sum(a.elapsed_time(b) for a, b in spans) / 1e3
+    return time.perf_counter() - start, step_s, steps
+
+
+def run(args: argparse.Namespace) -> int:
+    from spikefuse.bench.report import environment, table, write_results
+    from spikefuse.data import ToFrame
+    from spikefuse.data.dataset import EventSpikeDataset
+    from spikefuse.data.synthetic import SyntheticSHD
+
+    device = torch.device(args.device)
+    root = os.path.expanduser(args.root)
+    source = SyntheticSHD("train", samples=args.samples, seed=args.seed)
+    if len(source) < 4:
+        print("spikefuse bench data: error: --samples must be at least 4", file=sys.stderr)
+        return 2
+    frame = ToFrame((CHANNELS, 1, 1), time_window=WINDOW_US, include_incomplete=True)
+    order_seed = args.seed + 1
+    results, first_batches = {}, {}
+
+    for key in args.pipelines:
+        if key not in PIPELINES:
+            print(f"spikefuse bench data: error: unknown pipeline {key!r}; choose from abcd", file=sys.stderr)
+            return 2
+        t0 = time.perf_counter()
+        if key == "a":
+            framed = TonicFramed(source)
+            loader = _loader(framed, args, order_seed)
+            make = lambda loader=loader: iter(loader)  # noqa: E731
+            first = pad_collate([framed[i] for i in range(4)])[0]
+        elif key == "b":
+            import tonic
+
+            path = os.path.join(root, f"tonic-disk-cache-{len(source)}-{args.seed}")
+            cached = tonic.DiskCachedDataset(TonicFramed(source), cache_path=path)
+            for _ in _loader(cached, args, order_seed):  # fill the cache (untimed, as in the paper)
+                pass
+            loader = _loader(cached, args, order_seed)
+            make = lambda loader=loader: iter(loader)  # noqa: E731
+            first = pad_collate([cached[i] for i in range(4)])[0]
+        else:
+            store = _store(source, args)
+            if key == "d":
+                store = store.to(device, resident=True)
+            dataset = EventSpikeDataset(store, frame, STEPS, (CHANNELS,))
+            make = _spikefuse_batches(dataset, args, order_seed)
+            first = dataset.get(torch.arange(4)).cpu()
+        prepare_s = time.perf_counter() - t0
+
+        first_batches[key] = first  # samples 0..3 framed by each pipeline: must be equal
+        model = make_model(args.seed, device)
+        opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+        _epoch(make(), model, opt, device, limit=args.warmup)  # warm-up, untimed
+        model = make_model(args.seed, device)
+        opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+        wall, in_step, steps = _epoch(make(), model, opt, device)
+        results[key] = {"pipeline": PIPELINES[key], "prepare_s": prepare_s, "epoch_s": wall,
+                        "train_step_s": in_step, "step_fraction": in_step / wall, "steps": steps}
+        print(f"{key}: {PIPELINES[key]}: epoch {wall:.2f} s, in training step {100 * in_step / wall:.0f}%")
+
+    ref = next(iter(first_batches.values()))
+    identical = all(torch.equal(ref, x) for x in first_batches.values())
+    ratios = {}
+    if "a" in results and "d" in results:
+        ratios = {"epoch_speedup_d_vs_a": results["a"]["epoch_s"] / results["d"]["epoch_s"],
+                  "step_fraction_d_over_a": results["d"]["step_fraction"] / results["a"]["step_fraction"]}
+    payload = {
+        "benchmark": "data", "environment": environment(),
+        "config": {"samples": len(source), "batch_size": args.batch_size, "workers": args.workers,
+                   "channels": CHANNELS, "time_steps": STEPS, "window_us": WINDOW_US,
+                   "warmup_batches": args.warmup, "device": str(device)},
+        "results": results, "ratios": ratios, "frames_identical": identical,
+    }
+    env = payload["environment"]
+    rows = [[k, r["pipeline"], r["epoch_s"], 100 * r["step_fraction"], r["prepare_s"]] for k, r in results.items()]
+    md = (f"# Data-loading benchmark\n\n{env['device']}, torch {env['versions']['torch']}, "
+          f"tonic {env['versions']['tonic']}, {env['date']}\n\n"
+          f"SHD-shaped synthetic train split ({len(source)} samples), 700 -> 100 channels, 4 ms frames "
+          f"(T = {STEPS}), batch {args.batch_size}, {args.workers} DataLoader workers for a and b; "
+          f"one epoch after {args.warmup} warm-up batches. The time in the training step is measured "
+          f"with {'CUDA events' if device.type == 'cuda' else 'the wall clock (CPU run)'}.\n\n"
+          + table(["", "pipeline", "epoch s", "% in train step", "cache build s"], rows)
+          + "".join(f"\n{k}: {v:.3g}" for k, v in ratios.items())
+          + f"\n\nFrames of samples 0-3 identical across pipelines: {identical}\n")
+    paths = write_results("data", payload, md, args.out)
+    print("wrote", *paths)
+    return 0 if identical else 1
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m spikefuse.bench.data", description=__doc__.splitlines()[0])
+    configure(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,22 @@
+"""Smoke test of the data-loading benchmark on the CPU with tiny sizes."""
+import json
+
+from spikefuse.bench import data as bench
+
+
+def test_data_benchmark_smoke(tmp_path, monkeypatch):
+    # the small local IF keeps this under seconds on a CPU; the benchmark itself uses spikefuse.nn.IF
+    monkeypatch.setattr(bench, "_if_neuron", bench._FallbackIF)
+    out = tmp_path / "results"
+    code = bench.main(["--out", str(out), "--samples", "4", "--batch-size", "4", "--workers", "1",
+                       "--warmup", "1", "--device", "cpu", "--root", str(tmp_path / "cache")])
+    assert code == 0
+    (path,) = out.glob("data-*.json")
+    payload = json.loads(path.read_text())
+    assert payload["frames_identical"] is True
+    assert set(payload["results"]) == {"a", "b", "c", "d"}
+    for r in payload["results"].values():
+        assert r["steps"] == 1 and 0 < r["step_fraction"] <= 1
+    assert payload["ratios"]["epoch_speedup_d_vs_a"] > 0
+    assert {"device", "versions", "date"} <= set(payload["environment"])
+    assert "tonic" in (out / path.name.replace(".json", ".md")).read_text()
