@@ -145,3 +145,19 @@ def test_shape_errors_name_the_layer():
         net(torch.zeros(2, 4))
     with pytest.raises(ValueError, match="residual"):
         net[0](torch.zeros(3, 2, 4), torch.zeros(3, 2, 5))
+
+
+def test_torch_library_op_path(monkeypatch):
+    """The registered custom op (what torch.compile sees) gives the eager path's results."""
+    fused, ref = make(3, decay=0.6, threshold=0.3, reset="soft", learn_decay=True)
+    x, r = rand(10, 2, 3, 4, seed=13), rand(10, 2, 3, 4, seed=14)
+    eager = run(copy.deepcopy(fused), x, r)
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    op = run(fused, x, r)
+    assert torch.equal(eager[0], op[0])
+    for name, g in eager[1].items():
+        torch.testing.assert_close(op[1][name], g, rtol=1e-6, atol=0)
+    torch.library.opcheck(torch.ops.spikefuse.bn_lif_forward.default,
+                          (x, None, x.mean((0, 1, 3)), torch.ones(3), None, None, 0.5, None, 0.3,
+                           "hard", 0.0, False, "atan", 2.0, True, True),
+                          test_utils=("test_schema", "test_faketensor"))

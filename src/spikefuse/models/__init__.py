@@ -19,3 +19,15 @@ def build_model(name: str, input_shape, num_classes: int, time_steps: int | None
 
 
 __all__ = ["MODELS", "build_model"]
+
+from . import cifar, dvs, resnet, shd  # noqa: E402
+
+MODELS.update({
+    "cifar-small": (cifar.build_small, "Liang et al. small CIFAR net: 128C-256C-512C-1024FC-512FC, BN-LIF"),
+    "cifar-medium": (cifar.build_medium, "Liang et al. medium CIFAR net: 7 convs (128..512)-1024FC-512FC, BN-LIF"),
+    "cifar-large": (cifar.build_large, "Liang et al. large CIFAR net: 9 convs (128..512)-1024FC-512FC, BN-LIF"),
+    "resnet18": (resnet.build_resnet18, "spiking ResNet-18 (BN+residual+LIF fused), rate readout"),
+    "resnet34": (resnet.build_resnet34, "spiking ResNet-34 (BN+residual+LIF fused), rate readout"),
+    "shd": (shd.build, "SHD feed-forward net: 700 -> 256 BN-LIF -> 20"),
+    "dvs-gesture": (dvs.build, "DVS128 Gesture conv net: conv128-BN-LIF-maxpool blocks, FC512, 11 classes"),
+})

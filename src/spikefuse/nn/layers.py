@@ -33,7 +33,8 @@ def check_input(module: nn.Module, x: torch.Tensor, layout: str, rank=None, chan
                          f"got shape {tuple(x.shape)}")
     needed = dim + 1 if dim >= 0 else -dim
     if channels is not None and (x.dim() < needed or x.shape[dim] != channels):
-        raise ValueError(f"{layer_name(module)}: expected input {layout} with {channels} channels "
+        what = "features" if dim == -1 else "channels"
+        raise ValueError(f"{layer_name(module)}: expected input {layout} with {channels} {what} "
                          f"at dim {dim}, got shape {tuple(x.shape)}")
 
 

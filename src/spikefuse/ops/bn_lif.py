@@ -23,17 +23,23 @@ Traffic per neuron-step (float32): statistics 4 B, forward 8 B, backward 24 B.
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 
-from .lif import (RESET_CODES, _decay_mode, _reduce_decay_grad, load_decay,  # noqa: F401
-                  reset_potential, row, surrogate_grad)
+from .lif import (RESET_CODES, _reduce_decay_grad, load_decay, reset_potential, row,
+                  surrogate_grad)
 from .surrogate import SURROGATES
 
 import triton  # noqa: E402  (after .lif: it picks the interpreter on GPU-less machines)
 import triton.language as tl  # noqa: E402
 
-K_STEPS = 8  # time steps per chunk = checkpoint spacing
+K_STEPS = 8  # time steps per chunk = checkpoint spacing (fewer when T is shorter)
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def _steps(T: int) -> int:
+    return min(K_STEPS, triton.next_power_of_2(T))
 
 
 @triton.jit
@@ -178,10 +184,18 @@ def _bn_grad_x_kernel(gy_ptr, x_ptr, gx_ptr, a_ptr, mean_ptr, invstd_ptr, mgy_pt
 
 
 def _config(num_neurons: int, backward: bool) -> tuple[int, int]:
-    """(BLOCK, num_warps); the backward holds ~6 [K, BLOCK] tiles, so it takes half."""
+    """(BLOCK, num_warps); the backward holds ~6 [K, BLOCK] tiles, so it takes half.
+    The interpreter pays per program and per op, not per element: few, wide programs."""
+    if INTERPRETED:
+        return min(triton.next_power_of_2(max(num_neurons, 1)), 1 << 14), 1
     if num_neurons >= 1 << 16:
         return (256, 4) if backward else (512, 4)
     return 128, 1
+
+
+def _decay_code(decay_tensor):
+    """load_decay's DECAY: 0 = float, 1 = one tensor value, 2 = one per channel."""
+    return 0 if decay_tensor is None else (1 if decay_tensor.numel() == 1 else 2)
 
 
 def _rows(x):
@@ -209,17 +223,17 @@ def _forward(x, residual, mean, invstd, weight, bias, decay, decay_tensor, thres
     C, inner = x.shape[2], math.prod(x.shape[3:])
     a, b = _affine(mean, invstd, weight, bias)
     spikes = torch.empty(x.shape, device=x.device, dtype=x.dtype)
-    chunks = triton.cdiv(T, K_STEPS)
+    chunks = triton.cdiv(T, _steps(T))
     ckpt = torch.empty((chunks - 1 if save else 0, N), device=x.device, dtype=torch.float32)
     r = residual.contiguous() if residual is not None else xr
-    mode, _ = _decay_mode(decay_tensor, x)
+    mode = _decay_code(decay_tensor)
     BLOCK, warps = _config(N, backward=False)
     if N > 0:
         _bn_lif_forward_kernel[(triton.cdiv(N, BLOCK),)](
             xr, r, spikes, ckpt, a, b, decay_tensor if decay_tensor is not None else a,
             decay, threshold, v_reset, T, N, stride_t, inner, C,
             RESET=RESET_CODES[reset], DECAY=mode, HAS_RES=residual is not None,
-            SAVE=save and chunks > 1, BLOCK=BLOCK, K=K_STEPS, num_warps=warps,
+            SAVE=save and chunks > 1, BLOCK=BLOCK, K=_steps(T), num_warps=warps,
             enable_fp_fusion=False)
     return spikes, ckpt
 
@@ -235,7 +249,7 @@ def _backward(grad_s, x, residual, ckpt, mean, invstd, weight, bias, decay, deca
     gy = torch.empty((T, N), device=x.device, dtype=torch.float32)
     part = torch.empty((3 if need_gd else 2, N), device=x.device, dtype=torch.float32)
     r = residual.contiguous() if residual is not None else xr
-    mode, _ = _decay_mode(decay_tensor, x)
+    mode = _decay_code(decay_tensor)
     BLOCK, warps = _config(N, backward=True)
     if N > 0:
         _bn_lif_backward_kernel[(triton.cdiv(N, BLOCK),)](
@@ -243,7 +257,7 @@ def _backward(grad_s, x, residual, ckpt, mean, invstd, weight, bias, decay, deca
             decay_tensor if decay_tensor is not None else a,
             decay, threshold, v_reset, alpha, T, N, stride_t, inner, C,
             RESET=RESET_CODES[reset], DETACH=detach, SURROGATE=SURROGATES[surrogate], DECAY=mode,
-            HAS_RES=residual is not None, NEED_GD=need_gd, BLOCK=BLOCK, K=K_STEPS,
+            HAS_RES=residual is not None, NEED_GD=need_gd, BLOCK=BLOCK, K=_steps(T),
             num_warps=warps, enable_fp_fusion=False)
     # per-channel sums: Eq. 11 (beta) and Eq. 10 (gamma)
     sums = part[:2].view(2, x.shape[1], C, inner).sum(dim=(1, 3))
@@ -278,7 +292,7 @@ def bn_lif_forward(x: torch.Tensor, residual: torch.Tensor | None, mean: torch.T
 @bn_lif_forward.register_fake
 def _(x, residual, mean, invstd, weight, bias, decay, decay_tensor, threshold, reset, v_reset,
       detach, surrogate, alpha, batch_stats, save):
-    chunks = (x.shape[0] + K_STEPS - 1) // K_STEPS
+    chunks = triton.cdiv(x.shape[0], _steps(x.shape[0]))
     ckpt = x.new_empty((chunks - 1 if save else 0, math.prod(x.shape[1:])), dtype=torch.float32)
     return torch.empty_like(x, memory_format=torch.contiguous_format), ckpt
 
@@ -311,6 +325,22 @@ def _(grad_s, x, residual, ckpt, mean, invstd, weight, bias, decay, decay_tensor
             torch.empty((2, x.shape[2]), **f32), torch.empty(n if need_gd else 0, **f32))
 
 
+def _input_grads(ctx, grad_s, backward):
+    """Gradients for (x, residual, mean, invstd, weight, bias, decay, decay_tensor)."""
+    x, residual, ckpt, mean, invstd, weight, bias, decay_tensor = ctx.saved_tensors
+    decay, threshold, reset, v_reset, detach, surrogate, alpha, batch_stats = ctx.options
+    need = ctx.needs_input_grad
+    need_gd = decay_tensor is not None and need[7]
+    gx, gr, sums, gd = backward(grad_s, x, residual, ckpt, mean, invstd, weight, bias, decay,
+                                decay_tensor, threshold, reset, v_reset, detach, surrogate,
+                                alpha, batch_stats, need_gd)
+    return (gx if need[0] else None,
+            gr.to(residual.dtype) if residual is not None and need[1] else None, None, None,
+            sums[1].to(weight.dtype) if weight is not None and need[4] else None,
+            sums[0].to(bias.dtype) if bias is not None and need[5] else None, None,
+            _reduce_decay_grad(gd, x.shape, decay_tensor) if need_gd else None)
+
+
 def _setup_context(ctx, inputs, output):
     (x, residual, mean, invstd, weight, bias, decay, decay_tensor, threshold, reset, v_reset,
      detach, surrogate, alpha, batch_stats, _) = inputs
@@ -319,22 +349,30 @@ def _setup_context(ctx, inputs, output):
 
 
 def _backward_rule(ctx, grad_s, _grad_ckpt):
-    x, residual, ckpt, mean, invstd, weight, bias, decay_tensor = ctx.saved_tensors
-    decay, threshold, reset, v_reset, detach, surrogate, alpha, batch_stats = ctx.options
-    need = ctx.needs_input_grad
-    need_gd = decay_tensor is not None and need[7]
-    gx, gr, sums, gd = bn_lif_backward(grad_s, x, residual, ckpt, mean, invstd, weight, bias,
-                                       decay, decay_tensor, threshold, reset, v_reset, detach,
-                                       surrogate, alpha, batch_stats, need_gd)
-    g_weight = sums[1].to(weight.dtype) if weight is not None and need[4] else None
-    g_bias = sums[0].to(bias.dtype) if bias is not None and need[5] else None
-    g_res = gr.to(residual.dtype) if residual is not None and need[1] else None
-    g_decay = _reduce_decay_grad(gd, x.shape, decay_tensor) if need_gd else None
-    return (gx, g_res, None, None, g_weight, g_bias, None, g_decay,
-            None, None, None, None, None, None, None, None)
+    return (*_input_grads(ctx, grad_s, bn_lif_backward), *[None] * 8)
 
 
 bn_lif_forward.register_autograd(_backward_rule, setup_context=_setup_context)
+
+
+class BNLIFFunction(torch.autograd.Function):
+    """The eager path (a plain autograd.Function costs far less Python per call than a
+    torch.library op; see spikefuse.ops.lif). Arguments as bn_lif_forward, without `save`."""
+
+    @staticmethod
+    def forward(ctx, x, residual, mean, invstd, weight, bias, decay, decay_tensor, threshold,
+                reset, v_reset, detach, surrogate, alpha, batch_stats):
+        save = any(ctx.needs_input_grad)
+        spikes, ckpt = _forward(x, residual, mean, invstd, weight, bias, decay, decay_tensor,
+                                threshold, reset, v_reset, save)
+        if save:
+            ctx.save_for_backward(x, residual, ckpt, mean, invstd, weight, bias, decay_tensor)
+            ctx.options = (decay, threshold, reset, v_reset, detach, surrogate, alpha, batch_stats)
+        return spikes
+
+    @staticmethod
+    def backward(ctx, grad_s):
+        return (*_input_grads(ctx, grad_s, _backward), *[None] * 7)
 
 
 def batch_stats(x: torch.Tensor, eps: float):
@@ -367,9 +405,10 @@ def bn_lif_fused(x, weight, bias, running_mean, running_var, training, momentum,
             invstd = 1.0 / torch.sqrt(running_var.float() + eps)
     if decay_tensor is not None:
         decay_tensor = decay_tensor.float()
+    args = (x, residual, mean, invstd, weight, bias, decay, decay_tensor, threshold, reset,
+            v_reset, detach, surrogate, alpha, use_batch)
+    if not torch.compiler.is_compiling():
+        return BNLIFFunction.apply(*args)
     wants_grad = torch.is_grad_enabled() and any(
         t is not None and t.requires_grad for t in (x, weight, bias, decay_tensor, residual))
-    spikes, _ = bn_lif_forward(x, residual, mean, invstd, weight, bias, decay, decay_tensor,
-                               threshold, reset, v_reset, detach, surrogate, alpha, use_batch,
-                               wants_grad)
-    return spikes
+    return bn_lif_forward(*args, wants_grad)[0]

@@ -1,0 +1,177 @@
+"""Linear and Conv2d whose input spikes are saved for backward as bits, and the
+conv/linear -> BN -> LIF blocks the models are built from.
+
+A spike input is only needed in backward for the weight gradient; autograd would keep it
+as a float tensor (4 bytes per spike in float32). Here it is packed to 1 bit
+(spikefuse.ops.spike_pack) and unpacked on the fly in backward, so no float copy of the
+spikes outlives the forward. The input must be binary: nonzero values count as 1, checked
+only with SPIKEFUSE_DEBUG=1.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from ..ops.spike_pack import pack, unpack
+from .batchnorm import TemporalBatchNorm1d, TemporalBatchNorm2d
+from .bn_lif import BNLIF
+from .layers import check_input, fold, unfold
+from .neurons import LIF
+
+
+class _SpikeLinear(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, s, weight, bias):
+        ctx.save_for_backward(pack(s) if weight.requires_grad else None, weight)
+        ctx.s_shape, ctx.s_dtype, ctx.has_bias = s.shape, s.dtype, bias is not None
+        return F.linear(s, weight, bias)
+
+    @staticmethod
+    def backward(ctx, gy):
+        packed, weight = ctx.saved_tensors
+        need_s, need_w, need_b = ctx.needs_input_grad
+        gy2 = gy.reshape(-1, gy.shape[-1])
+        gs = (gy2 @ weight.to(gy.dtype)).view(ctx.s_shape).to(ctx.s_dtype) if need_s else None
+        gw = gb = None
+        if need_w:
+            s = unpack(packed, ctx.s_shape, gy.dtype)  # transient: only for this product
+            gw = (gy2.t() @ s.reshape(-1, s.shape[-1])).to(weight.dtype)
+        if need_b and ctx.has_bias:
+            gb = gy2.sum(0).to(weight.dtype)
+        return gs, gw, gb
+
+
+class _SpikeConv2d(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, s, weight, bias, stride, padding, dilation, groups):
+        ctx.save_for_backward(pack(s) if weight.requires_grad else None, weight)
+        ctx.s_shape, ctx.s_dtype = s.shape, s.dtype
+        ctx.conv = (stride, padding, dilation, groups)
+        ctx.bias_sizes = None if bias is None else [bias.shape[0]]
+        return F.conv2d(s, weight, bias, stride, padding, dilation, groups)
+
+    @staticmethod
+    def backward(ctx, gy):
+        packed, weight = ctx.saved_tensors
+        need_s, need_w, need_b = ctx.needs_input_grad[:3]
+        stride, padding, dilation, groups = ctx.conv
+        if need_w:
+            s = unpack(packed, ctx.s_shape, gy.dtype)  # transient: only for this call
+        else:  # the input gradient needs only the input's shape
+            s = gy.new_empty(1).expand(ctx.s_shape)
+        gs, gw, gb = torch.ops.aten.convolution_backward(
+            gy, s, weight.to(gy.dtype), ctx.bias_sizes, list(stride), list(padding), list(dilation),
+            False, [0, 0], groups, [need_s, need_w, need_b and ctx.bias_sizes is not None])
+        return (gs.to(ctx.s_dtype) if gs is not None else None,
+                gw.to(weight.dtype) if gw is not None else None,
+                gb.to(weight.dtype) if gb is not None else None, None, None, None, None)
+
+
+class SpikingLinear(nn.Linear):
+    """nn.Linear over binary spikes [T, B, ..., in_features], input saved as bits."""
+
+    def forward(self, s: torch.Tensor) -> torch.Tensor:
+        check_input(self, s, "[T, B, ..., in_features]", rank=tuple(range(3, 9)),
+                    channels=self.in_features, dim=-1)
+        return _SpikeLinear.apply(s, self.weight, self.bias)
+
+
+class SpikingConv2d(nn.Conv2d):
+    """nn.Conv2d over binary spikes [T, B, C, H, W], time folded, input saved as bits."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if isinstance(self.padding, str) or self.padding_mode != "zeros":
+            raise ValueError(f"{type(self).__name__} supports integer zero padding only, "
+                             f"got padding={self.padding!r}, padding_mode={self.padding_mode!r}")
+
+    def forward(self, s: torch.Tensor) -> torch.Tensor:
+        check_input(self, s, "[T, B, C, H, W]", rank=5, channels=self.in_channels)
+        y = _SpikeConv2d.apply(fold(s), self.weight, self.bias, self.stride, self.padding,
+                               self.dilation, self.groups)
+        return unfold(y, s.shape[0])
+
+
+def spiking_conv2d(conv: nn.Conv2d, s: torch.Tensor) -> torch.Tensor:
+    """`conv` applied to binary spikes [T, B, C, H, W] like SpikingConv2d (parameters of a
+    plain nn.Conv2d, so a model can switch dataflow without renaming its state_dict)."""
+    return SpikingConv2d.forward(conv, s)
+
+
+def spiking_linear(linear: nn.Linear, s: torch.Tensor) -> torch.Tensor:
+    return SpikingLinear.forward(linear, s)
+
+
+class _BNLIFBlock(nn.Module):
+    """layer -> temporal BN -> LIF. fused: the layer runs once over [T*B, ...] (saving
+    binary input spikes as bits) and BN+LIF is one op (BNLIF); vanilla (fused=False): the
+    papers' baseline, a per-step loop over T, torch batch norm and the reference LIF.
+    Both forms have the same state_dict keys (layer.*, bn.*)."""
+
+    def __init__(self, layer, bn_cls, channels, fused, spike_input, backend, lif):
+        super().__init__()
+        self.layer, self.fused, self.spike_input = layer, bool(fused), bool(spike_input)
+        if self.fused:
+            self.bn = BNLIF(channels, backend=backend, **lif)
+        else:
+            self.bn = bn_cls(channels)
+            self.lif = LIF(backend="reference", **lif)
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None,
+                time_steps: int | None = None) -> torch.Tensor:
+        """x [T, B, ...]; or a static input [B, ...] with time_steps (direct encoding: the
+        fused form computes the layer once and reuses it at every step)."""
+        static = time_steps is not None
+        self._check(x, static)
+        if not self.fused:
+            steps = [x] * time_steps if static else list(x)
+            y = self.bn(torch.stack([self.layer(xt) for xt in steps]))
+            return self.lif(y if residual is None else y + residual)
+        if static:
+            y = self.layer(x)
+            y = y.unsqueeze(0).expand(time_steps, *y.shape)  # read with time stride 0
+        elif self.spike_input:
+            y = self._spiking(x)
+        else:
+            y = unfold(self.layer(fold(x)), x.shape[0])
+        return self.bn(y, residual)
+
+    def _check(self, x, static):
+        layout, rank, channels, dim = self._layout(static)
+        check_input(self, x, layout, rank=rank)
+        check_input(self, x, layout, channels=channels, dim=dim)
+
+
+class ConvBNLIF(_BNLIFBlock):
+    def __init__(self, in_channels: int, out_channels: int, kernel_size: int = 3, stride: int = 1,
+                 padding: int | None = None, fused: bool = True, spike_input: bool = True,
+                 backend: str = "auto", **lif):
+        conv = nn.Conv2d(in_channels, out_channels, kernel_size, stride,
+                         kernel_size // 2 if padding is None else padding, bias=False)
+        super().__init__(conv, TemporalBatchNorm2d, out_channels, fused, spike_input, backend, lif)
+
+    def _spiking(self, s):
+        return spiking_conv2d(self.layer, s)
+
+    def _layout(self, static):
+        return ("[B, C, H, W]", 4, self.layer.in_channels, 1) if static else \
+               ("[T, B, C, H, W]", 5, self.layer.in_channels, 2)
+
+
+class LinearBNLIF(_BNLIFBlock):
+    def __init__(self, in_features: int, out_features: int, fused: bool = True,
+                 spike_input: bool = True, backend: str = "auto", **lif):
+        linear = nn.Linear(in_features, out_features, bias=False)
+        super().__init__(linear, TemporalBatchNorm1d, out_features, fused, spike_input, backend, lif)
+
+    def _spiking(self, s):
+        return spiking_linear(self.layer, s)
+
+    def _layout(self, static):
+        return ("[B, F]", 2, self.layer.in_features, -1) if static else \
+               ("[T, B, F]", 3, self.layer.in_features, -1)
+
+
+__all__ = ["SpikingLinear", "SpikingConv2d", "spiking_conv2d", "spiking_linear", "ConvBNLIF",
+           "LinearBNLIF"]

@@ -1,0 +1,101 @@
+"""Models: the fused and vanilla forms are the same function with the same parameters."""
+import pytest
+import torch
+
+from spikefuse.models import MODELS, build_model
+
+SMALL = {  # name -> (input_shape, classes, T, batch-first static input?)
+    "cifar-small": ((3, 16, 16), 10, 2, True),
+    "cifar-medium": ((3, 16, 16), 10, 2, True),
+    "cifar-large": ((3, 16, 16), 10, 2, True),
+    "resnet18": ((3, 16, 16), 10, 2, True),
+    "resnet34": ((3, 16, 16), 10, 2, True),
+    "shd": ((700,), 20, 3, False),
+    "dvs-gesture": ((2, 16, 16), 11, 3, False),
+}
+
+
+def pair(name, width=1 / 16, **kw):
+    shape, classes, T, _ = SMALL[name]
+    torch.manual_seed(0)
+    fused = build_model(name, shape, classes, T, width=width, fused=True, backend="fused", **kw)
+    vanilla = build_model(name, shape, classes, T, width=width, fused=False, **kw)
+    vanilla.load_state_dict(fused.state_dict())  # same keys: loads either way
+    return fused, vanilla
+
+
+def batch(name, B=2, seed=0):
+    shape, classes, T, static = SMALL[name]
+    g = torch.Generator().manual_seed(seed)
+    x = torch.rand((B, *shape) if static else (T, B, *shape), generator=g)
+    if not static:
+        x = (x < 0.3).float() * 2  # event counts
+    return x, torch.randint(0, classes, (B,), generator=g)
+
+
+def train(model, x, y, steps, opt=torch.optim.SGD, **opt_kw):
+    optimizer = opt(model.parameters(), **opt_kw)
+    losses = []
+    for _ in range(steps):
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    return losses
+
+
+def test_medium_loss_trajectories_match():
+    fused, vanilla = pair("cifar-medium")
+    x, y = batch("cifar-medium")
+    a = train(fused, x, y, 4, lr=0.2, momentum=0.9)
+    b = train(vanilla, x, y, 4, lr=0.2, momentum=0.9)
+    assert a[-1] < a[0], a
+    torch.testing.assert_close(torch.tensor(a), torch.tensor(b), rtol=1e-4, atol=1e-4)
+    for key, value in vanilla.state_dict().items():  # running statistics too
+        torch.testing.assert_close(fused.state_dict()[key], value, rtol=1e-3, atol=1e-4, msg=key)
+
+
+@pytest.mark.parametrize("name", ["resnet18", "shd", "dvs-gesture"])
+def test_other_models_match(name):
+    fused, vanilla = pair(name)
+    x, y = batch(name, seed=1)
+    a = train(fused, x, y, 2, opt=torch.optim.Adam, lr=1e-2)
+    b = train(vanilla, x, y, 2, opt=torch.optim.Adam, lr=1e-2)
+    torch.testing.assert_close(torch.tensor(a), torch.tensor(b), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("name", sorted(SMALL))
+def test_state_dicts_interchange_and_eval(name):
+    shape, classes, T, static = SMALL[name]
+    fused = build_model(name, shape, classes, T, width=1 / 16, fused=True)
+    vanilla = build_model(name, shape, classes, T, width=1 / 16, fused=False)
+    assert list(fused.state_dict()) == list(vanilla.state_dict())
+    fused.load_state_dict(vanilla.state_dict())
+    x, _ = batch(name)
+    fused.eval(), vanilla.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(fused(x), vanilla(x), rtol=1e-5, atol=1e-5)
+
+
+def test_time_major_frames_and_width():
+    model = build_model("cifar-small", (3, 8, 8), 10, 3, width=0.05)
+    assert model(torch.rand(3, 2, 3, 8, 8)).shape == (2, 10)
+    assert model.features[0].layer.out_channels == 6
+
+
+def test_registry_describes_every_model():
+    for name in SMALL:
+        assert name in MODELS and MODELS[name][1]
+
+
+def test_errors_name_the_layer_and_shape():
+    model = build_model("cifar-medium", (3, 16, 16), 10, 2, width=1 / 16)
+    with pytest.raises(ValueError, match=r"CifarNet\.features\.0.*3 channels.*\(2, 4, 16, 16\)"):
+        model(torch.rand(2, 4, 16, 16))
+    with pytest.raises(ValueError, match=r"CifarNet.*\(16, 16\)"):
+        model(torch.rand(16, 16))
+    with pytest.raises(ValueError, match=r"CifarNet\.classifier\.0.*128 features.*\(2, 2, 512\)"):
+        model(torch.rand(2, 3, 32, 32))  # a 32x32 image into a net built for 16x16
+    with pytest.raises(ValueError, match="size"):
+        build_model("dvs-gesture", (2, 24, 24), 11, 2)
