@@ -4,7 +4,7 @@
 same numbers. Every slicing mode reduces to one idea: each frame of a sample is a range
 [start, end) of that sample's event indices (time modes find the range by binary search of
 t, count modes compute it). Ranges may overlap, so the ranges of the whole batch are
-expanded to (frame, event) pairs and counted with a single `index_put_(accumulate=True)`.
+expanded to (frame, event) pairs and counted with a single `index_add_`.
 Window arithmetic is done in float64 in the same order as Tonic so bin edges round alike.
 """
 from __future__ import annotations
@@ -41,6 +41,8 @@ class ToFrame:
     def __post_init__(self):
         if self.sensor_size is None or len(self.sensor_size) != 3:
             raise ValueError(f"sensor_size: expected (W, H, P), got {self.sensor_size}")
+        if any(int(s) != s or s < 1 for s in self.sensor_size):
+            raise ValueError(f"sensor_size: expected 3 positive ints (W, H, P), got {self.sensor_size}")
         object.__setattr__(self, "sensor_size", tuple(int(s) for s in self.sensor_size))
         modes = {k: getattr(self, k) for k in ("time_window", "event_count", "n_time_bins", "n_event_bins")}
         chosen = [k for k, v in modes.items() if v is not None]
@@ -191,7 +193,8 @@ def _accumulate(cols: Columns, offsets, start, end, n, frames, sensor_size, dtyp
         if two_d:
             idx = idx * height + cols["y"][ev].to(torch.int64)
         idx = idx * width + cols["x"][ev].to(torch.int64)
-        out.index_put_((idx,), torch.ones((), dtype=dtype, device=dev).expand(total), accumulate=True)
+        # atomic adds of 1.0 in any order give exact counts (below 2**24 per cell in float32)
+        out.index_add_(0, idx, torch.ones((), dtype=dtype, device=dev).expand(total))
     return out.view(shape)
 
 
