@@ -163,8 +163,9 @@ def _load_data(cfg, device):
 
     try:
         return data.load(cfg.dataset, time_steps=cfg.time_steps, seed=cfg.seed, device=device)
-    except (ValueError, OSError) as e:  # bad parameters, or files that cannot be fetched or read
-        raise UsageError(f"cannot load data set {cfg.dataset!r}: {str(e).splitlines()[0]}") from None
+    except (ValueError, OSError, data.DatasetUnavailable) as e:  # bad parameters, files not there
+        message = "; ".join(line.strip() for line in str(e).splitlines() if line.strip())
+        raise UsageError(f"cannot load data set {cfg.dataset!r}: {message}") from None
 
 
 def _build_model(model_args):

@@ -1,0 +1,123 @@
+"""The Trainer, checkpoints, metrics and the spike monitor, on the small stand-in data."""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from spikefuse.models import build_model
+from spikefuse.nn import LIF
+from spikefuse.train import checkpoint, metrics
+from spikefuse.train.config import ConfigError, make, read_toml
+from spikefuse.train.loop import Trainer
+from spikefuse.train.spikes import SpikeMonitor
+from test_train_data import make_splits
+
+DETERMINISTIC = ("epoch", "lr", "train_loss", "train_acc", "train_rate", "test_loss", "test_acc",
+                 "test_rate", "firing_rates")
+
+
+def make_trainer(run_dir=None, epochs=3, seed=0):
+    checkpoint.seed_everything(seed)
+    splits = make_splits()
+    model = build_model("mlp", splits.input_shape, splits.num_classes, splits.time_steps, hidden=(32,))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=epochs)
+    return Trainer(model, splits, opt, epochs=epochs, batch_size=32, scheduler=sched, seed=seed,
+                   run_dir=run_dir, progress=False, config={"note": "test"})
+
+
+def strip(history):
+    return [{k: r[k] for k in DETERMINISTIC} for r in history]
+
+
+def test_fit_learns_and_writes_metrics_and_checkpoint(tmp_path):
+    history = make_trainer(tmp_path).fit()
+    assert [r["epoch"] for r in history] == [1, 2, 3]
+    assert history[-1]["test_acc"] > 0.9
+    assert 0 < history[-1]["test_rate"] < 1 and set(history[-1]["firing_rates"]) == {"layers.2"}
+    assert strip(metrics.read(tmp_path / "metrics.jsonl")) == strip(history)
+    state = checkpoint.load(tmp_path / "checkpoint.pt")
+    assert state["epoch"] == 3 and state["config"] == {"note": "test"}
+    assert not [p for p in os.listdir(tmp_path) if p.endswith(".tmp")]
+
+
+def test_resume_from_a_checkpoint_replays_exactly(tmp_path):
+    full = make_trainer(tmp_path / "full").fit()
+    first = make_trainer(tmp_path / "cut", epochs=3)
+    first.epochs = 2  # stop early, as if interrupted after epoch 2
+    first.fit()
+    torch.manual_seed(999)  # disturb every RNG: resume must restore them
+    resumed = make_trainer(tmp_path / "cut", seed=0)
+    resumed.resume()
+    assert resumed.epoch == 2
+    assert strip(resumed.fit()) == strip(full)
+    assert strip(metrics.read(tmp_path / "cut" / "metrics.jsonl")) == strip(full)
+
+
+def test_bf16_autocast_trains(tmp_path):
+    trainer = make_trainer(epochs=1)
+    trainer.precision = "bf16"
+    assert trainer.fit()[0]["train_loss"] > 0
+
+
+def test_checkpoint_save_is_atomic(tmp_path, monkeypatch):
+    path = tmp_path / "checkpoint.pt"
+    checkpoint.save({"epoch": 1, "w": torch.ones(3)}, path)
+
+    def broken_save(obj, f):  # dies half-way through writing
+        f.write(b"half a checkpoint")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(torch, "save", broken_save)
+    with pytest.raises(KeyboardInterrupt):
+        checkpoint.save({"epoch": 2}, path)
+    assert checkpoint.load(path)["epoch"] == 1  # the old one is untouched
+    assert os.listdir(tmp_path) == ["checkpoint.pt"]  # and no temp file is left behind
+
+
+def test_rng_state_round_trip():
+    import random
+
+    import numpy as np
+
+    g = torch.Generator().manual_seed(5)
+    state = checkpoint.rng_state(g)
+    a = (torch.rand(2), np.random.rand(), random.random(), torch.rand(2, generator=g))
+    checkpoint.set_rng_state(state, g)
+    b = (torch.rand(2), np.random.rand(), random.random(), torch.rand(2, generator=g))
+    assert torch.equal(a[0], b[0]) and a[1] == b[1] and a[2] == b[2] and torch.equal(a[3], b[3])
+
+
+def test_spike_monitor_counts_rates():
+    model = torch.nn.Sequential(LIF(decay=0.5), torch.nn.Identity(), LIF(decay=0.5, threshold=10.0))
+    x = torch.zeros(4, 2, 5)
+    x[:, 0] = 2.0  # sample 0 fires every step, sample 1 never
+    with SpikeMonitor(model, keep=True) as mon:
+        model(x)
+    assert mon.rates() == {"0": 0.5, "2": 0.0}
+    assert mon.rate() == 0.25 and mon.trains["0"].shape == (4, 2, 5)
+    model(x)  # hooks are gone after the with block
+    assert mon.rates()["0"] == 0.5
+
+
+def test_config_layers_and_errors(tmp_path):
+    f = tmp_path / "c.toml"
+    f.write_text('epochs = 3\nbatch-size = 16\nlr = 1\ndataset = "x"\n')
+    cfg = make(read_toml(f), {"epochs": 5})
+    assert (cfg.epochs, cfg.batch_size, cfg.lr, cfg.dataset, cfg.model) == (5, 16, 1.0, "x", "mlp")
+    f.write_text("epoch = 3\n")
+    with pytest.raises(ConfigError, match="unknown key 'epoch'; valid keys: dataset, model, epochs"):
+        read_toml(f)
+    f.write_text("epochs = \n")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        read_toml(f)
+    with pytest.raises(ConfigError, match="cannot read config file"):
+        read_toml(tmp_path / "missing.toml")
+    with pytest.raises(ConfigError, match="epochs must be int"):
+        make({"epochs": "3"})
+    with pytest.raises(ConfigError, match="batch-size must be at least 1"):
+        make({"batch_size": 0})
+    with pytest.raises(ConfigError, match="precision"):
+        make({"precision": "fp8"})
