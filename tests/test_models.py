@@ -99,3 +99,19 @@ def test_errors_name_the_layer_and_shape():
         model(torch.rand(2, 3, 32, 32))  # a 32x32 image into a net built for 16x16
     with pytest.raises(ValueError, match="size"):
         build_model("dvs-gesture", (2, 24, 24), 11, 2)
+
+
+def test_train_benchmark_smoke(tmp_path):
+    """The GPU benchmark's code paths, tiny, on the CPU (peers skipped when not installed)."""
+    import json
+
+    from spikefuse.bench import train
+
+    assert train.main(["--smoke", "--out", str(tmp_path)]) == 0
+    (result,) = tmp_path.glob("train-smoke-*.json")
+    cases = json.loads(result.read_text())["cases"]
+    ran = {(c["impl"], c["net"], c["precision"]) for c in cases if "ms" in c}
+    assert {("spikefuse-fused", "medium", "bf16"), ("spikefuse-vanilla", "resnet18", "fp32")} <= ran
+    fused = next(c for c in cases if c["impl"] == "spikefuse-fused")
+    assert fused["floor_ms"] > 0 and fused["neuron_steps"] > 0 and fused["speedup_vs_spikefuse-vanilla"] > 0
+    assert (tmp_path / result.name.replace(".json", ".md")).exists()

@@ -1,0 +1,309 @@
+"""One training step (forward, backward, optimizer step) of the CIFAR-10 networks of Liang et
+al. and a spiking ResNet-18: spikefuse fused vs its vanilla per-step form vs SpikingJelly.
+
+Each case reports the median step time (CUDA events after warm-up), the peak memory
+(torch.cuda.max_memory_allocated after a reset: absolute, and beyond what the model,
+optimizer and batch already held), and a floor measured in the same run:
+    FLOOR_BYTES per neuron-step (BN+LIF layers) / device-to-device copy bandwidth
+  + the step's conv/linear FLOPs (torch's FlopCounterMode) / a matmul rate
+(a single stream runs the elementwise and the conv kernels one after the other, so
+the two add). Input: random CIFAR-shaped images, direct encoding (repeated over T; the
+fused form convolves the image once and reuses it at every step).
+
+    python -m spikefuse.bench.train --out benchmarks/results
+    python -m spikefuse.bench.train --smoke --out /tmp/bench   # tiny, CPU-friendly
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import statistics
+import time
+import traceback
+
+import torch
+from torch import nn
+
+from ..models.cifar import LIANG_LIF, CifarNet
+from ..models.resnet import SpikingResNet
+from ..nn.spiking_layers import _BNLIFBlock
+from .report import environment, table, write_results
+from .timing import copy_bandwidth_gbs
+
+FLOOR_BYTES = {"fp32": 30, "bf16": 15}  # per neuron-step: ~7.5 accesses in the dtype
+PRECISIONS = ("fp32", "bf16")
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--out", default="benchmarks/results", help="folder for JSON + markdown")
+    parser.add_argument("--smoke", action="store_true",
+                        help="tiny width and batch, 2 steps, reference backend on CPU (for tests)")
+    parser.add_argument("--size", default="medium", choices=["small", "medium", "large"])
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--time-steps", type=int, default=10)
+    parser.add_argument("--resnet-time-steps", default="4,32", help="comma-separated; empty to skip")
+    parser.add_argument("--resnet-batch", type=int, default=32)
+    parser.add_argument("--optimizer", default="sgd", choices=["sgd", "adam"])
+    parser.add_argument("--iters", type=int, default=10, help="timed steps per case")
+    parser.add_argument("--no-peers", action="store_true", help="skip SpikingJelly")
+
+
+# ---- the networks ----
+
+def spikingjelly_cifar(size, width, num_classes=10, time_steps=10, image=32):
+    """The same CIFAR network from SpikingJelly 2.0 layers (multi-step, its automatic
+    fastest LIF backend; Sigmoid surrogate: its fused kernels have no rectangular one)."""
+    from spikingjelly.activation_based import functional, layer, neuron, surrogate
+
+    from ..models.cifar import FC, TABLE_I, scaled
+
+    def lif():
+        return neuron.LIFNode(tau=1 / (1 - LIANG_LIF["decay"]), decay_input=False,
+                              v_threshold=LIANG_LIF["threshold"], v_reset=0.0,
+                              surrogate_function=surrogate.Sigmoid(), step_mode="m")
+
+    layers, c, hw = [], 3, image
+    for channels, stride in TABLE_I[size]:
+        out = scaled(channels, width)
+        layers += [layer.Conv2d(c, out, 3, stride, 1, bias=False, step_mode="m"),
+                   layer.BatchNorm2d(out, step_mode="m"), lif()]
+        c, hw = out, (hw - 1) // stride + 1
+    layers.append(layer.Flatten(step_mode="m"))
+    sizes = [c * hw * hw, *(scaled(f, width) for f in FC)]
+    for a, b in zip(sizes, sizes[1:]):
+        layers += [layer.Linear(a, b, bias=False, step_mode="m"), layer.BatchNorm1d(b, step_mode="m"), lif()]
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body, self.readout = nn.Sequential(*layers), nn.Linear(sizes[-1], num_classes)
+
+        def forward(self, x):
+            functional.reset_net(self.body)
+            x = x.unsqueeze(0).repeat(time_steps, *([1] * x.dim()))
+            return self.readout(self.body(x).mean(0))
+
+    return Net()
+
+
+def build(impl, net, width, T, backend, image=32):
+    if impl == "spikingjelly":
+        return spikingjelly_cifar(net, width, time_steps=T, image=image)
+    fused, shape = impl == "spikefuse-fused", (3, image, image)
+    if net == "resnet18":
+        return SpikingResNet(18, shape, time_steps=T, width=width, fused=fused, backend=backend)
+    return CifarNet(net, shape, time_steps=T, width=width, fused=fused, backend=backend)
+
+
+# ---- measurement ----
+
+def sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def make_step(model, x, y, precision, optimizer):
+    opt = (torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9) if optimizer == "sgd"
+           else torch.optim.Adam(model.parameters(), lr=1e-3))
+
+    def step():
+        with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=precision == "bf16"):
+            loss = nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        return loss
+    return step
+
+
+def time_steps_ms(step, device, warmup, iters):
+    for _ in range(warmup):
+        step()
+    sync(device)
+    times = []
+    for _ in range(iters):
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            step()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        else:
+            t0 = time.perf_counter()
+            step()
+            times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times), times
+
+
+def peak_memory_mib(step, device):
+    """(absolute peak, peak beyond what was allocated before the step) in MiB."""
+    if device.type != "cuda":
+        return None, None
+    sync(device)
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    step()
+    sync(device)
+    peak = torch.cuda.max_memory_allocated()
+    return peak / 2**20, (peak - base) / 2**20
+
+
+def neuron_steps(model, x):
+    """LIF neuron-steps of one forward: the elements of every BN-LIF block's output."""
+    counts = []
+    hooks = [m.register_forward_hook(lambda m, i, o: counts.append(o.numel()))
+             for m in model.modules() if isinstance(m, _BNLIFBlock)]
+    with torch.no_grad():
+        model(x)
+    for h in hooks:
+        h.remove()
+    return sum(counts)
+
+
+def step_flops(step):
+    """FLOPs of one training step as torch counts them (convolutions and matmuls)."""
+    try:
+        from torch.utils.flop_counter import FlopCounterMode
+        with FlopCounterMode(display=False) as counter:
+            step()
+        return counter.get_total_flops()
+    except Exception as e:  # noqa: BLE001  (a counting failure must not lose the timing)
+        print(f"  flop counting failed: {e!r}", flush=True)
+        return None
+
+
+def matmul_tflops(device, precision, n):
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    ms, _ = time_steps_ms(lambda: a @ b, device, warmup=2, iters=5)
+    return 2 * n**3 / (ms * 1e-3) / 1e12
+
+
+def copy_gbs(device, smoke):
+    if device.type == "cuda":
+        return copy_bandwidth_gbs(2**24 if smoke else 2**31)
+    src = torch.rand(2**22)
+    dst = torch.empty_like(src)
+    ms, _ = time_steps_ms(lambda: dst.copy_(src), device, warmup=2, iters=5)
+    return 2 * src.numel() * 4 / (ms * 1e-3) / 1e9
+
+
+def measure(impl, net, precision, T, B, args, device, rates, flops_cache):
+    """One case; errors (out of memory, a missing peer) are recorded, not raised."""
+    case = {"impl": impl, "net": net, "precision": precision, "T": T, "B": B, "width": args.width}
+    model = step = None
+    try:
+        torch.manual_seed(0)
+        model = build(impl, net, args.width, T, args.backend, args.image).to(device)
+        x = torch.randn(B, 3, args.image, args.image, device=device)
+        y = torch.randint(0, 10, (B,), device=device)
+        step = make_step(model, x, y, precision, args.optimizer)
+        ms, times = time_steps_ms(step, device, args.warmup, args.iters)
+        peak, extra = peak_memory_mib(step, device)
+        key = (net, T, B)
+        if key not in flops_cache and impl == "spikefuse-vanilla":  # the work the network defines
+            flops_cache[key] = (step_flops(step), neuron_steps(model, x))
+        case.update(ms=ms, times_ms=times, peak_mib=peak, step_extra_mib=extra)
+    except Exception as e:  # noqa: BLE001  (recorded; a spikefuse failure fails the run at the end)
+        if not isinstance(e, ImportError) and "out of memory" not in str(e).lower():
+            traceback.print_exc()
+        case["error"] = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}"
+    finally:
+        del model, step
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    print(summary_line(case), flush=True)
+    return case
+
+
+def add_floors(cases, flops_cache, rates):
+    for case in cases:
+        flops, steps = flops_cache.get((case["net"], case["T"], case["B"]), (None, None))
+        case["neuron_steps"], case["flops"] = steps, flops
+        if steps is None or "ms" not in case:
+            continue
+        mem_ms = FLOOR_BYTES[case["precision"]] * steps / (rates["copy_gbs"] * 1e9) * 1e3
+        flop_ms = flops / (rates["matmul_tflops"][case["precision"]] * 1e12) * 1e3 if flops else 0.0
+        case.update(floor_ms=mem_ms + flop_ms, floor_memory_ms=mem_ms, floor_compute_ms=flop_ms,
+                    ratio_to_floor=case["ms"] / (mem_ms + flop_ms))
+    by_key = {(c["impl"], c["net"], c["precision"], c["T"]): c for c in cases}
+    for case in cases:
+        for peer in ("spikefuse-vanilla", "spikingjelly"):
+            other = by_key.get((peer, case["net"], case["precision"], case["T"]))
+            if case["impl"] == "spikefuse-fused" and other and "ms" in other and "ms" in case:
+                case[f"speedup_vs_{peer}"] = other["ms"] / case["ms"]
+                if case.get("peak_mib") and other.get("peak_mib"):
+                    case[f"memory_vs_{peer}"] = case["peak_mib"] / other["peak_mib"]
+
+
+def run(args) -> int:
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    torch.backends.cuda.matmul.allow_tf32 = True  # TF32 for all implementations alike
+    torch.backends.cudnn.allow_tf32 = True
+    args.width, args.warmup, args.backend, args.image = 1.0, 3, "auto", 32
+    resnet_T = [int(t) for t in args.resnet_time_steps.split(",") if t.strip()]
+    if args.smoke:
+        args.width, args.batch, args.resnet_batch, args.image = 1 / 16, 2, 2, 16
+        args.time_steps, resnet_T, args.iters, args.warmup = 2, resnet_T[:1] and [2], 2, 1
+        args.backend = "auto" if device.type == "cuda" else "reference"
+    rates = {"copy_gbs": copy_gbs(device, args.smoke),
+             "matmul_tflops": {p: matmul_tflops(device, p, 256 if args.smoke else 8192) for p in PRECISIONS}}
+    print(f"copy {rates['copy_gbs']:.0f} GB/s, matmul {rates['matmul_tflops']}", flush=True)
+    impls = ["spikefuse-fused", "spikefuse-vanilla"] + ([] if args.no_peers else ["spikingjelly"])
+    cases, flops_cache = [], {}
+    for precision in PRECISIONS:
+        for impl in impls:
+            cases.append(measure(impl, args.size, precision, args.time_steps, args.batch, args,
+                                 device, rates, flops_cache))
+    for T in resnet_T:
+        for impl in impls[:2]:
+            cases.append(measure(impl, "resnet18", "fp32", T, args.resnet_batch, args, device,
+                                 rates, flops_cache))
+    add_floors(cases, flops_cache, rates)
+    payload = {"benchmark": "train", "environment": environment(), "rates": rates,
+               "optimizer": args.optimizer, "floor_bytes_per_neuron_step": FLOOR_BYTES,
+               "equations": "LIF decay 0.25, threshold 0.25, hard reset to 0; spikefuse: rectangular "
+                            "surrogate, SpikingJelly: Sigmoid (its fused kernels lack a rectangular one)",
+               "smoke": args.smoke, "cases": cases}
+    paths = write_results("train-smoke" if args.smoke else "train", payload, markdown(payload), args.out)
+    print("wrote", *paths)
+    failed = [c for c in cases if c["impl"].startswith("spikefuse") and "error" in c]
+    return 1 if failed else 0
+
+
+def summary_line(case):
+    head = f"{case['net']} {case['impl']} {case['precision']} T={case['T']} B={case['B']}:"
+    if "error" in case:
+        return f"{head} skipped ({case['error']})"
+    peak = f", peak {case['peak_mib']:.0f} MiB" if case.get("peak_mib") else ""
+    return f"{head} {case['ms']:.2f} ms{peak}"
+
+
+def markdown(payload) -> str:
+    env, rates = payload["environment"], payload["rates"]
+    out = [f"# Training step: CIFAR-10 {payload['cases'][0]['net']} net and spiking ResNet-18\n",
+           f"{env['device']}, {env['date']}, versions {env['versions']}\n",
+           f"Measured in the run: copy {rates['copy_gbs']:.0f} GB/s, matmul {rates['matmul_tflops']} TFLOP/s "
+           f"(fp32 = TF32). Floor = {payload['floor_bytes_per_neuron_step']} bytes per neuron-step / copy "
+           f"bandwidth + FLOPs / matmul rate. Optimizer {payload['optimizer']}. {payload['equations']}.\n"]
+    header = ["net", "impl", "precision", "T", "B", "ms", "peak MiB", "step extra MiB", "floor ms",
+              "x floor", "speedup vs vanilla", "speedup vs SJ", "memory vs vanilla", "note"]
+    rows = [[c["net"], c["impl"], c["precision"], c["T"], c["B"], c.get("ms"), c.get("peak_mib"),
+             c.get("step_extra_mib"), c.get("floor_ms"), c.get("ratio_to_floor"),
+             c.get("speedup_vs_spikefuse-vanilla"), c.get("speedup_vs_spikingjelly"),
+             c.get("memory_vs_spikefuse-vanilla"), c.get("error", "")] for c in payload["cases"]]
+    out.append(table(header, rows))
+    return "\n".join(out)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    configure(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
