@@ -29,7 +29,7 @@ def main(out_path):
             esize = x.element_size()
             rows = []
             for cfg in CONFIGS:
-                lif_ops._launch_config = lambda n, cfg=cfg: cfg
+                lif_ops._launch_config = lambda n, dtype, cfg=cfg: cfg
                 fwd = lambda: lif_ops._forward(x, 0.5, None, None, 1.0, "hard", 0.0, True)
                 _, _, x2, ckpt = fwd()
                 bwd = lambda: lif_ops._backward(gs, None, x2, ckpt, x.shape, 0.5, None, 1.0, "hard",

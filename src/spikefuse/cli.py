@@ -18,8 +18,7 @@ COMMANDS = {
 }
 
 
-class UsageError(Exception):
-    """A user mistake: printed as one line, exit code 2, no traceback."""
+from spikefuse.errors import UsageError  # one class, also when run as python -m spikefuse.cli
 
 
 def build_parser(argv: list[str]) -> argparse.ArgumentParser:

@@ -197,15 +197,15 @@ def _lif_backward_kernel(
         tl.store(gd_ptr + n, gd, mask=n_mask)
 
 
-def _launch_config(num_neurons: int) -> tuple[int, int, int]:
-    """(BLOCK, K, num_warps): one neuron per thread keeps the [K, BLOCK] chunks of the
-    backward (x, grad_s, h, v and their prefetch) in registers; few neurons need more
-    steps per chunk to keep enough bytes in flight."""
-    if num_neurons >= 1 << 18:
-        return 128, 4, 4
-    if num_neurons >= 1 << 16:
-        return 128, 8, 4
-    return 64, 16, 2
+def _launch_config(num_neurons: int, dtype: torch.dtype) -> tuple[int, int, int]:
+    """(BLOCK, K, num_warps), from a sweep on an H200 (benchmarks/results/tune-lif-*.json).
+    One warp per program: with more, Triton spreads the K rows of a chunk over warps and
+    every row extraction becomes a shared-memory reduction (10x slower, measured). Half
+    precision takes K = 4 and 32-neuron blocks: its 16-byte vectors leave lanes over that
+    Triton puts along K, where larger chunks cost cross-lane shuffles."""
+    if dtype.itemsize == 2:
+        return 32, 4, 1
+    return 64, 16, 1
 
 
 def _decay_mode(decay_tensor, shape):
@@ -226,7 +226,7 @@ def _forward(x, decay, decay_tensor, v0, threshold, reset, v_reset, save):
     N = x2.shape[1]
     spikes = torch.empty_like(x2)
     vT = torch.empty(N, device=x.device, dtype=torch.float32)
-    BLOCK, K, warps = _launch_config(N)
+    BLOCK, K, warps = _launch_config(N, x.dtype)
     ckpt = torch.empty(triton.cdiv(T, K) if save else 0, N, device=x.device, dtype=torch.float32)
     mode, C, inner = _decay_mode(decay_tensor, x.shape)
     if N > 0:
@@ -251,7 +251,7 @@ def _backward(grad_s, grad_vT, x2, ckpt, x_shape, decay, decay_tensor, threshold
     gd = torch.empty(N, device=x2.device, dtype=torch.float32) if need_gd else None
     gvT = grad_vT.reshape(-1).contiguous() if grad_vT is not None else None
     mode, C, inner = _decay_mode(decay_tensor, x_shape)
-    BLOCK, K, warps = _launch_config(N)
+    BLOCK, K, warps = _launch_config(N, x2.dtype)
     if N > 0:
         _lif_backward_kernel[(triton.cdiv(N, BLOCK),)](
             gs, x2, ckpt, gvT if gvT is not None else gs, grad_x,
@@ -316,7 +316,7 @@ def lif_forward(x: torch.Tensor, decay: float, decay_tensor: torch.Tensor | None
 @lif_forward.register_fake
 def _(x, decay, decay_tensor, v0, threshold, reset, v_reset, detach, surrogate, alpha, save):
     N = math.prod(x.shape[1:])
-    chunks = triton.cdiv(x.shape[0], _launch_config(N)[1]) if save else 0
+    chunks = triton.cdiv(x.shape[0], _launch_config(N, x.dtype)[1]) if save else 0
     return (torch.empty_like(x), x.new_empty(x.shape[1:], dtype=torch.float32),
             x.new_empty(chunks, N, dtype=torch.float32))
 
