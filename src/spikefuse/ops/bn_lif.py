@@ -4,20 +4,24 @@
     then the LIF of spikefuse.functional.lif on y (v[-1] = 0)
 
 Saved for backward: x (the conv/linear output, which the graph holds anyway), the
-per-channel statistics, and the membrane potential entering every K-th step (one float32
-per neuron per K steps, K = 8: about 0.5 byte per neuron-step). The BN output, the
+per-channel statistics, and the membrane potential entering every K-th step (K = 8, or
+the next power of two >= T when T is shorter; one float32 per neuron per chunk boundary:
+at most 0.5 byte per neuron-step, nothing at all when T <= 8). The BN output, the
 potentials and the spikes are never stored: the backward kernel walks the time chunks
-in reverse, recomputes the chunk's potentials from its checkpoint and x into registers,
-and then runs the reverse-time recurrence through the chunk.
+in reverse, recomputes the chunk's potentials from its checkpoint and x into registers
+(bit-identical to the forward: same operations, no FMA contraction), and then runs the
+reverse-time recurrence through the chunk.
 
-Why checkpoints and not the pre-spike potential in a narrow type: bfloat16 u (2 bytes per
-neuron-step, 4x the checkpoints) changes the surrogate and reset gradients by ~1e-3
-relative, and float32 u doubles what the layer holds; recomputing a chunk costs one more
-read of x, which the BN gradient (Eq. 8-10) has to read anyway.
+Why checkpoints and not the pre-spike potential in a narrow type: bfloat16 u costs 2
+bytes per neuron-step (4x the checkpoints) and its rounding moves the surrogate gradients
+by ~1e-3 relative (measured on N(0, 0.5) potentials: atan, sigmoid, fast_sigmoid and
+triangle 1.0e-3, rectangular 3.7e-2), far outside the 1e-5 contract; float32 u would
+double what the layer holds. Recomputing a chunk costs one more read of x, which the BN
+gradient (Eq. 8-10) needs anyway, so the backward reads x once for both.
 
 Backward is two launches: (1) reverse walk: dL/dy[t] is written into the float32 buffer
 that later becomes dL/dx, with per-neuron partial sums of dL/dy, dL/dy*xhat (and
-dL/d decay) reduced per channel by torch; (2) elementwise Eq. 8, in place.
+dL/d decay) reduced per channel by torch; (2) elementwise Eq. 8 (in place for float32).
 Traffic per neuron-step (float32): statistics 4 B, forward 8 B, backward 24 B.
 """
 from __future__ import annotations
@@ -176,7 +180,7 @@ def _bn_grad_x_kernel(gy_ptr, x_ptr, gx_ptr, a_ptr, mean_ptr, invstd_ptr, mgy_pt
     ch = (n // inner) % C
     gy = tl.load(gy_ptr + t * N + n, mask=n_mask, other=0.0)
     a = tl.load(a_ptr + ch, mask=n_mask, other=0.0)
-    if BATCH_STATS:  # eval mode: the statistics are constants
+    if BATCH_STATS:  # training: the gradient also flows through the batch mean and variance
         x = tl.load(x_ptr + t * stride_t + n, mask=n_mask, other=0.0).to(tl.float32)
         xhat = (x - tl.load(mean_ptr + ch, mask=n_mask)) * tl.load(invstd_ptr + ch, mask=n_mask)
         gy = gy - tl.load(mgy_ptr + ch, mask=n_mask) - xhat * tl.load(mgyx_ptr + ch, mask=n_mask)
@@ -377,6 +381,8 @@ class BNLIFFunction(torch.autograd.Function):
 
 def batch_stats(x: torch.Tensor, eps: float):
     """Per-channel mean, biased variance and invstd of x [T, B, C, *] over all other dims."""
+    if x.shape[0] > 1 and x.stride(0) == 0:  # the same values at every step: one is enough
+        x = x[:1]
     dims = [0, 1, *range(3, x.dim())]
     xf = x if x.dtype in (torch.float32, torch.float64) else x.float()
     var, mean = torch.var_mean(xf.detach(), dim=dims, correction=0)
