@@ -192,9 +192,10 @@ def _config(num_neurons: int, backward: bool) -> tuple[int, int]:
     The interpreter pays per program and per op, not per element: few, wide programs."""
     if INTERPRETED:
         return min(triton.next_power_of_2(max(num_neurons, 1)), 1 << 14), 1
-    if num_neurons >= 1 << 16:
-        return (256, 4) if backward else (512, 4)
-    return 128, 1
+    # one warp per program: with more, Triton spreads a chunk's K rows over warps and each
+    # row extraction becomes a shared-memory reduction (10x slower for the LIF kernels,
+    # benchmarks/results/tune-lif-nvidia-h200.txt)
+    return 64, 1
 
 
 def _decay_code(decay_tensor):

@@ -15,6 +15,7 @@ the 5 accesses of the floor, plus the checkpoints.
 """
 from __future__ import annotations
 
+import json
 import math
 import os
 
@@ -79,11 +80,14 @@ def row(X, sel):
 
 @triton.jit
 def chunk_offsets(t0, k, n, n_mask, T, N):
-    """Offsets and mask of rows t0 .. t0+K-1 of a [T, N] tensor (int64: T*N may pass 2^31)."""
+    """Offset of row t0 (int64: T*N may pass 2^31), and the chunk's int32 offsets within
+    it (K*N < 2^31 is checked by the launcher) with their mask: 32-bit address arithmetic
+    per element instead of 64-bit halves the index work."""
     t = t0 + k
-    offs = t.to(tl.int64)[:, None] * N + n[None, :]
+    base = tl.cast(t0, tl.int64) * N
+    offs = k[:, None] * N + n[None, :]
     mask = ((t >= 0) & (t < T))[:, None] & n_mask[None, :]
-    return offs, mask
+    return base, offs, mask
 
 
 @triton.jit
@@ -101,12 +105,12 @@ def _lif_forward_kernel(
     else:
         v = tl.zeros([BLOCK], tl.float32)
     k = tl.arange(0, K)
-    offs, mask = chunk_offsets(0, k, n, n_mask, T, N)
-    X = tl.load(x_ptr + offs, mask=mask, other=0.0)
+    base, offs, mask = chunk_offsets(0, k, n, n_mask, T, N)
+    X = tl.load(x_ptr + base + offs, mask=mask, other=0.0)
     for c in range(0, tl.cdiv(T, K)):
         t0 = c * K
-        next_offs, next_mask = chunk_offsets(t0 + K, k, n, n_mask, T, N)
-        X_next = tl.load(x_ptr + next_offs, mask=next_mask, other=0.0)  # prefetch
+        next_base, _, next_mask = chunk_offsets(t0 + K, k, n, n_mask, T, N)
+        X_next = tl.load(x_ptr + next_base + offs, mask=next_mask, other=0.0)  # prefetch
         if SAVE_CKPT:
             tl.store(ckpt_ptr + tl.cast(c, tl.int64) * N + n, v, mask=n_mask)
         Xf = X.to(tl.float32)
@@ -117,8 +121,8 @@ def _lif_forward_kernel(
             fired = h - threshold >= 0.0
             v = tl.where(t0 + j < T, reset_potential(h, fired, threshold, v_reset, RESET), v)
             S = tl.where(sel, fired.to(tl.float32)[None, :], S)
-        tl.store(s_ptr + offs, S.to(s_ptr.dtype.element_ty), mask=mask)
-        X, offs, mask = X_next, next_offs, next_mask
+        tl.store(s_ptr + base + offs, S.to(s_ptr.dtype.element_ty), mask=mask)
+        X, base, mask = X_next, next_base, next_mask
     tl.store(vT_ptr + n, v, mask=n_mask)
 
 
@@ -140,17 +144,17 @@ def _lif_backward_kernel(
     gd = tl.zeros([BLOCK], tl.float32)
     k = tl.arange(0, K)
     last = tl.cdiv(T, K) - 1
-    offs, mask = chunk_offsets(last * K, k, n, n_mask, T, N)
-    X = tl.load(x_ptr + offs, mask=mask, other=0.0)
-    GS = tl.load(gs_ptr + offs, mask=mask, other=0.0)
+    base, offs, mask = chunk_offsets(last * K, k, n, n_mask, T, N)
+    X = tl.load(x_ptr + base + offs, mask=mask, other=0.0)
+    GS = tl.load(gs_ptr + base + offs, mask=mask, other=0.0)
     v_start = tl.load(ckpt_ptr + tl.cast(last, tl.int64) * N + n, mask=n_mask, other=0.0)
     for i in range(0, last + 1):
         c = last - i
         t0 = c * K
         # prefetch the chunk before (fully masked when c == 0)
-        prev_offs, prev_mask = chunk_offsets(t0 - K, k, n, n_mask, T, N)
-        X_prev = tl.load(x_ptr + prev_offs, mask=prev_mask, other=0.0)
-        GS_prev = tl.load(gs_ptr + prev_offs, mask=prev_mask, other=0.0)
+        prev_base, _, prev_mask = chunk_offsets(t0 - K, k, n, n_mask, T, N)
+        X_prev = tl.load(x_ptr + prev_base + offs, mask=prev_mask, other=0.0)
+        GS_prev = tl.load(gs_ptr + prev_base + offs, mask=prev_mask, other=0.0)
         v_prev = tl.load(ckpt_ptr + tl.cast(tl.maximum(c - 1, 0), tl.int64) * N + n, mask=n_mask, other=0.0)
         # recompute the chunk forward from its checkpoint: h[t] and v[t-1]
         Xf = X.to(tl.float32)
@@ -189,23 +193,39 @@ def _lif_backward_kernel(
                 gd += tl.where(valid, gh * row(V_before, sel), 0.0)
             gv = tl.where(valid, gh * d, gv)
             GX = tl.where(sel, gh[None, :], GX)
-        tl.store(gx_ptr + offs, GX.to(gx_ptr.dtype.element_ty), mask=mask)
-        X, GS, v_start, offs, mask = X_prev, GS_prev, v_prev, prev_offs, prev_mask
+        tl.store(gx_ptr + base + offs, GX.to(gx_ptr.dtype.element_ty), mask=mask)
+        X, GS, v_start, base, mask = X_prev, GS_prev, v_prev, prev_base, prev_mask
     if NEED_GV0:
         tl.store(gv0_ptr + n, gv, mask=n_mask)
     if NEED_GD:
         tl.store(gd_ptr + n, gd, mask=n_mask)
 
 
+_TUNING_FILE = os.path.join(os.path.dirname(__file__), "lif_tuning.json")
+_DEFAULT_CONFIGS = {"float32": (64, 16, 1), "bfloat16": (32, 4, 1), "float16": (32, 4, 1)}
+
+
+def _load_tuning() -> dict:
+    """(BLOCK, K, num_warps) per dtype, as measured by benchmarks/tune_lif.py on a GPU."""
+    try:
+        with open(_TUNING_FILE) as f:
+            return {**_DEFAULT_CONFIGS, **{k: tuple(v) for k, v in json.load(f)["configs"].items()}}
+    except (OSError, ValueError, KeyError):
+        return dict(_DEFAULT_CONFIGS)
+
+
+LAUNCH_CONFIGS = _load_tuning()
+
+
 def _launch_config(num_neurons: int, dtype: torch.dtype) -> tuple[int, int, int]:
-    """(BLOCK, K, num_warps), from a sweep on an H200 (benchmarks/results/tune-lif-*.json).
-    One warp per program: with more, Triton spreads the K rows of a chunk over warps and
-    every row extraction becomes a shared-memory reduction (10x slower, measured). Half
-    precision takes K = 4 and 32-neuron blocks: its 16-byte vectors leave lanes over that
-    Triton puts along K, where larger chunks cost cross-lane shuffles."""
-    if dtype.itemsize == 2:
-        return 32, 4, 1
-    return 64, 16, 1
+    """(BLOCK, K, num_warps). One warp per program: with more, Triton spreads a chunk's
+    K rows over warps and every row extraction becomes a shared-memory reduction (10x
+    slower on an H200, benchmarks/results/tune-lif-nvidia-h200.txt)."""
+    BLOCK, K, warps = LAUNCH_CONFIGS[str(dtype).replace("torch.", "")]
+    if K * max(num_neurons, BLOCK) >= 2**31:
+        raise ValueError(f"x has {num_neurons} neurons per time step; the fused LIF supports "
+                         f"fewer than {2**31 // K} (use backend='reference')")
+    return BLOCK, K, warps
 
 
 def _decay_mode(decay_tensor, shape):
