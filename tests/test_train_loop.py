@@ -18,6 +18,15 @@ DETERMINISTIC = ("epoch", "lr", "train_loss", "train_acc", "train_rate", "test_l
                  "test_rate", "firing_rates")
 
 
+@pytest.fixture(autouse=True)
+def one_thread():
+    """As the CLI does on the CPU: small per-step ops run fastest on one thread."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def make_trainer(run_dir=None, epochs=3, seed=0):
     checkpoint.seed_everything(seed)
     splits = make_splits()

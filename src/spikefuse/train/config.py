@@ -33,6 +33,7 @@ class Config:
     precision: str = "fp32"
     compile: bool = False
     seed: int = 0
+    threads: int = 1  # CPU threads for PyTorch ops (why 1: see command.py)
     out: str | None = None  # None: runs/<dataset>-<model>-<timestamp>
 
     def as_dict(self) -> dict:
@@ -41,7 +42,8 @@ class Config:
 
 FIELDS = {f.name: f for f in dataclasses.fields(Config)}
 TYPES = {"dataset": str, "model": str, "epochs": int, "batch_size": int, "lr": float,
-         "time_steps": int, "device": str, "precision": str, "compile": bool, "seed": int, "out": str}
+         "time_steps": int, "device": str, "precision": str, "compile": bool, "seed": int, "threads": int,
+         "out": str}
 
 
 def read_toml(path: str) -> dict:
@@ -71,7 +73,7 @@ def make(*layers: dict) -> Config:
     for name, value in values.items():
         values[name] = _check_type(name, value)
     cfg = Config(**values)
-    for name in ("epochs", "batch_size", "time_steps"):
+    for name in ("epochs", "batch_size", "time_steps", "threads"):
         value = getattr(cfg, name)
         if value is not None and value < 1:
             raise ConfigError(f"{name.replace('_', '-')} must be at least 1, got {value}")

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..cli import UsageError
+from ..errors import UsageError
 from ..nn import IF, LIF, PLIF
 
 DEFAULT_DT = 1e-3

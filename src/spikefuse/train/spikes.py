@@ -1,16 +1,19 @@
-"""Watch the spiking layers: forward hooks on every spikefuse.nn.LIF (IF and PLIF
-included) count spikes for firing rates, or keep whole spike trains for rasters."""
+"""Watch the spiking layers: forward hooks on every module that emits spikes
+(spikefuse.nn.LIF, IF, PLIF and the fused BNLIF) count spikes for firing rates, or keep
+whole spike trains for rasters."""
 from __future__ import annotations
 
 import torch
 from torch import nn
 
-from ..nn import LIF
+from ..nn import BNLIF, LIF
+
+SPIKING = (LIF, BNLIF)  # modules whose output is spikes
 
 
 def spiking_layers(model: nn.Module) -> dict[str, nn.Module]:
     """name -> module for every spiking neuron layer, in forward order of registration."""
-    return {name: m for name, m in model.named_modules() if isinstance(m, LIF)}
+    return {name: m for name, m in model.named_modules() if isinstance(m, SPIKING)}
 
 
 class SpikeMonitor:

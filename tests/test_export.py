@@ -1,0 +1,119 @@
+"""`spikefuse export --nir`: the NIR graph read back holds the model's parameters, and
+simulating it with NIR's own equations (forward Euler, step dt) gives the model's logits."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from spikefuse.cli import main
+from spikefuse.models import build_model
+from spikefuse.nn import IF, LIF, PLIF
+from spikefuse.train import checkpoint
+from spikefuse.train.export import to_nir
+from spikefuse.train.spikes import SpikeMonitor
+
+nir = pytest.importorskip("nir")
+
+SPEC = {"name": "mlp", "input_shape": [2, 3, 4], "num_classes": 5, "time_steps": 12,
+        "kwargs": {"hidden": [16, 12], "decay": 0.75, "threshold": 0.5}}
+
+
+def trained_run(tmp_path):
+    """A run directory as `spikefuse train` leaves it (only what export reads)."""
+    torch.manual_seed(0)
+    model = build_model(SPEC["name"], SPEC["input_shape"], SPEC["num_classes"], SPEC["time_steps"], **SPEC["kwargs"])
+    for p in model.parameters():  # larger weights so every layer spikes
+        p.data.mul_(3)
+    checkpoint.save({"config": {"model": SPEC}, "model": model.state_dict()}, tmp_path / "checkpoint.pt")
+    return model
+
+
+def simulate(graph, x: np.ndarray, dt: float) -> np.ndarray:
+    """Run a sequential NIR graph on x [T, *shape] with forward-Euler steps of dt."""
+    order, node = [], "input"
+    edges = dict(graph.edges)
+    while node in edges:
+        node = edges[node]
+        order.append(graph.nodes[node])
+    state = {}
+    for step in x:
+        signal = step
+        for i, n in enumerate(order):
+            if isinstance(n, nir.Flatten):
+                signal = signal.reshape(-1)
+            elif isinstance(n, nir.Affine):
+                signal = n.weight @ signal + n.bias
+            elif isinstance(n, (nir.LIF, nir.IF, nir.I)):
+                v = state.get(i, np.zeros_like(n.r, dtype=np.float64))
+                if isinstance(n, nir.LIF):
+                    v = v + dt / n.tau * (n.v_leak - v + n.r * signal)
+                else:
+                    v = v + dt * n.r * signal
+                if isinstance(n, nir.I):
+                    state[i], signal = v, v
+                    continue
+                spikes = (v > n.v_threshold).astype(np.float64)
+                state[i], signal = np.where(spikes > 0, n.v_reset, v), spikes
+    return signal
+
+
+def test_export_holds_the_parameters_and_computes_the_logits(tmp_path, capsys):
+    model = trained_run(tmp_path)
+    out = tmp_path / "net.nir"
+    assert main(["export", "--nir", str(tmp_path), "--out", str(out), "--dt", "0.002"]) == 0
+    assert "wrote" in capsys.readouterr().out
+    graph = nir.read(out)
+    assert graph.metadata["dt"] == 0.002 and graph.metadata["time_steps"] == 12
+
+    kinds = {type(n).__name__ for n in graph.nodes.values()}
+    affines = [graph.nodes[k] for k in ("affine", "affine_1", "affine_2")]
+    linears = [m for m in model.layers if isinstance(m, nn.Linear)]
+    for node, lin in zip(affines, linears, strict=True):
+        assert np.array_equal(node.weight, lin.weight.detach().numpy())
+        assert np.array_equal(node.bias, lin.bias.detach().numpy())
+    for key in ("lif", "lif_1"):
+        node = graph.nodes[key]
+        assert np.all(node.v_threshold == 0.5) and np.all(node.v_reset == 0) and np.all(node.v_leak == 0)
+        np.testing.assert_allclose(node.tau, 0.002 / 0.25, rtol=1e-6)  # tau = dt / (1 - decay)
+        np.testing.assert_allclose(node.r, 4.0, rtol=1e-6)  # r = 1 / (1 - decay)
+    np.testing.assert_allclose(graph.nodes["i"].r, 1 / (12 * 0.002), rtol=1e-6)
+    assert kinds == {"Input", "Flatten", "Affine", "LIF", "I", "Output"}
+
+    torch.manual_seed(1)
+    x = (torch.rand(12, 3, 2, 3, 4) < 0.4).float()
+    with torch.no_grad(), SpikeMonitor(model) as monitor:
+        logits = model(x).numpy()
+    assert all(0.05 < r < 0.95 for r in monitor.rates().values())  # the comparison exercises spiking
+    for b in range(3):
+        got = simulate(graph, x[:, b].double().numpy(), dt=0.002)
+        np.testing.assert_allclose(got, logits[b], rtol=1e-4, atol=1e-4)
+
+
+def test_default_output_file(tmp_path, capsys):
+    trained_run(tmp_path)
+    assert main(["export", "--nir", str(tmp_path)]) == 0
+    assert isinstance(nir.read(tmp_path / "model.nir"), nir.NIRGraph)
+
+
+def test_if_and_plif_layers():
+    plif = PLIF(init_decay=0.6, channels=4)
+    with torch.no_grad():
+        plif.w.copy_(torch.tensor([-1.0, 0.0, 0.5, 2.0]))
+    net = nn.Sequential(nn.Linear(3, 4), plif, nn.Linear(4, 4), IF(threshold=2.0))
+    graph = to_nir(net, (3,), time_steps=5, dt=1.0)
+    decay = torch.sigmoid(plif.w).detach().double().numpy()
+    np.testing.assert_allclose(graph.nodes["lif"].tau, 1 / (1 - decay), rtol=1e-6)
+    assert np.all(graph.nodes["if"].r == 1.0) and np.all(graph.nodes["if"].v_threshold == 2.0)
+    assert "i" not in graph.nodes  # no mean readout on a bare Sequential
+
+
+def test_what_nir_cannot_express_is_refused(tmp_path, capsys):
+    with pytest.raises(ValueError, match="reset='soft' has no NIR equivalent"):
+        to_nir(nn.Sequential(nn.Linear(3, 4), LIF(reset="soft")), (3,), time_steps=5)
+    with pytest.raises(ValueError, match=r"cannot export layer 1 \(ReLU\)"):
+        to_nir(nn.Sequential(nn.Linear(3, 4), nn.ReLU()), (3,), time_steps=5)
+    assert main(["export", "--nir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "has no checkpoint.pt" in err and len(err.strip().splitlines()) == 1
