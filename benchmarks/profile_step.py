@@ -1,0 +1,33 @@
+"""Profile one fused CIFAR-medium training step and a few GPU-store data batches (H200)."""
+import sys
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from spikefuse.bench.train import build, make_step
+from spikefuse.data import load
+
+torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+dev = torch.device("cuda")
+model = build("spikefuse-fused", "medium", 1.0, 10, "auto").to(dev)
+x = torch.randn(64, 3, 32, 32, device=dev)
+y = torch.randint(0, 10, (64,), device=dev)
+step = make_step(model, x, y, "fp32", "sgd")
+for _ in range(3):
+    step()
+torch.cuda.synchronize()
+with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+    for _ in range(3):
+        step()
+    torch.cuda.synchronize()
+print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=25, max_name_column_width=60))
+
+splits = load("shd-synthetic", time_steps=250, device="cuda")
+batches = splits.train.batches(128, shuffle=True, generator=torch.Generator().manual_seed(0))
+next(batches)
+torch.cuda.synchronize()
+with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+    for _ in range(5):
+        xb, yb = next(batches)
+    torch.cuda.synchronize()
+print(prof.key_averages().table(sort_by="cpu_time_total", row_limit=25, max_name_column_width=60))
