@@ -109,7 +109,7 @@ def _check_decay(decay, x):
             raise ValueError(
                 f"decay must be a scalar tensor or have one value per channel "
                 f"(shape [{channels}] for x of shape {tuple(x.shape)}), got shape {tuple(decay.shape)}")
-        if decay.device.type == "cpu" and not torch.compiler.is_compiling():
+        if decay.device.type == "cpu" and not torch.compiler.is_dynamo_compiling():
             if ((decay < 0) | (decay > 1)).any():  # CUDA values are not checked: it would force a sync
                 raise ValueError("decay values must lie in [0, 1]")
         return 1.0, decay.reshape(-1)

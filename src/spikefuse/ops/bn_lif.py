@@ -414,7 +414,7 @@ def bn_lif_fused(x, weight, bias, running_mean, running_var, training, momentum,
         decay_tensor = decay_tensor.float()
     args = (x, residual, mean, invstd, weight, bias, decay, decay_tensor, threshold, reset,
             v_reset, detach, surrogate, alpha, use_batch)
-    if not torch.compiler.is_compiling():
+    if not torch.compiler.is_dynamo_compiling():
         return BNLIFFunction.apply(*args)
     wants_grad = torch.is_grad_enabled() and any(
         t is not None and t.requires_grad for t in (x, weight, bias, decay_tensor, residual))

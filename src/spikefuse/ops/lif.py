@@ -394,7 +394,7 @@ def lif_fused(x, decay, decay_tensor, threshold, reset, v_reset, detach, surroga
     if decay_tensor is not None:
         decay_tensor = decay_tensor.float()
     args = (x, decay, decay_tensor, v0, threshold, reset, v_reset, detach, surrogate, alpha)
-    if torch.compiler.is_compiling():
+    if torch.compiler.is_dynamo_compiling():
         wants_grad = torch.is_grad_enabled() and any(
             t is not None and t.requires_grad for t in (x, decay_tensor, v0))
         spikes, vT, _ = lif_forward(*args, wants_grad)
