@@ -41,8 +41,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     s = argparse.SUPPRESS  # unset options stay absent, so a config file can supply them
     add("--dataset", default=s, metavar="NAME", help="data set (default: digits; see below)")
     add("--model", default=s, metavar="NAME", help=f"network (default: mlp): {', '.join(models)}")
-    add("--epochs", type=int, default=s, help="passes over the training set (default: 20)")
-    add("--batch-size", type=int, default=s, help="samples per step (default: 64)")
+    add("--epochs", type=int, default=s, metavar="N", help="passes over the training set (default: 20)")
+    add("--batch-size", type=int, default=s, metavar="N", help="samples per step (default: 64)")
     add("--lr", type=float, default=s, help="Adam learning rate, cosine-annealed (default: 2e-3)")
     add("--time-steps", type=int, default=s, metavar="T", help="time steps per sample (default: the data set's)")
     add("--device", default=s, help="cpu, cuda, cuda:N or auto (default: auto = cuda if present)")

@@ -108,7 +108,10 @@ def run(args: argparse.Namespace) -> int:
     if not args.dt > 0:
         raise UsageError(f"--dt must be positive, got {args.dt}")
     state = checkpoint.load(path)
-    spec = state["config"]["model"]
+    spec = state.get("config", {}).get("model")
+    if spec is None:
+        raise UsageError(f"{path} does not say which model it holds (config['model'] is missing); "
+                         "export runs written by `spikefuse train`, or call spikefuse.train.export.to_nir")
     if spec["name"] not in MODELS:
         raise UsageError(f"the run's model {spec['name']!r} is not known here; known: {', '.join(MODELS)}")
     model = build_model(spec["name"], spec["input_shape"], spec["num_classes"], spec["time_steps"], **spec["kwargs"])
