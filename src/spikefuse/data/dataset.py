@@ -38,15 +38,20 @@ class SpikeDataset:
         n = len(self)
         # the permutation is drawn on the CPU so a CPU generator gives one order on every device
         order = torch.randperm(n, generator=generator) if shuffle else torch.arange(n)
-        order = order.to(self.device)
+        # a host copy of the order lets event sets plan batches without a device sync
+        order_dev = order.to(self.device)
         for i in range(0, n, batch_size):
-            idx = order[i:i + batch_size]
+            idx = order_dev[i:i + batch_size]
             if drop_last and len(idx) < batch_size:
                 break
-            yield self.get(idx), self.targets[idx]
+            yield self._get(idx, order[i:i + batch_size]), self.targets[idx]
 
     def get(self, idx: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
+
+    def _get(self, idx: torch.Tensor, host_idx: torch.Tensor) -> torch.Tensor:
+        """`get` given the same indices both on the device and on the host."""
+        return self.get(idx)
 
 
 class DenseSpikeDataset(SpikeDataset):
@@ -70,7 +75,13 @@ class EventSpikeDataset(SpikeDataset):
         self.store, self.frame = store, frame
 
     def get(self, idx):
-        cols, offsets = self.store.gather(idx)
+        return self._get(idx, idx.cpu())  # a sync only when idx lives on a GPU
+
+    def _get(self, idx, host_idx):
+        x = self.frame.batch_from_store(self.store, host_idx, num_frames=self.time_steps)
+        if x is not None:  # the fast path: a few launches, no host sync
+            return x.reshape(self.time_steps, len(host_idx), *self.input_shape)
+        cols, offsets = self.store.gather(host_idx)
         x = self.frame.batch(cols, offsets, num_frames=self.time_steps, validate=False)
         return x.reshape(self.time_steps, len(idx), *self.input_shape)
 

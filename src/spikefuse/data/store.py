@@ -31,6 +31,10 @@ class EventStore:
         self.sensor_size = tuple(int(s) for s in sensor_size)
         self.device = torch.device(device)
         self._offsets_np = np.asarray(offsets, dtype=np.int64)
+        # host copies of the CSR layout: a batch's event counts are known without a device sync
+        self.offsets_host = self._offsets_np
+        self.lengths_host = np.diff(self._offsets_np)
+        self._first_last = None
         self.offsets = torch.from_numpy(np.array(offsets, dtype=np.int64)).to(self.device)
         self.targets = torch.from_numpy(np.array(targets, dtype=np.int64)).to(self.device)
         self.columns = columns  # device-resident columns, or None
@@ -45,6 +49,21 @@ class EventStore:
     @property
     def nbytes(self) -> int:
         return int(self.events.nbytes) + 8 * (2 * len(self) + 1)
+
+    def first_last_t(self) -> tuple[np.ndarray, np.ndarray]:
+        """Host int64 arrays: each sample's first and last timestamp (0 for an empty sample)."""
+        if self._first_last is None:
+            n = len(self.events)
+            lo = np.minimum(self._offsets_np[:-1], max(n - 1, 0))
+            hi = np.maximum(self._offsets_np[1:] - 1, 0)
+            t = self.events["t"]
+            if n == 0:
+                first = last = np.zeros(len(self), dtype=np.int64)
+            else:
+                first, last = np.asarray(t[lo], dtype=np.int64), np.asarray(t[hi], dtype=np.int64)
+            empty = self.lengths_host == 0
+            self._first_last = (np.where(empty, 0, first), np.where(empty, 0, last))
+        return self._first_last
 
     def targets_tensor(self) -> torch.Tensor:
         return self.targets
@@ -110,12 +129,15 @@ class EventStore:
     def gather(self, idx: torch.Tensor) -> tuple[Columns, torch.Tensor]:
         """Events of samples `idx`, packed in that order: (columns on `device`, offsets [B+1])."""
         if self.resident:
+            # a host index gives the total from the host offsets: no device sync
+            total = int(self.lengths_host[idx.numpy()].sum()) if idx.device.type == "cpu" else None
             idx = idx.to(self.device)
             starts = self.offsets[idx]
             lengths = self.offsets[idx + 1] - starts
             offsets = torch.zeros(len(idx) + 1, dtype=torch.int64, device=self.device)
             torch.cumsum(lengths, 0, out=offsets[1:])
-            total = int(offsets[-1])
+            if total is None:
+                total = int(offsets[-1])
             owner = segment_ids(lengths, total)
             where = starts[owner] + torch.arange(total, device=self.device) - offsets[:-1][owner]
             return {k: v[where] for k, v in self.columns.items()}, offsets
