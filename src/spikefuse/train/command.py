@@ -16,8 +16,8 @@ def _datasets() -> dict:
     try:
         from ..data import DATASETS
         return dict(DATASETS)
-    except Exception:  # the help must print even if the data package cannot be imported
-        return {}
+    except Exception as e:  # the help must print even if the data package cannot be imported
+        return {"(unavailable)": f"spikefuse.data failed to import: {type(e).__name__}: {e}"}
 
 
 def _models() -> dict:
