@@ -31,7 +31,7 @@ import os
 
 import torch
 
-from .lif import (RESET_CODES, _reduce_decay_grad, load_decay, reset_potential, row,
+from .lif import (RESET_CODES, _reduce_decay_grad, grad_h, load_decay, reset_potential, row,
                   surrogate_grad)
 from .surrogate import SURROGATES
 
@@ -61,21 +61,6 @@ def _bn_y(x_ptr, r_ptr, t, n, mask, a, b, stride_t, N, HAS_RES: tl.constexpr):
 def _offset(row_index, N, n):
     """row_index * N + n in int64 (row_index is a scalar: a Python int when interpreted)."""
     return (tl.zeros_like(n).to(tl.int64) + row_index) * N + n
-
-
-@triton.jit
-def _grad_h(gs, gv, h, fired, sg, threshold, v_reset, RESET: tl.constexpr, DETACH: tl.constexpr):
-    """dL/dh[t] from dL/ds[t] and dL/dv[t] (the same chain rule as spikefuse.ops.lif)."""
-    if RESET == 0:
-        direct = tl.where(fired, 0.0, 1.0)
-        through_spike = 0.0 if DETACH else v_reset - h
-    elif RESET == 1:
-        direct = 1.0
-        through_spike = 0.0 if DETACH else -threshold
-    else:
-        direct = 1.0
-        through_spike = 0.0
-    return (gs + gv * through_spike) * sg + gv * direct
 
 
 @triton.jit
@@ -154,7 +139,7 @@ def _bn_lif_backward_kernel(
             sel = (k == j)[:, None]
             h = row(H, sel)
             u = h - threshold
-            gh = _grad_h(row(GS, sel), gv, h, u >= 0.0, surrogate_grad(u, SURROGATE, alpha),
+            gh = grad_h(row(GS, sel), gv, h, u >= 0.0, surrogate_grad(u, SURROGATE, alpha),
                          threshold, v_reset, RESET, DETACH)
             gh = tl.where(ci * K + j < T, gh, 0.0)  # rows past T: no gradient, gv passes
             if NEED_GD:

@@ -62,6 +62,21 @@ def reset_potential(h, fired, threshold, v_reset, RESET: tl.constexpr):
 
 
 @triton.jit
+def grad_h(gs, gv, h, fired, sg, threshold, v_reset, RESET: tl.constexpr, DETACH: tl.constexpr):
+    """dL/dh[t] from dL/ds[t] and dL/dv[t]: through the spike (surrogate) and the reset."""
+    if RESET == 0:
+        direct = tl.where(fired, 0.0, 1.0)
+        through_spike = 0.0 if DETACH else v_reset - h
+    elif RESET == 1:
+        direct = 1.0
+        through_spike = 0.0 if DETACH else -threshold
+    else:
+        direct = 1.0
+        through_spike = 0.0
+    return (gs + gv * through_spike) * sg + gv * direct
+
+
+@triton.jit
 def load_decay(decay_ptr, decay, n, mask, inner, C, DECAY: tl.constexpr):
     """Per-neuron decay: 0 = the float `decay`, 1 = one tensor value, 2 = per channel."""
     if DECAY == 0:
@@ -179,16 +194,7 @@ def _lif_backward_kernel(
             u = h - threshold
             fired = u >= 0.0
             sg = surrogate_grad(u, SURROGATE, alpha)
-            if RESET == 0:
-                direct = tl.where(fired, 0.0, 1.0)
-                through_spike = 0.0 if DETACH else v_reset - h
-            elif RESET == 1:
-                direct = 1.0
-                through_spike = 0.0 if DETACH else -threshold
-            else:
-                direct = 1.0
-                through_spike = 0.0
-            gh = (row(GSf, sel) + gv * through_spike) * sg + gv * direct
+            gh = grad_h(row(GSf, sel), gv, h, fired, sg, threshold, v_reset, RESET, DETACH)
             if NEED_GD:  # dL/d decay += dL/dh[t] * v[t-1]
                 gd += tl.where(valid, gh * row(V_before, sel), 0.0)
             gv = tl.where(valid, gh * d, gv)
