@@ -95,16 +95,18 @@ class Trainer:
         """Loss, accuracy and per-layer firing rates on `data` (default: the test split)."""
         data = self.splits.test if data is None else data
         self.model.eval()
-        loss_sum, correct, seen = 0.0, 0, 0
+        loss_sum = torch.zeros((), device=self.device)  # summed on the device: one sync at the end
+        correct = torch.zeros((), device=self.device, dtype=torch.long)
+        seen = 0
         with SpikeMonitor(self.model) as monitor:
             for x, y in data.batches(self.batch_size, shuffle=False):
                 x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
                 with self._autocast():
                     logits = self.forward(x).float()
-                loss_sum += self.loss_fn(logits, y, reduction="sum").item()
-                correct += (logits.argmax(1) == y).sum().item()
+                loss_sum += self.loss_fn(logits, y, reduction="sum")
+                correct += (logits.argmax(1) == y).sum()
                 seen += len(y)
-        return {"test_loss": loss_sum / seen, "test_acc": correct / seen,
+        return {"test_loss": loss_sum.item() / seen, "test_acc": correct.item() / seen,
                 "test_rate": monitor.rate(), "firing_rates": monitor.rates()}
 
     # ---- the whole run ----
