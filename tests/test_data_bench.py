@@ -1,12 +1,28 @@
 """Smoke test of the data-loading benchmark on the CPU with tiny sizes."""
 import json
 
+import torch
+
 from spikefuse.bench import data as bench
 
 
+class TinyIF(torch.nn.Module):
+    """IF with hard reset and a straight-through gradient: cheap on a CPU, enough for a smoke test."""
+
+    def forward(self, x):
+        v, out = torch.zeros_like(x[0]), []
+        for xt in x:
+            h = v + xt
+            s = (h >= 1.0).to(h.dtype)
+            s = s + h - h.detach()  # straight-through: the gradient of h
+            v = h * (1 - s.detach())
+            out.append(s)
+        return torch.stack(out)
+
+
 def test_data_benchmark_smoke(tmp_path, monkeypatch):
-    # the small local IF keeps this under seconds on a CPU; the benchmark itself uses spikefuse.nn.IF
-    monkeypatch.setattr(bench, "_if_neuron", bench._FallbackIF)
+    # the tiny IF keeps this to seconds on a CPU; the benchmark itself uses spikefuse.nn.IF
+    monkeypatch.setattr(bench, "_if_neuron", TinyIF)
     out = tmp_path / "results"
     code = bench.main(["--out", str(out), "--samples", "4", "--batch-size", "4", "--workers", "1",
                        "--warmup", "1", "--device", "cpu", "--root", str(tmp_path / "cache")])

@@ -47,37 +47,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
 # ---- the network -----------------------------------------------------------------------
 
 def _if_neuron():
-    try:
-        from spikefuse.nn import IF
+    from spikefuse.nn import IF
 
-        return IF(threshold=1.0)
-    except ImportError:  # TODO: drop once spikefuse.nn.IF is everywhere
-        return _FallbackIF()
-
-
-class _FallbackIF(nn.Module):
-    """IF with hard reset and a rectangular surrogate, [T, B, N] -> spikes."""
-
-    def forward(self, x):
-        v, out = torch.zeros_like(x[0]), []
-        for xt in x:
-            h = v + xt
-            s = _Spike.apply(h - 1.0)
-            v = h * (1 - s)
-            out.append(s)
-        return torch.stack(out)
-
-
-class _Spike(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, u):
-        ctx.save_for_backward(u)
-        return (u >= 0).to(u.dtype)
-
-    @staticmethod
-    def backward(ctx, grad):
-        (u,) = ctx.saved_tensors
-        return grad * (u.abs() < 0.5).to(grad.dtype)
+    return IF(threshold=1.0)
 
 
 def make_model(seed: int, device) -> nn.Module:
