@@ -17,14 +17,13 @@ from __future__ import annotations
 
 import argparse
 import gc
-import statistics
-import time
 import traceback
 
 import torch
 from torch import nn
 
 from ..models.cifar import LIANG_LIF, CifarNet
+from .timing import median_ms
 from ..models.resnet import SpikingResNet
 from ..nn.spiking_layers import _BNLIFBlock
 from .report import environment, table, write_results
@@ -117,23 +116,8 @@ def make_step(model, x, y, precision, optimizer):
 
 
 def time_steps_ms(step, device, warmup, iters):
-    for _ in range(warmup):
-        step()
-    sync(device)
-    times = []
-    for _ in range(iters):
-        if device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            step()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-        else:
-            t0 = time.perf_counter()
-            step()
-            times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times), times
+    """Median and all times of `iters` steps after `warmup` (CUDA events on a GPU)."""
+    return median_ms(step, warmup=warmup, min_reps=iters, max_reps=iters)
 
 
 def peak_memory_mib(step, device):
