@@ -314,16 +314,25 @@ class LIFFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_s, grad_vT):
         x2, ckpt, decay_tensor, v0 = ctx.saved_tensors
-        x_shape, decay, threshold, reset, v_reset, detach, surrogate, alpha = ctx.options
-        need_gd = decay_tensor is not None and ctx.needs_input_grad[2]
-        need_gv0 = v0 is not None and ctx.needs_input_grad[3]
-        if grad_s is None:  # only the final state was used
-            grad_s = x2.new_zeros(x_shape)
-        gx, gv0, gd = _backward(grad_s, grad_vT, x2, ckpt, x_shape, decay, decay_tensor,
-                                threshold, reset, v_reset, detach, surrogate, alpha, need_gv0, need_gd)
-        grad_decay = _reduce_decay_grad(gd, x_shape, decay_tensor) if need_gd else None
-        grad_v0 = gv0.view(x_shape[1:]).to(v0.dtype) if need_gv0 else None
-        return gx, None, grad_decay, grad_v0, None, None, None, None, None, None
+        x_shape, decay, *options = ctx.options
+
+        def run(grad_s, need_gv0, need_gd):
+            return _backward(grad_s, grad_vT, x2, ckpt, x_shape, decay, decay_tensor, *options,
+                             need_gv0, need_gd)
+        return (*_input_grads(ctx, run, grad_s, x_shape, x2, decay_tensor, v0),) + (None,) * 6
+
+
+def _input_grads(ctx, run_backward, grad_s, x_shape, x, decay_tensor, v0):
+    """(grad_x, None, grad_decay, grad_v0) for either autograd path; run_backward runs
+    the backward kernel for grad_s and says which of dL/dv0, dL/d(decay) to compute."""
+    need_gd = decay_tensor is not None and ctx.needs_input_grad[2]
+    need_gv0 = v0 is not None and ctx.needs_input_grad[3]
+    if grad_s is None:  # only the final state was used
+        grad_s = x.new_zeros(x_shape)
+    gx, gv0, gd = run_backward(grad_s, need_gv0, need_gd)
+    grad_decay = _reduce_decay_grad(gd, x_shape, decay_tensor) if need_gd else None
+    grad_v0 = gv0.view(x_shape[1:]).to(v0.dtype) if need_gv0 else None
+    return gx.view(x_shape), None, grad_decay, grad_v0
 
 
 # ---- torch.library registration: what torch.compile sees (an opaque op with autograd) ----
@@ -379,16 +388,11 @@ def _setup_context(ctx, inputs, output):
 
 def _backward_rule(ctx, grad_s, grad_vT, _grad_ckpt):
     x, ckpt, decay_tensor, v0 = ctx.saved_tensors
-    decay, threshold, reset, v_reset, detach, surrogate, alpha = ctx.options
-    need_gd = decay_tensor is not None and ctx.needs_input_grad[2]
-    need_gv0 = v0 is not None and ctx.needs_input_grad[3]
-    if grad_s is None:
-        grad_s = torch.zeros_like(x)
-    gx, gv0, gd = lif_backward(grad_s, grad_vT, x, ckpt, decay, decay_tensor, threshold, reset,
-                               v_reset, detach, surrogate, alpha, need_gv0, need_gd)
-    grad_decay = _reduce_decay_grad(gd, x.shape, decay_tensor) if need_gd else None
-    grad_v0 = gv0.view(x.shape[1:]).to(v0.dtype) if need_gv0 else None
-    return gx, None, grad_decay, grad_v0, None, None, None, None, None, None, None
+    decay, *options = ctx.options
+
+    def run(grad_s, need_gv0, need_gd):
+        return lif_backward(grad_s, grad_vT, x, ckpt, decay, decay_tensor, *options, need_gv0, need_gd)
+    return (*_input_grads(ctx, run, grad_s, x.shape, x, decay_tensor, v0),) + (None,) * 7
 
 
 lif_forward.register_autograd(_backward_rule, setup_context=_setup_context)
