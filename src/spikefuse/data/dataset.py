@@ -2,10 +2,13 @@
 
 Batches are cut on the device the data lives on: no DataLoader, no workers. A dense set
 is one precomputed tensor [T, N, *shape] and a batch is an index_select; an event set is
-a packed `EventStore` and a batch is gathered and framed on the store's device.
+a packed `EventStore` and a batch is gathered and framed on the store's device. Several
+consecutive batches are made in one pass (`group`), so the per-launch host cost is paid
+once per group rather than once per batch.
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -13,6 +16,15 @@ import torch
 
 from .framing import ToFrame
 from .store import EventStore
+
+
+# Batches framed in one pass by default: the whole group's frames (and, for event sets, the
+# framing temporaries) exist at once, so the group is capped by bytes; and by a count, so a
+# consumer that stops after one batch (a plot) frames few it never uses.
+GROUP_BYTES = 512 * 2**20
+MAX_GROUP = 16
+# framing temporaries per event of a group: int64 indices and the gathered per-sample table
+FRAMING_BYTES_PER_EVENT = 96
 
 
 class SpikeDataset:
@@ -31,27 +43,50 @@ class SpikeDataset:
         return self.targets.device
 
     def batches(self, batch_size: int, *, shuffle: bool, generator: torch.Generator | None = None,
-                drop_last: bool = False) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """Yield (x, y), x float32 time-major [T, B, *input_shape]; order fixed by `generator`."""
-        if not isinstance(batch_size, int) or batch_size < 1:
+                drop_last: bool = False, group: int | None = None) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """Yield (x, y), x float32 time-major [T, B, *input_shape] (contiguous); order fixed by `generator`.
+
+        group: how many consecutive batches are made in one pass (one set of launches, then a
+        view per batch). Costs `group` batches of frames in memory at once, plus for event
+        sets the framing temporaries of their events; default `default_group(batch_size)`.
+        The batches are the same whatever the group.
+        """
+        if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
             raise ValueError(f"batch_size: expected a positive int, got {batch_size!r}")
+        if group is None:
+            group = self.default_group(batch_size)
+        elif not isinstance(group, int) or isinstance(group, bool) or group < 1:
+            raise ValueError(f"group: expected a positive int (batches made at once) or None, got {group!r}")
         n = len(self)
+        stop = n - n % batch_size if drop_last else n
         # the permutation is drawn on the CPU so a CPU generator gives one order on every device
         order = torch.randperm(n, generator=generator) if shuffle else torch.arange(n)
         # a host copy of the order lets event sets plan batches without a device sync
         order_dev = order.to(self.device)
-        for i in range(0, n, batch_size):
-            idx = order_dev[i:i + batch_size]
-            if drop_last and len(idx) < batch_size:
-                break
-            yield self._get(idx, order[i:i + batch_size]), self.targets[idx]
+        span = group * batch_size
+        for lo in range(0, stop, span):
+            idx = order_dev[lo:min(lo + span, stop)]
+            targets = self.targets[idx]
+            for i, x in enumerate(self._get_batches(idx, order[lo:lo + len(idx)], batch_size)):
+                yield x, targets[i * batch_size:(i + 1) * batch_size]
+
+    def default_group(self, batch_size: int) -> int:
+        """Batches made at once by default: as many as fit in GROUP_BYTES, 1 to MAX_GROUP."""
+        return max(1, min(MAX_GROUP, GROUP_BYTES // max(self.batch_bytes(batch_size), 1)))
+
+    def batch_bytes(self, batch_size: int) -> int:
+        """Device memory one batch takes while it is made: its float32 frames."""
+        return 4 * self.time_steps * batch_size * math.prod(self.input_shape)
 
     def get(self, idx: torch.Tensor) -> torch.Tensor:
-        raise NotImplementedError
+        """x [T, len(idx), *input_shape] of samples `idx`."""
+        # the host copy costs a sync only when idx lives on a GPU
+        return self._get_batches(idx.to(self.device), idx.cpu(), max(len(idx), 1))[0]
 
-    def _get(self, idx: torch.Tensor, host_idx: torch.Tensor) -> torch.Tensor:
-        """`get` given the same indices both on the device and on the host."""
-        return self.get(idx)
+    def _get_batches(self, idx: torch.Tensor, host_idx: torch.Tensor, batch_size: int) -> list[torch.Tensor]:
+        """x of every run of `batch_size` samples of idx (the last may be shorter), each
+        contiguous, made in one pass; idx given both on the device and on the host."""
+        raise NotImplementedError
 
 
 class DenseSpikeDataset(SpikeDataset):
@@ -63,27 +98,43 @@ class DenseSpikeDataset(SpikeDataset):
         super().__init__(targets.to(data.device), data.shape[2:], data.shape[0])
         self.data = data
 
-    def get(self, idx):
-        return self.data.index_select(1, idx).to(torch.float32)
+    def batch_bytes(self, batch_size):
+        # the gathered samples in data's dtype, then cast to float32
+        return super().batch_bytes(batch_size) * (4 + self.data.element_size()) // 4
+
+    def _get_batches(self, idx, host_idx, batch_size):
+        x = self.data.index_select(1, idx)
+        full = len(idx) - len(idx) % batch_size
+        # [T, G*B, ...] -> [G, T, B, ...]: one copy both casts and makes every batch contiguous
+        out = list(_float32_copy(x[:, :full].unflatten(1, (-1, batch_size)).movedim(1, 0)))
+        if full < len(idx) or not out:
+            out.append(_float32_copy(x[:, full:]))
+        return out
+
+
+def _float32_copy(x: torch.Tensor) -> torch.Tensor:
+    """x as a new contiguous float32 tensor: one kernel casts and lays out whatever x's strides."""
+    return torch.empty_like(x, dtype=torch.float32, memory_format=torch.contiguous_format).copy_(x)
 
 
 class EventSpikeDataset(SpikeDataset):
-    """Events in a packed store, framed per batch by `frame` to exactly `time_steps` frames."""
+    """Events in a packed store, framed per group of batches by `frame` to exactly `time_steps` frames."""
 
     def __init__(self, store: EventStore, frame: ToFrame, time_steps: int, input_shape: tuple[int, ...]):
         super().__init__(store.targets_tensor(), input_shape, time_steps)
         self.store, self.frame = store, frame
 
-    def get(self, idx):
-        return self._get(idx, idx.cpu())  # a sync only when idx lives on a GPU
+    def batch_bytes(self, batch_size):
+        events = len(self.store.events) * batch_size // max(len(self.store), 1)
+        return super().batch_bytes(batch_size) + FRAMING_BYTES_PER_EVENT * events
 
-    def _get(self, idx, host_idx):
-        x = self.frame.batch_from_store(self.store, host_idx, num_frames=self.time_steps)
-        if x is not None:  # the fast path: a few launches, no host sync
-            return x.reshape(self.time_steps, len(host_idx), *self.input_shape)
-        cols, offsets = self.store.gather(host_idx)
-        x = self.frame.batch(cols, offsets, num_frames=self.time_steps, validate=False)
-        return x.reshape(self.time_steps, len(idx), *self.input_shape)
+    def _get_batches(self, idx, host_idx, batch_size):
+        steps = self.time_steps
+        xs = self.frame.batches_from_store(self.store, host_idx, batch_size, num_frames=steps)
+        if xs is None:  # modes and stores the fast path does not cover (host syncs)
+            cols, offsets = self.store.gather(host_idx)
+            xs = self.frame.batches(cols, offsets, batch_size, num_frames=steps, validate=False)
+        return [x.view(steps, x.shape[1], *self.input_shape) for x in xs]
 
 
 @dataclass

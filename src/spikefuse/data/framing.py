@@ -79,6 +79,17 @@ class ToFrame:
         num_frames: pad with empty frames or cut to exactly this many (a fixed T for training).
         validate=False skips the input checks (each costs a device sync): for stores checked once.
         """
+        samples = len(offsets) - 1
+        return self.batches(events, offsets, max(samples, 1), num_frames=num_frames, dtype=dtype,
+                            validate=validate)[0]
+
+    def batches(self, events, offsets, batch_size: int, *, num_frames: int | None = None,
+                dtype=torch.float32, validate: bool = True) -> list[torch.Tensor]:
+        """Like `batch`, but every run of `batch_size` consecutive samples (the last may be
+        shorter) comes out as its own contiguous [T, b, P, (H,) W] tensor: several batches
+        framed in one pass, as views of one buffer. Without num_frames, T is the longest
+        sample of all of them."""
+        _check_batch_size(batch_size)
         cols = as_columns(events)
         t = cols["t"]
         offsets = torch.as_tensor(offsets, dtype=torch.int64, device=t.device)
@@ -89,7 +100,14 @@ class ToFrame:
             raise ValueError(f"num_frames: must be >= 1, got {num_frames}")
         start, end, n = self._windows(t, offsets)
         frames_needed = int(n.max()) if num_frames is None else num_frames
-        return _accumulate(cols, offsets, start, end, n, frames_needed, self.sensor_size, dtype)
+        samples = len(offsets) - 1
+        flat = _accumulate(cols, offsets, start, end, n, frames_needed, self.sensor_size, dtype, batch_size)
+        return _split_blocks(flat, frames_needed, samples, batch_size, self._cell_shape("y" in cols))
+
+    def _cell_shape(self, two_d: bool) -> tuple[int, ...]:
+        """Shape of one frame of one sample: (P, H, W), or (P, W) for events without y."""
+        width, height, polarities = self.sensor_size
+        return (polarities, height, width) if two_d else (polarities, width)
 
     def fast_plan_ok(self) -> bool:
         """Whether `batch_from_store` covers this framing: non-overlapping time windows whose
@@ -110,11 +128,19 @@ class ToFrame:
         None where the fast path does not apply (then use `store.gather` + `batch`).
 
         Same numbers as `batch`. Everything per sample (event counts, window counts, first
-        time) is computed on the host from the store's host CSR copy and sent in one
-        transfer; per event: one repeat_interleave, one gather of the sample table, one
-        gather per column, integer bin arithmetic, and ONE index_add_ where events outside
-        [0, T) go to a dump cell that is sliced off. No host sync, ~25 ops.
+        time, where its frames go) is computed on the host from the store's host CSR copy and
+        sent in one transfer; per event: one repeat_interleave, one gather of the sample
+        table, one gather per column, integer bin arithmetic, and ONE index_add_ where events
+        outside [0, T) go to a dump cell that is sliced off. No host sync, ~25 ops.
         """
+        blocks = self.batches_from_store(store, idx, max(len(idx), 1), num_frames=num_frames, dtype=dtype)
+        return None if blocks is None else blocks[0]
+
+    def batches_from_store(self, store, idx, batch_size: int, *, num_frames: int | None = None,
+                           dtype=torch.float32) -> list[torch.Tensor] | None:
+        """`batch_from_store` for several batches at once, split as `batches` splits: one
+        pass (the same ops as a single batch) over every run of `batch_size` samples of idx."""
+        _check_batch_size(batch_size)
         if not (store.resident and self.fast_plan_ok()):
             return None
         if num_frames is not None and num_frames < 1:
@@ -158,28 +184,30 @@ class ToFrame:
         width_s, height, polarities = self.sensor_size
         cols = store.columns
         two_d = "y" in cols
-        cell = polarities * (height if two_d else 1) * width_s  # one frame of one sample
-        shape = (frames, batch, polarities, height, width_s) if two_d else (frames, batch, polarities, width_s)
-        size = frames * batch * cell
+        cell_shape = self._cell_shape(two_d)
+        size = frames * batch * math.prod(cell_shape)
         dev = store.device
         total = int(counts.sum())
         if total == 0:
-            return torch.zeros(shape, dtype=dtype, device=dev)
+            flat = torch.zeros(size, dtype=dtype, device=dev)
+            return _split_blocks(flat, frames, batch, batch_size, cell_shape)
         boff = np.cumsum(counts) - counts
-        table = np.stack([counts, starts - boff, origin, width, limit, np.arange(batch, dtype=np.int64) * cell])
+        base, frame_stride = _block_layout(batch, batch_size, frames, math.prod(cell_shape))
+        table = np.stack([counts, starts - boff, origin, width, limit, base, frame_stride])
         tab = torch.from_numpy(table)
         if dev.type == "cuda":
             tab = tab.pin_memory().to(dev, non_blocking=True)
         elif dev != tab.device:
             tab = tab.to(dev)
         owner = torch.repeat_interleave(tab[0], output_size=total)
-        g = tab[1:].index_select(1, owner)  # [5, total]: delta, origin, width, limit, base
-        ev = torch.arange(total, device=dev).add_(g[0])
+        # the sample table gathered per event: each is [total]
+        delta, origin_e, width_e, limit_e, base_e, stride_e = tab[1:].index_select(1, owner)
+        ev = torch.arange(total, device=dev).add_(delta)
         t = cols["t"][ev]
-        w = (t - g[1]).div_(g[2], rounding_mode="floor")
-        valid = (w >= 0).logical_and_(w < g[3])
+        w = (t - origin_e).div_(width_e, rounding_mode="floor")
+        valid = (w >= 0).logical_and_(w < limit_e)
         # a single-polarity sensor puts every event in channel 0, whatever its p (as Tonic)
-        pos = w.mul_(batch * cell).add_(g[4]).add_(cols["x"][ev])
+        pos = w.mul_(stride_e).add_(base_e).add_(cols["x"][ev])
         if two_d:
             pos.add_(cols["y"][ev], alpha=width_s)  # computed in int64, pos's dtype
         if polarities > 1:
@@ -187,7 +215,7 @@ class ToFrame:
         pos = torch.where(valid, pos, size)  # out-of-range events land in the dump cell
         out = torch.zeros(size + 1, dtype=dtype, device=dev)
         out.index_add_(0, pos, torch.ones((), dtype=dtype, device=dev).expand(total))
-        return out[:size].view(shape)
+        return _split_blocks(out, frames, batch, batch_size, cell_shape)  # the blocks leave out the dump cell
 
     def _windows(self, t: torch.Tensor, offsets: torch.Tensor):
         """Per sample b and window w the local event range [start, end) and window count n[b]."""
@@ -267,14 +295,14 @@ def _count_below(t, offsets, first, last, q):
     return (found - offsets[:-1, None]).clamp(min=0)
 
 
-def _accumulate(cols: Columns, offsets, start, end, n, frames, sensor_size, dtype):
-    """Count every (frame, event) pair of the batch into a zeroed [T, B, P, (H,) W] tensor."""
+def _accumulate(cols: Columns, offsets, start, end, n, frames, sensor_size, dtype, batch_size):
+    """Count every (frame, event) pair into zeroed frames laid out by `_block_layout` (flat)."""
     width, height, polarities = sensor_size
-    batch = len(offsets) - 1
+    samples = len(offsets) - 1
     two_d = "y" in cols
-    shape = (frames, batch, polarities, height, width) if two_d else (frames, batch, polarities, width)
+    cell = polarities * (height if two_d else 1) * width
     dev = cols["t"].device
-    out = torch.zeros(math.prod(shape), dtype=dtype, device=dev)
+    out = torch.zeros(frames * samples * cell, dtype=dtype, device=dev)
     windows = start.shape[1]
     keep = min(windows, frames)  # windows past `frames` are cut, never counted
     w_idx = torch.arange(keep, device=dev)
@@ -286,15 +314,40 @@ def _accumulate(cols: Columns, offsets, start, end, n, frames, sensor_size, dtyp
         within = torch.arange(total, device=dev) - (torch.cumsum(counts, 0) - counts)[pair]
         b, w = pair // keep, pair % keep
         ev = offsets[b] + start[:, :keep].reshape(-1)[pair] + within
-        # a single-polarity sensor puts every event in channel 0, whatever its p (as Tonic)
-        p = cols["p"][ev].to(torch.int64) if polarities > 1 else 0
-        idx = (w * batch + b) * polarities + p
+        base, frame_stride = torch.from_numpy(np.stack(_block_layout(samples, batch_size, frames, cell))).to(dev)
+        idx = w * frame_stride[b] + base[b] + cols["x"][ev].to(torch.int64)
         if two_d:
-            idx = idx * height + cols["y"][ev].to(torch.int64)
-        idx = idx * width + cols["x"][ev].to(torch.int64)
+            idx += cols["y"][ev].to(torch.int64) * width
+        # a single-polarity sensor puts every event in channel 0, whatever its p (as Tonic)
+        if polarities > 1:
+            idx += cols["p"][ev].to(torch.int64) * (cell // polarities)
         # atomic adds of 1.0 in any order give exact counts (below 2**24 per cell in float32)
         out.index_add_(0, idx, torch.ones((), dtype=dtype, device=dev).expand(total))
-    return out.view(shape)
+    return out
+
+
+def _check_batch_size(batch_size) -> None:
+    if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
+        raise ValueError(f"batch_size: expected a positive int, got {batch_size!r}")
+
+
+def _block_layout(samples: int, batch_size: int, frames: int, cell: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per sample, where its frame 0 lies in the flat output and how far apart its frames are,
+    when every run of `batch_size` samples gets its own contiguous [frames, b, cell] block
+    (batch_size >= samples: the plain [frames, samples, cell] layout)."""
+    b = np.arange(samples, dtype=np.int64)
+    head = b - b % batch_size  # the first sample of b's block
+    size = np.minimum(batch_size, samples - head)
+    return head * frames * cell + (b - head) * cell, size * cell
+
+
+def _split_blocks(flat: torch.Tensor, frames: int, samples: int, batch_size: int,
+                  cell_shape: tuple[int, ...]) -> list[torch.Tensor]:
+    """The blocks of `_block_layout` as [frames, b, *cell_shape] views of `flat` (one empty
+    block for zero samples)."""
+    step = frames * math.prod(cell_shape)
+    return [flat[head * step:(head + size) * step].view(frames, size, *cell_shape)
+            for head in range(0, max(samples, 1), batch_size) for size in [min(batch_size, samples - head)]]
 
 
 @dataclass(frozen=True)
