@@ -80,6 +80,27 @@ def test_lif_shapes(shape):
     assert_match(*run_both(rand(*shape, seed=len(shape)), decay=0.5, surrogate="sigmoid"))
 
 
+def chunk_boundary_cases():
+    """Shapes at the kernels' chunk edges for the launch configuration actually used:
+    T a multiple of K (no partial chunk) or not, N a multiple of BLOCK (unmasked loads)."""
+    from spikefuse.ops.lif import LAUNCH_CONFIGS
+    cases = []
+    for dtype in (torch.float32, torch.bfloat16):
+        BLOCK, K, _ = LAUNCH_CONFIGS[str(dtype).replace("torch.", "")]
+        for T, N in [(K, BLOCK), (2 * K, 2 * BLOCK), (2 * K + 3, BLOCK), (3 * K, BLOCK + 1)]:
+            cases.append((dtype, T, N))
+    return cases
+
+
+@pytest.mark.parametrize("dtype,T,N", chunk_boundary_cases())
+def test_lif_chunk_boundaries(dtype, T, N):
+    x = rand(T, 1, N, seed=T + N, dtype=dtype)
+    decay = torch.linspace(0.3, 0.9, N).to(DEVICE)  # per-channel PLIF: the decay gradient too
+    v0 = rand(1, N, seed=N, scale=0.3)
+    assert_match(*run_both(x, decay=decay, v0=v0, return_state=True, surrogate="triangle"),
+                 rtol=1e-5 if dtype == torch.float32 else 1e-2)
+
+
 def test_lif_non_contiguous_input():
     base = rand(6, 9, 4, 5, seed=4)
     x = base.transpose(1, 3)[..., ::2]  # [6, 5, 4, 5] strided view

@@ -89,20 +89,76 @@ def load_decay(decay_ptr, decay, n, mask, inner, C, DECAY: tl.constexpr):
 
 @triton.jit
 def row(X, sel):
-    """Row `sel` of a [K, BLOCK] chunk; K lies in each thread's registers, so this folds."""
-    return tl.sum(tl.where(sel, X, 0.0), axis=0)
+    """Row `sel` of a [K, BLOCK] chunk. K lies in each thread's registers and the other
+    rows are -0.0 (x + -0.0 == x exactly, unlike + 0.0), so this folds to a register move."""
+    return tl.sum(tl.where(sel, X, -0.0), axis=0)
 
 
 @triton.jit
-def chunk_offsets(t0, k, n, n_mask, T, N):
-    """Offset of row t0 (int64: T*N may pass 2^31), and the chunk's int32 offsets within
-    it (K*N < 2^31 is checked by the launcher) with their mask: 32-bit address arithmetic
-    per element instead of 64-bit halves the index work."""
-    t = t0 + k
-    base = tl.cast(t0, tl.int64) * N
-    offs = k[:, None] * N + n[None, :]
-    mask = ((t >= 0) & (t < T))[:, None] & n_mask[None, :]
-    return base, offs, mask
+def chunk_ptrs(ptr, t0, offs, N):
+    """Pointers to a chunk's rows: a 64-bit row base (T*N may pass 2^31) plus the
+    chunk's 32-bit offsets (K*N < 2^31 is checked by the launcher)."""
+    return ptr + tl.cast(t0, tl.int64) * N + offs
+
+
+@triton.jit
+def load_chunk(ptr, t0, offs, k, n_mask, T, N, EVEN_N: tl.constexpr):
+    """The [K, BLOCK] chunk starting at step t0 (zeros past T). Only the chunk that
+    crosses T pays for a per-row mask: the masks were a third of the kernel's
+    instructions when every chunk carried them."""
+    K: tl.constexpr = offs.shape[0]
+    ptrs = chunk_ptrs(ptr, t0, offs, N)
+    if t0 + K <= T:
+        if EVEN_N:
+            X = tl.load(ptrs)
+        else:
+            X = tl.load(ptrs, mask=n_mask[None, :], other=0.0)
+    else:
+        X = tl.load(ptrs, mask=((t0 + k) < T)[:, None] & n_mask[None, :], other=0.0)
+    return X
+
+
+@triton.jit
+def load_earlier_chunk(ptr, t0, offs, n_mask, N, EVEN_N: tl.constexpr):
+    """A whole chunk before the current one in the reverse walk; nothing is read when
+    t0 < 0 (one warp-uniform predicate: a branch here doubled the live registers)."""
+    mask = tl.full(offs.shape, t0, tl.int32) >= 0
+    if not EVEN_N:
+        mask = mask & n_mask[None, :]
+    return tl.load(chunk_ptrs(ptr, t0, offs, N), mask=mask, other=0.0)
+
+
+@triton.jit
+def store_chunk(ptr, t0, offs, k, n_mask, T, N, value, EVEN_N: tl.constexpr):
+    """Store a [K, BLOCK] chunk starting at step t0, dropping rows past T."""
+    K: tl.constexpr = offs.shape[0]
+    ptrs = chunk_ptrs(ptr, t0, offs, N)
+    value = value.to(ptr.dtype.element_ty)
+    if t0 + K <= T:
+        if EVEN_N:
+            tl.store(ptrs, value)
+        else:
+            tl.store(ptrs, value, mask=n_mask[None, :])
+    else:
+        tl.store(ptrs, value, mask=((t0 + k) < T)[:, None] & n_mask[None, :])
+
+
+@triton.jit
+def forward_chunk(X, v, d, t0, T, threshold, v_reset, RESET: tl.constexpr, TAIL: tl.constexpr):
+    """Run K steps from potential v over chunk X: (spikes [K, BLOCK] float32, v after).
+    TAIL: the chunk crosses T, and v must stop at step T-1."""
+    K: tl.constexpr = X.shape[0]
+    k = tl.arange(0, K)
+    Xf = X.to(tl.float32)
+    S = tl.zeros(X.shape, tl.float32)
+    for j in tl.static_range(K):
+        sel = (k == j)[:, None]
+        h = d * v + row(Xf, sel)
+        fired = h - threshold >= 0.0
+        v_next = reset_potential(h, fired, threshold, v_reset, RESET)
+        v = tl.where(t0 + j < T, v_next, v) if TAIL else v_next
+        S = tl.where(sel, fired.to(tl.float32)[None, :], S)
+    return S, v
 
 
 @triton.jit
@@ -110,7 +166,7 @@ def _lif_forward_kernel(
     x_ptr, s_ptr, ckpt_ptr, v0_ptr, vT_ptr, decay_ptr,
     decay, threshold, v_reset, T, N, inner, C,
     RESET: tl.constexpr, DECAY: tl.constexpr, HAS_V0: tl.constexpr,
-    SAVE_CKPT: tl.constexpr, BLOCK: tl.constexpr, K: tl.constexpr,
+    SAVE_CKPT: tl.constexpr, BLOCK: tl.constexpr, K: tl.constexpr, EVEN_N: tl.constexpr,
 ):
     n = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     n_mask = n < N
@@ -120,25 +176,61 @@ def _lif_forward_kernel(
     else:
         v = tl.zeros([BLOCK], tl.float32)
     k = tl.arange(0, K)
-    base, offs, mask = chunk_offsets(0, k, n, n_mask, T, N)
-    X = tl.load(x_ptr + base + offs, mask=mask, other=0.0)
-    for c in range(0, tl.cdiv(T, K)):
+    offs = k[:, None] * N + n[None, :]
+    full = T // K
+    X = load_chunk(x_ptr, 0, offs, k, n_mask, T, N, EVEN_N)
+    for c in range(0, full):
         t0 = c * K
-        next_base, _, next_mask = chunk_offsets(t0 + K, k, n, n_mask, T, N)
-        X_next = tl.load(x_ptr + next_base + offs, mask=next_mask, other=0.0)  # prefetch
+        X_next = load_chunk(x_ptr, t0 + K, offs, k, n_mask, T, N, EVEN_N)  # prefetch
         if SAVE_CKPT:
             tl.store(ckpt_ptr + tl.cast(c, tl.int64) * N + n, v, mask=n_mask)
-        Xf = X.to(tl.float32)
-        S = tl.zeros([K, BLOCK], tl.float32)
-        for j in tl.static_range(K):
-            sel = (k == j)[:, None]
-            h = d * v + row(Xf, sel)
-            fired = h - threshold >= 0.0
-            v = tl.where(t0 + j < T, reset_potential(h, fired, threshold, v_reset, RESET), v)
-            S = tl.where(sel, fired.to(tl.float32)[None, :], S)
-        tl.store(s_ptr + base + offs, S.to(s_ptr.dtype.element_ty), mask=mask)
-        X, base, mask = X_next, next_base, next_mask
+        S, v = forward_chunk(X, v, d, t0, T, threshold, v_reset, RESET, False)
+        store_chunk(s_ptr, t0, offs, k, n_mask, T, N, S, EVEN_N)
+        X = X_next
+    if full * K < T:  # the last, partial chunk
+        if SAVE_CKPT:
+            tl.store(ckpt_ptr + tl.cast(full, tl.int64) * N + n, v, mask=n_mask)
+        S, v = forward_chunk(X, v, d, full * K, T, threshold, v_reset, RESET, True)
+        store_chunk(s_ptr, full * K, offs, k, n_mask, T, N, S, EVEN_N)
     tl.store(vT_ptr + n, v, mask=n_mask)
+
+
+@triton.jit
+def backward_chunk(X, GS, v, gv, gd, d, t0, T, threshold, v_reset, alpha,
+                   RESET: tl.constexpr, DETACH: tl.constexpr, SURROGATE: tl.constexpr,
+                   NEED_GD: tl.constexpr, TAIL: tl.constexpr):
+    """Recompute the chunk forward from its checkpoint v (h[t] and v[t-1] into registers),
+    then run the gradient recurrence backward through it: (dL/dx chunk, dL/dv, dL/d decay)."""
+    K: tl.constexpr = X.shape[0]
+    k = tl.arange(0, K)
+    Xf = X.to(tl.float32)
+    H = tl.zeros(X.shape, tl.float32)
+    V_before = tl.zeros(X.shape, tl.float32)
+    for j in tl.static_range(K):
+        sel = (k == j)[:, None]
+        h = d * v + row(Xf, sel)
+        H = tl.where(sel, h[None, :], H)
+        if NEED_GD:
+            V_before = tl.where(sel, v[None, :], V_before)
+        v = reset_potential(h, h - threshold >= 0.0, threshold, v_reset, RESET)
+    GSf = GS.to(tl.float32)
+    GX = tl.zeros(X.shape, tl.float32)
+    for jj in tl.static_range(K):
+        j = K - 1 - jj
+        sel = (k == j)[:, None]
+        h = row(H, sel)
+        u = h - threshold
+        sg = surrogate_grad(u, SURROGATE, alpha)
+        gh = grad_h(row(GSf, sel), gv, h, u >= 0.0, sg, threshold, v_reset, RESET, DETACH)
+        if TAIL:  # steps past T carry no gradient
+            gh = tl.where(t0 + j < T, gh, 0.0)
+            gv = tl.where(t0 + j < T, gh * d, gv)
+        else:
+            gv = gh * d
+        if NEED_GD:  # dL/d decay += dL/dh[t] * v[t-1]
+            gd += gh * row(V_before, sel)
+        GX = tl.where(sel, gh[None, :], GX)
+    return GX, gv, gd
 
 
 @triton.jit
@@ -147,7 +239,7 @@ def _lif_backward_kernel(
     decay, threshold, v_reset, alpha, T, N, inner, C,
     RESET: tl.constexpr, DETACH: tl.constexpr, SURROGATE: tl.constexpr, DECAY: tl.constexpr,
     HAS_GVT: tl.constexpr, NEED_GV0: tl.constexpr, NEED_GD: tl.constexpr,
-    BLOCK: tl.constexpr, K: tl.constexpr,
+    BLOCK: tl.constexpr, K: tl.constexpr, EVEN_N: tl.constexpr,
 ):
     n = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     n_mask = n < N
@@ -158,49 +250,31 @@ def _lif_backward_kernel(
         gv = tl.zeros([BLOCK], tl.float32)
     gd = tl.zeros([BLOCK], tl.float32)
     k = tl.arange(0, K)
+    offs = k[:, None] * N + n[None, :]
+    full = T // K
     last = tl.cdiv(T, K) - 1
-    base, offs, mask = chunk_offsets(last * K, k, n, n_mask, T, N)
-    X = tl.load(x_ptr + base + offs, mask=mask, other=0.0)
-    GS = tl.load(gs_ptr + base + offs, mask=mask, other=0.0)
-    v_start = tl.load(ckpt_ptr + tl.cast(last, tl.int64) * N + n, mask=n_mask, other=0.0)
-    for i in range(0, last + 1):
-        c = last - i
+    X = load_chunk(x_ptr, last * K, offs, k, n_mask, T, N, EVEN_N)
+    GS = load_chunk(gs_ptr, last * K, offs, k, n_mask, T, N, EVEN_N)
+    v = tl.load(ckpt_ptr + tl.cast(last, tl.int64) * N + n, mask=n_mask, other=0.0)
+    if full * K < T:  # the partial chunk first
+        X_prev = load_earlier_chunk(x_ptr, (last - 1) * K, offs, n_mask, N, EVEN_N)
+        GS_prev = load_earlier_chunk(gs_ptr, (last - 1) * K, offs, n_mask, N, EVEN_N)
+        v_prev = tl.load(ckpt_ptr + tl.cast(tl.maximum(last - 1, 0), tl.int64) * N + n, mask=n_mask, other=0.0)
+        GX, gv, gd = backward_chunk(X, GS, v, gv, gd, d, last * K, T, threshold, v_reset, alpha,
+                                    RESET, DETACH, SURROGATE, NEED_GD, True)
+        store_chunk(gx_ptr, last * K, offs, k, n_mask, T, N, GX, EVEN_N)
+        X, GS, v = X_prev, GS_prev, v_prev
+    for i in range(0, full):
+        c = full - 1 - i
         t0 = c * K
-        # prefetch the chunk before (fully masked when c == 0)
-        prev_base, _, prev_mask = chunk_offsets(t0 - K, k, n, n_mask, T, N)
-        X_prev = tl.load(x_ptr + prev_base + offs, mask=prev_mask, other=0.0)
-        GS_prev = tl.load(gs_ptr + prev_base + offs, mask=prev_mask, other=0.0)
+        # prefetch the chunk before (nothing is read when c == 0)
+        X_prev = load_earlier_chunk(x_ptr, t0 - K, offs, n_mask, N, EVEN_N)
+        GS_prev = load_earlier_chunk(gs_ptr, t0 - K, offs, n_mask, N, EVEN_N)
         v_prev = tl.load(ckpt_ptr + tl.cast(tl.maximum(c - 1, 0), tl.int64) * N + n, mask=n_mask, other=0.0)
-        # recompute the chunk forward from its checkpoint: h[t] and v[t-1]
-        Xf = X.to(tl.float32)
-        H = tl.zeros([K, BLOCK], tl.float32)
-        V_before = tl.zeros([K, BLOCK], tl.float32)
-        v = v_start
-        for j in tl.static_range(K):
-            sel = (k == j)[:, None]
-            h = d * v + row(Xf, sel)
-            H = tl.where(sel, h[None, :], H)
-            if NEED_GD:
-                V_before = tl.where(sel, v[None, :], V_before)
-            v = reset_potential(h, h - threshold >= 0.0, threshold, v_reset, RESET)
-        # then the gradient recurrence backward through it
-        GSf = GS.to(tl.float32)
-        GX = tl.zeros([K, BLOCK], tl.float32)
-        for jj in tl.static_range(K):
-            j = K - 1 - jj
-            sel = (k == j)[:, None]
-            valid = t0 + j < T
-            h = row(H, sel)
-            u = h - threshold
-            fired = u >= 0.0
-            sg = surrogate_grad(u, SURROGATE, alpha)
-            gh = grad_h(row(GSf, sel), gv, h, fired, sg, threshold, v_reset, RESET, DETACH)
-            if NEED_GD:  # dL/d decay += dL/dh[t] * v[t-1]
-                gd += tl.where(valid, gh * row(V_before, sel), 0.0)
-            gv = tl.where(valid, gh * d, gv)
-            GX = tl.where(sel, gh[None, :], GX)
-        tl.store(gx_ptr + base + offs, GX.to(gx_ptr.dtype.element_ty), mask=mask)
-        X, GS, v_start, base, mask = X_prev, GS_prev, v_prev, prev_base, prev_mask
+        GX, gv, gd = backward_chunk(X, GS, v, gv, gd, d, t0, T, threshold, v_reset, alpha,
+                                    RESET, DETACH, SURROGATE, NEED_GD, False)
+        store_chunk(gx_ptr, t0, offs, k, n_mask, T, N, GX, EVEN_N)
+        X, GS, v = X_prev, GS_prev, v_prev
     if NEED_GV0:
         tl.store(gv0_ptr + n, gv, mask=n_mask)
     if NEED_GD:
@@ -261,7 +335,7 @@ def _forward(x, decay, decay_tensor, v0, threshold, reset, v_reset, save):
             decay_tensor if decay_tensor is not None else x2,
             decay, threshold, v_reset, T, N, inner, C,
             RESET=RESET_CODES[reset], DECAY=mode, HAS_V0=v0 is not None, SAVE_CKPT=save,
-            BLOCK=BLOCK, K=K, num_warps=warps, enable_fp_fusion=False)
+            BLOCK=BLOCK, K=K, EVEN_N=N % BLOCK == 0, num_warps=warps, enable_fp_fusion=False)
     return spikes.view(x.shape), vT.view(x.shape[1:]), x2, ckpt
 
 
@@ -286,7 +360,7 @@ def _backward(grad_s, grad_vT, x2, ckpt, x_shape, decay, decay_tensor, threshold
             decay, threshold, v_reset, alpha, T, N, inner, C,
             RESET=RESET_CODES[reset], DETACH=detach, SURROGATE=SURROGATES[surrogate],
             DECAY=mode, HAS_GVT=gvT is not None, NEED_GV0=need_gv0, NEED_GD=need_gd,
-            BLOCK=BLOCK, K=K, num_warps=warps, enable_fp_fusion=False)
+            BLOCK=BLOCK, K=K, EVEN_N=N % BLOCK == 0, num_warps=warps, enable_fp_fusion=False)
     return grad_x.view(x_shape), gv0, gd
 
 
