@@ -6,6 +6,7 @@ import torch
 
 from spikefuse.nn import BNLIF, TemporalBatchNorm2d
 from spikefuse.nn.layers import name_layers
+from spikefuse.ops.bn_lif import _statistics, is_channels_last
 
 
 def rand(*shape, seed=0, dtype=torch.float32):
@@ -94,6 +95,59 @@ def test_non_contiguous_and_time_expanded_input():
     assert_match(fused, ref, static)
 
 
+def channels_last(x):
+    """x [T, B, C, H, W] with channels-last steps (memory order [T, B, H, W, C])."""
+    return x.movedim(2, -1).contiguous().movedim(-1, 2)
+
+
+@pytest.mark.parametrize("T", [1, 3, 11])
+@pytest.mark.parametrize("training", [True, False])
+def test_channels_last_input(T, training):
+    """Channels-last steps are read in place; spikes and dL/dx come out channels-last."""
+    fused, ref = make(5, decay=0.6, threshold=0.4, surrogate="atan", learn_decay=True)
+    fused.train(training), ref.train(training)
+    x = channels_last(rand(T, 3, 5, 4, 3, seed=20 + T))
+    assert is_channels_last(x) and not x.is_contiguous()
+    assert_match(fused, ref, x)
+    spikes, grads, _ = run(fused, x)
+    assert is_channels_last(spikes) and is_channels_last(grads["x"])
+
+
+def test_channels_last_residual_and_static_input():
+    fused, ref = make(3, decay=0.5, threshold=0.5)
+    x, r = channels_last(rand(9, 2, 3, 4, 5, seed=21)), rand(9, 2, 3, 4, 5, seed=22)
+    assert_match(fused, ref, x, residual=channels_last(r))
+    assert_match(fused, ref, x, residual=r)  # a contiguous residual is copied to x's layout
+    static = channels_last(rand(1, 2, 3, 4, 4, seed=23)).expand(9, 2, 3, 4, 4)
+    assert_match(fused, ref, static)
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "channels_last", "linear", "static"])
+def test_batch_statistics_match_float64(layout):
+    """Per-channel mean and variance to 1e-6 relative, also far from zero mean (the tiles
+    are reduced two-pass and merged by Chan's formula, several tiles per program)."""
+    x = rand(3, 4, 7, 9, 11, seed=24) * 2 + 1000
+    if layout == "channels_last":
+        x = channels_last(x)
+    elif layout == "linear":
+        x = x.flatten(3).movedim(2, -1).flatten(1, 2)  # [T, B*H*W... ] -> [T, B', C]: C last
+        x = x.reshape(3, -1, 7)
+    elif layout == "static":
+        x = x[:1].expand(5, *x.shape[1:])
+    dims = [d for d in range(x.dim()) if d != 2]
+    var, mean = torch.var_mean(x.double(), dim=dims, correction=0)
+    w, b = torch.rand(7) + 0.5, torch.rand(7)
+    running = (torch.zeros(7), torch.ones(7))
+    stats = _statistics(x, w, b, *running, True, 0.1, 0.0).double()
+    torch.testing.assert_close(stats[0], mean, rtol=1e-6, atol=0)
+    torch.testing.assert_close(stats[1] ** -2, var, rtol=1e-6, atol=0)
+    torch.testing.assert_close(stats[2], stats[1] * w, rtol=1e-7, atol=0)
+    torch.testing.assert_close(stats[3], b - stats[0] * stats[2], rtol=1e-7, atol=1e-9)
+    count = x.numel() // 7
+    torch.testing.assert_close(running[0].double(), 0.1 * mean, rtol=1e-6, atol=0)
+    torch.testing.assert_close(running[1].double(), 0.9 + 0.1 * var * count / (count - 1), rtol=1e-6, atol=0)
+
+
 def test_residual_input():
     fused, ref = make(4, decay=0.5, threshold=0.5, reset="hard")
     assert_match(fused, ref, rand(9, 3, 4, 2, 2, seed=7), residual=rand(9, 3, 4, 2, 2, seed=8))
@@ -152,12 +206,17 @@ def test_torch_library_op_path(monkeypatch):
     fused, ref = make(3, decay=0.6, threshold=0.3, reset="soft", learn_decay=True)
     x, r = rand(10, 2, 3, 4, seed=13), rand(10, 2, 3, 4, seed=14)
     eager = run(copy.deepcopy(fused), x, r)
-    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    monkeypatch.setattr(torch.compiler, "is_dynamo_compiling", lambda: True)
     op = run(fused, x, r)
     assert torch.equal(eager[0], op[0])
     for name, g in eager[1].items():
         torch.testing.assert_close(op[1][name], g, rtol=1e-6, atol=0)
+    stats = torch.ops.spikefuse.bn_statistics(x, None, None, None, None, True, 0.1, 1e-5)
     torch.library.opcheck(torch.ops.spikefuse.bn_lif_forward.default,
-                          (x, None, x.mean((0, 1, 3)), torch.ones(3), None, None, 0.5, None, 0.3,
+                          (x, None, stats, None, None, 0.5, None, 0.3,
                            "hard", 0.0, False, "atan", 2.0, True, True),
+                          test_utils=("test_schema", "test_faketensor"))
+    running = (torch.zeros(3), torch.ones(3))
+    torch.library.opcheck(torch.ops.spikefuse.bn_statistics.default,
+                          (x, torch.ones(3), torch.zeros(3), *running, True, 0.1, 1e-5),
                           test_utils=("test_schema", "test_faketensor"))

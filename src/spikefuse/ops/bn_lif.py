@@ -3,14 +3,25 @@
     y[t] = (x[t] - mean) * invstd * gamma + beta (+ residual[t])      BN per channel
     then the LIF of spikefuse.functional.lif on y (v[-1] = 0)
 
-Saved for backward: x (the conv/linear output, which the graph holds anyway), the
-per-channel statistics, and the membrane potential entering every K-th step (K = 8, or
-the next power of two >= T when T is shorter; one float32 per neuron per chunk boundary:
-at most 0.5 byte per neuron-step, nothing at all when T <= 8). The BN output, the
-potentials and the spikes are never stored: the backward kernel walks the time chunks
-in reverse, recomputes the chunk's potentials from its checkpoint and x into registers
-(bit-identical to the forward: same operations, no FMA contraction), and then runs the
-reverse-time recurrence through the chunk.
+Layout: x is [T, B, C, *] with every time step dense in memory, either contiguous
+([B, C, *]) or channels-last ([B, H, W, C], what cuDNN convolves without conversions).
+The kernels address a step's neurons in memory order, so one rule serves both: the
+neuron at offset n of a step is in channel (n // inner) % C, where inner is the memory
+stride of the channel dimension (H*W contiguous, 1 channels-last and for [T, B, C]).
+Spikes, dL/dx and dL/dresidual come out in x's layout. Other layouts are copied once.
+
+Statistics: one Triton pass over x (per-channel mean and M2 of row tiles, two-pass in
+registers, merged by Chan's formula), then one small launch that combines the partials
+and writes, per channel, mean, invstd, a = gamma*invstd and b = beta - mean*a (the
+[4, C] `stats` every kernel reads) and updates the running statistics in place.
+
+Saved for backward: x (the conv/linear output, which the graph holds anyway), `stats`,
+and the membrane potential entering every K-th step (K = 8, or the next power of two >= T
+when T is shorter; one float32 per neuron per chunk boundary: at most 0.5 byte per
+neuron-step, nothing at all when T <= 8). The BN output, the potentials and the spikes
+are never stored: the backward kernel walks the time chunks in reverse, recomputes the
+chunk's potentials from its checkpoint and x into registers (bit-identical to the
+forward: same operations, no FMA contraction), and then runs the reverse-time recurrence.
 
 Why checkpoints and not the pre-spike potential in a narrow type: bfloat16 u costs 2
 bytes per neuron-step (4x the checkpoints) and its rounding moves the surrogate gradients
@@ -19,10 +30,10 @@ triangle 1.0e-3, rectangular 3.7e-2), far outside the 1e-5 contract; float32 u w
 double what the layer holds. Recomputing a chunk costs one more read of x, which the BN
 gradient (Eq. 8-10) needs anyway, so the backward reads x once for both.
 
-Backward is two launches: (1) reverse walk: dL/dy[t] is written into the float32 buffer
+Backward is three launches: (1) reverse walk: dL/dy[t] is written into the float32 buffer
 that later becomes dL/dx, with per-neuron partial sums of dL/dy, dL/dy*xhat (and
-dL/d decay) reduced per channel by torch; (2) elementwise Eq. 8 (in place for float32).
-Traffic per neuron-step (float32): statistics 4 B, forward 8 B, backward 24 B.
+dL/d decay); (2) their per-channel sums (torch); (3) elementwise Eq. 8 (in place for
+float32). Traffic per neuron-step (float32): statistics 4 B, forward 8 B, backward 24 B.
 """
 from __future__ import annotations
 
@@ -31,20 +42,194 @@ import os
 
 import torch
 
-from .lif import (RESET_CODES, _reduce_decay_grad, grad_h, load_decay, reset_potential, row,
-                  surrogate_grad)
+from .lif import RESET_CODES, grad_h, load_decay, reset_potential, row, surrogate_grad
 from .surrogate import SURROGATES
 
 import triton  # noqa: E402  (after .lif: it picks the interpreter on GPU-less machines)
 import triton.language as tl  # noqa: E402
 
 K_STEPS = 8  # time steps per chunk = checkpoint spacing (fewer when T is shorter)
+STAT_ROWS, STAT_CHANNELS = 64, 64  # statistics tile: positions x channels
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 
 
 def _steps(T: int) -> int:
     return min(K_STEPS, triton.next_power_of_2(T))
 
+
+# ---- layout ----
+
+def is_channels_last(x: torch.Tensor) -> bool:
+    """Whether the steps of x [T, B, C, H, W] are channels-last in memory ([B, H, W, C])."""
+    return (x.dim() == 5 and not x[0].is_contiguous()
+            and x[0].is_contiguous(memory_format=torch.channels_last))
+
+
+def as_layout(t: torch.Tensor, channels_last: bool) -> torch.Tensor:
+    """t [T, B, C, *] in memory order [T, B, *, C] (channels_last) or [T, B, C, *], dense;
+    differentiable, and no copy when t already is."""
+    if channels_last:
+        return t.movedim(2, -1).contiguous().movedim(-1, 2)
+    return t.contiguous()
+
+
+def dense_steps(x: torch.Tensor) -> torch.Tensor:
+    """x with every step dense (contiguous or channels-last) and steps N apart, or 0 apart
+    (one step expanded over time, e.g. a static image's conv: read as is)."""
+    channels_last = is_channels_last(x)
+    step = x[0]
+    if ((channels_last or step.is_contiguous())
+            and (x.shape[0] == 1 or x.stride(0) in (0, step.numel()))):
+        return x
+    return as_layout(x, channels_last)
+
+
+def _empty(shape, channels_last: bool, dtype, device) -> torch.Tensor:
+    if channels_last:
+        T, B, C, *spatial = shape
+        return torch.empty((T, B, *spatial, C), dtype=dtype, device=device).movedim(-1, 2)
+    return torch.empty(shape, dtype=dtype, device=device)
+
+
+def _geometry(x):
+    """(channels_last, neurons per step N, stride between steps, channel stride `inner`)."""
+    channels_last = is_channels_last(x)
+    N = x[0].numel()
+    inner = 1 if channels_last else math.prod(x.shape[3:])
+    return channels_last, N, (x.stride(0) if x.shape[0] > 1 else N), inner
+
+
+def _channel_sums(part, shape, channels_last):
+    """Per-neuron partial sums [k, N] (a step's memory order) -> per-channel sums [k, C]."""
+    C = shape[2]
+    if channels_last:
+        return part.view(part.shape[0], -1, C).sum(1)
+    return part.view(part.shape[0], shape[1], C, -1).sum(dim=(1, 3))
+
+
+# ---- batch statistics ----
+
+@triton.jit
+def _stats_partial_kernel(x_ptr, part_ptr, M, C, inner, tiles_per_program, P,
+                          ROWS: tl.constexpr, CB: tl.constexpr):
+    """Per-channel (mean, M2) over this program's rows of x seen as [M, C]: row m, channel c
+    lies at (m // inner) * C * inner + c * inner + m % inner (inner = 1: a plain matrix).
+    Values are shifted by row 0 so that sums stay small next to a large mean."""
+    c = tl.program_id(0) * CB + tl.arange(0, CB)
+    c_mask = c < C
+    shift = tl.load(x_ptr + c * inner, mask=c_mask, other=0.0).to(tl.float32)
+    p = tl.program_id(1)
+    r = tl.arange(0, ROWS)
+    count = tl.zeros([CB], tl.float32)
+    mean = tl.zeros([CB], tl.float32)
+    m2 = tl.zeros([CB], tl.float32)
+    for i in range(0, tiles_per_program):
+        m = (p * tiles_per_program + i) * ROWS + r
+        row_mask = m < M
+        mask = row_mask[:, None] & c_mask[None, :]
+        offs = ((m // inner).to(tl.int64) * (C * inner) + m % inner)[:, None] + (c * inner)[None, :]
+        X = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        X = tl.where(mask, X - shift[None, :], 0.0)
+        n = tl.sum(row_mask.to(tl.float32), axis=0)  # 0 for a tile past the end
+        tile_mean = tl.sum(X, axis=0) / tl.maximum(n, 1.0)
+        D = tl.where(mask, X - tile_mean[None, :], 0.0)
+        total = count + n
+        share = n / tl.maximum(total, 1.0)
+        delta = tile_mean - mean  # Chan et al.: merge (count, mean, m2) with the tile's
+        mean += delta * share
+        m2 += tl.sum(D * D, axis=0) + delta * delta * (count * share)
+        count = total
+    tl.store(part_ptr + p * C + c, mean, mask=c_mask)
+    tl.store(part_ptr + (P + p) * C + c, m2, mask=c_mask)
+
+
+@triton.jit
+def _stats_finalize_kernel(x_ptr, inner, part_ptr, stats_ptr, w_ptr, b_ptr, rm_ptr, rv_ptr,
+                           M, C, P, rows_per_program, eps, momentum, unbias,
+                           BATCH: tl.constexpr, UPDATE: tl.constexpr, HAS_W: tl.constexpr,
+                           HAS_B: tl.constexpr, PB: tl.constexpr, CB: tl.constexpr):
+    """Combine the partials (or read the running statistics) into stats [mean; invstd; a; b]."""
+    c = tl.program_id(0) * CB + tl.arange(0, CB)
+    c_mask = c < C
+    if BATCH:
+        q = tl.arange(0, PB)
+        mean = tl.zeros([CB], tl.float32)
+        for p0 in range(0, P, PB):
+            p = p0 + q
+            mask = (p < P)[:, None] & c_mask[None, :]
+            n_p = tl.minimum(M - p * rows_per_program, rows_per_program).to(tl.float32)
+            mean_p = tl.load(part_ptr + p[:, None] * C + c[None, :], mask=mask, other=0.0)
+            mean += tl.sum(mean_p * n_p[:, None], axis=0)
+        mean = mean / M
+        m2 = tl.zeros([CB], tl.float32)
+        for p0 in range(0, P, PB):
+            p = p0 + q
+            mask = (p < P)[:, None] & c_mask[None, :]
+            n_p = tl.minimum(M - p * rows_per_program, rows_per_program).to(tl.float32)
+            mean_p = tl.load(part_ptr + p[:, None] * C + c[None, :], mask=mask, other=0.0)
+            m2_p = tl.load(part_ptr + (P + p)[:, None] * C + c[None, :], mask=mask, other=0.0)
+            d = mean_p - mean[None, :]
+            m2 += tl.sum(tl.where(mask, m2_p + n_p[:, None] * d * d, 0.0), axis=0)
+        var = m2 / M
+        mean += tl.load(x_ptr + c * inner, mask=c_mask & (M > 0), other=0.0).to(tl.float32)  # the shift
+        if UPDATE:  # as torch.nn.BatchNorm: unbiased variance into the running estimate
+            rm = tl.load(rm_ptr + c, mask=c_mask, other=0.0)
+            rv = tl.load(rv_ptr + c, mask=c_mask, other=0.0)
+            new_rm = rm.to(tl.float32) * (1 - momentum) + mean * momentum
+            new_rv = rv.to(tl.float32) * (1 - momentum) + (var * unbias) * momentum
+            tl.store(rm_ptr + c, new_rm.to(rm.dtype), mask=c_mask)
+            tl.store(rv_ptr + c, new_rv.to(rv.dtype), mask=c_mask)
+    else:
+        mean = tl.load(rm_ptr + c, mask=c_mask, other=0.0).to(tl.float32)
+        var = tl.load(rv_ptr + c, mask=c_mask, other=1.0).to(tl.float32)
+    invstd = tl.div_rn(1.0, tl.sqrt_rn(var + eps))  # IEEE, as torch computes it
+    a = invstd
+    if HAS_W:
+        a = invstd * tl.load(w_ptr + c, mask=c_mask, other=0.0).to(tl.float32)
+    b = -mean * a
+    if HAS_B:
+        b = tl.load(b_ptr + c, mask=c_mask, other=0.0).to(tl.float32) - mean * a
+    tl.store(stats_ptr + c, mean, mask=c_mask)
+    tl.store(stats_ptr + C + c, invstd, mask=c_mask)
+    tl.store(stats_ptr + 2 * C + c, a, mask=c_mask)
+    tl.store(stats_ptr + 3 * C + c, b, mask=c_mask)
+
+
+def _statistics(x, weight, bias, running_mean, running_var, use_batch, momentum, eps):
+    """stats [4, C] float32 (mean, invstd, a, b) of x [T, B, C, *] (dense steps) over all
+    dims but C; in training the running statistics are updated in place."""
+    C = x.shape[2]
+    stats = torch.empty((4, C), device=x.device, dtype=torch.float32)
+    CB = min(STAT_CHANNELS, triton.next_power_of_2(C))
+    channel_blocks = triton.cdiv(C, CB)
+    part, M, P, rows_per_program, inner = stats, 0, 0, STAT_ROWS, 1
+    if use_batch:
+        data = x[:1] if x.shape[0] > 1 and x.stride(0) == 0 else x  # one step is enough
+        M = data.numel() // C
+        tiles = triton.cdiv(M, STAT_ROWS)
+        programs = max(1, (4 if INTERPRETED else 1024) // channel_blocks)  # ~8 per GPU core
+        tiles_per_program = triton.cdiv(tiles, min(max(tiles, 1), programs))
+        P = triton.cdiv(tiles, tiles_per_program)
+        rows_per_program = tiles_per_program * STAT_ROWS
+        inner = _geometry(data)[3]
+        part = torch.empty((2, P, C), device=x.device, dtype=torch.float32)
+        if P:
+            _stats_partial_kernel[(channel_blocks, P)](
+                data, part, M, C, inner, tiles_per_program, P,
+                ROWS=STAT_ROWS, CB=CB, num_warps=4)
+    count = x.numel() // C  # what torch's batch norm of the time-expanded input counts
+    update = use_batch and running_mean is not None
+    _stats_finalize_kernel[(channel_blocks,)](
+        x, inner, part, stats, weight if weight is not None else stats, bias if bias is not None else stats,
+        running_mean if running_mean is not None else stats,
+        running_var if running_var is not None else stats,
+        M, C, P, rows_per_program, eps, momentum, count / max(count - 1, 1),
+        BATCH=use_batch, UPDATE=update, HAS_W=weight is not None, HAS_B=bias is not None,
+        PB=64, CB=CB, num_warps=4)
+    return stats
+
+
+# ---- BN + LIF ----
 
 @triton.jit
 def _bn_y(x_ptr, r_ptr, t, n, mask, a, b, stride_t, N, HAS_RES: tl.constexpr):
@@ -65,7 +250,7 @@ def _offset(row_index, N, n):
 
 @triton.jit
 def _bn_lif_forward_kernel(
-    x_ptr, r_ptr, s_ptr, ckpt_ptr, a_ptr, b_ptr, decay_ptr,
+    x_ptr, r_ptr, s_ptr, ckpt_ptr, stats_ptr, decay_ptr,
     decay, threshold, v_reset, T, N, stride_t, inner, C,
     RESET: tl.constexpr, DECAY: tl.constexpr, HAS_RES: tl.constexpr, SAVE: tl.constexpr,
     BLOCK: tl.constexpr, K: tl.constexpr,
@@ -73,8 +258,8 @@ def _bn_lif_forward_kernel(
     n = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     n_mask = n < N
     ch = (n // inner) % C
-    a = tl.load(a_ptr + ch, mask=n_mask, other=0.0)
-    b = tl.load(b_ptr + ch, mask=n_mask, other=0.0)
+    a = tl.load(stats_ptr + 2 * C + ch, mask=n_mask, other=0.0)
+    b = tl.load(stats_ptr + 3 * C + ch, mask=n_mask, other=0.0)
     d = load_decay(decay_ptr, decay, n, n_mask, inner, C, DECAY)
     v = tl.zeros([BLOCK], tl.float32)
     k = tl.arange(0, K)
@@ -96,7 +281,7 @@ def _bn_lif_forward_kernel(
 
 @triton.jit
 def _bn_lif_backward_kernel(
-    x_ptr, r_ptr, gs_ptr, ckpt_ptr, gy_ptr, part_ptr, a_ptr, b_ptr, mean_ptr, invstd_ptr, decay_ptr,
+    x_ptr, r_ptr, gs_ptr, ckpt_ptr, gy_ptr, part_ptr, stats_ptr, decay_ptr,
     decay, threshold, v_reset, alpha, T, N, stride_t, inner, C,
     RESET: tl.constexpr, DETACH: tl.constexpr, SURROGATE: tl.constexpr, DECAY: tl.constexpr,
     HAS_RES: tl.constexpr, NEED_GD: tl.constexpr, BLOCK: tl.constexpr, K: tl.constexpr,
@@ -104,10 +289,10 @@ def _bn_lif_backward_kernel(
     n = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     n_mask = n < N
     ch = (n // inner) % C
-    a = tl.load(a_ptr + ch, mask=n_mask, other=0.0)
-    b = tl.load(b_ptr + ch, mask=n_mask, other=0.0)
-    mu = tl.load(mean_ptr + ch, mask=n_mask, other=0.0)
-    istd = tl.load(invstd_ptr + ch, mask=n_mask, other=0.0)
+    mu = tl.load(stats_ptr + ch, mask=n_mask, other=0.0)
+    istd = tl.load(stats_ptr + C + ch, mask=n_mask, other=0.0)
+    a = tl.load(stats_ptr + 2 * C + ch, mask=n_mask, other=0.0)
+    b = tl.load(stats_ptr + 3 * C + ch, mask=n_mask, other=0.0)
     d = load_decay(decay_ptr, decay, n, n_mask, inner, C, DECAY)
     gv = tl.zeros([BLOCK], tl.float32)  # dL/dv[t], flowing back from t+1
     sum_gy = tl.zeros([BLOCK], tl.float32)
@@ -156,7 +341,7 @@ def _bn_lif_backward_kernel(
 
 
 @triton.jit
-def _bn_grad_x_kernel(gy_ptr, x_ptr, gx_ptr, a_ptr, mean_ptr, invstd_ptr, mgy_ptr, mgyx_ptr,
+def _bn_grad_x_kernel(gy_ptr, x_ptr, gx_ptr, stats_ptr, sums_ptr, count,
                       N, stride_t, inner, C, BATCH_STATS: tl.constexpr, BLOCK: tl.constexpr):
     """Eq. 8: dL/dx = gamma*invstd * (dL/dy - mean(dL/dy) - xhat * mean(dL/dy * xhat))."""
     t = tl.program_id(1).to(tl.int64)
@@ -164,11 +349,13 @@ def _bn_grad_x_kernel(gy_ptr, x_ptr, gx_ptr, a_ptr, mean_ptr, invstd_ptr, mgy_pt
     n_mask = n < N
     ch = (n // inner) % C
     gy = tl.load(gy_ptr + t * N + n, mask=n_mask, other=0.0)
-    a = tl.load(a_ptr + ch, mask=n_mask, other=0.0)
+    a = tl.load(stats_ptr + 2 * C + ch, mask=n_mask, other=0.0)
     if BATCH_STATS:  # training: the gradient also flows through the batch mean and variance
         x = tl.load(x_ptr + t * stride_t + n, mask=n_mask, other=0.0).to(tl.float32)
-        xhat = (x - tl.load(mean_ptr + ch, mask=n_mask)) * tl.load(invstd_ptr + ch, mask=n_mask)
-        gy = gy - tl.load(mgy_ptr + ch, mask=n_mask) - xhat * tl.load(mgyx_ptr + ch, mask=n_mask)
+        xhat = (x - tl.load(stats_ptr + ch, mask=n_mask)) * tl.load(stats_ptr + C + ch, mask=n_mask)
+        mgy = tl.load(sums_ptr + ch, mask=n_mask) / count
+        mgyx = tl.load(sums_ptr + C + ch, mask=n_mask) / count
+        gy = gy - mgy - xhat * mgyx
     tl.store(gx_ptr + t * N + n, (a * gy).to(gx_ptr.dtype.element_ty), mask=n_mask)
 
 
@@ -188,153 +375,141 @@ def _decay_code(decay_tensor):
     return 0 if decay_tensor is None else (1 if decay_tensor.numel() == 1 else 2)
 
 
-def _rows(x):
-    """x [T, B, C, *] as (tensor, stride between steps); each step's neurons contiguous.
-    A stride of 0 (x expanded over time, e.g. a static image's conv) is read as is."""
-    step = x[0]
-    if step.is_contiguous() and (x.stride(0) in (0, step.numel()) or x.shape[0] == 1):
-        return x, (x.stride(0) if x.shape[0] > 1 else step.numel())
-    x = x.contiguous()
-    return x, step.numel()
-
-
-def _affine(mean, invstd, weight, bias):
-    """Per-channel a = gamma*invstd and b = beta - mean*a (as torch's CPU batch norm)."""
-    a = invstd if weight is None else invstd * weight.float()
-    b = -mean * a if bias is None else bias.float() - mean * a
-    return a.contiguous(), b.contiguous()
-
-
-def _forward(x, residual, mean, invstd, weight, bias, decay, decay_tensor, threshold, reset,
-             v_reset, save):
-    T = x.shape[0]
-    xr, stride_t = _rows(x)
-    N = x[0].numel()
-    C, inner = x.shape[2], math.prod(x.shape[3:])
-    a, b = _affine(mean, invstd, weight, bias)
-    spikes = torch.empty(x.shape, device=x.device, dtype=x.dtype)
+def _forward(x, residual, stats, decay, decay_tensor, threshold, reset, v_reset, save):
+    """x (and residual) with dense steps in one layout (dense_steps / as_layout)."""
+    T, C = x.shape[0], x.shape[2]
+    channels_last, N, stride_t, inner = _geometry(x)
+    spikes = _empty(x.shape, channels_last, x.dtype, x.device)
     chunks = triton.cdiv(T, _steps(T))
     ckpt = torch.empty((chunks - 1 if save else 0, N), device=x.device, dtype=torch.float32)
-    r = residual.contiguous() if residual is not None else xr
-    mode = _decay_code(decay_tensor)
     BLOCK, warps = _config(N, backward=False)
     if N > 0:
         _bn_lif_forward_kernel[(triton.cdiv(N, BLOCK),)](
-            xr, r, spikes, ckpt, a, b, decay_tensor if decay_tensor is not None else a,
+            x, residual if residual is not None else x, spikes, ckpt, stats,
+            decay_tensor if decay_tensor is not None else stats,
             decay, threshold, v_reset, T, N, stride_t, inner, C,
-            RESET=RESET_CODES[reset], DECAY=mode, HAS_RES=residual is not None,
+            RESET=RESET_CODES[reset], DECAY=_decay_code(decay_tensor), HAS_RES=residual is not None,
             SAVE=save and chunks > 1, BLOCK=BLOCK, K=_steps(T), num_warps=warps,
             enable_fp_fusion=False)
     return spikes, ckpt
 
 
-def _backward(grad_s, x, residual, ckpt, mean, invstd, weight, bias, decay, decay_tensor,
-              threshold, reset, v_reset, detach, surrogate, alpha, batch_stats, need_gd):
-    T = x.shape[0]
-    xr, stride_t = _rows(x)
-    N = x[0].numel()
-    C, inner = x.shape[2], math.prod(x.shape[3:])
-    a, b = _affine(mean, invstd, weight, bias)
-    gs = grad_s.contiguous()
-    gy = torch.empty((T, N), device=x.device, dtype=torch.float32)
+def _backward(grad_s, x, residual, ckpt, stats, decay, decay_tensor, threshold, reset, v_reset,
+              detach, surrogate, alpha, batch_stats, need_gd):
+    T, C = x.shape[0], x.shape[2]
+    channels_last, N, stride_t, inner = _geometry(x)
+    gs = as_layout(grad_s, channels_last)
+    gy = _empty(x.shape, channels_last, torch.float32, x.device)
     part = torch.empty((3 if need_gd else 2, N), device=x.device, dtype=torch.float32)
-    r = residual.contiguous() if residual is not None else xr
-    mode = _decay_code(decay_tensor)
     BLOCK, warps = _config(N, backward=True)
     if N > 0:
         _bn_lif_backward_kernel[(triton.cdiv(N, BLOCK),)](
-            xr, r, gs, ckpt, gy, part, a, b, mean, invstd,
-            decay_tensor if decay_tensor is not None else a,
+            x, residual if residual is not None else x, gs, ckpt, gy, part, stats,
+            decay_tensor if decay_tensor is not None else stats,
             decay, threshold, v_reset, alpha, T, N, stride_t, inner, C,
-            RESET=RESET_CODES[reset], DETACH=detach, SURROGATE=SURROGATES[surrogate], DECAY=mode,
-            HAS_RES=residual is not None, NEED_GD=need_gd, BLOCK=BLOCK, K=_steps(T),
-            num_warps=warps, enable_fp_fusion=False)
-    # per-channel sums: Eq. 11 (beta) and Eq. 10 (gamma)
-    sums = part[:2].view(2, x.shape[1], C, inner).sum(dim=(1, 3))
-    count = T * x.shape[1] * inner
-    mgy, mgyx = sums[0] / count, sums[1] / count
+            RESET=RESET_CODES[reset], DETACH=detach, SURROGATE=SURROGATES[surrogate],
+            DECAY=_decay_code(decay_tensor), HAS_RES=residual is not None, NEED_GD=need_gd,
+            BLOCK=BLOCK, K=_steps(T), num_warps=warps, enable_fp_fusion=False)
+    sums = _channel_sums(part[:2], x.shape, channels_last)  # [sum dL/dy (Eq. 11), sum dL/dy*xhat (Eq. 10)]
     # dL/dy is still needed for a residual input; otherwise dL/dx overwrites it in place
     in_place = x.dtype == torch.float32 and residual is None
-    gx = gy if in_place else torch.empty((T, N), device=x.device, dtype=x.dtype)
+    gx = gy if in_place else _empty(x.shape, channels_last, x.dtype, x.device)
     BLOCK2 = 1024
     if N > 0:
         _bn_grad_x_kernel[(triton.cdiv(N, BLOCK2), T)](
-            gy, xr, gx, a, mean, invstd, mgy, mgyx, N, stride_t, inner, C,
+            gy, x, gx, stats, sums, float(x.numel() // C), N, stride_t, inner, C,
             BATCH_STATS=batch_stats, BLOCK=BLOCK2, num_warps=4)
-    gd = part[2] if need_gd else None
-    return gx.view(x.shape), (gy.view(x.shape) if residual is not None else None), sums, gd
+    gd = None
+    if need_gd:  # dL/d decay: one value, or one per channel
+        gd = (part[2].sum().reshape(1) if decay_tensor.numel() == 1
+              else _channel_sums(part[2:], x.shape, channels_last)[0])
+    return gx, (gy if residual is not None else None), sums, gd
 
 
 # ---- torch.library registration: opaque to torch.compile, autograd attached ----
 
+@torch.library.custom_op("spikefuse::bn_statistics", mutates_args=("running_mean", "running_var"))
+def bn_statistics(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
+                  running_mean: torch.Tensor | None, running_var: torch.Tensor | None,
+                  use_batch: bool, momentum: float, eps: float) -> torch.Tensor:
+    """stats [4, C] (mean, invstd, a, b); updates the running statistics when use_batch."""
+    return _statistics(x, weight, bias, running_mean, running_var, use_batch, momentum, eps)
+
+
+@bn_statistics.register_fake
+def _(x, weight, bias, running_mean, running_var, use_batch, momentum, eps):
+    return x.new_empty((4, x.shape[2]), dtype=torch.float32)
+
+
 @torch.library.custom_op("spikefuse::bn_lif_forward", mutates_args=())
-def bn_lif_forward(x: torch.Tensor, residual: torch.Tensor | None, mean: torch.Tensor,
-                   invstd: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
+def bn_lif_forward(x: torch.Tensor, residual: torch.Tensor | None, stats: torch.Tensor,
+                   weight: torch.Tensor | None, bias: torch.Tensor | None,
                    decay: float, decay_tensor: torch.Tensor | None, threshold: float, reset: str,
                    v_reset: float, detach: bool, surrogate: str, alpha: float,
                    batch_stats: bool, save: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """Spikes [T, *] in x's dtype and the potential checkpoints (empty unless save).
-    detach, surrogate, alpha and batch_stats are only used by the backward."""
-    return _forward(x, residual, mean, invstd, weight, bias, decay, decay_tensor, threshold,
-                    reset, v_reset, save)
+    """Spikes [T, *] in x's dtype and layout, and the potential checkpoints (empty unless
+    save). weight and bias only receive gradients (stats hold the affine map); detach,
+    surrogate, alpha and batch_stats are only used by the backward."""
+    spikes, ckpt = _forward(x, residual, stats, decay, decay_tensor, threshold, reset, v_reset, save)
+    return spikes, ckpt
 
 
 @bn_lif_forward.register_fake
-def _(x, residual, mean, invstd, weight, bias, decay, decay_tensor, threshold, reset, v_reset,
-      detach, surrogate, alpha, batch_stats, save):
+def _(x, residual, stats, weight, bias, decay, decay_tensor, threshold, reset, v_reset, detach,
+      surrogate, alpha, batch_stats, save):
     chunks = triton.cdiv(x.shape[0], _steps(x.shape[0]))
     ckpt = x.new_empty((chunks - 1 if save else 0, math.prod(x.shape[1:])), dtype=torch.float32)
-    return torch.empty_like(x, memory_format=torch.contiguous_format), ckpt
+    return _empty(x.shape, is_channels_last(x), x.dtype, x.device), ckpt
 
 
 @torch.library.custom_op("spikefuse::bn_lif_backward", mutates_args=())
 def bn_lif_backward(grad_s: torch.Tensor, x: torch.Tensor, residual: torch.Tensor | None,
-                    ckpt: torch.Tensor, mean: torch.Tensor, invstd: torch.Tensor,
-                    weight: torch.Tensor | None, bias: torch.Tensor | None, decay: float,
+                    ckpt: torch.Tensor, stats: torch.Tensor, decay: float,
                     decay_tensor: torch.Tensor | None, threshold: float, reset: str,
                     v_reset: float, detach: bool, surrogate: str, alpha: float,
                     batch_stats: bool, need_gd: bool
                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """dL/dx, dL/dresidual (or empty), per-channel [sum dL/dy, sum dL/dy*xhat] and the
-    per-neuron dL/d decay partials (or empty)."""
-    gx, gr, sums, gd = _backward(grad_s, x, residual, ckpt, mean, invstd, weight, bias, decay,
-                                 decay_tensor, threshold, reset, v_reset, detach, surrogate,
-                                 alpha, batch_stats, need_gd)
+    """dL/dx, dL/dresidual (or empty), per-channel [sum dL/dy, sum dL/dy*xhat] and
+    dL/d decay (or empty)."""
+    gx, gr, sums, gd = _backward(grad_s, x, residual, ckpt, stats, decay, decay_tensor,
+                                 threshold, reset, v_reset, detach, surrogate, alpha,
+                                 batch_stats, need_gd)
     def or_empty(t):  # a custom op may not return one tensor twice
         return t if t is not None else x.new_empty(0, dtype=torch.float32)
     return gx, or_empty(gr), sums, or_empty(gd)
 
 
 @bn_lif_backward.register_fake
-def _(grad_s, x, residual, ckpt, mean, invstd, weight, bias, decay, decay_tensor, threshold,
-      reset, v_reset, detach, surrogate, alpha, batch_stats, need_gd):
-    f32 = dict(dtype=torch.float32, device=x.device)
-    n = math.prod(x.shape[1:])
-    return (torch.empty(x.shape, dtype=x.dtype, device=x.device),
-            torch.empty(x.shape if residual is not None else (0,), **f32),
-            torch.empty((2, x.shape[2]), **f32), torch.empty(n if need_gd else 0, **f32))
+def _(grad_s, x, residual, ckpt, stats, decay, decay_tensor, threshold, reset, v_reset, detach,
+      surrogate, alpha, batch_stats, need_gd):
+    channels_last = is_channels_last(x)
+    gr = (_empty(x.shape, channels_last, torch.float32, x.device) if residual is not None
+          else x.new_empty(0, dtype=torch.float32))
+    gd = decay_tensor.new_empty(decay_tensor.shape, dtype=torch.float32) if need_gd else \
+        x.new_empty(0, dtype=torch.float32)
+    return (_empty(x.shape, channels_last, x.dtype, x.device), gr,
+            x.new_empty((2, x.shape[2]), dtype=torch.float32), gd)
 
 
 def _input_grads(ctx, grad_s, backward):
-    """Gradients for (x, residual, mean, invstd, weight, bias, decay, decay_tensor)."""
-    x, residual, ckpt, mean, invstd, weight, bias, decay_tensor = ctx.saved_tensors
+    """Gradients for (x, residual, stats, weight, bias, decay, decay_tensor)."""
+    x, residual, ckpt, stats, weight, bias, decay_tensor = ctx.saved_tensors
     decay, threshold, reset, v_reset, detach, surrogate, alpha, batch_stats = ctx.options
     need = ctx.needs_input_grad
-    need_gd = decay_tensor is not None and need[7]
-    gx, gr, sums, gd = backward(grad_s, x, residual, ckpt, mean, invstd, weight, bias, decay,
-                                decay_tensor, threshold, reset, v_reset, detach, surrogate,
-                                alpha, batch_stats, need_gd)
+    need_gd = decay_tensor is not None and need[6]
+    gx, gr, sums, gd = backward(grad_s, x, residual, ckpt, stats, decay, decay_tensor, threshold,
+                                reset, v_reset, detach, surrogate, alpha, batch_stats, need_gd)
     return (gx if need[0] else None,
-            gr.to(residual.dtype) if residual is not None and need[1] else None, None, None,
-            sums[1].to(weight.dtype) if weight is not None and need[4] else None,
-            sums[0].to(bias.dtype) if bias is not None and need[5] else None, None,
-            _reduce_decay_grad(gd, x.shape, decay_tensor) if need_gd else None)
+            gr.to(residual.dtype) if residual is not None and need[1] else None, None,
+            sums[1].to(weight.dtype) if weight is not None and need[3] else None,
+            sums[0].to(bias.dtype) if bias is not None and need[4] else None, None,
+            gd.reshape(decay_tensor.shape) if need_gd else None)
 
 
 def _setup_context(ctx, inputs, output):
-    (x, residual, mean, invstd, weight, bias, decay, decay_tensor, threshold, reset, v_reset,
+    (x, residual, stats, weight, bias, decay, decay_tensor, threshold, reset, v_reset,
      detach, surrogate, alpha, batch_stats, _) = inputs
-    ctx.save_for_backward(x, residual, output[1], mean, invstd, weight, bias, decay_tensor)
+    ctx.save_for_backward(x, residual, output[1], stats, weight, bias, decay_tensor)
     ctx.options = (decay, threshold, reset, v_reset, detach, surrogate, alpha, batch_stats)
 
 
@@ -350,29 +525,19 @@ class BNLIFFunction(torch.autograd.Function):
     torch.library op; see spikefuse.ops.lif). Arguments as bn_lif_forward, without `save`."""
 
     @staticmethod
-    def forward(ctx, x, residual, mean, invstd, weight, bias, decay, decay_tensor, threshold,
-                reset, v_reset, detach, surrogate, alpha, batch_stats):
+    def forward(ctx, x, residual, stats, weight, bias, decay, decay_tensor, threshold, reset,
+                v_reset, detach, surrogate, alpha, batch_stats):
         save = any(ctx.needs_input_grad)
-        spikes, ckpt = _forward(x, residual, mean, invstd, weight, bias, decay, decay_tensor,
-                                threshold, reset, v_reset, save)
+        spikes, ckpt = _forward(x, residual, stats, decay, decay_tensor, threshold, reset,
+                                v_reset, save)
         if save:
-            ctx.save_for_backward(x, residual, ckpt, mean, invstd, weight, bias, decay_tensor)
+            ctx.save_for_backward(x, residual, ckpt, stats, weight, bias, decay_tensor)
             ctx.options = (decay, threshold, reset, v_reset, detach, surrogate, alpha, batch_stats)
         return spikes
 
     @staticmethod
     def backward(ctx, grad_s):
         return (*_input_grads(ctx, grad_s, _backward), *[None] * 7)
-
-
-def batch_stats(x: torch.Tensor, eps: float):
-    """Per-channel mean, biased variance and invstd of x [T, B, C, *] over all other dims."""
-    if x.shape[0] > 1 and x.stride(0) == 0:  # the same values at every step: one is enough
-        x = x[:1]
-    dims = [0, 1, *range(3, x.dim())]
-    xf = x if x.dtype in (torch.float32, torch.float64) else x.float()
-    var, mean = torch.var_mean(xf.detach(), dim=dims, correction=0)
-    return mean.float(), var.float(), 1.0 / torch.sqrt(var.float() + eps)
 
 
 def bn_lif_fused(x, weight, bias, running_mean, running_var, training, momentum, eps,
@@ -382,24 +547,21 @@ def bn_lif_fused(x, weight, bias, running_mean, running_var, training, momentum,
 
     training: batch statistics, and running statistics updated with `momentum` like
     torch.nn.BatchNorm (unbiased variance); otherwise the running statistics are used.
+    Spikes come out in x's layout (channels-last steps stay channels-last).
     """
     use_batch = training or running_mean is None
-    with torch.no_grad():
-        if use_batch:
-            mean, var, invstd = batch_stats(x, eps)
-            if training and running_mean is not None:
-                count = x.numel() // x.shape[2]
-                running_mean.mul_(1 - momentum).add_(mean.to(running_mean.dtype), alpha=momentum)
-                unbiased = var * (count / max(count - 1, 1))
-                running_var.mul_(1 - momentum).add_(unbiased.to(running_var.dtype), alpha=momentum)
-        else:
-            mean = running_mean.float()
-            invstd = 1.0 / torch.sqrt(running_var.float() + eps)
+    x = dense_steps(x)
+    if residual is not None:
+        residual = as_layout(residual, is_channels_last(x))
     if decay_tensor is not None:
         decay_tensor = decay_tensor.float()
-    args = (x, residual, mean, invstd, weight, bias, decay, decay_tensor, threshold, reset,
-            v_reset, detach, surrogate, alpha, use_batch)
-    if not torch.compiler.is_dynamo_compiling():
+    compiling = torch.compiler.is_dynamo_compiling()
+    with torch.no_grad():
+        stats = (bn_statistics if compiling else _statistics)(
+            x.detach(), weight, bias, running_mean, running_var, use_batch, momentum, eps)
+    args = (x, residual, stats, weight, bias, decay, decay_tensor, threshold, reset, v_reset,
+            detach, surrogate, alpha, use_batch)
+    if not compiling:
         return BNLIFFunction.apply(*args)
     wants_grad = torch.is_grad_enabled() and any(
         t is not None and t.requires_grad for t in (x, weight, bias, decay_tensor, residual))
