@@ -56,6 +56,33 @@ def test_medium_loss_trajectories_match():
         torch.testing.assert_close(fused.state_dict()[key], value, rtol=1e-3, atol=1e-4, msg=key)
 
 
+@pytest.mark.parametrize("name", ["cifar-medium", "resnet18", "dvs-gesture"])
+def test_fused_conv_blocks_run_channels_last(name):
+    """Conv weights, BN+LIF inputs and their spikes stay channels-last (cuDNN runs NHWC
+    without conversions), and no float copy of spikes is saved for backward (but ResNet's
+    identity shortcut: BN+LIF recomputes from the float residual it adds)."""
+    from spikefuse.nn import BNLIF
+    from spikefuse.ops.bn_lif import is_channels_last
+
+    fused, _ = pair(name)
+    convs = [m for m in fused.modules() if isinstance(m, torch.nn.Conv2d)]
+    assert convs and all(c.weight.is_contiguous(memory_format=torch.channels_last) for c in convs)
+    layouts = []
+    for m in fused.modules():
+        if isinstance(m, BNLIF):
+            m.register_forward_hook(lambda m, i, o: layouts.append(
+                (i[0].dim(), is_channels_last(i[0]), is_channels_last(o))))
+    saved = []
+    x, y = batch(name)
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        loss = torch.nn.functional.cross_entropy(fused(x), y)
+    assert [l for l in layouts if l[0] == 5] == [(5, True, True)] * sum(l[0] == 5 for l in layouts) != []
+    spikes = [t for t in saved if t.dtype == torch.float32 and t.dim() == 5 and t.stride(0) != 0
+              and ((t == 0) | (t == 1)).all()]
+    assert not spikes or name == "resnet18", [tuple(t.shape) for t in spikes]
+    loss.backward()
+
+
 @pytest.mark.parametrize("name", ["resnet18", "shd", "dvs-gesture"])
 def test_other_models_match(name):
     fused, vanilla = pair(name)

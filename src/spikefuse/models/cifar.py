@@ -62,7 +62,7 @@ class CifarNet(nn.Module):
             s = self.features[0](x)
         for block in self.features[1:]:
             s = block(s)
-        s = s.flatten(2)
+        s = s.flatten(2)  # logical (C, H, W) order, as the vanilla form: copies channels-last spikes
         for block in self.classifier:
             s = block(s)
         return self.readout(s.mean(0))

@@ -14,7 +14,7 @@ from torch import nn
 
 from ..nn.batchnorm import TemporalBatchNorm2d
 from ..nn.layers import check_input, fold, name_layers, per_step, unfold
-from ..nn.spiking_layers import ConvBNLIF, spiking_conv2d
+from ..nn.spiking_layers import ConvBNLIF, channels_last_conv, spiking_conv2d
 
 DEPTHS = {18: (2, 2, 2, 2), 34: (3, 4, 6, 3)}
 LIF_DEFAULTS = dict(decay=0.5, threshold=0.5, reset="hard", surrogate="rectangular", alpha=1.0)
@@ -25,7 +25,8 @@ class ConvBN(nn.Module):
 
     def __init__(self, in_channels, out_channels, stride, fused):
         super().__init__()
-        self.layer = nn.Conv2d(in_channels, out_channels, 1, stride, bias=False)
+        conv = nn.Conv2d(in_channels, out_channels, 1, stride, bias=False)
+        self.layer = channels_last_conv(conv) if fused else conv
         self.bn = TemporalBatchNorm2d(out_channels)
         self.fused = fused
 

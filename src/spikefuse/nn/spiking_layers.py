@@ -6,6 +6,10 @@ as a float tensor (4 bytes per spike in float32). Here it is packed to 1 bit
 (spikefuse.ops.spike_pack) and unpacked on the fly in backward, so no float copy of the
 spikes outlives the forward. The input must be binary: nonzero values count as 1, checked
 only with SPIKEFUSE_DEBUG=1.
+
+Layout: the fused blocks keep conv weights and activations channels-last (NHWC in memory),
+so cuDNN convolves without converting to and from NCHW; the bits are packed in memory
+order and unpacked into the same layout for the weight gradient.
 """
 from __future__ import annotations
 
@@ -42,10 +46,22 @@ class _SpikeLinear(torch.autograd.Function):
         return gs, gw, gb
 
 
+def _memory_order(s):
+    """s [N, C, H, W] as a view whose logical order is its memory order (NHWC for a
+    channels-last s), and the permutation that gives s back."""
+    if not s.is_contiguous() and s.is_contiguous(memory_format=torch.channels_last):
+        return s.permute(0, 2, 3, 1), (0, 3, 1, 2)
+    return s, (0, 1, 2, 3)
+
+
 class _SpikeConv2d(torch.autograd.Function):
     @staticmethod
     def forward(ctx, s, weight, bias, stride, padding, dilation, groups):
-        ctx.save_for_backward(pack(s) if weight.requires_grad else None, weight)
+        packed = None
+        if weight.requires_grad:
+            in_memory_order, ctx.restore = _memory_order(s)
+            packed, ctx.packed_shape = pack(in_memory_order), in_memory_order.shape
+        ctx.save_for_backward(packed, weight)
         ctx.s_shape, ctx.s_dtype = s.shape, s.dtype
         ctx.conv = (stride, padding, dilation, groups)
         ctx.bias_sizes = None if bias is None else [bias.shape[0]]
@@ -56,8 +72,8 @@ class _SpikeConv2d(torch.autograd.Function):
         packed, weight = ctx.saved_tensors
         need_s, need_w, need_b = ctx.needs_input_grad[:3]
         stride, padding, dilation, groups = ctx.conv
-        if need_w:
-            s = unpack(packed, ctx.s_shape, gy.dtype)  # transient: only for this call
+        if need_w:  # transient, in the forward's layout: only for this call
+            s = unpack(packed, ctx.packed_shape, gy.dtype).permute(ctx.restore)
         else:  # the input gradient needs only the input's shape
             s = gy.new_empty(1).expand(ctx.s_shape)
         gs, gw, gb = torch.ops.aten.convolution_backward(
@@ -78,7 +94,8 @@ class SpikingLinear(nn.Linear):
 
 
 class SpikingConv2d(nn.Conv2d):
-    """nn.Conv2d over binary spikes [T, B, C, H, W], time folded, input saved as bits."""
+    """nn.Conv2d over binary spikes [T, B, C, H, W], time folded, input saved as bits.
+    A channels-last weight gets its input channels-last too (no copy when it already is)."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -88,9 +105,21 @@ class SpikingConv2d(nn.Conv2d):
 
     def forward(self, s: torch.Tensor) -> torch.Tensor:
         check_input(self, s, "[T, B, C, H, W]", rank=5, channels=self.in_channels)
-        y = _SpikeConv2d.apply(fold(s), self.weight, self.bias, self.stride, self.padding,
+        y = _SpikeConv2d.apply(_like_weight(fold(s), self.weight), self.weight, self.bias, self.stride, self.padding,
                                self.dilation, self.groups)
         return unfold(y, s.shape[0])
+
+
+def _like_weight(x, weight):
+    """x [N, C, H, W] channels-last when the conv weight is (what cuDNN runs as NHWC)."""
+    if weight.is_contiguous(memory_format=torch.channels_last) and not weight.is_contiguous():
+        return x.contiguous(memory_format=torch.channels_last)
+    return x
+
+
+def channels_last_conv(conv: nn.Conv2d) -> nn.Conv2d:
+    """conv with its weight stored channels-last (values, state_dict keys unchanged)."""
+    return conv.to(memory_format=torch.channels_last)
 
 
 def spiking_conv2d(conv: nn.Conv2d, s: torch.Tensor) -> torch.Tensor:
@@ -129,12 +158,12 @@ class _BNLIFBlock(nn.Module):
             y = self.bn(torch.stack([self.layer(xt) for xt in steps]))
             return self.lif(y if residual is None else y + residual)
         if static:
-            y = self.layer(x)
+            y = self._dense(x)
             y = y.unsqueeze(0).expand(time_steps, *y.shape)  # read with time stride 0
         elif self.spike_input:
             y = self._spiking(x)
         else:
-            y = unfold(self.layer(fold(x)), x.shape[0])
+            y = unfold(self._dense(fold(x)), x.shape[0])
         return self.bn(y, residual)
 
     def _check(self, x, static):
@@ -149,10 +178,14 @@ class ConvBNLIF(_BNLIFBlock):
                  backend: str = "auto", **lif):
         conv = nn.Conv2d(in_channels, out_channels, kernel_size, stride,
                          kernel_size // 2 if padding is None else padding, bias=False)
-        super().__init__(conv, TemporalBatchNorm2d, out_channels, fused, spike_input, backend, lif)
+        super().__init__(channels_last_conv(conv) if fused else conv, TemporalBatchNorm2d,
+                         out_channels, fused, spike_input, backend, lif)
 
     def _spiking(self, s):
         return spiking_conv2d(self.layer, s)
+
+    def _dense(self, x):  # a non-spike input (an image, event counts) [N, C, H, W]
+        return self.layer(_like_weight(x, self.layer.weight))
 
     def _layout(self, static):
         return ("[B, C, H, W]", 4, self.layer.in_channels, 1) if static else \
@@ -168,10 +201,13 @@ class LinearBNLIF(_BNLIFBlock):
     def _spiking(self, s):
         return spiking_linear(self.layer, s)
 
+    def _dense(self, x):
+        return self.layer(x)
+
     def _layout(self, static):
         return ("[B, F]", 2, self.layer.in_features, -1) if static else \
                ("[T, B, F]", 3, self.layer.in_features, -1)
 
 
 __all__ = ["SpikingLinear", "SpikingConv2d", "spiking_conv2d", "spiking_linear", "ConvBNLIF",
-           "LinearBNLIF"]
+           "LinearBNLIF", "channels_last_conv"]
