@@ -35,4 +35,11 @@ def test_data_benchmark_smoke(tmp_path, monkeypatch):
         assert r["steps"] == 1 and 0 < r["step_fraction"] <= 1
     assert payload["ratios"]["epoch_speedup_d_vs_a"] > 0
     assert {"device", "versions", "date"} <= set(payload["environment"])
-    assert "tonic" in (out / path.name.replace(".json", ".md")).read_text()
+    assert payload["results"]["c"]["group"] >= 1 and payload["results"]["d"]["group"] >= 1
+    md = (out / path.name.replace(".json", ".md")).read_text()
+    assert "tonic" in md and "% in train step = time in training steps / epoch wall time" in md
+
+
+def test_data_benchmark_rejects_bad_group(tmp_path, capsys):
+    assert bench.main(["--group", "0", "--samples", "4", "--root", str(tmp_path)]) == 2
+    assert "--group" in capsys.readouterr().err

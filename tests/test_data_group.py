@@ -111,4 +111,4 @@ def test_default_group_follows_the_byte_budget(monkeypatch):
     monkeypatch.setattr(dataset_mod, "GROUP_BYTES", 1)
     assert ds.default_group(8) == 1  # a batch bigger than the budget is still made
     dense, _ = dense_set(torch.uint8)
-    assert dense.batch_bytes(8) == 6 * 8 * 5 * (4 + 1)  # uint8 gathered, then float32
+    assert dense.batch_bytes(8) == 6 * 8 * 5 * (2 * 4 + 1)  # two groups' float32 frames, uint8 gathered

@@ -18,10 +18,10 @@ from .framing import ToFrame
 from .store import EventStore
 
 
-# Batches framed in one pass by default: the whole group's frames (and, for event sets, the
-# framing temporaries) exist at once, so the group is capped by bytes; and by a count, so a
-# consumer that stops after one batch (a plot) frames few it never uses.
-GROUP_BYTES = 512 * 2**20
+# Batches made in one pass by default: a group's frames and its framing temporaries exist at
+# once, so the group is capped by bytes (`batch_bytes`); and by a count, so a consumer that
+# stops after one batch (a plot) makes few it never uses.
+GROUP_BYTES = 2**30
 MAX_GROUP = 16
 # framing temporaries per event of a group: int64 indices and the gathered per-sample table
 FRAMING_BYTES_PER_EVENT = 96
@@ -47,9 +47,8 @@ class SpikeDataset:
         """Yield (x, y), x float32 time-major [T, B, *input_shape] (contiguous); order fixed by `generator`.
 
         group: how many consecutive batches are made in one pass (one set of launches, then a
-        view per batch). Costs `group` batches of frames in memory at once, plus for event
-        sets the framing temporaries of their events; default `default_group(batch_size)`.
-        The batches are the same whatever the group.
+        view per batch); default `default_group(batch_size)`. Memory: about group times
+        `batch_bytes(batch_size)`. The batches are the same whatever the group.
         """
         if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
             raise ValueError(f"batch_size: expected a positive int, got {batch_size!r}")
@@ -75,7 +74,12 @@ class SpikeDataset:
         return max(1, min(MAX_GROUP, GROUP_BYTES // max(self.batch_bytes(batch_size), 1)))
 
     def batch_bytes(self, batch_size: int) -> int:
-        """Device memory one batch takes while it is made: its float32 frames."""
+        """Device memory one batch of a group accounts for: its float32 frames twice (the
+        consumer's last batch keeps its group's buffer alive while the next group is made)."""
+        return 2 * self.frame_bytes(batch_size)
+
+    def frame_bytes(self, batch_size: int) -> int:
+        """Bytes of one batch's float32 frames."""
         return 4 * self.time_steps * batch_size * math.prod(self.input_shape)
 
     def get(self, idx: torch.Tensor) -> torch.Tensor:
@@ -99,8 +103,8 @@ class DenseSpikeDataset(SpikeDataset):
         self.data = data
 
     def batch_bytes(self, batch_size):
-        # the gathered samples in data's dtype, then cast to float32
-        return super().batch_bytes(batch_size) * (4 + self.data.element_size()) // 4
+        # plus the gathered samples in data's dtype, before the cast to float32
+        return super().batch_bytes(batch_size) + self.frame_bytes(batch_size) * self.data.element_size() // 4
 
     def _get_batches(self, idx, host_idx, batch_size):
         x = self.data.index_select(1, idx)
