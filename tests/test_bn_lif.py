@@ -148,6 +148,30 @@ def test_batch_statistics_match_float64(layout):
     torch.testing.assert_close(running[1].double(), 0.9 + 0.1 * var * count / (count - 1), rtol=1e-6, atol=0)
 
 
+@pytest.mark.parametrize("layout", ["contiguous", "channels_last"])
+@pytest.mark.parametrize("training", [True, False])
+def test_static_input_over_time_steps(layout, training):
+    """time_steps: one input [B, C, H, W] read at every step; its gradient is summed over
+    time inside the op (no per-step gradient), equal to the reference through expand."""
+    fused, ref = make(5, decay=0.5, threshold=0.4, surrogate="triangle")
+    fused.train(training), ref.train(training)
+    x = rand(1, 3, 5, 4, 3, seed=25)
+    x = (channels_last(x) if layout == "channels_last" else x)[0]
+    results = []
+    for module in (fused, ref):
+        xi = x.detach().clone().requires_grad_(True)
+        spikes = module(xi, time_steps=9)
+        g = torch.randn(spikes.shape, generator=torch.Generator().manual_seed(1))
+        (spikes.float() * g).sum().backward()
+        results.append((spikes, xi.grad, module.weight.grad, module.bias.grad, module.running_var.clone()))
+    assert results[1][0].shape == (9, 3, 5, 4, 3) and 0.05 < results[1][0].mean() < 0.95
+    assert torch.equal(results[0][0], results[1][0])
+    for a, b in zip(results[0][1:], results[1][1:]):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5 * 0.1 * b.abs().max().item())
+    with pytest.raises(ValueError, match="repeated over time_steps"):
+        fused(torch.zeros(3, 4, 4, 3), time_steps=2)
+
+
 def test_residual_input():
     fused, ref = make(4, decay=0.5, threshold=0.5, reset="hard")
     assert_match(fused, ref, rand(9, 3, 4, 2, 2, seed=7), residual=rand(9, 3, 4, 2, 2, seed=8))
@@ -212,10 +236,11 @@ def test_torch_library_op_path(monkeypatch):
     for name, g in eager[1].items():
         torch.testing.assert_close(op[1][name], g, rtol=1e-6, atol=0)
     stats = torch.ops.spikefuse.bn_statistics(x, None, None, None, None, True, 0.1, 1e-5)
-    torch.library.opcheck(torch.ops.spikefuse.bn_lif_forward.default,
-                          (x, None, stats, None, None, 0.5, None, 0.3,
-                           "hard", 0.0, False, "atan", 2.0, True, True),
-                          test_utils=("test_schema", "test_faketensor"))
+    for xs, steps in ((x, 10), (x[:1], 10)):  # per-step input, and one step repeated
+        torch.library.opcheck(torch.ops.spikefuse.bn_lif_forward.default,
+                              (xs, None, stats, None, None, 0.5, None, 0.3,
+                               "hard", 0.0, False, "atan", 2.0, True, steps, True),
+                              test_utils=("test_schema", "test_faketensor"))
     running = (torch.zeros(3), torch.ones(3))
     torch.library.opcheck(torch.ops.spikefuse.bn_statistics.default,
                           (x, torch.ones(3), torch.zeros(3), *running, True, 0.1, 1e-5),

@@ -15,7 +15,7 @@ from torch import nn
 
 from .. import functional as F
 from ..ops.surrogate import resolve as resolve_surrogate
-from .layers import check_input, fold, unfold
+from .layers import check_input, fold, layer_name, unfold
 
 
 class BNLIF(nn.modules.batchnorm._BatchNorm):
@@ -24,6 +24,9 @@ class BNLIF(nn.modules.batchnorm._BatchNorm):
     decay, threshold, reset, v_reset, detach_reset, surrogate, alpha: as spikefuse.nn.LIF.
     learn_decay: learn one decay per layer (PLIF: decay = sigmoid(w), initialised at decay).
     backend: "auto" (fused on CUDA, reference elsewhere), "fused" or "reference".
+    forward(x, residual=None, time_steps=None): with time_steps, x is one input [B, C, *]
+    repeated at every step (direct encoding); the fused backward then sums its gradient
+    over time without a per-step gradient tensor.
     """
 
     def __init__(self, num_features: int, decay: float = 0.5, threshold: float = 1.0,
@@ -51,12 +54,21 @@ class BNLIF(nn.modules.batchnorm._BatchNorm):
     def _check_input_dim(self, x):
         check_input(self, x, "[T, B, C, *]", rank=tuple(range(3, 9)), channels=self.num_features)
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
-        self._check_input_dim(x)
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None,
+                time_steps: int | None = None) -> torch.Tensor:
+        if time_steps is not None:
+            check_input(self, x, "[B, C, *] (repeated over time_steps)", rank=tuple(range(2, 8)),
+                        channels=self.num_features, dim=1)
+            if time_steps < 1:
+                raise ValueError(f"{layer_name(self)}: time_steps must be >= 1, got {time_steps}")
+            x = x.unsqueeze(0)
+        else:
+            self._check_input_dim(x)
         F._check_x(x)
-        if residual is not None and residual.shape != x.shape:
-            raise ValueError(f"{type(self).__name__}: residual must have the input's shape "
-                             f"{tuple(x.shape)}, got {tuple(residual.shape)}")
+        steps = x.shape[0] if time_steps is None else time_steps
+        if residual is not None and residual.shape != (steps, *x.shape[1:]):
+            raise ValueError(f"{layer_name(self)}: residual must have the input's shape "
+                             f"{(steps, *x.shape[1:])}, got {tuple(residual.shape)}")
         momentum = self._momentum()
         training = self.training or not self.track_running_stats
         decay = torch.sigmoid(self.decay_logit) if self.decay_logit is not None else self.decay
@@ -69,7 +81,8 @@ class BNLIF(nn.modules.batchnorm._BatchNorm):
             return bn_lif_fused(x, self.weight, self.bias, self.running_mean, self.running_var,
                                 training, momentum, self.eps, decay_value, decay_tensor,
                                 self.threshold, self.reset, self.v_reset, self.detach_reset,
-                                self.surrogate, self.alpha, residual)
+                                self.surrogate, self.alpha, residual, steps)
+        x = x.expand(steps, *x.shape[1:])
         y = nn.functional.batch_norm(fold(x), self.running_mean, self.running_var, self.weight,
                                      self.bias, training, momentum, self.eps)
         y = unfold(y, x.shape[0])

@@ -157,10 +157,9 @@ class _BNLIFBlock(nn.Module):
             steps = [x] * time_steps if static else list(x)
             y = self.bn(torch.stack([self.layer(xt) for xt in steps]))
             return self.lif(y if residual is None else y + residual)
-        if static:
-            y = self._dense(x)
-            y = y.unsqueeze(0).expand(time_steps, *y.shape)  # read with time stride 0
-        elif self.spike_input:
+        if static:  # the layer runs once; BN+LIF reads its output at every step
+            return self.bn(self._dense(x), residual, time_steps=time_steps)
+        if self.spike_input:
             y = self._spiking(x)
         else:
             y = unfold(self._dense(fold(x)), x.shape[0])

@@ -171,7 +171,7 @@ def _stats_finalize_kernel(x_ptr, inner, part_ptr, stats_ptr, w_ptr, b_ptr, rm_p
             d = mean_p - mean[None, :]
             m2 += tl.sum(tl.where(mask, m2_p + n_p[:, None] * d * d, 0.0), axis=0)
         var = m2 / M
-        mean += tl.load(x_ptr + c * inner, mask=c_mask & (M > 0), other=0.0).to(tl.float32)  # the shift
+        mean += tl.load(x_ptr + c * inner, mask=c_mask & (tl.zeros_like(c) + M > 0), other=0.0).to(tl.float32)  # the shift
         if UPDATE:  # as torch.nn.BatchNorm: unbiased variance into the running estimate
             rm = tl.load(rm_ptr + c, mask=c_mask, other=0.0)
             rv = tl.load(rv_ptr + c, mask=c_mask, other=0.0)
@@ -207,7 +207,8 @@ def _statistics(x, weight, bias, running_mean, running_var, use_batch, momentum,
         data = x[:1] if x.shape[0] > 1 and x.stride(0) == 0 else x  # one step is enough
         M = data.numel() // C
         tiles = triton.cdiv(M, STAT_ROWS)
-        programs = max(1, (4 if INTERPRETED else 1024) // channel_blocks)  # ~8 per GPU core
+        # ~4 programs per GPU core; few partials, so the finalize launch stays short
+        programs = max(1, (4 if INTERPRETED else 512) // channel_blocks)
         tiles_per_program = triton.cdiv(tiles, min(max(tiles, 1), programs))
         P = triton.cdiv(tiles, tiles_per_program)
         rows_per_program = tiles_per_program * STAT_ROWS
@@ -225,7 +226,7 @@ def _statistics(x, weight, bias, running_mean, running_var, use_batch, momentum,
         running_var if running_var is not None else stats,
         M, C, P, rows_per_program, eps, momentum, count / max(count - 1, 1),
         BATCH=use_batch, UPDATE=update, HAS_W=weight is not None, HAS_B=bias is not None,
-        PB=64, CB=CB, num_warps=4)
+        PB=128, CB=CB, num_warps=4)
     return stats
 
 
@@ -284,7 +285,8 @@ def _bn_lif_backward_kernel(
     x_ptr, r_ptr, gs_ptr, ckpt_ptr, gy_ptr, part_ptr, stats_ptr, decay_ptr,
     decay, threshold, v_reset, alpha, T, N, stride_t, inner, C,
     RESET: tl.constexpr, DETACH: tl.constexpr, SURROGATE: tl.constexpr, DECAY: tl.constexpr,
-    HAS_RES: tl.constexpr, NEED_GD: tl.constexpr, BLOCK: tl.constexpr, K: tl.constexpr,
+    HAS_RES: tl.constexpr, NEED_GD: tl.constexpr, STORE_GY: tl.constexpr,
+    BLOCK: tl.constexpr, K: tl.constexpr,
 ):
     n = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     n_mask = n < N
@@ -331,7 +333,8 @@ def _bn_lif_backward_kernel(
                 gd += gh * row(V, sel)
             gv = tl.where(ci * K + j < T, gh * d, gv)
             GY = tl.where(sel, gh[None, :], GY)
-        tl.store(gy_ptr + offs, GY, mask=mask)
+        if STORE_GY:
+            tl.store(gy_ptr + offs, GY, mask=mask)
         sum_gy += tl.sum(GY, axis=0)
         sum_gyx += tl.sum(GY * ((X - mu[None, :]) * istd[None, :]), axis=0)
     tl.store(part_ptr + n, sum_gy, mask=n_mask)
@@ -341,9 +344,10 @@ def _bn_lif_backward_kernel(
 
 
 @triton.jit
-def _bn_grad_x_kernel(gy_ptr, x_ptr, gx_ptr, stats_ptr, sums_ptr, count,
+def _bn_grad_x_kernel(gy_ptr, x_ptr, gx_ptr, stats_ptr, sums_ptr, count, steps,
                       N, stride_t, inner, C, BATCH_STATS: tl.constexpr, BLOCK: tl.constexpr):
-    """Eq. 8: dL/dx = gamma*invstd * (dL/dy - mean(dL/dy) - xhat * mean(dL/dy * xhat))."""
+    """Eq. 8: dL/dx = gamma*invstd * (dL/dy - mean(dL/dy) - xhat * mean(dL/dy * xhat)).
+    For one input repeated over `steps` steps, gy is its sum over time (and so are the means)."""
     t = tl.program_id(1).to(tl.int64)
     n = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     n_mask = n < N
@@ -355,7 +359,7 @@ def _bn_grad_x_kernel(gy_ptr, x_ptr, gx_ptr, stats_ptr, sums_ptr, count,
         xhat = (x - tl.load(stats_ptr + ch, mask=n_mask)) * tl.load(stats_ptr + C + ch, mask=n_mask)
         mgy = tl.load(sums_ptr + ch, mask=n_mask) / count
         mgyx = tl.load(sums_ptr + C + ch, mask=n_mask) / count
-        gy = gy - mgy - xhat * mgyx
+        gy = gy - steps * (mgy + xhat * mgyx)
     tl.store(gx_ptr + t * N + n, (a * gy).to(gx_ptr.dtype.element_ty), mask=n_mask)
 
 
@@ -375,8 +379,14 @@ def _decay_code(decay_tensor):
     return 0 if decay_tensor is None else (1 if decay_tensor.numel() == 1 else 2)
 
 
-def _forward(x, residual, stats, decay, decay_tensor, threshold, reset, v_reset, save):
+def over_time(x, time_steps):
+    """x [T_x, B, C, *] as time_steps steps: a single step is repeated (read with stride 0)."""
+    return x if x.shape[0] == time_steps else x.expand(time_steps, *x.shape[1:])
+
+
+def _forward(x, residual, stats, decay, decay_tensor, threshold, reset, v_reset, time_steps, save):
     """x (and residual) with dense steps in one layout (dense_steps / as_layout)."""
+    x = over_time(x, time_steps)
     T, C = x.shape[0], x.shape[2]
     channels_last, N, stride_t, inner = _geometry(x)
     spikes = _empty(x.shape, channels_last, x.dtype, x.device)
@@ -395,11 +405,16 @@ def _forward(x, residual, stats, decay, decay_tensor, threshold, reset, v_reset,
 
 
 def _backward(grad_s, x, residual, ckpt, stats, decay, decay_tensor, threshold, reset, v_reset,
-              detach, surrogate, alpha, batch_stats, need_gd):
+              detach, surrogate, alpha, batch_stats, need_gd, time_steps):
+    """dL/dx has x's shape: for one step repeated over time it is the sum over the steps,
+    computed from the per-neuron sums of dL/dy without storing dL/dy per step."""
+    summed = x.shape[0] != time_steps
+    x = over_time(x, time_steps)
     T, C = x.shape[0], x.shape[2]
     channels_last, N, stride_t, inner = _geometry(x)
     gs = as_layout(grad_s, channels_last)
-    gy = _empty(x.shape, channels_last, torch.float32, x.device)
+    store_gy = not summed or residual is not None
+    gy = _empty(x.shape if store_gy else (0,), channels_last and store_gy, torch.float32, x.device)
     part = torch.empty((3 if need_gd else 2, N), device=x.device, dtype=torch.float32)
     BLOCK, warps = _config(N, backward=True)
     if N > 0:
@@ -409,16 +424,17 @@ def _backward(grad_s, x, residual, ckpt, stats, decay, decay_tensor, threshold, 
             decay, threshold, v_reset, alpha, T, N, stride_t, inner, C,
             RESET=RESET_CODES[reset], DETACH=detach, SURROGATE=SURROGATES[surrogate],
             DECAY=_decay_code(decay_tensor), HAS_RES=residual is not None, NEED_GD=need_gd,
-            BLOCK=BLOCK, K=_steps(T), num_warps=warps, enable_fp_fusion=False)
+            STORE_GY=store_gy, BLOCK=BLOCK, K=_steps(T), num_warps=warps, enable_fp_fusion=False)
     sums = _channel_sums(part[:2], x.shape, channels_last)  # [sum dL/dy (Eq. 11), sum dL/dy*xhat (Eq. 10)]
     # dL/dy is still needed for a residual input; otherwise dL/dx overwrites it in place
-    in_place = x.dtype == torch.float32 and residual is None
-    gx = gy if in_place else _empty(x.shape, channels_last, x.dtype, x.device)
+    in_place = x.dtype == torch.float32 and residual is None and not summed
+    gx_shape = (1, *x.shape[1:]) if summed else x.shape
+    gx = gy if in_place else _empty(gx_shape, channels_last, x.dtype, x.device)
     BLOCK2 = 1024
     if N > 0:
-        _bn_grad_x_kernel[(triton.cdiv(N, BLOCK2), T)](
-            gy, x, gx, stats, sums, float(x.numel() // C), N, stride_t, inner, C,
-            BATCH_STATS=batch_stats, BLOCK=BLOCK2, num_warps=4)
+        _bn_grad_x_kernel[(triton.cdiv(N, BLOCK2), gx_shape[0])](
+            part if summed else gy, x, gx, stats, sums, float(x.numel() // C), T if summed else 1,
+            N, stride_t, inner, C, BATCH_STATS=batch_stats, BLOCK=BLOCK2, num_warps=4)
     gd = None
     if need_gd:  # dL/d decay: one value, or one per channel
         gd = (part[2].sum().reshape(1) if decay_tensor.numel() == 1
@@ -446,20 +462,24 @@ def bn_lif_forward(x: torch.Tensor, residual: torch.Tensor | None, stats: torch.
                    weight: torch.Tensor | None, bias: torch.Tensor | None,
                    decay: float, decay_tensor: torch.Tensor | None, threshold: float, reset: str,
                    v_reset: float, detach: bool, surrogate: str, alpha: float,
-                   batch_stats: bool, save: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """Spikes [T, *] in x's dtype and layout, and the potential checkpoints (empty unless
-    save). weight and bias only receive gradients (stats hold the affine map); detach,
-    surrogate, alpha and batch_stats are only used by the backward."""
-    spikes, ckpt = _forward(x, residual, stats, decay, decay_tensor, threshold, reset, v_reset, save)
+                   batch_stats: bool, time_steps: int, save: bool
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Spikes [time_steps, *] in x's dtype and layout (x: time_steps steps, or one step
+    repeated), and the potential checkpoints (empty unless save). weight and bias only
+    receive gradients (stats hold the affine map); detach, surrogate, alpha and
+    batch_stats are only used by the backward."""
+    spikes, ckpt = _forward(x, residual, stats, decay, decay_tensor, threshold, reset, v_reset,
+                            time_steps, save)
     return spikes, ckpt
 
 
 @bn_lif_forward.register_fake
 def _(x, residual, stats, weight, bias, decay, decay_tensor, threshold, reset, v_reset, detach,
-      surrogate, alpha, batch_stats, save):
-    chunks = triton.cdiv(x.shape[0], _steps(x.shape[0]))
+      surrogate, alpha, batch_stats, time_steps, save):
+    chunks = triton.cdiv(time_steps, _steps(time_steps))
     ckpt = x.new_empty((chunks - 1 if save else 0, math.prod(x.shape[1:])), dtype=torch.float32)
-    return _empty(x.shape, is_channels_last(x), x.dtype, x.device), ckpt
+    shape = (time_steps, *x.shape[1:])
+    return _empty(shape, is_channels_last(over_time(x, time_steps)), x.dtype, x.device), ckpt
 
 
 @torch.library.custom_op("spikefuse::bn_lif_backward", mutates_args=())
@@ -467,13 +487,13 @@ def bn_lif_backward(grad_s: torch.Tensor, x: torch.Tensor, residual: torch.Tenso
                     ckpt: torch.Tensor, stats: torch.Tensor, decay: float,
                     decay_tensor: torch.Tensor | None, threshold: float, reset: str,
                     v_reset: float, detach: bool, surrogate: str, alpha: float,
-                    batch_stats: bool, need_gd: bool
+                    batch_stats: bool, need_gd: bool, time_steps: int
                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """dL/dx, dL/dresidual (or empty), per-channel [sum dL/dy, sum dL/dy*xhat] and
     dL/d decay (or empty)."""
     gx, gr, sums, gd = _backward(grad_s, x, residual, ckpt, stats, decay, decay_tensor,
                                  threshold, reset, v_reset, detach, surrogate, alpha,
-                                 batch_stats, need_gd)
+                                 batch_stats, need_gd, time_steps)
     def or_empty(t):  # a custom op may not return one tensor twice
         return t if t is not None else x.new_empty(0, dtype=torch.float32)
     return gx, or_empty(gr), sums, or_empty(gd)
@@ -481,9 +501,9 @@ def bn_lif_backward(grad_s: torch.Tensor, x: torch.Tensor, residual: torch.Tenso
 
 @bn_lif_backward.register_fake
 def _(grad_s, x, residual, ckpt, stats, decay, decay_tensor, threshold, reset, v_reset, detach,
-      surrogate, alpha, batch_stats, need_gd):
-    channels_last = is_channels_last(x)
-    gr = (_empty(x.shape, channels_last, torch.float32, x.device) if residual is not None
+      surrogate, alpha, batch_stats, need_gd, time_steps):
+    channels_last = is_channels_last(over_time(x, time_steps))
+    gr = (_empty(grad_s.shape, channels_last, torch.float32, x.device) if residual is not None
           else x.new_empty(0, dtype=torch.float32))
     gd = decay_tensor.new_empty(decay_tensor.shape, dtype=torch.float32) if need_gd else \
         x.new_empty(0, dtype=torch.float32)
@@ -494,11 +514,12 @@ def _(grad_s, x, residual, ckpt, stats, decay, decay_tensor, threshold, reset, v
 def _input_grads(ctx, grad_s, backward):
     """Gradients for (x, residual, stats, weight, bias, decay, decay_tensor)."""
     x, residual, ckpt, stats, weight, bias, decay_tensor = ctx.saved_tensors
-    decay, threshold, reset, v_reset, detach, surrogate, alpha, batch_stats = ctx.options
+    decay, threshold, reset, v_reset, detach, surrogate, alpha, batch_stats, time_steps = ctx.options
     need = ctx.needs_input_grad
     need_gd = decay_tensor is not None and need[6]
     gx, gr, sums, gd = backward(grad_s, x, residual, ckpt, stats, decay, decay_tensor, threshold,
-                                reset, v_reset, detach, surrogate, alpha, batch_stats, need_gd)
+                                reset, v_reset, detach, surrogate, alpha, batch_stats, need_gd,
+                                time_steps)
     return (gx if need[0] else None,
             gr.to(residual.dtype) if residual is not None and need[1] else None, None,
             sums[1].to(weight.dtype) if weight is not None and need[3] else None,
@@ -508,13 +529,13 @@ def _input_grads(ctx, grad_s, backward):
 
 def _setup_context(ctx, inputs, output):
     (x, residual, stats, weight, bias, decay, decay_tensor, threshold, reset, v_reset,
-     detach, surrogate, alpha, batch_stats, _) = inputs
+     detach, surrogate, alpha, batch_stats, time_steps, _) = inputs
     ctx.save_for_backward(x, residual, output[1], stats, weight, bias, decay_tensor)
-    ctx.options = (decay, threshold, reset, v_reset, detach, surrogate, alpha, batch_stats)
+    ctx.options = (decay, threshold, reset, v_reset, detach, surrogate, alpha, batch_stats, time_steps)
 
 
 def _backward_rule(ctx, grad_s, _grad_ckpt):
-    return (*_input_grads(ctx, grad_s, bn_lif_backward), *[None] * 8)
+    return (*_input_grads(ctx, grad_s, bn_lif_backward), *[None] * 9)
 
 
 bn_lif_forward.register_autograd(_backward_rule, setup_context=_setup_context)
@@ -526,30 +547,34 @@ class BNLIFFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, residual, stats, weight, bias, decay, decay_tensor, threshold, reset,
-                v_reset, detach, surrogate, alpha, batch_stats):
+                v_reset, detach, surrogate, alpha, batch_stats, time_steps):
         save = any(ctx.needs_input_grad)
         spikes, ckpt = _forward(x, residual, stats, decay, decay_tensor, threshold, reset,
-                                v_reset, save)
+                                v_reset, time_steps, save)
         if save:
             ctx.save_for_backward(x, residual, ckpt, stats, weight, bias, decay_tensor)
-            ctx.options = (decay, threshold, reset, v_reset, detach, surrogate, alpha, batch_stats)
+            ctx.options = (decay, threshold, reset, v_reset, detach, surrogate, alpha, batch_stats,
+                           time_steps)
         return spikes
 
     @staticmethod
     def backward(ctx, grad_s):
-        return (*_input_grads(ctx, grad_s, _backward), *[None] * 7)
+        return (*_input_grads(ctx, grad_s, _backward), *[None] * 8)
 
 
 def bn_lif_fused(x, weight, bias, running_mean, running_var, training, momentum, eps,
                  decay, decay_tensor, threshold, reset, v_reset, detach, surrogate, alpha,
-                 residual=None):
+                 residual=None, time_steps=None):
     """Entry point for spikefuse.nn.BNLIF (arguments already checked there).
 
     training: batch statistics, and running statistics updated with `momentum` like
     torch.nn.BatchNorm (unbiased variance); otherwise the running statistics are used.
+    time_steps: x [1, B, C, *] is one step repeated over time_steps steps; its gradient
+    is the sum over the steps, formed without a per-step gradient tensor.
     Spikes come out in x's layout (channels-last steps stay channels-last).
     """
     use_batch = training or running_mean is None
+    time_steps = x.shape[0] if time_steps is None else time_steps
     x = dense_steps(x)
     if residual is not None:
         residual = as_layout(residual, is_channels_last(x))
@@ -558,9 +583,10 @@ def bn_lif_fused(x, weight, bias, running_mean, running_var, training, momentum,
     compiling = torch.compiler.is_dynamo_compiling()
     with torch.no_grad():
         stats = (bn_statistics if compiling else _statistics)(
-            x.detach(), weight, bias, running_mean, running_var, use_batch, momentum, eps)
+            over_time(x.detach(), time_steps), weight, bias, running_mean, running_var,
+            use_batch, momentum, eps)
     args = (x, residual, stats, weight, bias, decay, decay_tensor, threshold, reset, v_reset,
-            detach, surrogate, alpha, use_batch)
+            detach, surrogate, alpha, use_batch, time_steps)
     if not compiling:
         return BNLIFFunction.apply(*args)
     wants_grad = torch.is_grad_enabled() and any(
