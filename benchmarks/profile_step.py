@@ -16,6 +16,12 @@ step = make_step(model, x, y, "fp32", "sgd")
 for _ in range(3):
     step()
 torch.cuda.synchronize()
+base = torch.cuda.memory_allocated()
+torch.cuda.reset_peak_memory_stats()
+step()
+torch.cuda.synchronize()
+print(f"fused step: peak {torch.cuda.max_memory_allocated() / 2**20:.0f} MiB, "
+      f"{(torch.cuda.max_memory_allocated() - base) / 2**20:.0f} MiB beyond model + optimizer + batch")
 with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
     for _ in range(3):
         step()
