@@ -34,6 +34,8 @@ Backward is three launches: (1) reverse walk: dL/dy[t] is written into the float
 that later becomes dL/dx, with per-neuron partial sums of dL/dy, dL/dy*xhat (and
 dL/d decay); (2) their per-channel sums (torch); (3) elementwise Eq. 8 (in place for
 float32). Traffic per neuron-step (float32): statistics 4 B, forward 8 B, backward 24 B.
+A static input (one step read at every step, `time_steps`) gets its gradient summed over
+time from the per-neuron sums of (1): no per-step dL/dy is stored at all.
 """
 from __future__ import annotations
 
