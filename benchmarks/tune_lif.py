@@ -31,8 +31,8 @@ def main(out_path, table_path=None):
             for cfg in CONFIGS:
                 lif_ops._launch_config = lambda n, dtype, cfg=cfg: cfg
                 fwd = lambda: lif_ops._forward(x, 0.5, None, None, 1.0, "hard", 0.0, True)
-                _, _, x2, ckpt = fwd()
-                bwd = lambda: lif_ops._backward(gs, None, x2, ckpt, x.shape, 0.5, None, 1.0, "hard",
+                _, _, xs, ckpt = fwd()
+                bwd = lambda: lif_ops._backward(gs, None, xs, ckpt, 0.5, None, 1.0, "hard",
                                                 0.0, False, "rectangular", 1.0, False, False)
                 f_ms, _ = median_ms(fwd, budget_s=0.15)
                 b_ms, _ = median_ms(bwd, budget_s=0.15)

@@ -295,13 +295,18 @@ def _load_tuning() -> dict:
 
 
 LAUNCH_CONFIGS = _load_tuning()
+_CONFIG_BY_DTYPE = {getattr(torch, name): cfg for name, cfg in LAUNCH_CONFIGS.items()}
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)  # triton.cdiv is a ConstexprFunction in newer Triton: ~10 us a call
 
 
 def _launch_config(num_neurons: int, dtype: torch.dtype) -> tuple[int, int, int]:
     """(BLOCK, K, num_warps). One warp per program: with more, Triton spreads a chunk's
     K rows over warps and every row extraction becomes a shared-memory reduction (10x
     slower on an H200, benchmarks/results/tune-lif-nvidia-h200.txt)."""
-    BLOCK, K, warps = LAUNCH_CONFIGS[str(dtype).replace("torch.", "")]
+    BLOCK, K, warps = _CONFIG_BY_DTYPE[dtype]
     if K * max(num_neurons, BLOCK) >= 2**31:
         raise ValueError(f"x has {num_neurons} neurons per time step; the fused LIF supports "
                          f"fewer than {2**31 // K} (use backend='reference')")
@@ -317,51 +322,54 @@ def _decay_mode(decay_tensor, shape):
     return 2, shape[2], math.prod(shape[3:])
 
 
+# The host side runs once per layer per step, next to kernels of ~0.1 ms, so it avoids
+# views and reshapes: every tensor is allocated in its final shape (the kernels see
+# contiguous memory as [T, N]).
+
 def _forward(x, decay, decay_tensor, v0, threshold, reset, v_reset, save):
-    """spikes [T, *], v[T-1] (float32) and, if `save`, (x as [T, N], checkpoints) for backward."""
+    """spikes like x, v[T-1] (float32) and, if `save`, (contiguous x, checkpoints) for backward."""
+    if not x.is_contiguous():
+        x = x.contiguous()
     T = x.shape[0]
-    x2 = x.reshape(T, -1)
-    if not x2.is_contiguous():
-        x2 = x2.contiguous()
-    N = x2.shape[1]
-    spikes = torch.empty_like(x2)
-    vT = torch.empty(N, device=x.device, dtype=torch.float32)
+    N = x.numel() // T
     BLOCK, K, warps = _launch_config(N, x.dtype)
-    ckpt = torch.empty(triton.cdiv(T, K) if save else 0, N, device=x.device, dtype=torch.float32)
+    spikes = torch.empty_like(x)
+    vT = torch.empty(x.shape[1:], device=x.device, dtype=torch.float32)
+    ckpt = torch.empty((_cdiv(T, K) if save else 0, N), device=x.device, dtype=torch.float32)
     mode, C, inner = _decay_mode(decay_tensor, x.shape)
     if N > 0:
-        _lif_forward_kernel[(triton.cdiv(N, BLOCK),)](
-            x2, spikes, ckpt, v0.reshape(-1).contiguous() if v0 is not None else x2, vT,
-            decay_tensor if decay_tensor is not None else x2,
+        _lif_forward_kernel[(_cdiv(N, BLOCK),)](
+            x, spikes, ckpt, v0.contiguous() if v0 is not None else x, vT,
+            decay_tensor if decay_tensor is not None else x,
             decay, threshold, v_reset, T, N, inner, C,
             RESET=RESET_CODES[reset], DECAY=mode, HAS_V0=v0 is not None, SAVE_CKPT=save,
             BLOCK=BLOCK, K=K, EVEN_N=N % BLOCK == 0, num_warps=warps, enable_fp_fusion=False)
-    return spikes.view(x.shape), vT.view(x.shape[1:]), x2, ckpt
+    return spikes, vT, x, ckpt
 
 
-def _backward(grad_s, grad_vT, x2, ckpt, x_shape, decay, decay_tensor, threshold, reset,
+def _backward(grad_s, grad_vT, x, ckpt, decay, decay_tensor, threshold, reset,
               v_reset, detach, surrogate, alpha, need_gv0, need_gd):
-    """grad_x [T, *] in x's dtype, and per-neuron float32 dL/dv0 and dL/d(decay) (or None)."""
-    T, N = x2.shape
-    gs = grad_s.reshape(T, -1)
-    if not gs.is_contiguous():
-        gs = gs.contiguous()
-    grad_x = torch.empty_like(x2)
-    gv0 = torch.empty(N, device=x2.device, dtype=torch.float32) if need_gv0 else None
-    gd = torch.empty(N, device=x2.device, dtype=torch.float32) if need_gd else None
-    gvT = grad_vT.reshape(-1).contiguous() if grad_vT is not None else None
-    mode, C, inner = _decay_mode(decay_tensor, x_shape)
-    BLOCK, K, warps = _launch_config(N, x2.dtype)
+    """grad_x like x, and float32 dL/dv0 (shaped like x[0]) and per-neuron dL/d(decay)
+    partial sums, or None. x is the contiguous input saved by _forward."""
+    T = x.shape[0]
+    N = x.numel() // T
+    gs = grad_s if grad_s.is_contiguous() else grad_s.contiguous()
+    grad_x = torch.empty_like(x)
+    gv0 = torch.empty(x.shape[1:], device=x.device, dtype=torch.float32) if need_gv0 else None
+    gd = torch.empty(N, device=x.device, dtype=torch.float32) if need_gd else None
+    gvT = grad_vT.contiguous() if grad_vT is not None else None
+    mode, C, inner = _decay_mode(decay_tensor, x.shape)
+    BLOCK, K, warps = _launch_config(N, x.dtype)
     if N > 0:
-        _lif_backward_kernel[(triton.cdiv(N, BLOCK),)](
-            gs, x2, ckpt, gvT if gvT is not None else gs, grad_x,
+        _lif_backward_kernel[(_cdiv(N, BLOCK),)](
+            gs, x, ckpt, gvT if gvT is not None else gs, grad_x,
             gv0 if gv0 is not None else gs, gd if gd is not None else gs,
             decay_tensor if decay_tensor is not None else gs,
             decay, threshold, v_reset, alpha, T, N, inner, C,
             RESET=RESET_CODES[reset], DETACH=detach, SURROGATE=SURROGATES[surrogate],
             DECAY=mode, HAS_GVT=gvT is not None, NEED_GV0=need_gv0, NEED_GD=need_gd,
             BLOCK=BLOCK, K=K, EVEN_N=N % BLOCK == 0, num_warps=warps, enable_fp_fusion=False)
-    return grad_x.view(x_shape), gv0, gd
+    return grad_x, gv0, gd
 
 
 def _reduce_decay_grad(gd, x_shape, decay_tensor):
@@ -379,34 +387,33 @@ class LIFFunction(torch.autograd.Function):
     def forward(ctx, x, decay, decay_tensor, v0, threshold, reset, v_reset, detach,
                 surrogate, alpha):
         save = any(ctx.needs_input_grad)
-        spikes, vT, x2, ckpt = _forward(x, decay, decay_tensor, v0, threshold, reset, v_reset, save)
+        spikes, vT, x, ckpt = _forward(x, decay, decay_tensor, v0, threshold, reset, v_reset, save)
         if save:
-            ctx.save_for_backward(x2, ckpt, decay_tensor, v0)
-            ctx.options = (x.shape, decay, threshold, reset, v_reset, detach, surrogate, alpha)
+            ctx.save_for_backward(x, ckpt, decay_tensor, v0)
+            ctx.options = (decay, threshold, reset, v_reset, detach, surrogate, alpha)
         return spikes, vT
 
     @staticmethod
     def backward(ctx, grad_s, grad_vT):
-        x2, ckpt, decay_tensor, v0 = ctx.saved_tensors
-        x_shape, decay, *options = ctx.options
+        x, ckpt, decay_tensor, v0 = ctx.saved_tensors
+        decay, *options = ctx.options
 
         def run(grad_s, need_gv0, need_gd):
-            return _backward(grad_s, grad_vT, x2, ckpt, x_shape, decay, decay_tensor, *options,
-                             need_gv0, need_gd)
-        return (*_input_grads(ctx, run, grad_s, x_shape, x2, decay_tensor, v0),) + (None,) * 6
+            return _backward(grad_s, grad_vT, x, ckpt, decay, decay_tensor, *options, need_gv0, need_gd)
+        return (*_input_grads(ctx, run, grad_s, x, decay_tensor, v0),) + (None,) * 6
 
 
-def _input_grads(ctx, run_backward, grad_s, x_shape, x, decay_tensor, v0):
+def _input_grads(ctx, run_backward, grad_s, x, decay_tensor, v0):
     """(grad_x, None, grad_decay, grad_v0) for either autograd path; run_backward runs
     the backward kernel for grad_s and says which of dL/dv0, dL/d(decay) to compute."""
     need_gd = decay_tensor is not None and ctx.needs_input_grad[2]
     need_gv0 = v0 is not None and ctx.needs_input_grad[3]
     if grad_s is None:  # only the final state was used
-        grad_s = x.new_zeros(x_shape)
+        grad_s = torch.zeros_like(x)
     gx, gv0, gd = run_backward(grad_s, need_gv0, need_gd)
-    grad_decay = _reduce_decay_grad(gd, x_shape, decay_tensor) if need_gd else None
-    grad_v0 = gv0.view(x_shape[1:]).to(v0.dtype) if need_gv0 else None
-    return gx.view(x_shape), None, grad_decay, grad_v0
+    grad_decay = _reduce_decay_grad(gd, x.shape, decay_tensor) if need_gd else None
+    grad_v0 = gv0.view(v0.shape).to(v0.dtype) if need_gv0 else None
+    return gx, None, grad_decay, grad_v0
 
 
 # ---- torch.library registration: what torch.compile sees (an opaque op with autograd) ----
@@ -425,7 +432,7 @@ def lif_forward(x: torch.Tensor, decay: float, decay_tensor: torch.Tensor | None
 @lif_forward.register_fake
 def _(x, decay, decay_tensor, v0, threshold, reset, v_reset, detach, surrogate, alpha, save):
     N = math.prod(x.shape[1:])
-    chunks = triton.cdiv(x.shape[0], _launch_config(N, x.dtype)[1]) if save else 0
+    chunks = _cdiv(x.shape[0], _launch_config(N, x.dtype)[1]) if save else 0
     return (torch.empty_like(x), x.new_empty(x.shape[1:], dtype=torch.float32),
             x.new_empty(chunks, N, dtype=torch.float32))
 
@@ -437,8 +444,7 @@ def lif_backward(grad_s: torch.Tensor, grad_vT: torch.Tensor | None, x: torch.Te
                  alpha: float, need_gv0: bool, need_gd: bool
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """grad_x, and per-neuron dL/dv0 and dL/d(decay) partial sums (empty if not needed)."""
-    x2 = x.reshape(x.shape[0], -1).contiguous()
-    gx, gv0, gd = _backward(grad_s, grad_vT, x2, ckpt, x.shape, decay, decay_tensor, threshold,
+    gx, gv0, gd = _backward(grad_s, grad_vT, x.contiguous(), ckpt, decay, decay_tensor, threshold,
                             reset, v_reset, detach, surrogate, alpha, need_gv0, need_gd)
 
     def or_empty(t):  # a custom op may not return one tensor twice
@@ -450,7 +456,7 @@ def lif_backward(grad_s: torch.Tensor, grad_vT: torch.Tensor | None, x: torch.Te
 def _(grad_s, grad_vT, x, ckpt, decay, decay_tensor, threshold, reset, v_reset, detach,
       surrogate, alpha, need_gv0, need_gd):
     N = math.prod(x.shape[1:])
-    return (torch.empty_like(x), x.new_empty(N if need_gv0 else 0, dtype=torch.float32),
+    return (torch.empty_like(x), x.new_empty(x.shape[1:] if need_gv0 else (0,), dtype=torch.float32),
             x.new_empty(N if need_gd else 0, dtype=torch.float32))
 
 
@@ -466,7 +472,7 @@ def _backward_rule(ctx, grad_s, grad_vT, _grad_ckpt):
 
     def run(grad_s, need_gv0, need_gd):
         return lif_backward(grad_s, grad_vT, x, ckpt, decay, decay_tensor, *options, need_gv0, need_gd)
-    return (*_input_grads(ctx, run, grad_s, x.shape, x, decay_tensor, v0),) + (None,) * 7
+    return (*_input_grads(ctx, run, grad_s, x, decay_tensor, v0),) + (None,) * 7
 
 
 lif_forward.register_autograd(_backward_rule, setup_context=_setup_context)
