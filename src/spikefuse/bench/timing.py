@@ -7,8 +7,14 @@ import time
 import torch
 
 
-def median_ms(fn, *, warmup: int = 3, min_reps: int = 5, max_reps: int = 100, budget_s: float = 2.0):
-    """Median time of fn() in ms: CUDA events around each call on CUDA, else a wall clock."""
+def median_ms(fn, *, warmup: int = 3, min_reps: int = 5, max_reps: int = 100, budget_s: float = 2.0,
+              back_to_back: int = 1):
+    """Median time of fn() in ms: CUDA events around each call on CUDA, else a wall clock.
+
+    back_to_back=1 times one call from an idle GPU: the host's time to the first launch
+    and any wait between launches count (a call's latency). back_to_back=n times n calls
+    queued one after another and divides by n: when the host runs ahead of the GPU, as in
+    a training loop, this is the GPU's time per call (the throughput)."""
     for _ in range(warmup):
         fn()
     cuda = torch.cuda.is_available()
@@ -19,20 +25,22 @@ def median_ms(fn, *, warmup: int = 3, min_reps: int = 5, max_reps: int = 100, bu
     if cuda:
         torch.cuda.synchronize()
     once = time.perf_counter() - t0
-    reps = int(max(min_reps, min(max_reps, budget_s / max(once, 1e-6))))
+    reps = int(max(min_reps, min(max_reps, budget_s / max(once * back_to_back, 1e-6))))
     times = []
     for _ in range(reps):
         if cuda:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
-            fn()
+            for _ in range(back_to_back):
+                fn()
             end.record()
             end.synchronize()
-            times.append(start.elapsed_time(end))
+            times.append(start.elapsed_time(end) / back_to_back)
         else:
             t0 = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - t0) * 1e3)
+            for _ in range(back_to_back):
+                fn()
+            times.append((time.perf_counter() - t0) * 1e3 / back_to_back)
     return statistics.median(times), times
 
 
