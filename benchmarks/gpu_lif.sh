@@ -7,8 +7,8 @@ python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .
 export PYTHONPATH=$PWD/src:/tmp/site
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv
-python3 benchmarks/overhead_lif.py "$OUT/overhead-lif.jsonl" 2>&1 | tail -8
-SPIKEFUSE_TEST_DEVICE=cuda timeout 200 python3 -m pytest -q -x tests/test_lif.py -k "not every_reset_and_surrogate" 2>&1 | tail -5 | tee "$OUT/gpu-tests.txt"
+[ "${OVERHEAD:-1}" = 1 ] && python3 benchmarks/overhead_lif.py "$OUT/overhead-lif.jsonl" 2>&1 | tail -8
+SPIKEFUSE_TEST_DEVICE=cuda timeout "${TEST_S:-200}" python3 -m pytest -q -x tests/test_lif.py -k "${TESTS:-}" 2>&1 | tail -5 | tee "$OUT/gpu-tests.txt"
 # the sweep writes the chosen launch configuration into the package before the benchmark
-[ "${TUNE:-1}" = 1 ] && python3 benchmarks/tune_lif.py "$OUT/tune-lif.json" src/spikefuse/ops/lif_tuning.json 2>&1 | tee "$OUT/tune-lif.txt" && cp src/spikefuse/ops/lif_tuning.json "$OUT/"
-python3 -m spikefuse.bench.lif --out "$OUT" 2>&1 | tee "$OUT/bench-lif.txt"
+[ "${TUNE:-1}" = 1 ] && timeout 200 python3 benchmarks/tune_lif.py "$OUT/tune-lif.json" src/spikefuse/ops/lif_tuning.json 2>&1 | tee "$OUT/tune-lif.txt" && cp src/spikefuse/ops/lif_tuning.json "$OUT/"
+timeout 250 python3 -m spikefuse.bench.lif --out "$OUT" 2>&1 | tee "$OUT/bench-lif.txt"

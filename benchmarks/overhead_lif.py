@@ -33,12 +33,12 @@ def main(out=None):
     spikes = torch.empty_like(xd)
     vT = torch.empty(128, device="cuda")
     ckpt = torch.empty(1, 128, device="cuda")
-    V, K = lif_ops._launch_config(128, torch.float32)
+    BLOCK, K, warps = lif_ops._launch_config(128, torch.float32)
 
     def bare_launch():
-        lif_ops._lif_forward_kernel[(128 // (32 * V),)](
+        lif_ops._lif_forward_kernel[(1,)](
             xd, spikes, ckpt, xd, vT, xd, 0.5, 1.0, 0.0, 4, 128, 1, 1, RESET=0, DECAY=0,
-            HAS_V0=False, SAVE_CKPT=True, V=V, K=K, EVEN_N=True, num_warps=1,
+            HAS_V0=False, SAVE_CKPT=True, BLOCK=BLOCK, K=K, EVEN_N=True, num_warps=warps,
             enable_fp_fusion=False)
 
     def fwd_and_bwd():

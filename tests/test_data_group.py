@@ -93,7 +93,8 @@ def test_group_frames_once(monkeypatch):
     monkeypatch.setattr(ds.frame.__class__, "batches_from_store",
                         lambda self, *a, **k: calls.append(a[2]) or real(*a, **k))
     batches = list(ds.batches(8, shuffle=True, generator=torch.Generator().manual_seed(0), group=3))
-    assert len(batches) == 5 and calls == [8, 8]  # 3 batches, then the last 2 (one partial)
+    # the first batch alone (nothing overlaps its framing), then 3 batches, then the partial last
+    assert len(batches) == 5 and calls == [8, 8, 8]
 
 
 @pytest.mark.parametrize("group", [0, -2, 1.5, True, "4"])
@@ -111,4 +112,4 @@ def test_default_group_follows_the_byte_budget(monkeypatch):
     monkeypatch.setattr(dataset_mod, "GROUP_BYTES", 1)
     assert ds.default_group(8) == 1  # a batch bigger than the budget is still made
     dense, _ = dense_set(torch.uint8)
-    assert dense.batch_bytes(8) == 6 * 8 * 5 * (2 * 4 + 1)  # two groups' float32 frames, uint8 gathered
+    assert dense.batch_bytes(8) == 6 * 8 * 5 * (3 * 4 + 1)  # three groups of float32 frames, uint8 gathered

@@ -80,30 +80,25 @@ def test_lif_shapes(shape):
     assert_match(*run_both(rand(*shape, seed=len(shape)), decay=0.5, surrogate="sigmoid"))
 
 
-@pytest.mark.parametrize("per_thread", [1, 2, 4])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_lif_chunk_boundaries(dtype, per_thread, monkeypatch):
-    """Shapes at the kernels' chunk edges: T a multiple of K (no partial chunk) or not, N a
-    multiple of a program's 32*V neurons (unmasked loads) or not, V neurons per thread."""
-    import spikefuse.ops.lif as lif_ops
-    K = lif_ops.LAUNCH_CONFIGS[str(dtype).replace("torch.", "")].steps_per_chunk
-    forced = lif_ops.LaunchConfig(K, max_per_thread=per_thread, target_programs=1)
-    monkeypatch.setitem(lif_ops._CONFIG_BY_DTYPE, dtype, forced)
-    block = 32 * per_thread
-    for T, N in [(K, block), (2 * K, 2 * block), (2 * K + 3, block + 1), (K - 1, block - 3)]:
-        x = rand(T, 1, N, seed=T + N, dtype=dtype)
-        decay = torch.linspace(0.3, 0.9, N).to(DEVICE)  # per-channel PLIF: the decay gradient too
-        v0 = rand(1, N, seed=N, scale=0.3)
-        assert_match(*run_both(x, decay=decay, v0=v0, return_state=True, surrogate="triangle"),
-                     rtol=1e-5 if dtype == torch.float32 else 1e-2)
+def chunk_boundary_cases():
+    """Shapes at the kernels' chunk edges for the launch configuration actually used:
+    T a multiple of K (no partial chunk) or not, N a multiple of BLOCK (unmasked loads)."""
+    from spikefuse.ops.lif import LAUNCH_CONFIGS
+    cases = []
+    for dtype in (torch.float32, torch.bfloat16):
+        BLOCK, K, _ = LAUNCH_CONFIGS[str(dtype).replace("torch.", "")]
+        for T, N in [(K, BLOCK), (2 * K, 2 * BLOCK), (2 * K + 3, BLOCK), (3 * K, BLOCK + 1)]:
+            cases.append((dtype, T, N))
+    return cases
 
 
-def test_launch_config_keeps_programs_busy():
-    from spikefuse.ops.lif import LaunchConfig
-    config = LaunchConfig(steps_per_chunk=16, max_per_thread=4, target_programs=2048)
-    assert config.per_thread(100 * 64 * 4096 // 100) == 4  # 262144 neurons: 2048 programs of 128
-    assert config.per_thread(65536) == 1  # too few neurons for 2048 programs of 2 or more
-    assert config.per_thread(10) == 1
+@pytest.mark.parametrize("dtype,T,N", chunk_boundary_cases())
+def test_lif_chunk_boundaries(dtype, T, N):
+    x = rand(T, 1, N, seed=T + N, dtype=dtype)
+    decay = torch.linspace(0.3, 0.9, N).to(DEVICE)  # per-channel PLIF: the decay gradient too
+    v0 = rand(1, N, seed=N, scale=0.3)
+    assert_match(*run_both(x, decay=decay, v0=v0, return_state=True, surrogate="triangle"),
+                 rtol=1e-5 if dtype == torch.float32 else 1e-2)
 
 
 def test_lif_non_contiguous_input():

@@ -62,11 +62,15 @@ class SpikeDataset:
         order = torch.randperm(n, generator=generator) if shuffle else torch.arange(n)
         # a host copy of the order lets event sets plan batches without a device sync
         order_dev = order.to(self.device)
-        span = group * batch_size
-        for lo in range(0, stop, span):
-            idx = order_dev[lo:min(lo + span, stop)]
-            targets = self.targets[idx]
-            for i, x in enumerate(self._get_batches(idx, order[lo:lo + len(idx)], batch_size)):
+        # the first group is one batch: nothing runs beside its making, so it is kept short
+        edges = [0, *range(min(batch_size, stop), stop, group * batch_size), stop] if stop else []
+
+        def make(bounds):
+            lo, hi = bounds
+            idx = order_dev[lo:hi]
+            return self.targets[idx], self._get_batches(idx, order[lo:hi], batch_size)
+        for targets, xs in _made_ahead(make, zip(edges, edges[1:]), self.device):
+            for i, x in enumerate(xs):
                 yield x, targets[i * batch_size:(i + 1) * batch_size]
 
     def default_group(self, batch_size: int) -> int:
@@ -74,9 +78,10 @@ class SpikeDataset:
         return max(1, min(MAX_GROUP, GROUP_BYTES // max(self.batch_bytes(batch_size), 1)))
 
     def batch_bytes(self, batch_size: int) -> int:
-        """Device memory one batch of a group accounts for: its float32 frames twice (the
-        consumer's last batch keeps its group's buffer alive while the next group is made)."""
-        return 2 * self.frame_bytes(batch_size)
+        """Device memory one batch of a group accounts for: its float32 frames three times
+        (the group being used, the next one made ahead on a GPU, and the previous one the
+        consumer's last batch may still hold)."""
+        return 3 * self.frame_bytes(batch_size)
 
     def frame_bytes(self, batch_size: int) -> int:
         """Bytes of one batch's float32 frames."""
@@ -114,6 +119,34 @@ class DenseSpikeDataset(SpikeDataset):
         if full < len(idx) or not out:
             out.append(_float32_copy(x[:, full:]))
         return out
+
+
+def _made_ahead(make, starts, device: torch.device):
+    """Yield make(start) for each start (here: a group's bounds). On a GPU the next group is made on a side stream
+    while the consumer trains on the current one: the framing kernels then overlap the
+    training step's (small, launch-bound) kernels instead of running between steps."""
+    starts = list(starts)
+    if device.type != "cuda":
+        for start in starts:
+            yield make(start)
+        return
+    main, side = torch.cuda.current_stream(device), torch.cuda.Stream(device)
+
+    def launch(start):
+        side.wait_stream(main)  # the order and the store were written on the main stream
+        with torch.cuda.stream(side):
+            made = make(start)
+        done = torch.cuda.Event()
+        done.record(side)
+        return made, done
+    pending = launch(starts[0]) if starts else None
+    for k in range(len(starts)):
+        (targets, xs), done = pending
+        pending = launch(starts[k + 1]) if k + 1 < len(starts) else None
+        main.wait_event(done)
+        for t in (targets, *xs):  # made on the side stream, used on the main one
+            t.record_stream(main)
+        yield targets, xs
 
 
 def _float32_copy(x: torch.Tensor) -> torch.Tensor:

@@ -564,6 +564,11 @@ class BNLIFFunction(torch.autograd.Function):
         return (*_input_grads(ctx, grad_s, _backward), *[None] * 8)
 
 
+def _under_torch_compile() -> bool:
+    """True while dynamo traces: then the torch.library ops, which it can see into, are used."""
+    return torch.compiler.is_dynamo_compiling()
+
+
 def bn_lif_fused(x, weight, bias, running_mean, running_var, training, momentum, eps,
                  decay, decay_tensor, threshold, reset, v_reset, detach, surrogate, alpha,
                  residual=None, time_steps=None):
@@ -582,7 +587,7 @@ def bn_lif_fused(x, weight, bias, running_mean, running_var, training, momentum,
         residual = as_layout(residual, is_channels_last(x))
     if decay_tensor is not None:
         decay_tensor = decay_tensor.float()
-    compiling = torch.compiler.is_dynamo_compiling()
+    compiling = _under_torch_compile()
     with torch.no_grad():
         stats = (bn_statistics if compiling else _statistics)(
             over_time(x.detach(), time_steps), weight, bias, running_mean, running_var,

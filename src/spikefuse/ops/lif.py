@@ -1,6 +1,6 @@
 """Fused LIF: one Triton launch over all T steps forward, one reverse-time launch backward.
 
-Each program (one warp) owns 32*V neurons and keeps their membrane potential in registers for the
+Each program owns BLOCK neurons and keeps their membrane potential in registers for the
 whole sequence. Time is walked in chunks of K steps: a chunk's K rows are loaded at once,
 and the next chunk is loaded before the current one is computed, so enough bytes are in
 flight for a recurrence over few neurons to still stream at the bandwidth limit.
@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import math
 import os
-from dataclasses import dataclass
 
 import torch
 
@@ -89,17 +88,8 @@ def load_decay(decay_ptr, decay, n, mask, inner, C, DECAY: tl.constexpr):
 
 
 @triton.jit
-def neuron_index(V: tl.constexpr):
-    """This program's 32*V neurons as a [32 lanes, V] grid: lane i owns V adjacent neurons.
-    Chunks are [K, 32, V], so Triton gives each thread all K steps of its V neurons (it
-    splits a flat [K, BLOCK] over lanes along K once BLOCK * element size < 512 bytes)."""
-    lane = tl.arange(0, 32)
-    return tl.program_id(0) * (32 * V) + lane[:, None] * V + tl.arange(0, V)[None, :]
-
-
-@triton.jit
 def row(X, sel):
-    """Row `sel` of a chunk (time first). K lies in each thread's registers and the other
+    """Row `sel` of a [K, BLOCK] chunk. K lies in each thread's registers and the other
     rows are -0.0 (x + -0.0 == x exactly, unlike + 0.0), so this folds to a register move."""
     return tl.sum(tl.where(sel, X, -0.0), axis=0)
 
@@ -113,7 +103,7 @@ def chunk_ptrs(ptr, t0, offs, N):
 
 @triton.jit
 def load_chunk(ptr, t0, offs, k, n_mask, T, N, EVEN_N: tl.constexpr):
-    """The [K, 32, V] chunk starting at step t0 (zeros past T). Only the chunk that
+    """The [K, BLOCK] chunk starting at step t0 (zeros past T). Only the chunk that
     crosses T pays for a per-row mask: the masks were a third of the kernel's
     instructions when every chunk carried them."""
     K: tl.constexpr = offs.shape[0]
@@ -122,9 +112,9 @@ def load_chunk(ptr, t0, offs, k, n_mask, T, N, EVEN_N: tl.constexpr):
         if EVEN_N:
             X = tl.load(ptrs)
         else:
-            X = tl.load(ptrs, mask=n_mask[None, :, :], other=0.0)
+            X = tl.load(ptrs, mask=n_mask[None, :], other=0.0)
     else:
-        X = tl.load(ptrs, mask=((t0 + k) < T)[:, None, None] & n_mask[None, :, :], other=0.0)
+        X = tl.load(ptrs, mask=((t0 + k) < T)[:, None] & n_mask[None, :], other=0.0)
     return X
 
 
@@ -134,13 +124,13 @@ def load_earlier_chunk(ptr, t0, offs, n_mask, N, EVEN_N: tl.constexpr):
     t0 < 0 (one warp-uniform predicate: a branch here doubled the live registers)."""
     mask = tl.full(offs.shape, t0, tl.int32) >= 0
     if not EVEN_N:
-        mask = mask & n_mask[None, :, :]
+        mask = mask & n_mask[None, :]
     return tl.load(chunk_ptrs(ptr, t0, offs, N), mask=mask, other=0.0)
 
 
 @triton.jit
 def store_chunk(ptr, t0, offs, k, n_mask, T, N, value, EVEN_N: tl.constexpr):
-    """Store a [K, 32, V] chunk starting at step t0, dropping rows past T."""
+    """Store a [K, BLOCK] chunk starting at step t0, dropping rows past T."""
     K: tl.constexpr = offs.shape[0]
     ptrs = chunk_ptrs(ptr, t0, offs, N)
     value = value.to(ptr.dtype.element_ty)
@@ -148,26 +138,26 @@ def store_chunk(ptr, t0, offs, k, n_mask, T, N, value, EVEN_N: tl.constexpr):
         if EVEN_N:
             tl.store(ptrs, value)
         else:
-            tl.store(ptrs, value, mask=n_mask[None, :, :])
+            tl.store(ptrs, value, mask=n_mask[None, :])
     else:
-        tl.store(ptrs, value, mask=((t0 + k) < T)[:, None, None] & n_mask[None, :, :])
+        tl.store(ptrs, value, mask=((t0 + k) < T)[:, None] & n_mask[None, :])
 
 
 @triton.jit
 def forward_chunk(X, v, d, t0, T, threshold, v_reset, RESET: tl.constexpr, TAIL: tl.constexpr):
-    """Run K steps from potential v over chunk X: (spikes float32 like X, v after).
+    """Run K steps from potential v over chunk X: (spikes [K, BLOCK] float32, v after).
     TAIL: the chunk crosses T, and v must stop at step T-1."""
     K: tl.constexpr = X.shape[0]
     k = tl.arange(0, K)
     Xf = X.to(tl.float32)
     S = tl.zeros(X.shape, tl.float32)
     for j in tl.static_range(K):
-        sel = (k == j)[:, None, None]
+        sel = (k == j)[:, None]
         h = d * v + row(Xf, sel)
         fired = h - threshold >= 0.0
         v_next = reset_potential(h, fired, threshold, v_reset, RESET)
         v = tl.where(t0 + j < T, v_next, v) if TAIL else v_next
-        S = tl.where(sel, tl.expand_dims(fired.to(tl.float32), 0), S)
+        S = tl.where(sel, fired.to(tl.float32)[None, :], S)
     return S, v
 
 
@@ -176,17 +166,17 @@ def _lif_forward_kernel(
     x_ptr, s_ptr, ckpt_ptr, v0_ptr, vT_ptr, decay_ptr,
     decay, threshold, v_reset, T, N, inner, C,
     RESET: tl.constexpr, DECAY: tl.constexpr, HAS_V0: tl.constexpr,
-    SAVE_CKPT: tl.constexpr, V: tl.constexpr, K: tl.constexpr, EVEN_N: tl.constexpr,
+    SAVE_CKPT: tl.constexpr, BLOCK: tl.constexpr, K: tl.constexpr, EVEN_N: tl.constexpr,
 ):
-    n = neuron_index(V)
+    n = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     n_mask = n < N
     d = load_decay(decay_ptr, decay, n, n_mask, inner, C, DECAY)
     if HAS_V0:
         v = tl.load(v0_ptr + n, mask=n_mask, other=0.0).to(tl.float32)
     else:
-        v = tl.zeros([32, V], tl.float32)
+        v = tl.zeros([BLOCK], tl.float32)
     k = tl.arange(0, K)
-    offs = k[:, None, None] * N + n[None, :, :]
+    offs = k[:, None] * N + n[None, :]
     full = T // K
     X = load_chunk(x_ptr, 0, offs, k, n_mask, T, N, EVEN_N)
     for c in range(0, full):
@@ -217,17 +207,17 @@ def backward_chunk(X, GS, v, gv, gd, d, t0, T, threshold, v_reset, alpha,
     H = tl.zeros(X.shape, tl.float32)
     V_before = tl.zeros(X.shape, tl.float32)
     for j in tl.static_range(K):
-        sel = (k == j)[:, None, None]
+        sel = (k == j)[:, None]
         h = d * v + row(Xf, sel)
-        H = tl.where(sel, tl.expand_dims(h, 0), H)
+        H = tl.where(sel, h[None, :], H)
         if NEED_GD:
-            V_before = tl.where(sel, tl.expand_dims(v, 0), V_before)
+            V_before = tl.where(sel, v[None, :], V_before)
         v = reset_potential(h, h - threshold >= 0.0, threshold, v_reset, RESET)
     GSf = GS.to(tl.float32)
     GX = tl.zeros(X.shape, tl.float32)
     for jj in tl.static_range(K):
         j = K - 1 - jj
-        sel = (k == j)[:, None, None]
+        sel = (k == j)[:, None]
         h = row(H, sel)
         u = h - threshold
         sg = surrogate_grad(u, SURROGATE, alpha)
@@ -239,7 +229,7 @@ def backward_chunk(X, GS, v, gv, gd, d, t0, T, threshold, v_reset, alpha,
             gv = gh * d
         if NEED_GD:  # dL/d decay += dL/dh[t] * v[t-1]
             gd += gh * row(V_before, sel)
-        GX = tl.where(sel, tl.expand_dims(gh, 0), GX)
+        GX = tl.where(sel, gh[None, :], GX)
     return GX, gv, gd
 
 
@@ -249,18 +239,18 @@ def _lif_backward_kernel(
     decay, threshold, v_reset, alpha, T, N, inner, C,
     RESET: tl.constexpr, DETACH: tl.constexpr, SURROGATE: tl.constexpr, DECAY: tl.constexpr,
     HAS_GVT: tl.constexpr, NEED_GV0: tl.constexpr, NEED_GD: tl.constexpr,
-    V: tl.constexpr, K: tl.constexpr, EVEN_N: tl.constexpr,
+    BLOCK: tl.constexpr, K: tl.constexpr, EVEN_N: tl.constexpr,
 ):
-    n = neuron_index(V)
+    n = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     n_mask = n < N
     d = load_decay(decay_ptr, decay, n, n_mask, inner, C, DECAY)
     if HAS_GVT:  # dL/dv[T-1] when the final state was used downstream
         gv = tl.load(gvT_ptr + n, mask=n_mask, other=0.0).to(tl.float32)
     else:
-        gv = tl.zeros([32, V], tl.float32)
-    gd = tl.zeros([32, V], tl.float32)
+        gv = tl.zeros([BLOCK], tl.float32)
+    gd = tl.zeros([BLOCK], tl.float32)
     k = tl.arange(0, K)
-    offs = k[:, None, None] * N + n[None, :, :]
+    offs = k[:, None] * N + n[None, :]
     full = T // K
     last = tl.cdiv(T, K) - 1
     X = load_chunk(x_ptr, last * K, offs, k, n_mask, T, N, EVEN_N)
@@ -292,42 +282,16 @@ def _lif_backward_kernel(
 
 
 _TUNING_FILE = os.path.join(os.path.dirname(__file__), "lif_tuning.json")
+_DEFAULT_CONFIGS = {"float32": (64, 16, 1), "bfloat16": (32, 4, 1), "float16": (32, 4, 1)}
 
 
-@dataclass(frozen=True)
-class LaunchConfig:
-    """How the kernels split the work, per dtype (benchmarks/tune_lif.py measures it).
-
-    steps_per_chunk: K, the time steps loaded at once; also the checkpoint spacing.
-    max_per_thread: the most neurons a thread owns (V; a program owns 32 * V).
-    target_programs: V is halved until there are at least this many programs (one warp
-        each), as far as it goes: with few neurons, more programs keep enough loads in
-        flight to stream, while a larger V gives each load more bytes.
-    """
-
-    steps_per_chunk: int
-    max_per_thread: int
-    target_programs: int
-
-    def per_thread(self, num_neurons: int) -> int:
-        V = self.max_per_thread
-        while V > 1 and num_neurons < 32 * V * self.target_programs:
-            V //= 2
-        return V
-
-
-_DEFAULT_CONFIG = LaunchConfig(steps_per_chunk=16, max_per_thread=4, target_programs=2048)
-
-
-def _load_tuning() -> dict[str, LaunchConfig]:
-    """LaunchConfig per dtype name, as written by benchmarks/tune_lif.py on a GPU."""
-    names = ("float32", "bfloat16", "float16")
+def _load_tuning() -> dict:
+    """(BLOCK, K, num_warps) per dtype, as measured by benchmarks/tune_lif.py on a GPU."""
     try:
         with open(_TUNING_FILE) as f:
-            configs = json.load(f)["configs"]
-        return {name: LaunchConfig(**configs.get(name, configs["float32"])) for name in names}
-    except (OSError, ValueError, KeyError, TypeError):
-        return dict.fromkeys(names, _DEFAULT_CONFIG)
+            return {**_DEFAULT_CONFIGS, **{k: tuple(v) for k, v in json.load(f)["configs"].items()}}
+    except (OSError, ValueError, KeyError):
+        return dict(_DEFAULT_CONFIGS)
 
 
 LAUNCH_CONFIGS = _load_tuning()
@@ -338,16 +302,15 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)  # triton.cdiv is a ConstexprFunction in newer Triton: ~10 us a call
 
 
-def _launch_config(num_neurons: int, dtype: torch.dtype) -> tuple[int, int]:
-    """(V, K): neurons per thread and steps per chunk. One warp per program: with more,
-    Triton spreads a chunk's rows over warps and every row extraction becomes a
-    shared-memory reduction (10x slower on an H200, benchmarks/results/tune-lif-*.txt)."""
-    config = _CONFIG_BY_DTYPE[dtype]
-    K = config.steps_per_chunk
-    if K * max(num_neurons, 32) >= 2**31:
+def _launch_config(num_neurons: int, dtype: torch.dtype) -> tuple[int, int, int]:
+    """(BLOCK, K, num_warps). One warp per program: with more, Triton spreads a chunk's
+    K rows over warps and every row extraction becomes a shared-memory reduction (10x
+    slower on an H200, benchmarks/results/tune-lif-nvidia-h200.txt)."""
+    BLOCK, K, warps = _CONFIG_BY_DTYPE[dtype]
+    if K * max(num_neurons, BLOCK) >= 2**31:
         raise ValueError(f"x has {num_neurons} neurons per time step; the fused LIF supports "
                          f"fewer than {2**31 // K} (use backend='reference')")
-    return config.per_thread(num_neurons), K
+    return BLOCK, K, warps
 
 
 def _decay_mode(decay_tensor, shape):
@@ -369,18 +332,18 @@ def _forward(x, decay, decay_tensor, v0, threshold, reset, v_reset, save):
         x = x.contiguous()
     T = x.shape[0]
     N = x.numel() // T
-    V, K = _launch_config(N, x.dtype)
+    BLOCK, K, warps = _launch_config(N, x.dtype)
     spikes = torch.empty_like(x)
     vT = torch.empty(x.shape[1:], device=x.device, dtype=torch.float32)
     ckpt = torch.empty((_cdiv(T, K) if save else 0, N), device=x.device, dtype=torch.float32)
     mode, C, inner = _decay_mode(decay_tensor, x.shape)
     if N > 0:
-        _lif_forward_kernel[(_cdiv(N, 32 * V),)](
+        _lif_forward_kernel[(_cdiv(N, BLOCK),)](
             x, spikes, ckpt, v0.contiguous() if v0 is not None else x, vT,
             decay_tensor if decay_tensor is not None else x,
             decay, threshold, v_reset, T, N, inner, C,
             RESET=RESET_CODES[reset], DECAY=mode, HAS_V0=v0 is not None, SAVE_CKPT=save,
-            V=V, K=K, EVEN_N=N % (32 * V) == 0, num_warps=1, enable_fp_fusion=False)
+            BLOCK=BLOCK, K=K, EVEN_N=N % BLOCK == 0, num_warps=warps, enable_fp_fusion=False)
     return spikes, vT, x, ckpt
 
 
@@ -396,16 +359,16 @@ def _backward(grad_s, grad_vT, x, ckpt, decay, decay_tensor, threshold, reset,
     gd = torch.empty(N, device=x.device, dtype=torch.float32) if need_gd else None
     gvT = grad_vT.contiguous() if grad_vT is not None else None
     mode, C, inner = _decay_mode(decay_tensor, x.shape)
-    V, K = _launch_config(N, x.dtype)
+    BLOCK, K, warps = _launch_config(N, x.dtype)
     if N > 0:
-        _lif_backward_kernel[(_cdiv(N, 32 * V),)](
+        _lif_backward_kernel[(_cdiv(N, BLOCK),)](
             gs, x, ckpt, gvT if gvT is not None else gs, grad_x,
             gv0 if gv0 is not None else gs, gd if gd is not None else gs,
             decay_tensor if decay_tensor is not None else gs,
             decay, threshold, v_reset, alpha, T, N, inner, C,
             RESET=RESET_CODES[reset], DETACH=detach, SURROGATE=SURROGATES[surrogate],
             DECAY=mode, HAS_GVT=gvT is not None, NEED_GV0=need_gv0, NEED_GD=need_gd,
-            V=V, K=K, EVEN_N=N % (32 * V) == 0, num_warps=1, enable_fp_fusion=False)
+            BLOCK=BLOCK, K=K, EVEN_N=N % BLOCK == 0, num_warps=warps, enable_fp_fusion=False)
     return grad_x, gv0, gd
 
 
