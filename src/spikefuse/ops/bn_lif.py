@@ -44,7 +44,7 @@ import os
 
 import torch
 
-from .lif import RESET_CODES, grad_h, load_decay, reset_potential, row, surrogate_grad
+from .lif import RESET_CODES, _cdiv, grad_h, load_decay, reset_potential, row, surrogate_grad
 from .surrogate import SURROGATES
 
 import triton  # noqa: E402  (after .lif: it picks the interpreter on GPU-less machines)
@@ -146,6 +146,15 @@ def _stats_partial_kernel(x_ptr, part_ptr, M, C, inner, tiles_per_program, P,
 
 
 @triton.jit
+def _partial_means(part_ptr, p, c, c_mask, M, C, P, rows_per_program):
+    """Partials p of channels c: (p, mask, rows each partial covers, their means)."""
+    mask = (p < P)[:, None] & c_mask[None, :]
+    n_p = tl.minimum(M - p * rows_per_program, rows_per_program).to(tl.float32)
+    mean_p = tl.load(part_ptr + p[:, None] * C + c[None, :], mask=mask, other=0.0)
+    return p, mask, n_p, mean_p
+
+
+@triton.jit
 def _stats_finalize_kernel(x_ptr, inner, part_ptr, stats_ptr, w_ptr, b_ptr, rm_ptr, rv_ptr,
                            M, C, P, rows_per_program, eps, momentum, unbias,
                            BATCH: tl.constexpr, UPDATE: tl.constexpr, HAS_W: tl.constexpr,
@@ -157,18 +166,12 @@ def _stats_finalize_kernel(x_ptr, inner, part_ptr, stats_ptr, w_ptr, b_ptr, rm_p
         q = tl.arange(0, PB)
         mean = tl.zeros([CB], tl.float32)
         for p0 in range(0, P, PB):
-            p = p0 + q
-            mask = (p < P)[:, None] & c_mask[None, :]
-            n_p = tl.minimum(M - p * rows_per_program, rows_per_program).to(tl.float32)
-            mean_p = tl.load(part_ptr + p[:, None] * C + c[None, :], mask=mask, other=0.0)
+            p, mask, n_p, mean_p = _partial_means(part_ptr, p0 + q, c, c_mask, M, C, P, rows_per_program)
             mean += tl.sum(mean_p * n_p[:, None], axis=0)
         mean = mean / M
         m2 = tl.zeros([CB], tl.float32)
         for p0 in range(0, P, PB):
-            p = p0 + q
-            mask = (p < P)[:, None] & c_mask[None, :]
-            n_p = tl.minimum(M - p * rows_per_program, rows_per_program).to(tl.float32)
-            mean_p = tl.load(part_ptr + p[:, None] * C + c[None, :], mask=mask, other=0.0)
+            p, mask, n_p, mean_p = _partial_means(part_ptr, p0 + q, c, c_mask, M, C, P, rows_per_program)
             m2_p = tl.load(part_ptr + (P + p)[:, None] * C + c[None, :], mask=mask, other=0.0)
             d = mean_p - mean[None, :]
             m2 += tl.sum(tl.where(mask, m2_p + n_p[:, None] * d * d, 0.0), axis=0)
@@ -203,16 +206,16 @@ def _statistics(x, weight, bias, running_mean, running_var, use_batch, momentum,
     C = x.shape[2]
     stats = torch.empty((4, C), device=x.device, dtype=torch.float32)
     CB = min(STAT_CHANNELS, triton.next_power_of_2(C))
-    channel_blocks = triton.cdiv(C, CB)
+    channel_blocks = _cdiv(C, CB)
     part, M, P, rows_per_program, inner = stats, 0, 0, STAT_ROWS, 1
     if use_batch:
         data = x[:1] if x.shape[0] > 1 and x.stride(0) == 0 else x  # one step is enough
         M = data.numel() // C
-        tiles = triton.cdiv(M, STAT_ROWS)
+        tiles = _cdiv(M, STAT_ROWS)
         # ~4 programs per GPU core; few partials, so the finalize launch stays short
         programs = max(1, (4 if INTERPRETED else 512) // channel_blocks)
-        tiles_per_program = triton.cdiv(tiles, min(max(tiles, 1), programs))
-        P = triton.cdiv(tiles, tiles_per_program)
+        tiles_per_program = _cdiv(tiles, min(max(tiles, 1), programs))
+        P = _cdiv(tiles, tiles_per_program)
         rows_per_program = tiles_per_program * STAT_ROWS
         inner = _geometry(data)[3]
         part = torch.empty((2, P, C), device=x.device, dtype=torch.float32)
@@ -392,11 +395,11 @@ def _forward(x, residual, stats, decay, decay_tensor, threshold, reset, v_reset,
     T, C = x.shape[0], x.shape[2]
     channels_last, N, stride_t, inner = _geometry(x)
     spikes = _empty(x.shape, channels_last, x.dtype, x.device)
-    chunks = triton.cdiv(T, _steps(T))
+    chunks = _cdiv(T, _steps(T))
     ckpt = torch.empty((chunks - 1 if save else 0, N), device=x.device, dtype=torch.float32)
     BLOCK, warps = _config(N, backward=False)
     if N > 0:
-        _bn_lif_forward_kernel[(triton.cdiv(N, BLOCK),)](
+        _bn_lif_forward_kernel[(_cdiv(N, BLOCK),)](
             x, residual if residual is not None else x, spikes, ckpt, stats,
             decay_tensor if decay_tensor is not None else stats,
             decay, threshold, v_reset, T, N, stride_t, inner, C,
@@ -420,7 +423,7 @@ def _backward(grad_s, x, residual, ckpt, stats, decay, decay_tensor, threshold, 
     part = torch.empty((3 if need_gd else 2, N), device=x.device, dtype=torch.float32)
     BLOCK, warps = _config(N, backward=True)
     if N > 0:
-        _bn_lif_backward_kernel[(triton.cdiv(N, BLOCK),)](
+        _bn_lif_backward_kernel[(_cdiv(N, BLOCK),)](
             x, residual if residual is not None else x, gs, ckpt, gy, part, stats,
             decay_tensor if decay_tensor is not None else stats,
             decay, threshold, v_reset, alpha, T, N, stride_t, inner, C,
@@ -434,7 +437,7 @@ def _backward(grad_s, x, residual, ckpt, stats, decay, decay_tensor, threshold, 
     gx = gy if in_place else _empty(gx_shape, channels_last, x.dtype, x.device)
     BLOCK2 = 1024
     if N > 0:
-        _bn_grad_x_kernel[(triton.cdiv(N, BLOCK2), gx_shape[0])](
+        _bn_grad_x_kernel[(_cdiv(N, BLOCK2), gx_shape[0])](
             part if summed else gy, x, gx, stats, sums, float(x.numel() // C), T if summed else 1,
             N, stride_t, inner, C, BATCH_STATS=batch_stats, BLOCK=BLOCK2, num_warps=4)
     gd = None
@@ -478,7 +481,7 @@ def bn_lif_forward(x: torch.Tensor, residual: torch.Tensor | None, stats: torch.
 @bn_lif_forward.register_fake
 def _(x, residual, stats, weight, bias, decay, decay_tensor, threshold, reset, v_reset, detach,
       surrogate, alpha, batch_stats, time_steps, save):
-    chunks = triton.cdiv(time_steps, _steps(time_steps))
+    chunks = _cdiv(time_steps, _steps(time_steps))
     ckpt = x.new_empty((chunks - 1 if save else 0, math.prod(x.shape[1:])), dtype=torch.float32)
     shape = (time_steps, *x.shape[1:])
     return _empty(shape, is_channels_last(over_time(x, time_steps)), x.dtype, x.device), ckpt

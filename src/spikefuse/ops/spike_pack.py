@@ -15,7 +15,7 @@ import os
 
 import torch
 
-from . import lif as _lif  # noqa: F401  (sets TRITON_INTERPRET on GPU-less machines first)
+from .lif import _cdiv  # first: it sets TRITON_INTERPRET on GPU-less machines
 
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
@@ -72,7 +72,7 @@ def pack(s: torch.Tensor) -> torch.Tensor:
     flat = flat.contiguous()
     out = torch.empty(n_bytes, dtype=torch.uint8, device=flat.device)
     if n:
-        _pack_kernel[(triton.cdiv(n_bytes, BLOCK),)](flat, out, n, n_bytes, BLOCK=BLOCK)
+        _pack_kernel[(_cdiv(n_bytes, BLOCK),)](flat, out, n, n_bytes, BLOCK=BLOCK)
     return out
 
 
@@ -91,5 +91,5 @@ def unpack(packed: torch.Tensor, shape, dtype: torch.dtype = torch.float32) -> t
         return bits.reshape(-1)[:n].to(dtype).view(shape)
     out = torch.empty(shape, dtype=dtype, device=packed.device)
     if n:
-        _unpack_kernel[(triton.cdiv(packed.numel(), BLOCK),)](packed, out, n, packed.numel(), BLOCK=BLOCK)
+        _unpack_kernel[(_cdiv(packed.numel(), BLOCK),)](packed, out, n, packed.numel(), BLOCK=BLOCK)
     return out
