@@ -70,6 +70,21 @@ def test_spiking_conv2d_matches_conv2d_and_saves_bits():
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
 
 
+def test_strided_channels_last_weight_gradient_is_exact_on_cpu():
+    """oneDNN's CPU weight gradient of a 1x1 stride-2 conv is wrong about 1 call in 10
+    (PyTorch 2.13); SpikingConv2d sidesteps it. Checked against a float64 sum."""
+    from spikefuse.nn.spiking_layers import channels_last_conv
+    layer = channels_last_conv(SpikingConv2d(4, 8, 1, stride=2, bias=False))
+    g = torch.Generator().manual_seed(0)
+    for _ in range(30):
+        s = (torch.rand(2, 2, 4, 16, 16, generator=g) < 0.3).float()
+        gy = torch.randn(2, 2, 8, 8, 8, generator=g)
+        layer.weight.grad = None
+        layer(s).backward(gy)
+        expected = torch.einsum("tbohw,tbihw->oi", gy.double(), s[..., ::2, ::2].double())
+        torch.testing.assert_close(layer.weight.grad.view(8, 4).double(), expected, rtol=1e-5, atol=1e-5)
+
+
 def test_spiking_linear_matches_linear():
     torch.manual_seed(0)
     layer, plain = SpikingLinear(13, 5), nn.Linear(13, 5)

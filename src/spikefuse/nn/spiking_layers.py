@@ -13,6 +13,8 @@ order and unpacked into the same layout for the weight gradient.
 """
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from torch import nn
 from torch.nn import functional as F
@@ -72,16 +74,32 @@ class _SpikeConv2d(torch.autograd.Function):
         packed, weight = ctx.saved_tensors
         need_s, need_w, need_b = ctx.needs_input_grad[:3]
         stride, padding, dilation, groups = ctx.conv
+        w = weight.to(gy.dtype)
         if need_w:  # transient, in the forward's layout: only for this call
             s = unpack(packed, ctx.packed_shape, gy.dtype).permute(ctx.restore)
         else:  # the input gradient needs only the input's shape
             s = gy.new_empty(1).expand(ctx.s_shape)
-        gs, gw, gb = torch.ops.aten.convolution_backward(
-            gy, s, weight.to(gy.dtype), ctx.bias_sizes, list(stride), list(padding), list(dilation),
-            False, [0, 0], groups, [need_s, need_w, need_b and ctx.bias_sizes is not None])
+        on_cpu_strided = gy.device.type == "cpu" and need_w and any(step != 1 for step in stride)
+        with without_onednn() if on_cpu_strided else contextlib.nullcontext():
+            gs, gw, gb = torch.ops.aten.convolution_backward(
+                gy, s, w, ctx.bias_sizes, list(stride), list(padding), list(dilation),
+                False, [0, 0], groups, [need_s, need_w, need_b and ctx.bias_sizes is not None])
         return (gs.to(ctx.s_dtype) if gs is not None else None,
                 gw.to(weight.dtype) if gw is not None else None,
                 gb.to(weight.dtype) if gb is not None else None, None, None, None, None)
+
+
+@contextlib.contextmanager
+def without_onednn():
+    """PyTorch's own CPU convolutions instead of oneDNN's, whose weight gradient of strided
+    convs is wrong now and then (PyTorch 2.13: ~1 call in 10 for 1x1 stride 2) and crashes
+    on one thread. (torch.backends.mkldnn.flags would also reset TF32 flags, with a warning.)"""
+    enabled = torch.backends.mkldnn.enabled
+    torch.backends.mkldnn.enabled = False
+    try:
+        yield
+    finally:
+        torch.backends.mkldnn.enabled = enabled
 
 
 class SpikingLinear(nn.Linear):
