@@ -1,4 +1,4 @@
-"""Profile one fused CIFAR-medium training step and a few GPU-store data batches (H200)."""
+"""Profile fused CIFAR-medium training steps (fp32 with TF32, bf16 autocast) and a few GPU-store data batches (H200)."""
 import sys
 
 import torch
@@ -12,21 +12,22 @@ dev = torch.device("cuda")
 model = build("spikefuse-fused", "medium", 1.0, 10, "auto").to(dev)
 x = torch.randn(64, 3, 32, 32, device=dev)
 y = torch.randint(0, 10, (64,), device=dev)
-step = make_step(model, x, y, "fp32", "sgd")
-for _ in range(3):
-    step()
-torch.cuda.synchronize()
-base = torch.cuda.memory_allocated()
-torch.cuda.reset_peak_memory_stats()
-step()
-torch.cuda.synchronize()
-print(f"fused step: peak {torch.cuda.max_memory_allocated() / 2**20:.0f} MiB, "
-      f"{(torch.cuda.max_memory_allocated() - base) / 2**20:.0f} MiB beyond model + optimizer + batch")
-with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+for precision in ("fp32", "bf16"):
+    step = make_step(model, x, y, precision, "sgd")
     for _ in range(3):
         step()
     torch.cuda.synchronize()
-print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=25, max_name_column_width=60))
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    step()
+    torch.cuda.synchronize()
+    print(f"fused {precision} step: peak {torch.cuda.max_memory_allocated() / 2**20:.0f} MiB, "
+          f"{(torch.cuda.max_memory_allocated() - base) / 2**20:.0f} MiB beyond model + optimizer + batch")
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(3):
+            step()
+        torch.cuda.synchronize()
+    print(prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=30, max_name_column_width=70))
 
 splits = load("shd-synthetic", time_steps=250, device="cuda")
 batches = splits.train.batches(128, shuffle=True, generator=torch.Generator().manual_seed(0))

@@ -14,7 +14,9 @@ import spikefuse.ops.lif as lif_ops
 from spikefuse.bench.timing import copy_bandwidth_gbs, median_ms
 
 SHAPES = [(100, 64, 4096), (500, 16, 4096), (1000, 8, 8192)]  # the benchmark's main shapes
-CONFIGS = [(128, 8, 1), (128, 16, 1), (256, 4, 1), (256, 8, 1), (256, 16, 1), (512, 4, 1), (512, 8, 1)]
+# narrow programs with long chunks keep many bytes in flight when few neurons leave few programs
+CONFIGS = [(32, 32, 1), (64, 16, 1), (64, 32, 1), (128, 8, 1), (128, 16, 1), (128, 32, 1),
+           (256, 8, 1), (256, 16, 1), (512, 8, 1)]
 
 
 def main(out_path, table_path=None):
@@ -49,22 +51,36 @@ def main(out_path, table_path=None):
             results.append({"dtype": str(dtype), "shape": [T, B, N], "floor_ms": floor, "rows": rows})
     json.dump({"copy_gbs": bw, "device": torch.cuda.get_device_name(), "results": results},
               open(out_path, "w"), indent=1)
-    if table_path:  # the configuration with the best geometric mean of fwd+bwd over the shapes
-        configs = {}
-        for dtype in ("torch.float32", "torch.bfloat16"):
-            cases = [r for r in results if r["dtype"] == dtype]
-            score = {cfg: 1.0 for cfg in CONFIGS}
-            for case in cases:
-                for row in case["rows"]:
-                    score[tuple(row["cfg"])] *= (row["fwd_ms"] + row["bwd_ms"]) / case["floor_ms"]
-            best = min(score, key=score.get)
-            name = dtype.replace("torch.", "")
-            configs[name] = list(best)
-            print(f"{name}: chosen {best}, geometric mean {score[best] ** (1 / len(cases)):.2f}x floor")
-        configs["float16"] = configs["bfloat16"]
+    if table_path:
+        rules = {name.replace("torch.", ""): choose_rules([r for r in results if r["dtype"] == name])
+                 for name in ("torch.float32", "torch.bfloat16")}
+        rules["float16"] = rules["bfloat16"]
         json.dump({"device": torch.cuda.get_device_name(), "measured_by": "benchmarks/tune_lif.py",
-                   "configs": configs}, open(table_path, "w"), indent=1)
+                   "rules": rules}, open(table_path, "w"), indent=1)
 
+
+def choose_rules(cases):
+    """Rules [min_neurons, BLOCK, K, warps], largest N first: for each neuron count N among
+    the shapes, the configuration with the best geometric mean of (fwd + bwd) / floor over
+    the shapes with that N; it holds from N up to the next larger N measured."""
+    by_n = {}
+    for case in cases:
+        by_n.setdefault(case["shape"][1] * case["shape"][2], []).append(case)
+    rules = []
+    for n in sorted(by_n, reverse=True):
+        score = {cfg: 1.0 for cfg in CONFIGS}
+        for case in by_n[n]:
+            for row in case["rows"]:
+                score[tuple(row["cfg"])] *= (row["fwd_ms"] + row["bwd_ms"]) / case["floor_ms"]
+        best = min(score, key=score.get)
+        print(f"{cases[0]['dtype']} N >= {n}: {best}, geometric mean "
+              f"{score[best] ** (1 / len(by_n[n])):.2f}x floor", flush=True)
+        if rules and tuple(rules[-1][1:]) == best:
+            rules[-1][0] = n  # same choice as for more neurons: one rule
+        else:
+            rules.append([n, *best])
+    rules[-1][0] = 0  # the smallest measured N's choice holds below it too
+    return rules
 
 if __name__ == "__main__":
     main(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else None)

@@ -113,3 +113,14 @@ def test_default_group_follows_the_byte_budget(monkeypatch):
     assert ds.default_group(8) == 1  # a batch bigger than the budget is still made
     dense, _ = dense_set(torch.uint8)
     assert dense.batch_bytes(8) == 6 * 8 * 5 * (3 * 4 + 1)  # three groups of float32 frames, uint8 gathered
+
+
+@pytest.mark.parametrize("n,batch,group", [(8156, 128, 64), (8156, 128, 14), (100, 128, 4), (25, 8, 2), (24, 8, 1)])
+def test_groups_are_one_batch_then_fewest_passes(n, batch, group):
+    from spikefuse.data.dataset import _group_edges
+    edges = _group_edges(n, batch, group)
+    assert edges[0] == 0 and edges[-1] == n and edges[1] == min(batch, n)
+    sizes = [-(-(hi - lo) // batch) for lo, hi in zip(edges[1:], edges[2:])]
+    rest = -(-(n - edges[1]) // batch)
+    assert all(1 <= s <= group for s in sizes) and len(sizes) == -(-rest // group)  # fewest passes
+    assert all(lo % batch == 0 for lo in edges[:-1])  # groups hold whole batches

@@ -81,19 +81,21 @@ def test_lif_shapes(shape):
 
 
 def chunk_boundary_cases():
-    """Shapes at the kernels' chunk edges for the launch configuration actually used:
-    T a multiple of K (no partial chunk) or not, N a multiple of BLOCK (unmasked loads)."""
-    from spikefuse.ops.lif import LAUNCH_CONFIGS
+    """Shapes at the kernels' chunk edges for every tuned launch configuration: T a
+    multiple of K (no partial chunk) or not, N a multiple of BLOCK (unmasked loads)."""
+    from spikefuse.ops.lif import LAUNCH_RULES
     cases = []
     for dtype in (torch.float32, torch.bfloat16):
-        BLOCK, K, _ = LAUNCH_CONFIGS[str(dtype).replace("torch.", "")]
-        for T, N in [(K, BLOCK), (2 * K, 2 * BLOCK), (2 * K + 3, BLOCK), (3 * K, BLOCK + 1)]:
-            cases.append((dtype, T, N))
+        for _, BLOCK, K, warps in LAUNCH_RULES[str(dtype).replace("torch.", "")]:
+            for T, N in [(K, BLOCK), (2 * K, 2 * BLOCK), (2 * K + 3, BLOCK), (3 * K, BLOCK + 1)]:
+                cases.append((dtype, (BLOCK, K, warps), T, N))
     return cases
 
 
-@pytest.mark.parametrize("dtype,T,N", chunk_boundary_cases())
-def test_lif_chunk_boundaries(dtype, T, N):
+@pytest.mark.parametrize("dtype,config,T,N", chunk_boundary_cases())
+def test_lif_chunk_boundaries(dtype, config, T, N, monkeypatch):
+    from spikefuse.ops import lif as lif_ops
+    monkeypatch.setattr(lif_ops, "_launch_config", lambda num_neurons, dtype: config)
     x = rand(T, 1, N, seed=T + N, dtype=dtype)
     decay = torch.linspace(0.3, 0.9, N).to(DEVICE)  # per-channel PLIF: the decay gradient too
     v0 = rand(1, N, seed=N, scale=0.3)

@@ -19,10 +19,12 @@ from .store import EventStore
 
 
 # Batches made in one pass by default: a group's frames and its framing temporaries exist at
-# once, so the group is capped by bytes (`batch_bytes`); and by a count, so a consumer that
-# stops after one batch (a plot) makes few it never uses.
+# once, so the group is capped by bytes (`batch_bytes`): GROUP_BYTES, or on a GPU 1/32 of its
+# memory if that is more; and by a count. Every pass costs the host a fixed ~1 ms of launches
+# that the GPU waits through between two training steps, so fewer, larger groups keep it busier.
 GROUP_BYTES = 2**30
-MAX_GROUP = 16
+GROUP_MEMORY_FRACTION = 32
+MAX_GROUP = 64
 # framing temporaries per event of a group: int64 indices and the gathered per-sample table
 FRAMING_BYTES_PER_EVENT = 96
 
@@ -62,20 +64,21 @@ class SpikeDataset:
         order = torch.randperm(n, generator=generator) if shuffle else torch.arange(n)
         # a host copy of the order lets event sets plan batches without a device sync
         order_dev = order.to(self.device)
-        # the first group is one batch: nothing runs beside its making, so it is kept short
-        edges = [0, *range(min(batch_size, stop), stop, group * batch_size), stop] if stop else []
+        edges = _group_edges(stop, batch_size, group)
 
         def make(bounds):
             lo, hi = bounds
             idx = order_dev[lo:hi]
-            return self.targets[idx], self._get_batches(idx, order[lo:hi], batch_size)
+            return self.targets[idx].split(batch_size), self._get_batches(idx, order[lo:hi], batch_size)
         for targets, xs in _made_ahead(make, zip(edges, edges[1:]), self.device):
-            for i, x in enumerate(xs):
-                yield x, targets[i * batch_size:(i + 1) * batch_size]
+            yield from zip(xs, targets)
 
     def default_group(self, batch_size: int) -> int:
         """Batches made at once by default: as many as fit in GROUP_BYTES, 1 to MAX_GROUP."""
-        return max(1, min(MAX_GROUP, GROUP_BYTES // max(self.batch_bytes(batch_size), 1)))
+        budget = GROUP_BYTES
+        if self.device.type == "cuda":
+            budget = max(budget, torch.cuda.get_device_properties(self.device).total_memory // GROUP_MEMORY_FRACTION)
+        return max(1, min(MAX_GROUP, budget // max(self.batch_bytes(batch_size), 1)))
 
     def batch_bytes(self, batch_size: int) -> int:
         """Device memory one batch of a group accounts for: its float32 frames three times
@@ -121,6 +124,19 @@ class DenseSpikeDataset(SpikeDataset):
         return out
 
 
+def _group_edges(stop: int, batch_size: int, group: int) -> list[int]:
+    """Sample offsets where groups start and end: the first group is one batch (nothing runs
+    beside its making, so it is kept short), the rest split into equal groups of at most
+    `group` batches (equal: a short last group would cost a whole pass for a few batches)."""
+    if not stop:
+        return []
+    first = min(batch_size, stop)
+    batches = -(-(stop - first) // batch_size)
+    groups = -(-batches // group)
+    per_group = -(-batches // groups) if groups else 0
+    return [0, *range(first, stop, per_group * batch_size), stop] if groups else [0, stop]
+
+
 def _made_ahead(make, starts, device: torch.device):
     """Yield make(start) for each start (here: a group's bounds). On a GPU the next group is made on a side stream
     while the consumer trains on the current one: the framing kernels then overlap the
@@ -144,7 +160,7 @@ def _made_ahead(make, starts, device: torch.device):
         (targets, xs), done = pending
         pending = launch(starts[k + 1]) if k + 1 < len(starts) else None
         main.wait_event(done)
-        for t in (targets, *xs):  # made on the side stream, used on the main one
+        for t in (*targets, *xs):  # made on the side stream, used on the main one
             t.record_stream(main)
         yield targets, xs
 

@@ -282,20 +282,23 @@ def _lif_backward_kernel(
 
 
 _TUNING_FILE = os.path.join(os.path.dirname(__file__), "lif_tuning.json")
-_DEFAULT_CONFIGS = {"float32": (64, 16, 1), "bfloat16": (32, 4, 1), "float16": (32, 4, 1)}
+_DEFAULT_RULES = {"float32": [(0, 64, 16, 1)], "bfloat16": [(0, 32, 4, 1)], "float16": [(0, 32, 4, 1)]}
 
 
 def _load_tuning() -> dict:
-    """(BLOCK, K, num_warps) per dtype, as measured by benchmarks/tune_lif.py on a GPU."""
+    """Per dtype, rules (min_neurons, BLOCK, K, num_warps) with min_neurons descending, as
+    measured by benchmarks/tune_lif.py on a GPU: the first rule with N >= min_neurons holds
+    (fewer neurons want narrower programs, so that enough of them fill the GPU)."""
     try:
         with open(_TUNING_FILE) as f:
-            return {**_DEFAULT_CONFIGS, **{k: tuple(v) for k, v in json.load(f)["configs"].items()}}
+            table = json.load(f)["rules"]
+        return {**_DEFAULT_RULES, **{name: [tuple(rule) for rule in rules] for name, rules in table.items()}}
     except (OSError, ValueError, KeyError):
-        return dict(_DEFAULT_CONFIGS)
+        return dict(_DEFAULT_RULES)
 
 
-LAUNCH_CONFIGS = _load_tuning()
-_CONFIG_BY_DTYPE = {getattr(torch, name): cfg for name, cfg in LAUNCH_CONFIGS.items()}
+LAUNCH_RULES = _load_tuning()
+_RULES_BY_DTYPE = {getattr(torch, name): rules for name, rules in LAUNCH_RULES.items()}
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -306,7 +309,9 @@ def _launch_config(num_neurons: int, dtype: torch.dtype) -> tuple[int, int, int]
     """(BLOCK, K, num_warps). One warp per program: with more, Triton spreads a chunk's
     K rows over warps and every row extraction becomes a shared-memory reduction (10x
     slower on an H200, benchmarks/results/tune-lif-nvidia-h200.txt)."""
-    BLOCK, K, warps = _CONFIG_BY_DTYPE[dtype]
+    for min_neurons, BLOCK, K, warps in _RULES_BY_DTYPE[dtype]:
+        if num_neurons >= min_neurons:
+            break
     if K * max(num_neurons, BLOCK) >= 2**31:
         raise ValueError(f"x has {num_neurons} neurons per time step; the fused LIF supports "
                          f"fewer than {2**31 // K} (use backend='reference')")
