@@ -1,5 +1,6 @@
 """Profile fused CIFAR-medium training steps (fp32 with TF32, bf16 autocast) and a few GPU-store data batches (H200)."""
 import sys
+import time
 
 import torch
 from torch.profiler import ProfilerActivity, profile
@@ -23,6 +24,17 @@ for precision in ("fp32", "bf16"):
     torch.cuda.synchronize()
     print(f"fused {precision} step: peak {torch.cuda.max_memory_allocated() / 2**20:.0f} MiB, "
           f"{(torch.cuda.max_memory_allocated() - base) / 2**20:.0f} MiB beyond model + optimizer + batch")
+    # host time to issue a step (3 steps queue far fewer launches than CUDA's queue holds)
+    # against the GPU's time per step: which one bounds the step
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    t0 = time.perf_counter()
+    start.record()
+    for _ in range(3):
+        step()
+    end.record()
+    host_ms = (time.perf_counter() - t0) / 3 * 1e3
+    torch.cuda.synchronize()
+    print(f"fused {precision} step: host {host_ms:.2f} ms to issue, GPU {start.elapsed_time(end) / 3:.2f} ms")
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         for _ in range(3):
             step()

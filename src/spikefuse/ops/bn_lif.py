@@ -44,7 +44,7 @@ import os
 
 import torch
 
-from .lif import RESET_CODES, _cdiv, grad_h, load_decay, reset_potential, row, surrogate_grad
+from .lif import RESET_CODES, _cdiv, grad_h, load_decay, program_neurons, reset_potential, row, surrogate_grad
 from .surrogate import SURROGATES
 
 import triton  # noqa: E402  (after .lif: it picks the interpreter on GPU-less machines)
@@ -261,7 +261,7 @@ def _bn_lif_forward_kernel(
     RESET: tl.constexpr, DECAY: tl.constexpr, HAS_RES: tl.constexpr, SAVE: tl.constexpr,
     BLOCK: tl.constexpr, K: tl.constexpr,
 ):
-    n = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    n = program_neurons(BLOCK)
     n_mask = n < N
     ch = (n // inner) % C
     a = tl.load(stats_ptr + 2 * C + ch, mask=n_mask, other=0.0)
@@ -293,7 +293,7 @@ def _bn_lif_backward_kernel(
     HAS_RES: tl.constexpr, NEED_GD: tl.constexpr, STORE_GY: tl.constexpr,
     BLOCK: tl.constexpr, K: tl.constexpr,
 ):
-    n = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    n = program_neurons(BLOCK)
     n_mask = n < N
     ch = (n // inner) % C
     mu = tl.load(stats_ptr + ch, mask=n_mask, other=0.0)
