@@ -28,7 +28,7 @@ def main(out_path):
             g = torch.randn_like(x)
             row = {"dtype": str(dtype), "shape": shape}
             for block in BLOCKS:
-                bn_lif_ops._config = lambda n, backward, block=block: (block, 1)
+                bn_lif_ops._config = lambda n, dtype, block=block: (block, 1)
                 ms, _ = median_ms(lambda: torch.autograd.grad(layer(x), (x, layer.weight), g),
                                   budget_s=0.3, back_to_back=5)
                 row[block] = ms

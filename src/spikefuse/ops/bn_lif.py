@@ -368,15 +368,16 @@ def _bn_grad_x_kernel(gy_ptr, x_ptr, gx_ptr, stats_ptr, sums_ptr, count, steps,
     tl.store(gx_ptr + t * N + n, (a * gy).to(gx_ptr.dtype.element_ty), mask=n_mask)
 
 
-def _config(num_neurons: int, backward: bool) -> tuple[int, int]:
-    """(BLOCK, num_warps); the backward holds ~6 [K, BLOCK] tiles, so it takes half.
-    The interpreter pays per program and per op, not per element: few, wide programs."""
+def _config(num_neurons: int, dtype: torch.dtype) -> tuple[int, int]:
+    """(BLOCK, num_warps). The interpreter pays per program and per op, not per element:
+    few, wide programs. On a GPU one warp per program (with more, Triton spreads a chunk's
+    K rows over warps and each row extraction becomes a shared-memory reduction), and the
+    BLOCK that benchmarks/tune_bn_lif.py found fastest at the CIFAR networks' layers on an
+    H200 (benchmarks/results/tune-bn-lif-nvidia-h200.json): 64 neurons in float32, 256 in
+    16-bit types (fewer, wider programs stream 2-byte data better)."""
     if INTERPRETED:
         return min(triton.next_power_of_2(max(num_neurons, 1)), 1 << 14), 1
-    # one warp per program: with more, Triton spreads a chunk's K rows over warps and each
-    # row extraction becomes a shared-memory reduction (10x slower for the LIF kernels,
-    # benchmarks/results/tune-lif-nvidia-h200.txt)
-    return 64, 1
+    return (64 if dtype == torch.float32 else 256), 1
 
 
 def _decay_code(decay_tensor):
@@ -397,7 +398,7 @@ def _forward(x, residual, stats, decay, decay_tensor, threshold, reset, v_reset,
     spikes = _empty(x.shape, channels_last, x.dtype, x.device)
     chunks = _cdiv(T, _steps(T))
     ckpt = torch.empty((chunks - 1 if save else 0, N), device=x.device, dtype=torch.float32)
-    BLOCK, warps = _config(N, backward=False)
+    BLOCK, warps = _config(N, x.dtype)
     if N > 0:
         _bn_lif_forward_kernel[(_cdiv(N, BLOCK),)](
             x, residual if residual is not None else x, spikes, ckpt, stats,
@@ -421,7 +422,7 @@ def _backward(grad_s, x, residual, ckpt, stats, decay, decay_tensor, threshold, 
     store_gy = not summed or residual is not None
     gy = _empty(x.shape if store_gy else (0,), channels_last and store_gy, torch.float32, x.device)
     part = torch.empty((3 if need_gd else 2, N), device=x.device, dtype=torch.float32)
-    BLOCK, warps = _config(N, backward=True)
+    BLOCK, warps = _config(N, x.dtype)
     if N > 0:
         _bn_lif_backward_kernel[(_cdiv(N, BLOCK),)](
             x, residual if residual is not None else x, gs, ckpt, gy, part, stats,
