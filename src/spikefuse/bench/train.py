@@ -45,6 +45,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--optimizer", default="sgd", choices=["sgd", "adam"])
     parser.add_argument("--iters", type=int, default=10, help="timed steps per case")
     parser.add_argument("--no-peers", action="store_true", help="skip SpikingJelly")
+    parser.add_argument("--cudnn-benchmark", action="store_true",
+                        help="let cuDNN time its algorithms per shape (torch.backends.cudnn.benchmark) "
+                             "for every implementation alike")
 
 
 # ---- the networks ----
@@ -227,6 +230,7 @@ def run(args) -> int:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     torch.backends.cuda.matmul.allow_tf32 = True  # TF32 for all implementations alike
     torch.backends.cudnn.allow_tf32 = True
+    torch.backends.cudnn.benchmark = args.cudnn_benchmark
     args.width, args.warmup, args.backend, args.image = 1.0, 3, "auto", 32
     resnet_T = [int(t) for t in args.resnet_time_steps.split(",") if t.strip()]
     if args.smoke:
@@ -251,7 +255,7 @@ def run(args) -> int:
                "optimizer": args.optimizer, "floor_bytes_per_neuron_step": FLOOR_BYTES,
                "equations": "LIF decay 0.25, threshold 0.25, hard reset to 0; spikefuse: rectangular "
                             "surrogate, SpikingJelly: Sigmoid (its fused kernels lack a rectangular one)",
-               "smoke": args.smoke, "cases": cases}
+               "cudnn_benchmark": args.cudnn_benchmark, "smoke": args.smoke, "cases": cases}
     paths = write_results("train-smoke" if args.smoke else "train", payload, markdown(payload), args.out)
     print("wrote", *paths)
     failed = [c for c in cases if c["impl"].startswith("spikefuse") and "error" in c]
@@ -272,7 +276,8 @@ def markdown(payload) -> str:
            f"{env['device']}, {env['date']}, versions {env['versions']}\n",
            f"Measured in the run: copy {rates['copy_gbs']:.0f} GB/s, matmul {rates['matmul_tflops']} TFLOP/s "
            f"(fp32 = TF32). Floor = {payload['floor_bytes_per_neuron_step']} bytes per neuron-step / copy "
-           f"bandwidth + FLOPs / matmul rate. Optimizer {payload['optimizer']}. {payload['equations']}.\n"]
+           f"bandwidth + FLOPs / matmul rate. Optimizer {payload['optimizer']}; cuDNN algorithm search "
+           f"(cudnn.benchmark) {'on' if payload.get('cudnn_benchmark') else 'off'} for all. {payload['equations']}.\n"]
     header = ["net", "impl", "precision", "T", "B", "ms", "peak MiB", "step extra MiB", "floor ms",
               "x floor", "speedup vs vanilla", "speedup vs SJ", "memory vs vanilla", "note"]
     rows = [[c["net"], c["impl"], c["precision"], c["T"], c["B"], c.get("ms"), c.get("peak_mib"),
