@@ -74,7 +74,7 @@ class SpikeDataset:
             yield from zip(xs, targets)
 
     def default_group(self, batch_size: int) -> int:
-        """Batches made at once by default: as many as fit in GROUP_BYTES, 1 to MAX_GROUP."""
+        """Batches made at once by default: as many as fit in the byte budget, 1 to MAX_GROUP."""
         budget = GROUP_BYTES
         if self.device.type == "cuda":
             budget = max(budget, torch.cuda.get_device_properties(self.device).total_memory // GROUP_MEMORY_FRACTION)
