@@ -83,5 +83,6 @@ def choose_rules(cases):
     rules[-1][0] = 0  # the smallest measured N's choice holds below it too
     return rules
 
+
 if __name__ == "__main__":
     main(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else None)

@@ -126,8 +126,9 @@ class DenseSpikeDataset(SpikeDataset):
 
 def _group_edges(stop: int, batch_size: int, group: int) -> list[int]:
     """Sample offsets where groups start and end: the first group is one batch (nothing runs
-    beside its making, so it is kept short), the rest split into equal groups of at most
-    `group` batches (equal: a short last group would cost a whole pass for a few batches)."""
+    beside its making, so it is kept short); the rest is split into the fewest groups of at
+    most `group` batches, of near-equal size (a short last group would cost a whole framing
+    pass for a few batches)."""
     if not stop:
         return []
     first = min(batch_size, stop)

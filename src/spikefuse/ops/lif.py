@@ -321,7 +321,7 @@ def _cdiv(a: int, b: int) -> int:
 def _launch_config(num_neurons: int, dtype: torch.dtype) -> tuple[int, int, int]:
     """(BLOCK, K, num_warps). One warp per program: with more, Triton spreads a chunk's
     K rows over warps and every row extraction becomes a shared-memory reduction (10x
-    slower on an H200, benchmarks/results/tune-lif-nvidia-h200.txt)."""
+    slower in an earlier sweep on an H200)."""
     for min_neurons, BLOCK, K, warps in _RULES_BY_DTYPE[dtype]:
         if num_neurons >= min_neurons:
             break
