@@ -53,9 +53,37 @@ def main(out=None):
         "functional.lif forward+backward": fwd_and_bwd,
     }
     lines = [json.dumps({"item": k, "host_us_per_call": round(host_us(fn), 2)}) for k, fn in items.items()]
+    lines += [json.dumps(item) for item in per_dtype_at_benchmark_shape()]
     text = "\n".join(lines) + "\n"
     (open(out, "w").write(text) if out else None)
     print(text, end="")
+
+
+def per_dtype_at_benchmark_shape(shape=(100, 64, 4096), calls=20):
+    """At the benchmark's first shape, per dtype: the host's time to issue one forward+backward
+    (20 calls queued without a sync) against the GPU's time per call over the same calls."""
+    from spikefuse.bench.lif import forward_backward, make_inputs
+    rows = []
+    for dtype in (torch.float32, torch.bfloat16):
+        x, grad = make_inputs(*shape, dtype, "cuda")
+        run = lambda: forward_backward(F.lif, x, grad)  # noqa: E731
+        for _ in range(5):
+            run()
+        host, gpu = [], []
+        for _ in range(10):
+            torch.cuda.synchronize()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            t0 = time.perf_counter()
+            start.record()
+            for _ in range(calls):
+                run()
+            end.record()
+            host.append((time.perf_counter() - t0) / calls * 1e6)
+            torch.cuda.synchronize()
+            gpu.append(start.elapsed_time(end) / calls * 1e3)
+        rows.append({"item": f"forward+backward {shape} {dtype}", "host_us_per_call": sorted(host)[5],
+                     "gpu_us_per_call": sorted(gpu)[5]})
+    return rows
 
 
 if __name__ == "__main__":
