@@ -1,8 +1,10 @@
 """Host time per call of the fused LIF, on a shape so small that the GPU never limits.
 
 Separates what a call costs on the CPU: torch's own elementwise op (a floor for one
-launch), the bare Triton launch, spikefuse.ops.lif._forward (allocations + launch),
-functional.lif (checks + autograd.Function), and forward + backward through autograd.
+launch), a bare Triton launch (through Triton's JIT and through spikefuse's cached
+launcher), a do-nothing autograd.Function (PyTorch's floor for any custom op),
+spikefuse.ops.lif._forward (allocations + launch), functional.lif (checks +
+autograd.Function), and forward + backward through autograd.
 Writes one JSON line per item to argv[1] (default stdout).
 """
 import json
@@ -35,18 +37,29 @@ def main(out=None):
     ckpt = torch.empty(1, 128, device="cuda")
     BLOCK, K, warps = lif_ops._launch_config(128, torch.float32)
 
-    def bare_launch():
-        lif_ops._lif_forward_kernel[(1,)](
+    def bare_launch(kernel):
+        kernel[(1,)](
             xd, spikes, ckpt, xd, vT, xd, 0.5, 1.0, 0.0, 4, 128, 1, 1, RESET=0, DECAY=0,
-            HAS_V0=False, SAVE_CKPT=True, BLOCK=BLOCK, K=K, EVEN_N=True, num_warps=warps,
-            enable_fp_fusion=False)
+            HAS_V0=False, SAVE_CKPT=True, STORE_VT=True, BLOCK=BLOCK, K=K, EVEN_N=True,
+            num_warps=warps, enable_fp_fusion=False)
+
+    class Identity(torch.autograd.Function):  # PyTorch's own cost of a custom op's autograd
+        @staticmethod
+        def forward(ctx, x):
+            return x.view_as(x)
+
+        @staticmethod
+        def backward(ctx, g):
+            return g
 
     def fwd_and_bwd():
         torch.autograd.grad(F.lif(x), x, g)
 
     items = {
         "torch add (one launch)": lambda: xd.add(1.0),
-        "bare triton launch": bare_launch,
+        "triton launch (Triton's JIT path)": lambda: bare_launch(lif_ops._lif_forward_kernel.kernel),
+        "triton launch (spikefuse cached)": lambda: bare_launch(lif_ops._lif_forward_kernel),
+        "identity autograd.Function forward+backward": lambda: torch.autograd.grad(Identity.apply(x), x, g),
         "ops.lif._forward": lambda: lif_ops._forward(xd, 0.5, None, None, 1.0, "hard", 0.0, True),
         "functional.lif no_grad": torch.no_grad()(lambda: F.lif(xd)),
         "functional.lif forward (grad)": lambda: F.lif(x),

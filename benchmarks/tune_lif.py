@@ -13,11 +13,14 @@ import torch
 import spikefuse.ops.lif as lif_ops
 from spikefuse.bench.timing import copy_bandwidth_gbs, median_ms
 
-SHAPES = [(100, 64, 4096), (500, 16, 4096), (1000, 8, 8192)]  # the benchmark's main shapes
+# the benchmark's main shapes, then two of its fixed-work time sweep (few neurons, long T)
+SHAPES = [(100, 64, 4096), (500, 16, 4096), (1000, 8, 8192), (2048, 8, 4096), (8192, 8, 1024)]
 # per dtype: one warp per program; narrow programs with long chunks keep many bytes in flight
 # when few neurons leave few programs (wider or longer ones spill registers in the backward)
-CONFIGS = {torch.float32: [(64, 16, 1), (128, 8, 1), (128, 16, 1), (256, 8, 1)],
-           torch.bfloat16: [(64, 16, 1), (64, 32, 1), (128, 8, 1), (128, 16, 1), (256, 8, 1)]}
+CONFIGS = {torch.float32: [(32, 16, 1), (32, 32, 1), (64, 8, 1), (64, 16, 1), (128, 8, 1), (128, 16, 1),
+                           (256, 8, 1)],
+           torch.bfloat16: [(32, 16, 1), (32, 32, 1), (64, 16, 1), (64, 32, 1), (128, 8, 1), (128, 16, 1),
+                            (256, 8, 1)]}
 
 
 def main(out_path, table_path=None):

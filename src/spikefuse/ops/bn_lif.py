@@ -45,6 +45,7 @@ import os
 import torch
 
 from .lif import RESET_CODES, _cdiv, grad_h, load_decay, program_neurons, reset_potential, row, surrogate_grad
+from .launch import cached_launch
 from .surrogate import SURROGATES
 
 import triton  # noqa: E402  (after .lif: it picks the interpreter on GPU-less machines)
@@ -111,6 +112,7 @@ def _channel_sums(part, shape, channels_last):
 
 # ---- batch statistics ----
 
+@cached_launch
 @triton.jit
 def _stats_partial_kernel(x_ptr, part_ptr, M, C, inner, tiles_per_program, P,
                           ROWS: tl.constexpr, CB: tl.constexpr):
@@ -154,6 +156,7 @@ def _partial_means(part_ptr, p, c, c_mask, M, C, P, rows_per_program):
     return p, mask, n_p, mean_p
 
 
+@cached_launch
 @triton.jit
 def _stats_finalize_kernel(x_ptr, inner, part_ptr, stats_ptr, w_ptr, b_ptr, rm_ptr, rv_ptr,
                            M, C, P, rows_per_program, eps, momentum, unbias,
@@ -254,6 +257,7 @@ def _offset(row_index, N, n):
     return (tl.zeros_like(n).to(tl.int64) + row_index) * N + n
 
 
+@cached_launch
 @triton.jit
 def _bn_lif_forward_kernel(
     x_ptr, r_ptr, s_ptr, ckpt_ptr, stats_ptr, decay_ptr,
@@ -285,6 +289,7 @@ def _bn_lif_forward_kernel(
         tl.store(s_ptr + t.to(tl.int64)[:, None] * N + n[None, :], S.to(s_ptr.dtype.element_ty), mask=mask)
 
 
+@cached_launch
 @triton.jit
 def _bn_lif_backward_kernel(
     x_ptr, r_ptr, gs_ptr, ckpt_ptr, gy_ptr, part_ptr, stats_ptr, decay_ptr,
@@ -348,6 +353,7 @@ def _bn_lif_backward_kernel(
         tl.store(part_ptr + 2 * N + n, gd, mask=n_mask)
 
 
+@cached_launch
 @triton.jit
 def _bn_grad_x_kernel(gy_ptr, x_ptr, gx_ptr, stats_ptr, sums_ptr, count, steps,
                       N, stride_t, inner, C, BATCH_STATS: tl.constexpr, BLOCK: tl.constexpr):

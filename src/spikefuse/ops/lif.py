@@ -27,6 +27,7 @@ if not torch.cuda.is_available():  # no GPU: Triton can only run through its int
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
+from .launch import cached_launch  # noqa: E402
 from .surrogate import SURROGATES  # noqa: E402
 
 RESET_CODES = {"hard": 0, "soft": 1, "none": 2}
@@ -174,12 +175,14 @@ def forward_chunk(X, v, d, t0, T, threshold, v_reset, RESET: tl.constexpr, TAIL:
     return S, v
 
 
+@cached_launch
 @triton.jit
 def _lif_forward_kernel(
     x_ptr, s_ptr, ckpt_ptr, v0_ptr, vT_ptr, decay_ptr,
     decay, threshold, v_reset, T, N, inner, C,
     RESET: tl.constexpr, DECAY: tl.constexpr, HAS_V0: tl.constexpr,
-    SAVE_CKPT: tl.constexpr, BLOCK: tl.constexpr, K: tl.constexpr, EVEN_N: tl.constexpr,
+    SAVE_CKPT: tl.constexpr, STORE_VT: tl.constexpr, BLOCK: tl.constexpr, K: tl.constexpr,
+    EVEN_N: tl.constexpr,
 ):
     n = program_neurons(BLOCK)
     n_mask = n < N
@@ -205,7 +208,8 @@ def _lif_forward_kernel(
             tl.store(ckpt_ptr + tl.cast(full, tl.int64) * N + n, v, mask=n_mask)
         S, v = forward_chunk(X, v, d, full * K, T, threshold, v_reset, RESET, True)
         store_chunk(s_ptr, full * K, offs, k, n_mask, T, N, S, EVEN_N)
-    tl.store(vT_ptr + n, v, mask=n_mask)
+    if STORE_VT:
+        tl.store(vT_ptr + n, v, mask=n_mask)
 
 
 @triton.jit
@@ -246,6 +250,7 @@ def backward_chunk(X, GS, v, gv, gd, d, t0, T, threshold, v_reset, alpha,
     return GX, gv, gd
 
 
+@cached_launch
 @triton.jit
 def _lif_backward_kernel(
     gs_ptr, x_ptr, ckpt_ptr, gvT_ptr, gx_ptr, gv0_ptr, gd_ptr, decay_ptr,
@@ -344,24 +349,25 @@ def _decay_mode(decay_tensor, shape):
 # views and reshapes: every tensor is allocated in its final shape (the kernels see
 # contiguous memory as [T, N]).
 
-def _forward(x, decay, decay_tensor, v0, threshold, reset, v_reset, save):
-    """spikes like x, v[T-1] (float32) and, if `save`, (contiguous x, checkpoints) for backward."""
+def _forward(x, decay, decay_tensor, v0, threshold, reset, v_reset, save, want_state=True):
+    """spikes like x, v[T-1] (float32, None unless `want_state`) and, if `save`,
+    (contiguous x, checkpoints) for backward."""
     if not x.is_contiguous():
         x = x.contiguous()
     T = x.shape[0]
     N = x.numel() // T
     BLOCK, K, warps = _launch_config(N, x.dtype)
     spikes = torch.empty_like(x)
-    vT = torch.empty(x.shape[1:], device=x.device, dtype=torch.float32)
+    vT = x.new_empty(x.shape[1:], dtype=torch.float32) if want_state else None
     ckpt = torch.empty((_cdiv(T, K) if save else 0, N), device=x.device, dtype=torch.float32)
     mode, C, inner = _decay_mode(decay_tensor, x.shape)
     if N > 0:
         _lif_forward_kernel[(_cdiv(N, BLOCK),)](
-            x, spikes, ckpt, v0.contiguous() if v0 is not None else x, vT,
+            x, spikes, ckpt, v0.contiguous() if v0 is not None else x, vT if want_state else x,
             decay_tensor if decay_tensor is not None else x,
             decay, threshold, v_reset, T, N, inner, C,
             RESET=RESET_CODES[reset], DECAY=mode, HAS_V0=v0 is not None, SAVE_CKPT=save,
-            BLOCK=BLOCK, K=K, EVEN_N=N % BLOCK == 0, num_warps=warps, enable_fp_fusion=False)
+            STORE_VT=want_state, BLOCK=BLOCK, K=K, EVEN_N=N % BLOCK == 0, num_warps=warps, enable_fp_fusion=False)
     return spikes, vT, x, ckpt
 
 
@@ -399,26 +405,29 @@ def _reduce_decay_grad(gd, x_shape, decay_tensor):
 
 class LIFFunction(torch.autograd.Function):
     """The eager path: a plain autograd.Function costs ~20 us of Python per call, against
-    ~125 us for a torch.library custom op, which matters next to kernels of ~100 us."""
+    ~125 us for a torch.library custom op, which matters next to kernels of ~100 us.
+    Returns spikes, or (spikes, v[T-1]) with `want_state` (a second output costs autograd
+    bookkeeping and an allocation on every call)."""
 
     @staticmethod
     def forward(ctx, x, decay, decay_tensor, v0, threshold, reset, v_reset, detach,
-                surrogate, alpha):
+                surrogate, alpha, want_state):
         save = any(ctx.needs_input_grad)
-        spikes, vT, x, ckpt = _forward(x, decay, decay_tensor, v0, threshold, reset, v_reset, save)
+        spikes, vT, x, ckpt = _forward(x, decay, decay_tensor, v0, threshold, reset, v_reset, save,
+                                       want_state)
         if save:
             ctx.save_for_backward(x, ckpt, decay_tensor, v0)
             ctx.options = (decay, threshold, reset, v_reset, detach, surrogate, alpha)
-        return spikes, vT
+        return (spikes, vT) if want_state else spikes
 
     @staticmethod
-    def backward(ctx, grad_s, grad_vT):
+    def backward(ctx, grad_s, grad_vT=None):
         x, ckpt, decay_tensor, v0 = ctx.saved_tensors
         decay, *options = ctx.options
 
         def run(grad_s, need_gv0, need_gd):
             return _backward(grad_s, grad_vT, x, ckpt, decay, decay_tensor, *options, need_gv0, need_gd)
-        return (*_input_grads(ctx, run, grad_s, x, decay_tensor, v0),) + (None,) * 6
+        return (*_input_grads(ctx, run, grad_s, x, decay_tensor, v0),) + (None,) * 7
 
 
 def _input_grads(ctx, run_backward, grad_s, x, decay_tensor, v0):
@@ -507,5 +516,5 @@ def lif_fused(x, decay, decay_tensor, threshold, reset, v_reset, detach, surroga
             t is not None and t.requires_grad for t in (x, decay_tensor, v0))
         spikes, vT, _ = lif_forward(*args, wants_grad)
     else:
-        spikes, vT = LIFFunction.apply(*args)
+        return LIFFunction.apply(*args, return_state)
     return (spikes, vT) if return_state else spikes

@@ -15,7 +15,7 @@ import os
 
 import torch
 
-from .lif import _cdiv  # first: it sets TRITON_INTERPRET on GPU-less machines
+from .lif import _cdiv, cached_launch  # first: it sets TRITON_INTERPRET on GPU-less machines
 
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
@@ -24,6 +24,7 @@ DEBUG = os.environ.get("SPIKEFUSE_DEBUG", "0") not in ("", "0")
 BLOCK = 1024  # bytes per program: 8 KiB of spikes in, 1 KiB out
 
 
+@cached_launch
 @triton.jit
 def _pack_kernel(s_ptr, out_ptr, n, n_bytes, BLOCK: tl.constexpr):
     byte = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
@@ -34,6 +35,7 @@ def _pack_kernel(s_ptr, out_ptr, n, n_bytes, BLOCK: tl.constexpr):
     tl.store(out_ptr + byte, tl.sum(bits, axis=1).to(tl.uint8), mask=byte < n_bytes)
 
 
+@cached_launch
 @triton.jit
 def _unpack_kernel(p_ptr, out_ptr, n, n_bytes, BLOCK: tl.constexpr):
     byte = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)

@@ -1,0 +1,107 @@
+"""The cached Triton launcher: which launches reuse a compiled kernel, and that a pointer
+Triton would specialize differently (alignment) still gets its own compile."""
+import inspect
+import os
+
+import pytest
+import torch
+
+import spikefuse.functional as F
+from spikefuse import reference
+from spikefuse.ops.launch import CachedLaunch
+
+DEVICE = os.environ.get("SPIKEFUSE_TEST_DEVICE", "cpu")
+
+
+class FakeJIT:
+    """Stands in for a @triton.jit kernel: records Triton-path launches and returns a
+    compiled kernel that records direct launches."""
+
+    def __init__(self):
+        def fn(a_ptr, n, scale, BLOCK, FLAG=3):
+            pass
+        self.fn = fn
+        self.jit_launches, self.direct_launches = [], []
+
+    def __getitem__(self, grid):
+        def launch(*args, **meta):
+            self.jit_launches.append((grid, args, meta))
+            return FakeCompiled(self.direct_launches)
+        return launch
+
+
+class FakeCompiled:
+    def __init__(self, log):
+        self.log = log
+
+    def __getitem__(self, grid):
+        return lambda *args: self.log.append((grid, args))
+
+
+def fake_launcher():
+    launcher = CachedLaunch(FakeJIT())
+    launcher.interpreted = False
+    return launcher
+
+
+def test_second_launch_skips_the_jit_and_passes_every_argument():
+    launcher = fake_launcher()
+    a = torch.zeros(64)
+    launcher[(4,)](a, 100, 0.5, BLOCK=32, num_warps=1)
+    launcher[(5,)](a, 132, 0.25, BLOCK=32, num_warps=1)  # same classes: 100, 132 not multiples of 16
+    jit, direct = launcher.kernel.jit_launches, launcher.kernel.direct_launches
+    assert len(jit) == 1 and len(direct) == 1
+    grid, args = direct[0]
+    assert grid == (5, 1, 1)
+    assert args == (a, 132, 0.25, 32, 3)  # constexprs in signature order, defaults filled in
+
+
+@pytest.mark.parametrize("change", ["alignment", "dtype", "int one", "int multiple of 16",
+                                    "constexpr", "launch option"])
+def test_a_different_specialization_compiles_again(change):
+    launcher = fake_launcher()
+    base = torch.zeros(64)
+    args, meta = [base, 7, 0.5], {"BLOCK": 32, "num_warps": 1}
+    launcher[(1,)](*args, **meta)
+    if change == "alignment":
+        args[0] = base[1:]  # 4 bytes past a 16-byte boundary
+    elif change == "dtype":
+        args[0] = base.to(torch.bfloat16)
+    elif change == "int one":
+        args[1] = 1
+    elif change == "int multiple of 16":
+        args[1] = 32
+    elif change == "constexpr":
+        meta["BLOCK"] = 64
+    else:
+        meta["num_warps"] = 2
+    launcher[(1,)](*args, **meta)
+    assert len(launcher.kernel.jit_launches) == 2 and not launcher.kernel.direct_launches
+
+
+def test_interpreter_always_goes_through_triton():
+    launcher = CachedLaunch(FakeJIT())
+    launcher.interpreted = True
+    a = torch.zeros(8)
+    for _ in range(3):
+        launcher[(1,)](a, 3, 1.0, BLOCK=8)
+    assert len(launcher.kernel.jit_launches) == 3
+
+
+def test_real_kernels_signatures_are_read():
+    from spikefuse.ops import lif
+    names = list(inspect.signature(lif._lif_forward_kernel.kernel.fn).parameters)
+    assert lif._lif_forward_kernel._names == names and names[-1] == "EVEN_N"
+
+
+def test_lif_on_misaligned_input_after_aligned():
+    """On a GPU the second call would reuse the aligned compile if alignment were not in
+    the key; the offset view's pointer is 4 bytes past a 16-byte boundary."""
+    T, N = 5, 96
+    base = torch.randn(T * N + 1, generator=torch.Generator().manual_seed(0)).to(DEVICE)
+    aligned, offset = base[:-1].view(T, 1, N), base[1:].view(T, 1, N)
+    for x in (aligned, offset, aligned):
+        x = x.detach().requires_grad_(True)
+        ours = F.lif(x, backend="fused")
+        ref = reference.lif(x.detach().cpu(), 0.5, 1.0, "hard", 0.0, False, "rectangular", 1.0, None, False)
+        assert torch.equal(ours.cpu(), ref)
