@@ -1,5 +1,6 @@
 """Fused BatchNorm + LIF (Triton interpreter) against torch batch norm over T*B + reference LIF."""
 import copy
+import os
 
 import pytest
 import torch
@@ -9,10 +10,22 @@ from spikefuse.nn import BNLIF, TemporalBatchNorm2d
 from spikefuse.nn.layers import name_layers
 from spikefuse.ops.bn_lif import _statistics, is_channels_last
 
+DEVICE = os.environ.get("SPIKEFUSE_TEST_DEVICE", "cpu")
+
+
+@pytest.fixture(autouse=True)
+def on_test_device():
+    """Tensors and modules made in a test live on the test device (CPU: the interpreter)."""
+    with torch.device(DEVICE):
+        yield
+
+
+def seeded_randn(shape, seed):
+    return torch.randn(shape, generator=torch.Generator().manual_seed(seed), device="cpu").to(DEVICE)
+
 
 def rand(*shape, seed=0, dtype=torch.float32):
-    g = torch.Generator().manual_seed(seed)
-    return (torch.randn(shape, generator=g) + 0.2).to(dtype)
+    return (seeded_randn(shape, seed) + 0.2).to(dtype)
 
 
 def make(channels, seed=0, **kw):
@@ -36,7 +49,7 @@ def run(module, x, residual=None, seed=1):
     x = x.detach().clone().requires_grad_(True)
     r = residual.detach().clone().requires_grad_(True) if residual is not None else None
     spikes = module(x, r)
-    g = torch.randn(spikes.shape, generator=torch.Generator().manual_seed(seed))
+    g = seeded_randn(spikes.shape, seed)
     (spikes.float() * g).sum().backward()
     grads = {"x": x.grad, "residual": r.grad if r is not None else None}
     grads.update({name: p.grad for name, p in module.named_parameters()})
@@ -162,7 +175,7 @@ def test_static_input_over_time_steps(layout, training):
     for module in (fused, ref):
         xi = x.detach().clone().requires_grad_(True)
         spikes = module(xi, time_steps=9)
-        g = torch.randn(spikes.shape, generator=torch.Generator().manual_seed(1))
+        g = seeded_randn(spikes.shape, 1)
         (spikes.float() * g).sum().backward()
         results.append((spikes, xi.grad, module.weight.grad, module.bias.grad, module.running_var.clone()))
     assert results[1][0].shape == (9, 3, 5, 4, 3) and 0.05 < results[1][0].mean() < 0.95

@@ -23,16 +23,16 @@ import torch
 
 
 def _argument_class(a):
-    """What Triton specializes a runtime argument on (or something finer)."""
-    if isinstance(a, torch.Tensor):
-        return a.dtype, a.data_ptr() % 16 == 0
-    if isinstance(a, bool):
-        return bool, a
-    if isinstance(a, int):
-        return int, a == 1, a % 16 == 0, -2**31 <= a < 2**31, 0 <= a < 2**64
-    if isinstance(a, float):
+    """What Triton specializes a runtime argument on (or something finer). Plain types are
+    tested first by identity: this runs for every argument of every launch."""
+    t = type(a)
+    if t is int:
+        return a == 1, a & 15 == 0, -2**31 <= a < 2**31, a < 2**63
+    if t is float:
         return float
-    return type(a), a
+    if isinstance(a, torch.Tensor):
+        return a.dtype, a.data_ptr() & 15 == 0
+    return t, a  # bool, None, and anything else by value
 
 
 class CachedLaunch:
@@ -55,7 +55,7 @@ class CachedLaunch:
         if self.interpreted:
             return self.kernel[grid](*args, **meta)
         device = next((a.get_device() for a in args if isinstance(a, torch.Tensor)), None)
-        key = (device, tuple(meta.items()), tuple(_argument_class(a) for a in args))
+        key = (device, *meta.items(), *map(_argument_class, args))
         compiled = self._compiled.get(key)
         if compiled is None:  # Triton compiles (or finds) it and launches it
             self._compiled[key] = self.kernel[grid](*args, **meta)
