@@ -405,19 +405,19 @@ def _reduce_decay_grad(gd, x_shape, decay_tensor):
 
 class LIFFunction(torch.autograd.Function):
     """The eager path: a plain autograd.Function costs ~20 us of Python per call, against
-    ~125 us for a torch.library custom op, which matters next to kernels of ~100 us.
-    Returns spikes, or (spikes, v[T-1]) with `want_state` (a second output costs autograd
-    bookkeeping and an allocation on every call)."""
+    ~125 us for a torch.library custom op, which matters next to kernels of ~100 us. The
+    non-tensor options travel as one tuple (autograd handles every input of apply on each
+    call), and v[T-1] is an output only when asked for (options[-1])."""
 
     @staticmethod
-    def forward(ctx, x, decay, decay_tensor, v0, threshold, reset, v_reset, detach,
-                surrogate, alpha, want_state):
+    def forward(ctx, x, decay_tensor, v0, options):
+        decay, threshold, reset, v_reset, detach, surrogate, alpha, want_state = options
         save = any(ctx.needs_input_grad)
         spikes, vT, x, ckpt = _forward(x, decay, decay_tensor, v0, threshold, reset, v_reset, save,
                                        want_state)
         if save:
             ctx.save_for_backward(x, ckpt, decay_tensor, v0)
-            ctx.options = (decay, threshold, reset, v_reset, detach, surrogate, alpha)
+            ctx.options = options[:-1]
         return (spikes, vT) if want_state else spikes
 
     @staticmethod
@@ -427,20 +427,21 @@ class LIFFunction(torch.autograd.Function):
 
         def run(grad_s, need_gv0, need_gd):
             return _backward(grad_s, grad_vT, x, ckpt, decay, decay_tensor, *options, need_gv0, need_gd)
-        return (*_input_grads(ctx, run, grad_s, x, decay_tensor, v0),) + (None,) * 7
+        _, decay_needs_grad, v0_needs_grad, _ = ctx.needs_input_grad
+        return (*_input_grads(run, grad_s, x, decay_tensor, v0, decay_needs_grad, v0_needs_grad), None)
 
 
-def _input_grads(ctx, run_backward, grad_s, x, decay_tensor, v0):
-    """(grad_x, None, grad_decay, grad_v0) for either autograd path; run_backward runs
-    the backward kernel for grad_s and says which of dL/dv0, dL/d(decay) to compute."""
-    need_gd = decay_tensor is not None and ctx.needs_input_grad[2]
-    need_gv0 = v0 is not None and ctx.needs_input_grad[3]
+def _input_grads(run_backward, grad_s, x, decay_tensor, v0, decay_needs_grad, v0_needs_grad):
+    """(grad_x, grad_decay, grad_v0) for either autograd path; run_backward runs the
+    backward kernel for grad_s and says which of dL/dv0, dL/d(decay) to compute."""
+    need_gd = decay_tensor is not None and decay_needs_grad
+    need_gv0 = v0 is not None and v0_needs_grad
     if grad_s is None:  # only the final state was used
         grad_s = torch.zeros_like(x)
     gx, gv0, gd = run_backward(grad_s, need_gv0, need_gd)
     grad_decay = _reduce_decay_grad(gd, x.shape, decay_tensor) if need_gd else None
     grad_v0 = gv0.view(v0.shape).to(v0.dtype) if need_gv0 else None
-    return gx, None, grad_decay, grad_v0
+    return gx, grad_decay, grad_v0
 
 
 # ---- torch.library registration: what torch.compile sees (an opaque op with autograd) ----
@@ -499,7 +500,8 @@ def _backward_rule(ctx, grad_s, grad_vT, _grad_ckpt):
 
     def run(grad_s, need_gv0, need_gd):
         return lif_backward(grad_s, grad_vT, x, ckpt, decay, decay_tensor, *options, need_gv0, need_gd)
-    return (*_input_grads(ctx, run, grad_s, x, decay_tensor, v0),) + (None,) * 7
+    gx, grad_decay, grad_v0 = _input_grads(run, grad_s, x, decay_tensor, v0, *ctx.needs_input_grad[2:4])
+    return (gx, None, grad_decay, grad_v0) + (None,) * 7
 
 
 lif_forward.register_autograd(_backward_rule, setup_context=_setup_context)
@@ -510,11 +512,11 @@ def lif_fused(x, decay, decay_tensor, threshold, reset, v_reset, detach, surroga
     """Entry point for spikefuse.functional (arguments already checked there)."""
     if decay_tensor is not None:
         decay_tensor = decay_tensor.float()
-    args = (x, decay, decay_tensor, v0, threshold, reset, v_reset, detach, surrogate, alpha)
-    if torch.compiler.is_dynamo_compiling():
-        wants_grad = torch.is_grad_enabled() and any(
-            t is not None and t.requires_grad for t in (x, decay_tensor, v0))
-        spikes, vT, _ = lif_forward(*args, wants_grad)
-    else:
-        return LIFFunction.apply(*args, return_state)
+    if not torch.compiler.is_dynamo_compiling():
+        options = (decay, threshold, reset, v_reset, detach, surrogate, alpha, return_state)
+        return LIFFunction.apply(x, decay_tensor, v0, options)
+    wants_grad = torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in (x, decay_tensor, v0))
+    spikes, vT, _ = lif_forward(x, decay, decay_tensor, v0, threshold, reset, v_reset, detach,
+                                surrogate, alpha, wants_grad)
     return (spikes, vT) if return_state else spikes
