@@ -57,15 +57,21 @@ def run(module, x, residual=None, seed=1):
 
 
 def assert_match(fused, ref, x, residual=None, rtol=1e-5):
+    """Spikes equal; gradients within rtol, plus an absolute slack of a fraction of their
+    largest magnitude: 0.1 * rtol on the CPU, rtol on a GPU, where the float32 reference
+    sums in another order (measured against float64 by benchmarks/check_bn_lif_gpu.py:
+    fused and reference each within 2e-6 of the largest magnitude, but not of each other
+    within 1e-6)."""
     s1, g1, b1 = run(fused, x, residual)
     s2, g2, b2 = run(ref, x.float() if x.dtype != torch.float32 else x, residual)
     assert torch.equal(s1.float(), s2), f"spikes differ at {(s1.float() != s2).sum().item()} places"
     assert 0.02 < s2.mean() < 0.98, "degenerate test: (almost) no or all spikes"
+    slack = rtol * (0.1 if DEVICE == "cpu" else 1.0)
     for name, g in g2.items():
         if g is None:
             assert g1[name] is None, name
             continue
-        torch.testing.assert_close(g1[name].float(), g, rtol=rtol, atol=rtol * 0.1 * g.abs().max().item(),
+        torch.testing.assert_close(g1[name].float(), g, rtol=rtol, atol=slack * g.abs().max().item(),
                                    msg=lambda m: f"grad {name}: {m}")
     for name in b2:
         torch.testing.assert_close(b1[name], b2[name], rtol=1e-5, atol=1e-7, msg=lambda m: f"buffer {name}: {m}")
