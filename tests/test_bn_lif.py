@@ -133,6 +133,25 @@ def test_channels_last_input(T, training):
     assert is_channels_last(spikes) and is_channels_last(grads["x"])
 
 
+@pytest.mark.parametrize("layout", ["contiguous", "channels_last", "static"])
+def test_spike_bits_come_with_the_spikes(layout):
+    """With gradients on, the forward kernel also writes the spikes packed as pack() would
+    (what the next spiking conv saves); an in-place change of the spikes drops them."""
+    from spikefuse.ops.spike_pack import attached_bits, pack
+    fused, _ = make(6, decay=0.5, threshold=0.3)
+    x = rand(9, 2, 6, 3, 4, seed=24)  # 72 neurons per step: whole bytes
+    x = {"contiguous": x, "channels_last": channels_last(x), "static": x[:1].expand(9, 2, 6, 3, 4)}[layout]
+    spikes = fused(x.requires_grad_(layout != "static"))
+    bits = attached_bits(spikes)
+    memory_order = spikes.permute(0, 1, 3, 4, 2) if layout == "channels_last" else spikes
+    assert bits is not None and torch.equal(bits, pack(memory_order.detach()))
+    with torch.no_grad():
+        spikes.mul_(1.0)
+    assert attached_bits(spikes) is None
+    odd, _ = make(5, decay=0.5, threshold=0.3)  # 5 neurons per step: no whole bytes, no bits
+    assert attached_bits(odd(rand(4, 1, 5, seed=25).requires_grad_())) is None
+
+
 def test_channels_last_residual_and_static_input():
     fused, ref = make(3, decay=0.5, threshold=0.5)
     x, r = channels_last(rand(9, 2, 3, 4, 5, seed=21)), rand(9, 2, 3, 4, 5, seed=22)

@@ -70,6 +70,31 @@ def test_spiking_conv2d_matches_conv2d_and_saves_bits():
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
 
 
+def test_conv_after_fused_bn_lif_reuses_its_bits(monkeypatch):
+    """A ConvBNLIF after another saves the bits the first block's BN+LIF kernel wrote, not
+    a second packing of the same spikes, and its gradients match a block that packs."""
+    import spikefuse.nn.spiking_layers as layers
+    from spikefuse.nn.spiking_layers import ConvBNLIF
+    from spikefuse.ops.spike_pack import pack as pack_original
+
+    torch.manual_seed(0)
+    first = ConvBNLIF(3, 8, 3, spike_input=False, backend="fused", threshold=0.3)
+    second = ConvBNLIF(8, 8, 3, backend="fused", threshold=0.3)
+    x = torch.randn(4, 2, 3, 6, 5)
+    packed = []
+    monkeypatch.setattr(layers, "pack", lambda t: packed.append(t) or pack_original(t))
+    s = first(x)
+    second(s).sum().backward()
+    assert packed == [], "the spikes were packed again"
+    grads_with_bits = [p.grad.clone() for p in second.parameters()]
+    second.zero_grad()
+    s = first(x).clone()  # a copy carries no bits: this conv packs for itself
+    second(s).sum().backward()
+    assert len(packed) == 1
+    for a, b in zip(grads_with_bits, [p.grad for p in second.parameters()]):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+
+
 def test_strided_channels_last_weight_gradient_is_exact_on_cpu():
     """oneDNN's CPU weight gradient of a 1x1 stride-2 conv is wrong about 1 call in 10
     (PyTorch 2.13); SpikingConv2d sidesteps it. Checked against a float64 sum."""

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ..ops.spike_pack import pack, unpack
+from ..ops.spike_pack import attached_bits, pack, unpack
 from .batchnorm import TemporalBatchNorm1d, TemporalBatchNorm2d
 from .bn_lif import BNLIF
 from .layers import check_input, fold, unfold
@@ -58,11 +58,13 @@ def _memory_order(s):
 
 class _SpikeConv2d(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, s, weight, bias, stride, padding, dilation, groups):
+    def forward(ctx, s, weight, bias, stride, padding, dilation, groups, bits):
+        """bits: pack(s in memory order) when its producer made them already, else None."""
         packed = None
         if weight.requires_grad:
             in_memory_order, ctx.restore = _memory_order(s)
-            packed, ctx.packed_shape = pack(in_memory_order), in_memory_order.shape
+            packed = bits if bits is not None else pack(in_memory_order)
+            ctx.packed_shape = in_memory_order.shape
         ctx.save_for_backward(packed, weight)
         ctx.s_shape, ctx.s_dtype = s.shape, s.dtype
         ctx.conv = (stride, padding, dilation, groups)
@@ -86,7 +88,7 @@ class _SpikeConv2d(torch.autograd.Function):
                 False, [0, 0], groups, [need_s, need_w, need_b and ctx.bias_sizes is not None])
         return (gs.to(ctx.s_dtype) if gs is not None else None,
                 gw.to(weight.dtype) if gw is not None else None,
-                gb.to(weight.dtype) if gb is not None else None, None, None, None, None)
+                gb.to(weight.dtype) if gb is not None else None, None, None, None, None, None)
 
 
 @contextlib.contextmanager
@@ -123,8 +125,11 @@ class SpikingConv2d(nn.Conv2d):
 
     def forward(self, s: torch.Tensor) -> torch.Tensor:
         check_input(self, s, "[T, B, C, H, W]", rank=5, channels=self.in_channels)
-        y = _SpikeConv2d.apply(_like_weight(fold(s), self.weight), self.weight, self.bias, self.stride, self.padding,
-                               self.dilation, self.groups)
+        x = _like_weight(fold(s), self.weight)
+        # bits a fused BN+LIF attached are in s's memory order: usable if x is s's memory
+        bits = attached_bits(s) if x.data_ptr() == s.data_ptr() else None
+        y = _SpikeConv2d.apply(x, self.weight, self.bias, self.stride, self.padding,
+                               self.dilation, self.groups, bits)
         return unfold(y, s.shape[0])
 
 

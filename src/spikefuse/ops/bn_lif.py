@@ -46,6 +46,7 @@ import torch
 
 from .lif import RESET_CODES, _cdiv, grad_h, load_decay, program_neurons, reset_potential, row, surrogate_grad
 from .launch import cached_launch
+from .spike_pack import attach_bits
 from .surrogate import SURROGATES
 
 import triton  # noqa: E402  (after .lif: it picks the interpreter on GPU-less machines)
@@ -260,10 +261,10 @@ def _offset(row_index, N, n):
 @cached_launch
 @triton.jit
 def _bn_lif_forward_kernel(
-    x_ptr, r_ptr, s_ptr, ckpt_ptr, stats_ptr, decay_ptr,
+    x_ptr, r_ptr, s_ptr, bits_ptr, ckpt_ptr, stats_ptr, decay_ptr,
     decay, threshold, v_reset, T, N, stride_t, inner, C,
     RESET: tl.constexpr, DECAY: tl.constexpr, HAS_RES: tl.constexpr, SAVE: tl.constexpr,
-    BLOCK: tl.constexpr, K: tl.constexpr,
+    BITS: tl.constexpr, BLOCK: tl.constexpr, K: tl.constexpr,
 ):
     n = program_neurons(BLOCK)
     n_mask = n < N
@@ -287,6 +288,12 @@ def _bn_lif_forward_kernel(
             v = reset_potential(h, fired, threshold, v_reset, RESET)
             S = tl.where(sel, fired.to(tl.float32)[None, :], S)
         tl.store(s_ptr + t.to(tl.int64)[:, None] * N + n[None, :], S.to(s_ptr.dtype.element_ty), mask=mask)
+        if BITS:  # the same spikes packed as spike_pack.pack does (N % 8 == 0: whole bytes per row)
+            byte = tl.program_id(0) * (BLOCK // 8) + tl.arange(0, BLOCK // 8)
+            octets = tl.reshape(S.to(tl.int32), [K, BLOCK // 8, 8])
+            packed = tl.sum(octets << tl.arange(0, 8)[None, None, :], axis=2)
+            tl.store(bits_ptr + t.to(tl.int64)[:, None] * (N // 8) + byte[None, :], packed.to(tl.uint8),
+                     mask=(t < T)[:, None] & (byte < N // 8)[None, :])
 
 
 @cached_launch
@@ -396,8 +403,10 @@ def over_time(x, time_steps):
     return x if x.shape[0] == time_steps else x.expand(time_steps, *x.shape[1:])
 
 
-def _forward(x, residual, stats, decay, decay_tensor, threshold, reset, v_reset, time_steps, save):
-    """x (and residual) with dense steps in one layout (dense_steps / as_layout)."""
+def _forward(x, residual, stats, decay, decay_tensor, threshold, reset, v_reset, time_steps, save,
+             bits=None):
+    """x (and residual) with dense steps in one layout (dense_steps / as_layout). bits: a
+    uint8 tensor of T*N/8 bytes (N % 8 == 0) to receive the spikes packed, or None."""
     x = over_time(x, time_steps)
     T, C = x.shape[0], x.shape[2]
     channels_last, N, stride_t, inner = _geometry(x)
@@ -407,11 +416,11 @@ def _forward(x, residual, stats, decay, decay_tensor, threshold, reset, v_reset,
     BLOCK, warps = _config(N, x.dtype)
     if N > 0:
         _bn_lif_forward_kernel[(_cdiv(N, BLOCK),)](
-            x, residual if residual is not None else x, spikes, ckpt, stats,
-            decay_tensor if decay_tensor is not None else stats,
+            x, residual if residual is not None else x, spikes, bits if bits is not None else spikes,
+            ckpt, stats, decay_tensor if decay_tensor is not None else stats,
             decay, threshold, v_reset, T, N, stride_t, inner, C,
             RESET=RESET_CODES[reset], DECAY=_decay_code(decay_tensor), HAS_RES=residual is not None,
-            SAVE=save and chunks > 1, BLOCK=BLOCK, K=_steps(T), num_warps=warps,
+            SAVE=save and chunks > 1, BITS=bits is not None, BLOCK=BLOCK, K=_steps(T), num_warps=warps,
             enable_fp_fusion=False)
     return spikes, ckpt
 
@@ -559,10 +568,10 @@ class BNLIFFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, residual, stats, weight, bias, decay, decay_tensor, threshold, reset,
-                v_reset, detach, surrogate, alpha, batch_stats, time_steps):
+                v_reset, detach, surrogate, alpha, batch_stats, time_steps, bits):
         save = any(ctx.needs_input_grad)
         spikes, ckpt = _forward(x, residual, stats, decay, decay_tensor, threshold, reset,
-                                v_reset, time_steps, save)
+                                v_reset, time_steps, save, bits)
         if save:
             ctx.save_for_backward(x, residual, ckpt, stats, weight, bias, decay_tensor)
             ctx.options = (decay, threshold, reset, v_reset, detach, surrogate, alpha, batch_stats,
@@ -571,7 +580,7 @@ class BNLIFFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_s):
-        return (*_input_grads(ctx, grad_s, _backward), *[None] * 8)
+        return (*_input_grads(ctx, grad_s, _backward), *[None] * 9)
 
 
 def _under_torch_compile() -> bool:
@@ -605,7 +614,15 @@ def bn_lif_fused(x, weight, bias, running_mean, running_var, training, momentum,
     args = (x, residual, stats, weight, bias, decay, decay_tensor, threshold, reset, v_reset,
             detach, surrogate, alpha, use_batch, time_steps)
     if not compiling:
-        return BNLIFFunction.apply(*args)
+        N = x[0].numel()
+        # with gradients on, a following spiking conv/linear saves these spikes as bits:
+        # the kernel writes them (1/32 of the spikes' bytes) and saves that layer a pass
+        bits = (x.new_empty(time_steps * N // 8, dtype=torch.uint8)
+                if torch.is_grad_enabled() and N % 8 == 0 else None)
+        spikes = BNLIFFunction.apply(*args, bits)
+        if bits is not None:
+            attach_bits(spikes, bits)
+        return spikes
     wants_grad = torch.is_grad_enabled() and any(
         t is not None and t.requires_grad for t in (x, weight, bias, decay_tensor, residual))
     return bn_lif_forward(*args, wants_grad)[0]

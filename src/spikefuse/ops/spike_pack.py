@@ -95,3 +95,19 @@ def unpack(packed: torch.Tensor, shape, dtype: torch.dtype = torch.float32) -> t
     if n:
         _unpack_kernel[(_cdiv(packed.numel(), BLOCK),)](packed, out, n, packed.numel(), BLOCK=BLOCK)
     return out
+
+
+def attach_bits(spikes: torch.Tensor, packed: torch.Tensor) -> None:
+    """Remember `packed` (pack(spikes), made by the kernel that made the spikes) on the spikes
+    tensor, so that a spiking conv/linear reading them need not pack them again. Valid only
+    while the tensor is not modified in place (its version counter is recorded)."""
+    spikes.spike_bits = (packed, spikes._version)
+
+
+def attached_bits(s: torch.Tensor) -> torch.Tensor | None:
+    """The bits attach_bits left on s, or None (none attached, or s modified since)."""
+    entry = getattr(s, "spike_bits", None)
+    if entry is None or entry[1] != s._version:
+        return None
+    return entry[0]
+
