@@ -127,7 +127,10 @@ class SpikingConv2d(nn.Conv2d):
         check_input(self, s, "[T, B, C, H, W]", rank=5, channels=self.in_channels)
         x = _like_weight(fold(s), self.weight)
         # bits a fused BN+LIF attached are in s's memory order: usable if x is s's memory
-        bits = attached_bits(s) if x.data_ptr() == s.data_ptr() else None
+        # (never while torch.compile traces: fake tensors have no memory and no bits)
+        bits = None
+        if not torch.compiler.is_dynamo_compiling() and x.data_ptr() == s.data_ptr():
+            bits = attached_bits(s)
         y = _SpikeConv2d.apply(x, self.weight, self.bias, self.stride, self.padding,
                                self.dilation, self.groups, bits)
         return unfold(y, s.shape[0])

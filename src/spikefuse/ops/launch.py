@@ -1,9 +1,9 @@
 """Triton launches with less host work per call.
 
 `kernel[grid](*args, **meta)` through Triton's JIT binds the arguments, computes their
-specialization and a cache key string on every call: about 16 us of Python on an H200
-host, as long as some of our kernels run on the GPU (a LIF layer at small batch, every
-BatchNorm+LIF layer of a CIFAR step is launched 3 times per step). `cached_launch` wraps
+specialization and a cache key string on every call: about 16 us of Python on an H200's
+host, as long as some of our kernels take on the GPU (a LIF layer at small batch; a CIFAR
+step launches each BatchNorm+LIF layer's kernels 5 times). `cached_launch` wraps
 a `@triton.jit` kernel: the first launch of each specialization goes through Triton (which
 compiles it and returns the compiled kernel); later launches with the same specialization
 call that compiled kernel directly.
