@@ -5,7 +5,8 @@ A spike input is only needed in backward for the weight gradient; autograd would
 as a float tensor (4 bytes per spike in float32). Here it is packed to 1 bit
 (spikefuse.ops.spike_pack) and unpacked on the fly in backward, so no float copy of the
 spikes outlives the forward. The input must be binary: nonzero values count as 1, checked
-only with SPIKEFUSE_DEBUG=1.
+only with SPIKEFUSE_DEBUG=1. Spikes from a fused BN+LIF come with their bits already
+packed by its kernel (spike_pack.attached_bits); a conv over them saves those.
 
 Layout: the fused blocks keep conv weights and activations channels-last (NHWC in memory),
 so cuDNN convolves without converting to and from NCHW; the bits are packed in memory

@@ -30,6 +30,11 @@ triangle 1.0e-3, rectangular 3.7e-2), far outside the 1e-5 contract; float32 u w
 double what the layer holds. Recomputing a chunk costs one more read of x, which the BN
 gradient (Eq. 8-10) needs anyway, so the backward reads x once for both.
 
+With gradients on (and whole bytes per step, N % 8 == 0) the forward kernel also writes
+the spikes packed to bits (one bit per spike) and attaches them to the spikes
+(spike_pack.attach_bits): the next spiking conv saves those for its weight gradient
+instead of reading the spikes again to pack them.
+
 Backward is three launches: (1) reverse walk: dL/dy[t] is written into the float32 buffer
 that later becomes dL/dx, with per-neuron partial sums of dL/dy, dL/dy*xhat (and
 dL/d decay); (2) their per-channel sums (torch); (3) elementwise Eq. 8 (in place for
