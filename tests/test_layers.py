@@ -70,17 +70,24 @@ def test_spiking_conv2d_matches_conv2d_and_saves_bits():
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
 
 
-def test_conv_after_fused_bn_lif_reuses_its_bits(monkeypatch):
-    """A ConvBNLIF after another saves the bits the first block's BN+LIF kernel wrote, not
-    a second packing of the same spikes, and its gradients match a block that packs."""
+@pytest.mark.parametrize("kind", ["conv", "linear"])
+def test_layer_after_fused_bn_lif_reuses_its_bits(kind, monkeypatch):
+    """A ConvBNLIF (LinearBNLIF) after another saves the bits the first block's BN+LIF
+    kernel wrote, not a second packing of the same spikes, and its gradients match a
+    block that packs."""
     import spikefuse.nn.spiking_layers as layers
-    from spikefuse.nn.spiking_layers import ConvBNLIF
+    from spikefuse.nn.spiking_layers import ConvBNLIF, LinearBNLIF
     from spikefuse.ops.spike_pack import pack as pack_original
 
     torch.manual_seed(0)
-    first = ConvBNLIF(3, 8, 3, spike_input=False, backend="fused", threshold=0.3)
-    second = ConvBNLIF(8, 8, 3, backend="fused", threshold=0.3)
-    x = torch.randn(4, 2, 3, 6, 5)
+    if kind == "conv":
+        first = ConvBNLIF(3, 8, 3, spike_input=False, backend="fused", threshold=0.3)
+        second = ConvBNLIF(8, 8, 3, backend="fused", threshold=0.3)
+        x = torch.randn(4, 2, 3, 6, 5)
+    else:
+        first = LinearBNLIF(5, 16, spike_input=False, backend="fused", threshold=0.3)
+        second = LinearBNLIF(16, 8, backend="fused", threshold=0.3)
+        x = torch.randn(4, 3, 5)
     packed = []
     monkeypatch.setattr(layers, "pack", lambda t: packed.append(t) or pack_original(t))
     s = first(x)

@@ -6,7 +6,7 @@ as a float tensor (4 bytes per spike in float32). Here it is packed to 1 bit
 (spikefuse.ops.spike_pack) and unpacked on the fly in backward, so no float copy of the
 spikes outlives the forward. The input must be binary: nonzero values count as 1, checked
 only with SPIKEFUSE_DEBUG=1. Spikes from a fused BN+LIF come with their bits already
-packed by its kernel (spike_pack.attached_bits); a conv over them saves those.
+packed by its kernel (spike_pack.attached_bits); a conv or linear layer over them saves those.
 
 Layout: the fused blocks keep conv weights and activations channels-last (NHWC in memory),
 so cuDNN convolves without converting to and from NCHW; the bits are packed in memory
@@ -29,15 +29,17 @@ from .neurons import LIF
 
 class _SpikeLinear(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, s, weight, bias):
-        ctx.save_for_backward(pack(s) if weight.requires_grad else None, weight)
+    def forward(ctx, s, weight, bias, bits):
+        """bits: pack(s) when its producer made them already, else None."""
+        packed = (bits if bits is not None else pack(s)) if weight.requires_grad else None
+        ctx.save_for_backward(packed, weight)
         ctx.s_shape, ctx.s_dtype, ctx.has_bias = s.shape, s.dtype, bias is not None
         return F.linear(s, weight, bias)
 
     @staticmethod
     def backward(ctx, gy):
         packed, weight = ctx.saved_tensors
-        need_s, need_w, need_b = ctx.needs_input_grad
+        need_s, need_w, need_b = ctx.needs_input_grad[:3]
         gy2 = gy.reshape(-1, gy.shape[-1])
         gs = (gy2 @ weight.to(gy.dtype)).view(ctx.s_shape).to(ctx.s_dtype) if need_s else None
         gw = gb = None
@@ -46,7 +48,15 @@ class _SpikeLinear(torch.autograd.Function):
             gw = (gy2.t() @ s.reshape(-1, s.shape[-1])).to(weight.dtype)
         if need_b and ctx.has_bias:
             gb = gy2.sum(0).to(weight.dtype)
-        return gs, gw, gb
+        return gs, gw, gb, None
+
+
+def _producer_bits(s: torch.Tensor, x: torch.Tensor) -> torch.Tensor | None:
+    """Bits a fused BN+LIF attached to spikes s, if x (what the layer reads) is s's memory
+    in s's order; never while torch.compile traces (fake tensors have no memory, no bits)."""
+    if torch.compiler.is_dynamo_compiling() or x.data_ptr() != s.data_ptr():
+        return None
+    return attached_bits(s)
 
 
 def _memory_order(s):
@@ -111,7 +121,8 @@ class SpikingLinear(nn.Linear):
     def forward(self, s: torch.Tensor) -> torch.Tensor:
         check_input(self, s, "[T, B, ..., in_features]", rank=tuple(range(3, 9)),
                     channels=self.in_features, dim=-1)
-        return _SpikeLinear.apply(s, self.weight, self.bias)
+        x = s if s.is_contiguous() else s.contiguous()  # pack's order is the memory order
+        return _SpikeLinear.apply(x, self.weight, self.bias, _producer_bits(s, x))
 
 
 class SpikingConv2d(nn.Conv2d):
@@ -127,13 +138,8 @@ class SpikingConv2d(nn.Conv2d):
     def forward(self, s: torch.Tensor) -> torch.Tensor:
         check_input(self, s, "[T, B, C, H, W]", rank=5, channels=self.in_channels)
         x = _like_weight(fold(s), self.weight)
-        # bits a fused BN+LIF attached are in s's memory order: usable if x is s's memory
-        # (never while torch.compile traces: fake tensors have no memory and no bits)
-        bits = None
-        if not torch.compiler.is_dynamo_compiling() and x.data_ptr() == s.data_ptr():
-            bits = attached_bits(s)
         y = _SpikeConv2d.apply(x, self.weight, self.bias, self.stride, self.padding,
-                               self.dilation, self.groups, bits)
+                               self.dilation, self.groups, _producer_bits(s, x))
         return unfold(y, s.shape[0])
 
 
