@@ -286,3 +286,20 @@ def test_torch_library_op_path(monkeypatch):
     torch.library.opcheck(torch.ops.spikefuse.bn_statistics.default,
                           (x, torch.ones(3), torch.zeros(3), *running, True, 0.1, 1e-5),
                           test_utils=("test_schema", "test_faketensor"))
+
+
+def test_channels_last_check_follows_torch_layout_rules():
+    """is_channels_last reads strides (it runs on every call); it must agree with torch's
+    is_contiguous rules on x[0], size-1 dimensions and views included."""
+    import itertools
+
+    def by_torch(x):
+        step = x[0]
+        return not step.is_contiguous() and step.is_contiguous(memory_format=torch.channels_last)
+
+    for shape in itertools.product([1, 2], [1, 2], [1, 3], [1, 2], [1, 4]):
+        base = torch.empty(shape)
+        for perm in itertools.permutations(range(5)):
+            y = base.permute(perm).contiguous().permute([perm.index(i) for i in range(5)])
+            for view in (y, y[..., :1], y[:, :, :1]):
+                assert is_channels_last(view) == by_torch(view), (shape, perm, view.stride())

@@ -62,16 +62,32 @@ STAT_ROWS, STAT_CHANNELS = 64, 64  # statistics tile: positions x channels
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 
 
+def _next_power_of_2(n: int) -> int:
+    return 1 << max(n - 1, 0).bit_length()  # triton.next_power_of_2 is a ConstexprFunction: ~5 us a call
+
+
 def _steps(T: int) -> int:
-    return min(K_STEPS, triton.next_power_of_2(T))
+    return min(K_STEPS, _next_power_of_2(T))
 
 
 # ---- layout ----
 
 def is_channels_last(x: torch.Tensor) -> bool:
     """Whether the steps of x [T, B, C, H, W] are channels-last in memory ([B, H, W, C])."""
-    return (x.dim() == 5 and not x[0].is_contiguous()
-            and x[0].is_contiguous(memory_format=torch.channels_last))
+    if x.dim() != 5:  # torch's dense-layout rules, from the strides (no view of x[0]: it runs per call)
+        return False
+    _, B, C, H, W = x.shape
+    _, sB, sC, sH, sW = x.stride()
+
+    def dense(order):  # (size, stride) innermost first; a size-1 dim's stride does not matter
+        expected = 1
+        for size, stride in order:
+            if size != 1 and stride != expected:
+                return False
+            expected *= size
+        return True
+    return (dense(((C, sC), (W, sW), (H, sH), (B, sB)))
+            and not dense(((W, sW), (H, sH), (C, sC), (B, sB))))
 
 
 def as_layout(t: torch.Tensor, channels_last: bool) -> torch.Tensor:
@@ -214,7 +230,7 @@ def _statistics(x, weight, bias, running_mean, running_var, use_batch, momentum,
     dims but C; in training the running statistics are updated in place."""
     C = x.shape[2]
     stats = torch.empty((4, C), device=x.device, dtype=torch.float32)
-    CB = min(STAT_CHANNELS, triton.next_power_of_2(C))
+    CB = min(STAT_CHANNELS, _next_power_of_2(C))
     channel_blocks = _cdiv(C, CB)
     part, M, P, rows_per_program, inner = stats, 0, 0, STAT_ROWS, 1
     if use_batch:
@@ -394,7 +410,7 @@ def _config(num_neurons: int, dtype: torch.dtype) -> tuple[int, int]:
     H200 (benchmarks/results/tune-bn-lif-nvidia-h200.json): 64 neurons in float32, 256 in
     16-bit types (fewer, wider programs stream 2-byte data better)."""
     if INTERPRETED:
-        return min(triton.next_power_of_2(max(num_neurons, 1)), 1 << 14), 1
+        return min(_next_power_of_2(max(num_neurons, 1)), 1 << 14), 1
     return (64 if dtype == torch.float32 else 256), 1
 
 
