@@ -49,7 +49,7 @@ import os
 
 import torch
 
-from .lif import RESET_CODES, _cdiv, grad_h, load_decay, program_neurons, reset_potential, row, surrogate_grad
+from .lif import RESET_CODES, _cdiv, _next_power_of_2, grad_h, load_decay, program_neurons, reset_potential, row, surrogate_grad
 from .launch import cached_launch
 from .spike_pack import attach_bits
 from .surrogate import SURROGATES
@@ -60,10 +60,6 @@ import triton.language as tl  # noqa: E402
 K_STEPS = 8  # time steps per chunk = checkpoint spacing (fewer when T is shorter)
 STAT_ROWS, STAT_CHANNELS = 64, 64  # statistics tile: positions x channels
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
-
-
-def _next_power_of_2(n: int) -> int:
-    return 1 << max(n - 1, 0).bit_length()  # triton.next_power_of_2 is a ConstexprFunction: ~5 us a call
 
 
 def _steps(T: int) -> int:
@@ -635,7 +631,7 @@ def bn_lif_fused(x, weight, bias, running_mean, running_var, training, momentum,
     args = (x, residual, stats, weight, bias, decay, decay_tensor, threshold, reset, v_reset,
             detach, surrogate, alpha, use_batch, time_steps)
     if not compiling:
-        N = x[0].numel()
+        N = math.prod(x.shape[1:])
         # with gradients on, a following spiking conv/linear saves these spikes as bits:
         # the kernel writes them (1/32 of the spikes' bytes) and saves that layer a pass
         bits = (x.new_empty(time_steps * N // 8, dtype=torch.uint8)

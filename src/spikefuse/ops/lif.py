@@ -319,8 +319,14 @@ LAUNCH_RULES = _load_tuning()
 _RULES_BY_DTYPE = {getattr(torch, name): rules for name, rules in LAUNCH_RULES.items()}
 
 
+# host-side twins of triton.cdiv / triton.next_power_of_2, which are ConstexprFunctions in
+# newer Triton: several us a call, on every launch
 def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)  # triton.cdiv is a ConstexprFunction in newer Triton: ~10 us a call
+    return -(-a // b)
+
+
+def _next_power_of_2(n: int) -> int:
+    return 1 << max(n - 1, 0).bit_length()
 
 
 def _launch_config(num_neurons: int, dtype: torch.dtype) -> tuple[int, int, int]:
