@@ -161,8 +161,9 @@ def markdown(payload) -> str:
     out.append("Two timings per library, both medians of CUDA-event spans after warm-up: "
                "*call* is one forward+backward from an idle GPU (the host's time to its first "
                f"launch and any gap between launches count); *streamed* is {BACK_TO_BACK} calls "
-               "queued back to back, divided by their number (the GPU time per call when the "
-               "host runs ahead, as in a training loop; loop libraries: 2 calls). "
+               "queued back to back, divided by their number, timed after as many untimed calls "
+               "queued just before them (the steady-state time per call of a training loop: "
+               "the GPU's when the host keeps ahead, else the host's; loop libraries: 2 calls). "
                "*spikefuse-cuda-graph*: the same forward+backward captured once in a CUDA graph "
                "and replayed (spikes checked against the eager call; its memory is the graph's "
                "pool, not measured per call).\n")

@@ -13,8 +13,10 @@ def median_ms(fn, *, warmup: int = 3, min_reps: int = 5, max_reps: int = 100, bu
 
     back_to_back=1 times one call from an idle GPU: the host's time to the first launch
     and any wait between launches count (a call's latency). back_to_back=n times n calls
-    queued one after another and divides by n: when the host runs ahead of the GPU, as in
-    a training loop, this is the GPU's time per call (the throughput)."""
+    queued one after another and divides by n, after n more untimed calls queued just
+    before them: the span opens on a GPU already busy, as in the middle of a training loop,
+    so it is the steady-state time per call (the throughput): the GPU's time when the host
+    keeps ahead, the host's when it cannot (the queue then drains and the GPU waits)."""
     for _ in range(warmup):
         fn()
     cuda = torch.cuda.is_available()
@@ -25,11 +27,13 @@ def median_ms(fn, *, warmup: int = 3, min_reps: int = 5, max_reps: int = 100, bu
     if cuda:
         torch.cuda.synchronize()
     once = time.perf_counter() - t0
-    reps = int(max(min_reps, min(max_reps, budget_s / max(once * back_to_back, 1e-6))))
+    reps = int(max(min_reps, min(max_reps, budget_s / max(once * back_to_back * (2 if back_to_back > 1 else 1), 1e-6))))
     times = []
     for _ in range(reps):
         if cuda:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            for _ in range(back_to_back if back_to_back > 1 else 0):  # fill the queue first
+                fn()
             start.record()
             for _ in range(back_to_back):
                 fn()
