@@ -10,6 +10,7 @@ All take time-major input x of shape [T, *] and return spikes of x's shape and d
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -54,10 +55,8 @@ def lif(
     surrogate, alpha = resolve_surrogate(surrogate, alpha)
     _check_v0(v0, x)
     if _use_fused(backend, x):
-        from .ops.lif import lif_fused
-
-        return lif_fused(x, decay_value, decay_tensor, threshold, reset, v_reset,
-                         bool(detach_reset), surrogate, alpha, v0, bool(return_state))
+        return _fused_lif()(x, decay_value, decay_tensor, threshold, reset, v_reset,
+                            bool(detach_reset), surrogate, alpha, v0, bool(return_state))
     if decay_tensor is not None:
         decay_value = decay_tensor.reshape(decay_tensor.shape + (1,) * max(x.dim() - 3, 0))
     return reference.lif(x, decay_value, threshold, reset, v_reset, bool(detach_reset),
@@ -145,9 +144,18 @@ def _use_fused(backend, x):
     return fusable and x.is_cuda and _triton_available()
 
 
+@functools.cache
 def _triton_available():
     try:
         import triton  # noqa: F401
     except ImportError:
         return False
     return True
+
+
+@functools.cache
+def _fused_lif():
+    """spikefuse.ops.lif.lif_fused, imported on first use (it imports Triton) and then
+    kept: an import statement costs microseconds on every call."""
+    from .ops.lif import lif_fused
+    return lif_fused

@@ -22,17 +22,19 @@ import os
 import torch
 
 
-def _argument_class(a):
-    """What Triton specializes a runtime argument on (or something finer). Plain types are
-    tested first by identity: this runs for every argument of every launch."""
-    t = type(a)
-    if t is int:
-        return a == 1, a & 15 == 0, -2**31 <= a < 2**31, a < 2**63
-    if t is float:
-        return float
-    if isinstance(a, torch.Tensor):
-        return a.dtype, a.data_ptr() & 15 == 0
-    return t, a  # bool, None, and anything else by value
+_I32_MIN, _I32_MAX, _I64_MAX = -2**31, 2**31 - 1, 2**63 - 1
+
+
+def _argument_classes(args):
+    """What Triton specializes each runtime argument on (or something finer): a tensor's
+    dtype and 16-byte alignment, an integer's == 1, divisible by 16 and bit width, a
+    float's type, anything else by value. One comprehension with no calls per argument:
+    this runs on every launch."""
+    return [(a.dtype, a.data_ptr() & 15 == 0) if isinstance(a, torch.Tensor)
+            else (a == 1, a & 15 == 0, _I32_MIN <= a <= _I32_MAX, a <= _I64_MAX) if type(a) is int
+            else float if type(a) is float
+            else (type(a), a)
+            for a in args]
 
 
 class CachedLaunch:
@@ -54,14 +56,20 @@ class CachedLaunch:
     def _launch(self, grid, args, meta):
         if self.interpreted:
             return self.kernel[grid](*args, **meta)
-        device = next((a.get_device() for a in args if isinstance(a, torch.Tensor)), None)
-        key = (device, *meta.items(), *map(_argument_class, args))
-        compiled = self._compiled.get(key)
-        if compiled is None:  # Triton compiles (or finds) it and launches it
-            self._compiled[key] = self.kernel[grid](*args, **meta)
+        # Triton compiles for, and launches on, the current device
+        key = (_current_device(), *meta.items(), *_argument_classes(args))
+        entry = self._compiled.get(key)
+        if entry is None:  # Triton compiles (or finds) it and launches it
+            tail = tuple(meta[name] if name in meta else self._defaults[name]
+                         for name in self._names[len(args):])
+            self._compiled[key] = (self.kernel[grid](*args, **meta), tail)
             return
-        tail = [meta[name] if name in meta else self._defaults[name] for name in self._names[len(args):]]
-        compiled[tuple(grid) + (1,) * (3 - len(grid))](*args, *tail)
+        compiled, tail = entry
+        compiled[(*grid, 1, 1)[:3]](*args, *tail)
+
+
+def _current_device():
+    return torch.cuda.current_device() if torch.cuda.is_available() else -1
 
 
 def cached_launch(kernel) -> CachedLaunch:
