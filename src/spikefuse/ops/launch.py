@@ -10,8 +10,9 @@ call that compiled kernel directly.
 
 The key is at least as fine as Triton's specialization: the values of the
 constexpr/launch options, and per argument the tensor dtype and 16-byte alignment, an
-integer's value class (== 1, divisible by 16, 32- or 64-bit), a float's type. The device
-of the first tensor is part of it too (a compiled kernel is loaded on one device). Under
+integer's value class (== 1, divisible by 16, 32- or 64-bit), a float's type. The current
+device is part of it too (Triton loads a compiled kernel on, and launches it to, the
+current device). Under
 the Triton interpreter (CPU tests) every launch goes through Triton unchanged.
 """
 from __future__ import annotations
@@ -20,7 +21,6 @@ import inspect
 import os
 
 import torch
-
 
 _I32_MIN, _I32_MAX, _I64_MAX = -2**31, 2**31 - 1, 2**63 - 1
 
@@ -49,6 +49,8 @@ class CachedLaunch:
         params = inspect.signature(kernel.fn).parameters
         self._names = list(params)
         self._defaults = {name: p.default for name, p in params.items() if p.default is not p.empty}
+        # Triton compiles for, and launches on, the current device
+        self._current_device = torch.cuda.current_device if torch.cuda.is_available() else (lambda: -1)
 
     def __getitem__(self, grid):
         return lambda *args, **meta: self._launch(grid, args, meta)
@@ -56,8 +58,7 @@ class CachedLaunch:
     def _launch(self, grid, args, meta):
         if self.interpreted:
             return self.kernel[grid](*args, **meta)
-        # Triton compiles for, and launches on, the current device
-        key = (_current_device(), *meta.items(), *_argument_classes(args))
+        key = (self._current_device(), *meta.items(), *_argument_classes(args))
         entry = self._compiled.get(key)
         if entry is None:  # Triton compiles (or finds) it and launches it
             tail = tuple(meta[name] if name in meta else self._defaults[name]
@@ -66,10 +67,6 @@ class CachedLaunch:
             return
         compiled, tail = entry
         compiled[(*grid, 1, 1)[:3]](*args, *tail)
-
-
-def _current_device():
-    return torch.cuda.current_device() if torch.cuda.is_available() else -1
 
 
 def cached_launch(kernel) -> CachedLaunch:
