@@ -2,6 +2,7 @@
 Triton would specialize differently (alignment) still gets its own compile."""
 import inspect
 import os
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -22,11 +23,12 @@ class FakeJIT:
             pass
         self.fn = fn
         self.jit_launches, self.direct_launches = [], []
+        self.make_compiled = FakeCompiled
 
     def __getitem__(self, grid):
         def launch(*args, **meta):
             self.jit_launches.append((grid, args, meta))
-            return FakeCompiled(self.direct_launches)
+            return self.make_compiled(self.direct_launches)
         return launch
 
 
@@ -77,6 +79,55 @@ def test_a_different_specialization_compiles_again(change):
         meta["num_warps"] = 2
     launcher[(1,)](*args, **meta)
     assert len(launcher.kernel.jit_launches) == 2 and not launcher.kernel.direct_launches
+
+
+class FakeTritonCompiled:
+    """Shaped like Triton's CompiledKernel: [grid] gives a runner that makes the call
+    launch.py mirrors; `run` records what it is called with."""
+    function, packed_metadata = "function handle", "packed metadata"
+
+    def __init__(self, log):
+        self.log = log
+
+    def run(self, *call):
+        self.log.append(call)
+
+    def __getitem__(self, grid):
+        def runner(*args, stream=None):
+            stream = 7  # the fake current stream
+            launch_metadata = None
+            self.run(grid[0], grid[1], grid[2], stream, self.function, self.packed_metadata, launch_metadata,
+                     None, None, *args)
+        return runner
+
+
+def mirrored_launcher(monkeypatch, hook=None):
+    from spikefuse.ops import launch
+    monkeypatch.setattr(launch, "_HOOKS", SimpleNamespace(launch_enter_hook=hook, launch_exit_hook=None))
+    jit = FakeJIT()
+    jit.make_compiled = FakeTritonCompiled
+    launcher = CachedLaunch(jit)
+    launcher.interpreted = False
+    launcher._current_stream = lambda device: 8  # the runner says 7: tells the paths apart
+    return launcher
+
+
+@pytest.mark.parametrize("hook", [None, print])
+def test_direct_call_is_the_runners_call(monkeypatch, hook):
+    """Without a launch hook the second launch calls compiled.run itself, with exactly the
+    arguments Triton's runner would pass; with a hook set it goes through the runner."""
+    launcher = mirrored_launcher(monkeypatch, hook)
+    a = torch.zeros(64)
+    launcher[(4,)](a, 100, 0.5, BLOCK=32, num_warps=1)
+    launcher[(5, 2)](a, 132, 0.25, BLOCK=32, num_warps=1)
+    (direct,) = launcher.kernel.direct_launches
+    compiled = next(iter(launcher._compiled.values()))[0]
+    runner_log = []
+    FakeTritonCompiled(runner_log)[(5, 2, 1)](a, 132, 0.25, 32, 3)
+    assert compiled.log is launcher.kernel.direct_launches
+    assert direct[3] == (7 if hook else 8)  # through the runner only while a hook is set
+    assert direct[:3] + direct[4:] == runner_log[0][:3] + runner_log[0][4:] == (
+        5, 2, 1, "function handle", "packed metadata", None, None, None, a, 132, 0.25, 32, 3)
 
 
 def test_interpreter_always_goes_through_triton():

@@ -17,6 +17,7 @@ the Triton interpreter (CPU tests) every launch goes through Triton unchanged.
 """
 from __future__ import annotations
 
+import functools
 import inspect
 import os
 
@@ -37,6 +38,27 @@ def _argument_classes(args):
             for a in args]
 
 
+try:  # where Triton keeps its launch hooks (profilers set them)
+    from triton import knobs as _knobs
+    _HOOKS = _knobs.runtime
+except ImportError:  # Triton < 3.4
+    from triton.compiler.compiler import CompiledKernel as _HOOKS
+
+# The call Triton's CompiledKernel[grid](*args) makes. Where a compiled kernel's class makes
+# exactly this call, we make it ourselves, skipping the closure and the device, stream and
+# metadata lookups around it (only while no launch hook is set: then we go through Triton).
+_RUNNER_CALL = ("self.run(grid[0], grid[1], grid[2], stream, self.function, self.packed_metadata, "
+                "launch_metadata,")
+
+
+@functools.cache
+def _runner_is_mirrored(compiled_class) -> bool:
+    try:
+        return _RUNNER_CALL in inspect.getsource(compiled_class.__getitem__)
+    except (OSError, TypeError, AttributeError):
+        return False
+
+
 class CachedLaunch:
     """kernel[grid](*args, **meta), with Triton's per-call argument binding skipped after
     the first launch of each specialization. Positional arguments are the kernel's runtime
@@ -49,8 +71,10 @@ class CachedLaunch:
         params = inspect.signature(kernel.fn).parameters
         self._names = list(params)
         self._defaults = {name: p.default for name, p in params.items() if p.default is not p.empty}
-        # Triton compiles for, and launches on, the current device
-        self._current_device = torch.cuda.current_device if torch.cuda.is_available() else (lambda: -1)
+        # Triton compiles for, and launches on, the current device and its current stream
+        cuda = torch.cuda.is_available()
+        self._current_device = torch.cuda.current_device if cuda else (lambda: -1)
+        self._current_stream = torch._C._cuda_getCurrentRawStream if cuda else (lambda device: 0)
 
     def __getitem__(self, grid):
         return lambda *args, **meta: self._launch(grid, args, meta)
@@ -58,15 +82,22 @@ class CachedLaunch:
     def _launch(self, grid, args, meta):
         if self.interpreted:
             return self.kernel[grid](*args, **meta)
-        key = (self._current_device(), *meta.items(), *_argument_classes(args))
+        device = self._current_device()
+        key = (device, *meta.items(), *_argument_classes(args))
         entry = self._compiled.get(key)
         if entry is None:  # Triton compiles (or finds) it and launches it
             tail = tuple(meta[name] if name in meta else self._defaults[name]
                          for name in self._names[len(args):])
-            self._compiled[key] = (self.kernel[grid](*args, **meta), tail)
+            compiled = self.kernel[grid](*args, **meta)
+            self._compiled[key] = (compiled, tail, _runner_is_mirrored(type(compiled)))
             return
-        compiled, tail = entry
-        compiled[(*grid, 1, 1)[:3]](*args, *tail)
+        compiled, tail, direct = entry
+        grid = (*grid, 1, 1)[:3]
+        if direct and _HOOKS.launch_enter_hook is None and _HOOKS.launch_exit_hook is None:
+            compiled.run(*grid, self._current_stream(device), compiled.function,
+                         compiled.packed_metadata, None, None, None, *args, *tail)
+        else:
+            compiled[grid](*args, *tail)
 
 
 def cached_launch(kernel) -> CachedLaunch:
