@@ -59,6 +59,11 @@ def _runner_is_mirrored(compiled_class) -> bool:
         return False
 
 
+def _unhooked(hook) -> bool:
+    """No launch hook: None, or (Triton >= 3.5) an empty HookChain."""
+    return hook is None or not getattr(hook, "calls", True)
+
+
 class CachedLaunch:
     """kernel[grid](*args, **meta), with Triton's per-call argument binding skipped after
     the first launch of each specialization. Positional arguments are the kernel's runtime
@@ -93,7 +98,7 @@ class CachedLaunch:
             return
         compiled, tail, direct = entry
         grid = (*grid, 1, 1)[:3]
-        if direct and _HOOKS.launch_enter_hook is None and _HOOKS.launch_exit_hook is None:
+        if direct and _unhooked(_HOOKS.launch_enter_hook) and _unhooked(_HOOKS.launch_exit_hook):
             compiled.run(*grid, self._current_stream(device), compiled.function,
                          compiled.packed_metadata, None, None, None, *args, *tail)
         else:
