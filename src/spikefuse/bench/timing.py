@@ -27,12 +27,13 @@ def median_ms(fn, *, warmup: int = 3, min_reps: int = 5, max_reps: int = 100, bu
     if cuda:
         torch.cuda.synchronize()
     once = time.perf_counter() - t0
-    reps = int(max(min_reps, min(max_reps, budget_s / max(once * back_to_back * (2 if back_to_back > 1 else 1), 1e-6))))
+    calls_per_rep = back_to_back * (2 if cuda and back_to_back > 1 else 1)  # the untimed ones too
+    reps = int(max(min_reps, min(max_reps, budget_s / max(once * calls_per_rep, 1e-6))))
     times = []
     for _ in range(reps):
         if cuda:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            for _ in range(back_to_back if back_to_back > 1 else 0):  # fill the queue first
+            for _ in range(calls_per_rep - back_to_back):  # fill the queue first
                 fn()
             start.record()
             for _ in range(back_to_back):
