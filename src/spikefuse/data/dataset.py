@@ -139,9 +139,10 @@ def _group_edges(stop: int, batch_size: int, group: int) -> list[int]:
 
 
 def _made_ahead(make, starts, device: torch.device):
-    """Yield make(start) for each start (here: a group's bounds). On a GPU the next group is made on a side stream
-    while the consumer trains on the current one: the framing kernels then overlap the
-    training step's (small, launch-bound) kernels instead of running between steps."""
+    """Yield make(start) for each start (here: a group's bounds). On a GPU the next group
+    is made on a side stream while the consumer trains on the current one: the framing
+    kernels then overlap the training step's (small, launch-bound) kernels instead of
+    running between steps."""
     starts = list(starts)
     if device.type != "cuda":
         for start in starts:

@@ -68,22 +68,26 @@ def _steps(T: int) -> int:
 
 # ---- layout ----
 
+def _dense(order) -> bool:
+    """Whether (size, stride) pairs, innermost first, lay out one dense block (a size-1
+    dim's stride does not matter: torch's rule)."""
+    expected = 1
+    for size, stride in order:
+        if size != 1 and stride != expected:
+            return False
+        expected *= size
+    return True
+
+
 def is_channels_last(x: torch.Tensor) -> bool:
-    """Whether the steps of x [T, B, C, H, W] are channels-last in memory ([B, H, W, C])."""
-    if x.dim() != 5:  # torch's dense-layout rules, from the strides (no view of x[0]: it runs per call)
+    """Whether the steps of x [T, B, C, H, W] are channels-last in memory ([B, H, W, C]).
+    Read from the strides, with no view of x[0]: this runs on every call."""
+    if x.dim() != 5:
         return False
     _, B, C, H, W = x.shape
     _, sB, sC, sH, sW = x.stride()
-
-    def dense(order):  # (size, stride) innermost first; a size-1 dim's stride does not matter
-        expected = 1
-        for size, stride in order:
-            if size != 1 and stride != expected:
-                return False
-            expected *= size
-        return True
-    return (dense(((C, sC), (W, sW), (H, sH), (B, sB)))
-            and not dense(((W, sW), (H, sH), (C, sC), (B, sB))))
+    return (_dense(((C, sC), (W, sW), (H, sH), (B, sB)))
+            and not _dense(((W, sW), (H, sH), (C, sC), (B, sB))))
 
 
 def as_layout(t: torch.Tensor, channels_last: bool) -> torch.Tensor:

@@ -15,7 +15,8 @@ import os
 
 import torch
 
-from .lif import _cdiv, cached_launch  # first: it sets TRITON_INTERPRET on GPU-less machines
+from .lif import _cdiv  # first: it sets TRITON_INTERPRET on GPU-less machines
+from .launch import cached_launch
 
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
