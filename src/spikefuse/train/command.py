@@ -9,7 +9,7 @@ from ..errors import UsageError
 from .config import FIELDS, ConfigError, make, read_toml
 
 # options that may accompany --resume: they change where the run goes, not what it computes
-RESUME_OPTIONS = {"device"}
+RESUME_OPTIONS = {"device": "--device", "capture": "--no-capture"}  # option -> its flag
 
 
 def _datasets() -> dict:
@@ -47,7 +47,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add("--time-steps", type=int, default=s, metavar="T", help="time steps per sample (default: the data set's)")
     add("--device", default=s, help="cpu, cuda, cuda:N or auto (default: auto = cuda if present)")
     add("--precision", default=s, choices=["fp32", "bf16", "fp16"], help="autocast precision (default: fp32)")
-    add("--compile", action="store_true", default=s, help="run the model through torch.compile")
+    add("--compile", action="store_true", default=s,
+        help="run the model through torch.compile (on CUDA the captured step wraps the compiled model)")
+    add("--no-capture", dest="capture", action="store_false", default=s,
+        help="on CUDA, issue every training step from Python instead of replaying it as one CUDA graph")
+    add("--clip-grad", type=float, default=s, metavar="NORM", help="clip the gradients' total norm (default: off)")
     add("--seed", type=int, default=s, help="seeds init, data order and every RNG (default: 0)")
     add("--threads", type=int, default=s, metavar="N", help="CPU threads for PyTorch ops (default: 1)")
     add("--out", default=s, metavar="DIR", help="run directory (default: runs/<dataset>-<model>-<time>)")
@@ -102,6 +106,7 @@ def _train(cfg, device, run_dir, args) -> int:
     scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=cfg.epochs)
     trainer = Trainer(model, splits, optimizer, epochs=cfg.epochs, batch_size=cfg.batch_size,
                       scheduler=scheduler, device=device, precision=cfg.precision, compile=cfg.compile,
+                      capture=None if cfg.capture else False, clip_grad_norm=cfg.clip_grad,
                       seed=cfg.seed, run_dir=run_dir, progress=not args.quiet,
                       config={"options": cfg.as_dict(), "model": model_args})
     if args.resume:
@@ -131,11 +136,11 @@ def _resume_state(args, given):
         what = "does not exist" if not run_dir.exists() else f"has no {checkpoint.FILENAME}"
         raise UsageError(f"cannot resume: {run_dir} {what}; pass a run directory written by "
                          "`spikefuse train --out DIR`")
-    extra = sorted(set(given) - RESUME_OPTIONS) + (["config"] if args.config else [])
+    extra = sorted(set(given) - set(RESUME_OPTIONS)) + (["config"] if args.config else [])
     if extra:
         names = ", ".join("--" + k.replace("_", "-") for k in extra)
         raise UsageError(f"--resume continues a run with its saved options; drop {names} "
-                         f"(allowed with --resume: {', '.join('--' + k for k in sorted(RESUME_OPTIONS))})")
+                         f"(allowed with --resume: {', '.join(RESUME_OPTIONS.values())})")
     try:
         state = checkpoint.load(path)
     except Exception as e:  # a foreign or damaged file: say so in one line

@@ -32,6 +32,8 @@ class Config:
     device: str = "auto"  # cuda when present, else cpu
     precision: str = "fp32"
     compile: bool = False
+    capture: bool = True  # CUDA-graph training steps on CUDA (--no-capture turns it off)
+    clip_grad: float | None = None  # max total gradient norm; None: no clipping
     seed: int = 0
     threads: int = 1  # CPU threads for PyTorch ops (why 1: see command.py)
     out: str | None = None  # None: runs/<dataset>-<model>-<timestamp>
@@ -42,7 +44,8 @@ class Config:
 
 FIELDS = {f.name: f for f in dataclasses.fields(Config)}
 TYPES = {"dataset": str, "model": str, "epochs": int, "batch_size": int, "lr": float,
-         "time_steps": int, "device": str, "precision": str, "compile": bool, "seed": int, "threads": int,
+         "time_steps": int, "device": str, "precision": str, "compile": bool, "capture": bool,
+         "clip_grad": float, "seed": int, "threads": int,
          "out": str}
 
 
@@ -79,6 +82,8 @@ def make(*layers: dict) -> Config:
             raise ConfigError(f"{name.replace('_', '-')} must be at least 1, got {value}")
     if not cfg.lr > 0:
         raise ConfigError(f"lr must be positive, got {cfg.lr}")
+    if cfg.clip_grad is not None and not 0 < cfg.clip_grad < float("inf"):
+        raise ConfigError(f"clip-grad must be a finite number > 0, got {cfg.clip_grad}")
     if cfg.precision not in PRECISIONS:
         raise ConfigError(f"unknown precision {cfg.precision!r}; expected one of: {', '.join(PRECISIONS)}")
     return cfg

@@ -9,7 +9,10 @@ drawn from a generator seeded with seed + epoch, and every RNG state is restored
 """
 from __future__ import annotations
 
+import contextlib
+import math
 import time
+import warnings
 from pathlib import Path
 
 import torch
@@ -18,6 +21,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from . import checkpoint, metrics
+from .capture import CaptureFallback, CapturedStep, prepare_optimizer
 from .spikes import SpikeMonitor
 
 PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -29,65 +33,110 @@ class Trainer:
     splits: anything with .train and .test datasets offering
         `batches(batch_size, shuffle=..., generator=...)` -> (x [T, B, ...], y [B]).
     precision: "fp32", or "bf16"/"fp16" autocast (fp16 adds gradient scaling).
-    compile: run the forward through torch.compile (checkpoints keep the plain module).
+    compile: run the forward through torch.compile (default mode; checkpoints keep the
+        plain module). With capture on, the CUDA graph captures the compiled step: one of
+        the two captures, never both.
+    capture: run each training step as a CUDA-graph replay (spikefuse.train.capture);
+        None = on for CUDA. The optimizer is prepared for it in place (learning rate as a
+        device tensor, capturable state). fp16 trains eagerly: GradScaler decides on the
+        host whether to skip a step. Evaluation runs eagerly (no gradients, no optimizer:
+        the host's share is smaller there). The last, shorter batch of an epoch gets a
+        graph of its own after a few epochs of eager warm-up.
+    clip_grad_norm: clip the gradients' total norm to this value before each step.
     config: saved in the checkpoint as is (the CLI stores its options there).
     """
 
     def __init__(self, model: nn.Module, splits, optimizer: torch.optim.Optimizer, *, epochs: int,
                  batch_size: int = 64, scheduler=None, device="cpu", precision: str = "fp32",
-                 compile: bool = False, seed: int = 0, run_dir=None, config: dict | None = None,
+                 compile: bool = False, capture: bool | None = None, clip_grad_norm: float | None = None,
+                 seed: int = 0, run_dir=None, config: dict | None = None,
                  loss_fn=F.cross_entropy, progress: bool = True):
         if precision not in PRECISIONS:
             raise ValueError(f"precision: unknown {precision!r}; expected one of {list(PRECISIONS)}")
+        if clip_grad_norm is not None and not (isinstance(clip_grad_norm, (int, float)) and clip_grad_norm > 0
+                                               and math.isfinite(clip_grad_norm)):
+            raise ValueError(f"clip_grad_norm: expected a finite number > 0 or None, got {clip_grad_norm!r}")
         self.device = torch.device(device)
         self.model = model.to(self.device)
         self.forward = torch.compile(self.model) if compile else self.model
         self.splits, self.optimizer, self.scheduler = splits, optimizer, scheduler
         self.epochs, self.batch_size, self.seed = epochs, batch_size, seed
         self.precision, self.loss_fn, self.progress = precision, loss_fn, progress
+        self.clip_grad_norm = clip_grad_norm
         self.config = dict(config or {})
         self.run_dir = Path(run_dir) if run_dir is not None else None
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=precision == "fp16")
         self.generator = torch.Generator()  # data order only; reseeded every epoch
         self.epoch = 0  # epochs completed
         self.history: list[dict] = []
+        # per epoch: summed loss, correct predictions; on the device, updated inside the step
+        self.sums = torch.zeros(2, dtype=torch.float64, device=self.device)
+        self.monitors = {mode: SpikeMonitor(self.model, mode=mode, device=self.device) for mode in ("train", "eval")}
+        self.step = CapturedStep(self._train_step, enabled=self._capture_wanted(capture))
+
+    def _capture_wanted(self, capture) -> bool:
+        if capture is None:
+            capture = self.device.type == "cuda"
+        if not capture:
+            return False
+        reason = ("fp16 gradient scaling decides on the host (GradScaler reads .item()) whether to skip "
+                  "a step" if self.precision == "fp16" else None)
+        if reason is None and self.device.type != "cuda":
+            reason = f"CUDA graphs need a CUDA device, the trainer runs on {self.device}"
+        reason = reason or prepare_optimizer(self.optimizer)
+        if reason is not None:
+            warnings.warn(f"training steps run eagerly, not as CUDA graphs: {reason}", CaptureFallback, stacklevel=3)
+            return False
+        return True
 
     # ---- one pass ----
 
     def _autocast(self):
+        # no weight-cast cache: a cache entry made while capturing would outlive its graph
         return torch.autocast(self.device.type, dtype=PRECISIONS[self.precision],
-                              enabled=self.precision != "fp32")
+                              enabled=self.precision != "fp32", cache_enabled=False)
+
+    def _train_step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """Forward, backward, optimizer step and metric sums: only tensor work, so that
+        CapturedStep can record it in one CUDA graph."""
+        with self._autocast():
+            logits = self.forward(x)
+            loss = self.loss_fn(logits.float(), y)
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scaler.scale(loss).backward()
+        if self.clip_grad_norm is not None:
+            self.scaler.unscale_(self.optimizer)
+            nn.utils.clip_grad_norm_(self.model.parameters(), self.clip_grad_norm, foreach=True)
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        with torch.no_grad():
+            self.sums[0].add_(loss.detach().double() * y.shape[0])
+            self.sums[1].add_((logits.argmax(1) == y).sum())
+        return loss
 
     def train_epoch(self, epoch: int) -> dict:
         self.model.train()
         self.generator.manual_seed(self.seed + epoch)  # resuming at epoch e replays its order
         data = self.splits.train
         total = len(data)
-        loss_sum = torch.zeros((), device=self.device)
-        correct = torch.zeros((), device=self.device, dtype=torch.long)
+        self.sums.zero_()
+        monitor = self.monitors["train"]
+        monitor.reset()
+        progress = _Progress(self.sums, self.device)
         seen, start = 0, time.perf_counter()
         bar = tqdm(total=total, desc=f"epoch {epoch + 1}/{self.epochs}", unit="sample",
                    disable=not self.progress, leave=False, dynamic_ncols=True)
-        with SpikeMonitor(self.model) as monitor, bar:
+        with self._watching(), bar:
             for step, (x, y) in enumerate(data.batches(self.batch_size, shuffle=True, generator=self.generator)):
                 x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
-                with self._autocast():
-                    logits = self.forward(x)
-                    loss = self.loss_fn(logits.float(), y)
-                self.optimizer.zero_grad(set_to_none=True)
-                self.scaler.scale(loss).backward()
-                self.scaler.step(self.optimizer)
-                self.scaler.update()
-                loss_sum += loss.detach() * len(y)
-                correct += (logits.argmax(1) == y).sum()
+                self.step(x, y)
                 seen += len(y)
                 bar.update(len(y))
-                if step % 10 == 0:  # reading values syncs the device: not every step
-                    bar.set_postfix(loss=f"{loss_sum.item() / seen:.3f}", acc=f"{correct.item() / seen:.3f}",
-                                    sps=f"{seen / (time.perf_counter() - start):.0f}",
-                                    rate=f"{monitor.rate():.3f}")
+                if step % 10 == 0 and not bar.disable:
+                    progress.show(bar, seen, start)
+        loss_sum, correct = self.sums.tolist()  # the epoch's one sync
         elapsed = time.perf_counter() - start
-        return {"train_loss": loss_sum.item() / seen, "train_acc": correct.item() / seen,
+        return {"train_loss": loss_sum / seen, "train_acc": correct / seen,
                 "train_rate": monitor.rate(), "samples_per_s": seen / elapsed, "train_time_s": elapsed}
 
     @torch.no_grad()
@@ -98,7 +147,9 @@ class Trainer:
         loss_sum = torch.zeros((), device=self.device)  # summed on the device: one sync at the end
         correct = torch.zeros((), device=self.device, dtype=torch.long)
         seen = 0
-        with SpikeMonitor(self.model) as monitor:
+        monitor = self.monitors["eval"]
+        monitor.reset()
+        with self._watching():
             for x, y in data.batches(self.batch_size, shuffle=False):
                 x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
                 with self._autocast():
@@ -109,11 +160,25 @@ class Trainer:
         return {"test_loss": loss_sum.item() / seen, "test_acc": correct.item() / seen,
                 "test_rate": monitor.rate(), "firing_rates": monitor.rates()}
 
+    @contextlib.contextmanager
+    def _watching(self):
+        """Both monitors' hooks attached (once: fit keeps them for the whole run, so the
+        hooks a compiled model traced stay the same), detached again by whoever attached."""
+        if self.monitors["train"].handles:
+            yield
+            return
+        with self.monitors["train"], self.monitors["eval"]:
+            yield
+
     # ---- the whole run ----
 
     def fit(self) -> list[dict]:
+        with self._watching():
+            return self._fit()
+
+    def _fit(self) -> list[dict]:
         for epoch in range(self.epoch, self.epochs):
-            record = {"epoch": epoch + 1, "lr": self.optimizer.param_groups[0]["lr"]}
+            record = {"epoch": epoch + 1, "lr": float(self.optimizer.param_groups[0]["lr"])}
             record.update(self.train_epoch(epoch))
             record.update(self.evaluate())
             if self.scheduler is not None:
@@ -147,6 +212,8 @@ class Trainer:
     def load_state_dict(self, state: dict) -> None:
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
+        if self.step.enabled:  # the saved learning rate and step counters come back on the CPU
+            prepare_optimizer(self.optimizer)
         if self.scheduler is not None and state["scheduler"] is not None:
             self.scheduler.load_state_dict(state["scheduler"])
         if state["scaler"]:
@@ -163,6 +230,30 @@ class Trainer:
         state = checkpoint.load(self.run_dir / checkpoint.FILENAME)  # RNG states must stay on the CPU
         self.load_state_dict(state)
         metrics.rewrite(self.run_dir / metrics.FILENAME, self.history)
+
+
+class _Progress:
+    """The progress bar's loss and accuracy without waiting for the GPU: the device sums
+    are copied to pinned host memory behind an event and shown once the copy has landed."""
+
+    def __init__(self, sums: torch.Tensor, device: torch.device):
+        self.sums, self.cuda = sums, device.type == "cuda"
+        self.host = torch.zeros(sums.shape, dtype=sums.dtype, pin_memory=self.cuda)
+        self.seen = 0  # samples the copy in flight covers
+        self.event = torch.cuda.Event() if self.cuda else None
+        self.pending = False
+
+    def show(self, bar, seen: int, start: float):
+        if self.cuda and self.pending and not self.event.query():
+            return  # the last copy has not landed: try again at the next call
+        if self.pending and self.seen:
+            loss_sum, correct = self.host.tolist()
+            bar.set_postfix(loss=f"{loss_sum / self.seen:.3f}", acc=f"{correct / self.seen:.3f}",
+                            sps=f"{seen / (time.perf_counter() - start):.0f}", refresh=False)
+        self.host.copy_(self.sums, non_blocking=self.cuda)
+        self.seen, self.pending = seen, True
+        if self.cuda:
+            self.event.record()
 
 
 def fit(model, splits, optimizer, **kwargs) -> list[dict]:

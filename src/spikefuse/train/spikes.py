@@ -19,32 +19,46 @@ def spiking_layers(model: nn.Module) -> dict[str, nn.Module]:
 class SpikeMonitor:
     """Context manager: while active, counts spikes per layer (and keeps them if asked).
 
-    Sums stay on the device as tensors so watching costs no host sync per step;
-    `rates()` syncs once.
+    The counts live in one device tensor updated in place, so watching costs no host sync
+    per step, a CUDA graph captured while watching keeps counting when replayed, and
+    torch.compile traces the hooks without recompiling (the tensor never changes identity;
+    `reset()` zeroes it). `rates()` syncs once.
+    mode: "train" or "eval" counts only forward passes in that mode (two monitors can then
+    stay attached through a whole run); None counts every pass.
     """
 
-    def __init__(self, model: nn.Module, keep: bool = False):
+    def __init__(self, model: nn.Module, keep: bool = False, mode: str | None = None, device=None):
+        if mode not in (None, "train", "eval"):
+            raise ValueError(f"mode: expected 'train', 'eval' or None, got {mode!r}")
         self.layers = spiking_layers(model)
-        self.keep = keep
+        self.keep, self.mode = keep, mode
         self.handles = []
-        self.reset()
-
-    def reset(self):
-        self.spikes = {name: 0.0 for name in self.layers}
-        self.counts = {name: 0 for name in self.layers}
+        if device is None:
+            first = next(iter(model.parameters()), None)
+            first = first if first is not None else next(iter(model.buffers()), None)
+            device = first.device if first is not None else "cpu"
+        # row i: (spikes, neuron-steps) of layer i; float64 counts stay exact past 2^24
+        self.counts = torch.zeros(len(self.layers), 2, dtype=torch.float64, device=device)
         self.trains: dict[str, torch.Tensor] = {}
 
-    def _hook(self, name):
+    def reset(self):
+        self.counts.zero_()
+        self.trains = {}
+
+    def _hook(self, index, name):
         def hook(module, inputs, out):
+            if self.mode is not None and module.training != (self.mode == "train"):
+                return
             out = out.detach()
-            self.spikes[name] = self.spikes[name] + out.float().sum()
-            self.counts[name] += out.numel()
+            row = self.counts[index]
+            row[0].add_(out.sum(dtype=torch.float64).to(row.device))
+            row[1].add_(out.numel())
             if self.keep:
                 self.trains[name] = out.cpu()
         return hook
 
     def __enter__(self):
-        self.handles = [m.register_forward_hook(self._hook(n)) for n, m in self.layers.items()]
+        self.handles = [m.register_forward_hook(self._hook(i, n)) for i, (n, m) in enumerate(self.layers.items())]
         return self
 
     def __exit__(self, *exc):
@@ -54,9 +68,10 @@ class SpikeMonitor:
 
     def rates(self) -> dict[str, float]:
         """Mean spikes per neuron per time step, per layer (0 for a layer not yet run)."""
-        return {n: float(self.spikes[n]) / self.counts[n] if self.counts[n] else 0.0 for n in self.layers}
+        counts = self.counts.tolist()
+        return {n: spikes / steps if steps else 0.0 for n, (spikes, steps) in zip(self.layers, counts)}
 
     def rate(self) -> float:
         """Mean firing rate over all spiking neurons of all layers."""
-        total = sum(self.counts.values())
-        return float(sum(self.spikes.values())) / total if total else 0.0
+        spikes, steps = self.counts.sum(0).tolist() if len(self.layers) else (0.0, 0.0)
+        return spikes / steps if steps else 0.0
