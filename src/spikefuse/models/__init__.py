@@ -20,7 +20,7 @@ def build_model(name: str, input_shape, num_classes: int, time_steps: int | None
 
 __all__ = ["MODELS", "build_model"]
 
-from . import cifar, dvs, resnet, shd  # noqa: E402
+from . import cifar, dvs, ipu, resnet, shd  # noqa: E402
 
 MODELS.update({
     "cifar-small": (cifar.build_small, "Liang et al. small CIFAR net: 128C-256C-512C-1024FC-512FC, BN-LIF"),
@@ -30,4 +30,8 @@ MODELS.update({
     "resnet34": (resnet.build_resnet34, "spiking ResNet-34 (BN+residual+LIF fused), rate readout"),
     "shd": (shd.build, "SHD feed-forward net: 700 -> 256 BN-LIF -> 20"),
     "dvs-gesture": (dvs.build, "DVS128 Gesture conv net: conv128-BN-LIF-maxpool blocks, FC512, 11 classes"),
+    "ipu-shd": (ipu.build_shd, "IPU study's SHD net: 700-1472-1470-20 LIF (decay 0.95), T=100, mean-over-time readout"),
+    "ipu-nmnist": (ipu.build_nmnist, "IPU study's N-MNIST net: 2x34x34-1472-1470-10 LIF (decay 0.95), T=100, mean readout"),
+    "ipu-dvsgesture": (ipu.build_dvsgesture,
+                       "IPU study's DVS-Gesture net: 2x48x48-1472-1470-11 LIF (decay 0.95), T=50, mean readout"),
 })
