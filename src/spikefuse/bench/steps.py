@@ -17,6 +17,7 @@ timed after 10 more), "call" one step from an idle GPU.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import gc
 import math
@@ -26,11 +27,12 @@ import torch
 from torch import nn
 
 from ..models import build_model
+from ..ops.launch import through_triton
 from ..train.capture import CapturedStep, prepare_optimizer
 from .report import environment, table, write_results
 from .timing import median_ms
 
-MODES = ("eager", "captured", "compiled", "reduce-overhead")
+MODES = ("eager", "eager-triton-launch", "captured", "compiled", "reduce-overhead")
 IPU_NETS = ("ipu-shd", "ipu-nmnist", "ipu-dvsgesture")
 INPUT_DENSITY = 0.05  # event inputs: a binary frame with this share of ones
 
@@ -167,7 +169,14 @@ def time_step(call, smoke):
 
 
 def measure(net, precision, batch, opt_name, mode, args, device, template):
+    """eager-triton-launch: eager with every kernel launched through Triton's own path
+    instead of ops/launch.py's cached one (what the cache saves the host)."""
     case = {"net": net, "precision": precision, "B": batch, "optimizer": opt_name, "mode": mode}
+    with through_triton() if mode == "eager-triton-launch" else contextlib.nullcontext():
+        return _measure(case, net, precision, batch, opt_name, mode, args, device, template)
+
+
+def _measure(case, net, precision, batch, opt_name, mode, args, device, template):
     try:
         torch._dynamo.reset()
         torch.manual_seed(0)
@@ -203,7 +212,7 @@ def measure(net, precision, batch, opt_name, mode, args, device, template):
         case["peak_mib"] = torch.cuda.max_memory_allocated() / 2**20
         if mode == "eager":
             case["kernel_ms"] = kernel_time_ms(step, inputs)
-        case["loss"] = float(call())
+        case["loss"] = float(call().detach())
     except Exception as e:  # noqa: BLE001  (recorded; the rest still run)
         if not isinstance(e, ImportError):
             traceback.print_exc()
@@ -253,7 +262,8 @@ def run(args) -> int:
     for net, precision, batch, opt_name in workloads(args):
         template, args.shapes, args.num_classes = make_model(net, args.width, "auto")
         template = template.to(device)
-        wanted = [m for m in modes if m in ("eager", "captured") or net not in IPU_NETS or batch in compile_batches]
+        small = net not in IPU_NETS or batch in compile_batches  # compiled and launch-path modes: a few cases
+        wanted = [m for m in modes if m in ("eager", "captured") or small]
         peer = not args.no_peers and (net in IPU_NETS or net == "cifar-medium")
         for mode in wanted + (["spikingjelly"] if peer else []):
             if mode == "spikingjelly" and net == "cifar-medium":

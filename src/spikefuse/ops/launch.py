@@ -17,6 +17,7 @@ the Triton interpreter (CPU tests) every launch goes through Triton unchanged.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import os
@@ -59,6 +60,27 @@ def _runner_is_mirrored(compiled_class) -> bool:
         return False
 
 
+def mirrors_triton() -> bool:
+    """Whether this Triton's CompiledKernel launches with the call the direct path makes
+    (else every cached launch goes through Triton's runner: correct, but slower)."""
+    from triton.compiler.compiler import CompiledKernel
+    return _runner_is_mirrored(CompiledKernel)
+
+
+_through_triton = False  # set by through_triton(): every launch takes Triton's own path
+
+
+@contextlib.contextmanager
+def through_triton():
+    """Launch through Triton's JIT path while active (benchmarks weigh what caching saves)."""
+    global _through_triton
+    before, _through_triton = _through_triton, True
+    try:
+        yield
+    finally:
+        _through_triton = before
+
+
 def _unhooked(hook) -> bool:
     """No launch hook: None, or (Triton >= 3.5) an empty HookChain."""
     return hook is None or not getattr(hook, "calls", True)
@@ -85,7 +107,7 @@ class CachedLaunch:
         return lambda *args, **meta: self._launch(grid, args, meta)
 
     def _launch(self, grid, args, meta):
-        if self.interpreted:
+        if self.interpreted or _through_triton:
             return self.kernel[grid](*args, **meta)
         device = self._current_device()
         key = (device, *meta.items(), *_argument_classes(args))
