@@ -1,6 +1,7 @@
 """One whole training step (forward, loss, backward, optimizer step) issued four ways, side
 by side in one run: eager (Python issues every kernel), captured (spikefuse.train.capture:
-one CUDA-graph replay), torch.compile default and mode="reduce-overhead"; beside them the
+one CUDA-graph replay), torch.compile default and mode="reduce-overhead" (of the model, and
+of the model and the optimizer step: "reduce-overhead-step"); beside them the
 step's GPU kernel time (profiler: the sum of its kernels' durations, what a step costs when
 the host is never in the way) and SpikingJelly 2.0's eager step on the same network.
 
@@ -32,7 +33,7 @@ from ..train.capture import CapturedStep, prepare_optimizer
 from .report import environment, table, write_results
 from .timing import median_ms
 
-MODES = ("eager", "eager-triton-launch", "captured", "compiled", "reduce-overhead")
+MODES = ("eager", "eager-triton-launch", "captured", "compiled", "reduce-overhead", "reduce-overhead-step")
 IPU_NETS = ("ipu-shd", "ipu-nmnist", "ipu-dvsgesture")
 INPUT_DENSITY = 0.05  # event inputs: a binary frame with this share of ones
 
@@ -96,15 +97,17 @@ def make_optimizer(name, params):
             else torch.optim.SGD(params, lr=0.01, momentum=0.9))
 
 
-def step_function(model, forward, optimizer, precision):
+def step_function(model, forward, optimizer, precision, optimizer_step=None):
+    """optimizer_step: what runs the update (default optimizer.step; a compiled one)."""
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    optimizer_step = optimizer_step or optimizer.step
 
     def step(x, y):
         with torch.autocast("cuda", dtype=dtype, enabled=precision == "bf16", cache_enabled=False):
             loss = nn.functional.cross_entropy(forward(x).float(), y)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        optimizer.step()
+        optimizer_step()
         return loss
     return step
 
@@ -188,9 +191,14 @@ def _measure(case, net, precision, batch, opt_name, mode, args, device, template
         forward = model
         if mode == "compiled":
             forward = torch.compile(model)
-        elif mode == "reduce-overhead":
+        optimizer_step = None
+        if mode.startswith("reduce-overhead"):
             forward = torch.compile(model, mode="reduce-overhead")
-        step = step_function(model, forward, optimizer, precision)
+        if mode == "reduce-overhead-step":  # the update compiled too, its learning rate a tensor
+            if prepare_optimizer(optimizer) is not None:
+                raise RuntimeError("optimizer cannot take a tensor learning rate")
+            optimizer_step = torch.compile(optimizer.step, mode="reduce-overhead")
+        step = step_function(model, forward, optimizer, precision, optimizer_step)
         inputs = make_inputs(args.shapes, args.num_classes, batch, device)
         if mode == "captured":
             if prepare_optimizer(optimizer) is not None:
