@@ -10,7 +10,7 @@ All take time-major input x of shape [T, *] and return spikes of x's shape and d
 """
 from __future__ import annotations
 
-import functools
+import importlib.util
 import math
 
 import torch
@@ -144,18 +144,26 @@ def _use_fused(backend, x):
     return fusable and x.is_cuda and _triton_available()
 
 
-@functools.cache
+# Module-level values, not functools.cache: dynamo warns on (and cannot see into) an
+# lru_cache wrapper.
+_TRITON_AVAILABLE = importlib.util.find_spec("triton") is not None  # found, not imported
+_LIF_FUSED = None
+
+
 def _triton_available():
-    try:
-        import triton  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    return _TRITON_AVAILABLE
 
 
-@functools.cache
 def _fused_lif():
     """spikefuse.ops.lif.lif_fused, imported on first use (it imports Triton) and then
-    kept: an import statement costs microseconds on every call."""
-    from .ops.lif import lif_fused
-    return lif_fused
+    kept: an import statement costs microseconds on every call. While dynamo traces, a
+    plain import: a global filled inside a traced frame would fail that frame's guards
+    on its next call (a recompile)."""
+    global _LIF_FUSED
+    if torch.compiler.is_dynamo_compiling():
+        from .ops.lif import lif_fused
+        return lif_fused
+    if _LIF_FUSED is None:
+        from .ops.lif import lif_fused
+        _LIF_FUSED = lif_fused
+    return _LIF_FUSED

@@ -7,6 +7,7 @@ as a float tensor (4 bytes per spike in float32). Here it is packed to 1 bit
 spikes outlives the forward. The input must be binary: nonzero values count as 1, checked
 only with SPIKEFUSE_DEBUG=1. Spikes from a fused BN+LIF come with their bits already
 packed by its kernel (spike_pack.attached_bits); a conv or linear layer over them saves those.
+The ops themselves live in spikefuse.ops.spike_linear and spikefuse.ops.spike_conv.
 
 Layout: the fused blocks keep conv weights and activations channels-last (NHWC in memory),
 so cuDNN convolves without converting to and from NCHW; the bits are packed in memory
@@ -14,105 +15,27 @@ order and unpacked into the same layout for the weight gradient.
 """
 from __future__ import annotations
 
-import contextlib
-
 import torch
 from torch import nn
-from torch.nn import functional as F
 
-from ..ops.spike_pack import attached_bits, pack, unpack
+from ..ops.spike_conv import is_channels_last, memory_order, spike_conv2d, without_onednn
+from ..ops.spike_linear import spike_linear
+from ..ops.spike_pack import attached_bits, pack
 from .batchnorm import TemporalBatchNorm1d, TemporalBatchNorm2d
 from .bn_lif import BNLIF
 from .layers import check_input, fold, unfold
 from .neurons import LIF
 
 
-class _SpikeLinear(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, s, weight, bias, bits):
-        """bits: pack(s) when its producer made them already, else None."""
-        packed = (bits if bits is not None else pack(s)) if weight.requires_grad else None
-        ctx.save_for_backward(packed, weight)
-        ctx.s_shape, ctx.s_dtype, ctx.has_bias = s.shape, s.dtype, bias is not None
-        return F.linear(s, weight, bias)
-
-    @staticmethod
-    def backward(ctx, gy):
-        packed, weight = ctx.saved_tensors
-        need_s, need_w, need_b = ctx.needs_input_grad[:3]
-        gy2 = gy.reshape(-1, gy.shape[-1])
-        gs = (gy2 @ weight.to(gy.dtype)).view(ctx.s_shape).to(ctx.s_dtype) if need_s else None
-        gw = gb = None
-        if need_w:
-            s = unpack(packed, ctx.s_shape, gy.dtype)  # transient: only for this product
-            gw = (gy2.t() @ s.reshape(-1, s.shape[-1])).to(weight.dtype)
-        if need_b and ctx.has_bias:
-            gb = gy2.sum(0).to(weight.dtype)
-        return gs, gw, gb, None
-
-
-def _producer_bits(s: torch.Tensor, x: torch.Tensor) -> torch.Tensor | None:
-    """Bits a fused BN+LIF attached to spikes s, if x (what the layer reads) is s's memory
-    in s's order; never while torch.compile traces (fake tensors have no memory, no bits)."""
-    if torch.compiler.is_dynamo_compiling() or x.data_ptr() != s.data_ptr():
+def _saved_bits(s: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, channels_last=False):
+    """What the weight gradient will read of x (the layer's input, made from spikes s): the
+    bits a fused BN+LIF attached to s if x is s's memory in s's order, else x packed now in
+    memory order. None when no weight gradient will be taken, and while torch.compile
+    traces (fake tensors have no memory, no bits: the traced op packs for itself)."""
+    if torch.compiler.is_dynamo_compiling() or not (weight.requires_grad and torch.is_grad_enabled()):
         return None
-    return attached_bits(s)
-
-
-def _memory_order(s):
-    """s [N, C, H, W] as a view whose logical order is its memory order (NHWC for a
-    channels-last s), and the permutation that gives s back."""
-    if not s.is_contiguous() and s.is_contiguous(memory_format=torch.channels_last):
-        return s.permute(0, 2, 3, 1), (0, 3, 1, 2)
-    return s, (0, 1, 2, 3)
-
-
-class _SpikeConv2d(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, s, weight, bias, stride, padding, dilation, groups, bits):
-        """bits: pack(s in memory order) when its producer made them already, else None."""
-        packed = None
-        if weight.requires_grad:
-            in_memory_order, ctx.restore = _memory_order(s)
-            packed = bits if bits is not None else pack(in_memory_order)
-            ctx.packed_shape = in_memory_order.shape
-        ctx.save_for_backward(packed, weight)
-        ctx.s_shape, ctx.s_dtype = s.shape, s.dtype
-        ctx.conv = (stride, padding, dilation, groups)
-        ctx.bias_sizes = None if bias is None else [bias.shape[0]]
-        return F.conv2d(s, weight, bias, stride, padding, dilation, groups)
-
-    @staticmethod
-    def backward(ctx, gy):
-        packed, weight = ctx.saved_tensors
-        need_s, need_w, need_b = ctx.needs_input_grad[:3]
-        stride, padding, dilation, groups = ctx.conv
-        w = weight.to(gy.dtype)
-        if need_w:  # transient, in the forward's layout: only for this call
-            s = unpack(packed, ctx.packed_shape, gy.dtype).permute(ctx.restore)
-        else:  # the input gradient needs only the input's shape
-            s = gy.new_empty(1).expand(ctx.s_shape)
-        on_cpu_strided = gy.device.type == "cpu" and need_w and any(step != 1 for step in stride)
-        with without_onednn() if on_cpu_strided else contextlib.nullcontext():
-            gs, gw, gb = torch.ops.aten.convolution_backward(
-                gy, s, w, ctx.bias_sizes, list(stride), list(padding), list(dilation),
-                False, [0, 0], groups, [need_s, need_w, need_b and ctx.bias_sizes is not None])
-        return (gs.to(ctx.s_dtype) if gs is not None else None,
-                gw.to(weight.dtype) if gw is not None else None,
-                gb.to(weight.dtype) if gb is not None else None, None, None, None, None, None)
-
-
-@contextlib.contextmanager
-def without_onednn():
-    """PyTorch's own CPU convolutions instead of oneDNN's, whose weight gradient of strided
-    convs is wrong now and then (PyTorch 2.13: ~1 call in 10 for 1x1 stride 2) and crashes
-    on one thread. (torch.backends.mkldnn.flags would also reset TF32 flags, with a warning.)"""
-    enabled = torch.backends.mkldnn.enabled
-    torch.backends.mkldnn.enabled = False
-    try:
-        yield
-    finally:
-        torch.backends.mkldnn.enabled = enabled
+    bits = attached_bits(s) if x.data_ptr() == s.data_ptr() else None
+    return bits if bits is not None else pack(memory_order(x, channels_last))
 
 
 class SpikingLinear(nn.Linear):
@@ -122,7 +45,7 @@ class SpikingLinear(nn.Linear):
         check_input(self, s, "[T, B, ..., in_features]", rank=tuple(range(3, 9)),
                     channels=self.in_features, dim=-1)
         x = s if s.is_contiguous() else s.contiguous()  # pack's order is the memory order
-        return _SpikeLinear.apply(x, self.weight, self.bias, _producer_bits(s, x))
+        return spike_linear(x, self.weight, self.bias, _saved_bits(s, x, self.weight))
 
 
 class SpikingConv2d(nn.Conv2d):
@@ -138,14 +61,15 @@ class SpikingConv2d(nn.Conv2d):
     def forward(self, s: torch.Tensor) -> torch.Tensor:
         check_input(self, s, "[T, B, C, H, W]", rank=5, channels=self.in_channels)
         x = _like_weight(fold(s), self.weight)
-        y = _SpikeConv2d.apply(x, self.weight, self.bias, self.stride, self.padding,
-                               self.dilation, self.groups, _producer_bits(s, x))
+        bits = _saved_bits(s, x, self.weight, is_channels_last(x))
+        y = spike_conv2d(x, self.weight, self.bias, self.stride, self.padding, self.dilation,
+                         self.groups, bits)
         return unfold(y, s.shape[0])
 
 
 def _like_weight(x, weight):
     """x [N, C, H, W] channels-last when the conv weight is (what cuDNN runs as NHWC)."""
-    if weight.is_contiguous(memory_format=torch.channels_last) and not weight.is_contiguous():
+    if is_channels_last(weight):
         return x.contiguous(memory_format=torch.channels_last)
     return x
 
@@ -242,4 +166,4 @@ class LinearBNLIF(_BNLIFBlock):
 
 
 __all__ = ["SpikingLinear", "SpikingConv2d", "spiking_conv2d", "spiking_linear", "ConvBNLIF",
-           "LinearBNLIF", "channels_last_conv"]
+           "LinearBNLIF", "channels_last_conv", "without_onednn"]

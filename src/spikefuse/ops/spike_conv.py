@@ -1,0 +1,170 @@
+"""Conv2d over binary spikes whose input is saved for backward as bits (spike_pack).
+
+Forward is F.conv2d; the spikes s [N, C, H, W] are packed in memory order (NHWC for a
+channels-last s: no copy) for the weight gradient, which unpacks them transiently into
+the same layout. The input gradient needs only the weight and s's shape.
+
+Two autograd paths, one backward: eager runs SpikeConv2dFunction (a plain
+autograd.Function: far less Python per call than a torch.library op, see ops/lif.py) and
+can take the bits a fused BN+LIF attached to s; while dynamo traces, the torch.library ops
+spike_conv2d_forward/_backward run instead (opaque nodes with fake kernels). They pack
+for themselves (fake tensors carry no attached bits) in the layout named by their
+`channels_last` argument, decided once at trace time, so forward and backward agree
+whatever strides the compiled graph hands them; their gradients come out in the layouts
+the fake kernels promise (inductor asserts those).
+"""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+from torch.nn import functional as F
+
+from .spike_pack import pack, unpack
+
+_NHWC, _FROM_NHWC = (0, 2, 3, 1), (0, 3, 1, 2)
+
+
+def is_channels_last(t: torch.Tensor) -> bool:
+    return not t.is_contiguous() and t.is_contiguous(memory_format=torch.channels_last)
+
+
+def memory_order(s: torch.Tensor, channels_last: bool) -> torch.Tensor:
+    """s as the view packed: NHWC for channels-last spikes (their memory order), else s."""
+    return s.permute(_NHWC) if channels_last else s
+
+
+def _format(channels_last: bool) -> torch.memory_format:
+    return torch.channels_last if channels_last else torch.contiguous_format
+
+
+@contextlib.contextmanager
+def without_onednn():
+    """PyTorch's own CPU convolutions instead of oneDNN's, whose weight gradient of strided
+    convs is wrong now and then (PyTorch 2.13: ~1 call in 10 for 1x1 stride 2) and crashes
+    on one thread. (torch.backends.mkldnn.flags would also reset TF32 flags, with a warning.)"""
+    enabled = torch.backends.mkldnn.enabled
+    torch.backends.mkldnn.enabled = False
+    try:
+        yield
+    finally:
+        torch.backends.mkldnn.enabled = enabled
+
+
+def _backward(gy, packed, weight, s_shape, s_dtype, channels_last, has_bias, conv,
+              need_s, need_w, need_b):
+    """(dL/ds, dL/dweight, dL/dbias), each None unless needed; conv = (stride, padding,
+    dilation, groups)."""
+    stride, padding, dilation, groups = conv
+    w = weight.to(gy.dtype)
+    if need_w:  # transient, in the forward's layout: only for this call
+        n, c, h, wd = s_shape
+        shape = (n, h, wd, c) if channels_last else (n, c, h, wd)
+        s = unpack(packed, shape, gy.dtype)
+        s = s.permute(_FROM_NHWC) if channels_last else s
+    else:  # the input gradient needs only the input's shape
+        s = gy.new_empty(1).expand(s_shape)
+    on_cpu_strided = gy.device.type == "cpu" and need_w and any(step != 1 for step in stride)
+    with without_onednn() if on_cpu_strided else contextlib.nullcontext():
+        gs, gw, gb = torch.ops.aten.convolution_backward(
+            gy, s, w, [weight.shape[0]] if has_bias else None, list(stride), list(padding),
+            list(dilation), False, [0, 0], groups, [need_s, need_w, need_b and has_bias])
+    return (gs.to(s_dtype) if gs is not None else None,
+            gw.to(weight.dtype) if gw is not None else None,
+            gb.to(weight.dtype) if gb is not None else None)
+
+
+class SpikeConv2dFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, s, weight, bias, stride, padding, dilation, groups, bits):
+        """bits: pack(memory_order(s)), or None when no weight gradient will be taken."""
+        ctx.save_for_backward(bits, weight)
+        ctx.s_shape, ctx.s_dtype, ctx.channels_last = s.shape, s.dtype, is_channels_last(s)
+        ctx.has_bias, ctx.conv = bias is not None, (stride, padding, dilation, groups)
+        return F.conv2d(s, weight, bias, stride, padding, dilation, groups)
+
+    @staticmethod
+    def backward(ctx, gy):
+        packed, weight = ctx.saved_tensors
+        grads = _backward(gy, packed, weight, ctx.s_shape, ctx.s_dtype, ctx.channels_last,
+                          ctx.has_bias, ctx.conv, *ctx.needs_input_grad[:3])
+        return (*grads, None, None, None, None, None)
+
+
+# ---- torch.library registration: what torch.compile sees (an opaque op with autograd) ----
+
+@torch.library.custom_op("spikefuse::spike_conv2d_forward", mutates_args=())
+def spike_conv2d_forward(s: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                         stride: list[int], padding: list[int], dilation: list[int], groups: int,
+                         channels_last: bool, save: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """F.conv2d(s, ...), and pack(memory_order(s, channels_last)) (empty unless `save`)."""
+    bits = pack(memory_order(s, channels_last)) if save else s.new_empty(0, dtype=torch.uint8)
+    return F.conv2d(s, weight, bias, stride, padding, dilation, groups), bits
+
+
+@spike_conv2d_forward.register_fake
+def _(s, weight, bias, stride, padding, dilation, groups, channels_last, save):
+    n_bytes = (s.numel() + 7) // 8 if save else 0
+    return (F.conv2d(s, weight, bias, stride, padding, dilation, groups),
+            s.new_empty(n_bytes, dtype=torch.uint8))
+
+
+@torch.library.custom_op("spikefuse::spike_conv2d_backward", mutates_args=())
+def spike_conv2d_backward(gy: torch.Tensor, packed: torch.Tensor, weight: torch.Tensor,
+                          s_shape: list[int], s_dtype: torch.dtype, channels_last: bool,
+                          stride: list[int], padding: list[int], dilation: list[int],
+                          groups: int, need_s: bool, need_w: bool, need_b: bool
+                          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """dL/ds (in the layout `channels_last` names), dL/dweight (in the weight's layout),
+    dL/dbias; each empty unless needed."""
+    # a bias gradient is asked for only when there is a bias
+    gs, gw, gb = _backward(gy, packed, weight, s_shape, s_dtype, channels_last, need_b,
+                           (stride, padding, dilation, groups), need_s, need_w, need_b)
+    # in the layouts the fake kernel promises; empty, not None, when not needed
+    return (gs.contiguous(memory_format=_format(channels_last)) if need_s else gy.new_empty(0, dtype=s_dtype),
+            gw.contiguous(memory_format=_format(is_channels_last(weight))) if need_w else weight.new_empty(0),
+            gb if need_b else weight.new_empty(0))
+
+
+@spike_conv2d_backward.register_fake
+def _(gy, packed, weight, s_shape, s_dtype, channels_last, stride, padding, dilation, groups,
+      need_s, need_w, need_b):
+    return (gy.new_empty(s_shape if need_s else (0,), dtype=s_dtype).contiguous(
+                memory_format=_format(channels_last and need_s)),
+            weight.new_empty(weight.shape if need_w else (0,)).contiguous(
+                memory_format=_format(need_w and is_channels_last(weight))),
+            weight.new_empty(weight.shape[:1] if need_b else (0,)))
+
+
+def _setup_context(ctx, inputs, output):
+    s, weight, bias, stride, padding, dilation, groups, channels_last, _ = inputs
+    ctx.save_for_backward(output[1], weight)
+    ctx.s_shape, ctx.s_dtype, ctx.channels_last = list(s.shape), s.dtype, channels_last
+    ctx.has_bias, ctx.conv = bias is not None, (stride, padding, dilation, groups)
+
+
+def _backward_rule(ctx, gy, _grad_bits):
+    packed, weight = ctx.saved_tensors
+    need_s, need_w, need_b = ctx.needs_input_grad[:3]
+    need_b = need_b and ctx.has_bias
+    gs, gw, gb = spike_conv2d_backward(gy, packed, weight, ctx.s_shape, ctx.s_dtype,
+                                       ctx.channels_last, *ctx.conv, need_s, need_w, need_b)
+    return (gs if need_s else None, gw if need_w else None, gb if need_b else None) + (None,) * 6
+
+
+spike_conv2d_forward.register_autograd(_backward_rule, setup_context=_setup_context)
+
+
+def spike_conv2d(s: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, stride,
+                 padding, dilation, groups: int, bits: torch.Tensor | None = None) -> torch.Tensor:
+    """F.conv2d over binary spikes s [N, C, H, W], saving s as bits for the weight gradient:
+    `bits` when given (pack(memory_order(s)), made by s's producer; not used while dynamo
+    traces), else packed here. Nothing is packed when no weight gradient will be taken."""
+    save = weight.requires_grad and torch.is_grad_enabled()
+    if not torch.compiler.is_dynamo_compiling():
+        if save and bits is None:
+            bits = pack(memory_order(s, is_channels_last(s)))
+        return SpikeConv2dFunction.apply(s, weight, bias, stride, padding, dilation, groups,
+                                         bits if save else None)
+    return spike_conv2d_forward(s, weight, bias, list(stride), list(padding), list(dilation),
+                                groups, is_channels_last(s), save)[0]

@@ -1,0 +1,113 @@
+"""Linear over binary spikes whose input is saved for backward as bits (spike_pack).
+
+Forward is F.linear; the spikes s [*, in_features] are packed in their logical order
+(1 bit each) for the weight gradient, which unpacks them transiently in backward. The
+input gradient needs only the weight.
+
+Two autograd paths, one backward: eager runs SpikeLinearFunction (a plain
+autograd.Function: far less Python per call than a torch.library op, see ops/lif.py) and
+can take the bits a fused BN+LIF attached to s; while dynamo traces, the torch.library ops
+spike_linear_forward/_backward run instead (opaque nodes with fake kernels), and they pack
+for themselves (fake tensors carry no attached bits).
+"""
+from __future__ import annotations
+
+import torch
+from torch.nn import functional as F
+
+from .spike_pack import pack, unpack
+
+
+def _backward(gy, packed, weight, s_shape, s_dtype, need_s, need_w, need_b):
+    """(dL/ds, dL/dweight, dL/dbias), each None unless needed."""
+    gy2 = gy.reshape(-1, gy.shape[-1])
+    gs = (gy2 @ weight.to(gy.dtype)).view(s_shape).to(s_dtype) if need_s else None
+    gw = gb = None
+    if need_w:
+        s = unpack(packed, s_shape, gy.dtype)  # transient: only for this product
+        gw = (gy2.t() @ s.reshape(-1, s.shape[-1])).to(weight.dtype)
+    if need_b:
+        gb = gy2.sum(0).to(weight.dtype)
+    return gs, gw, gb
+
+
+class SpikeLinearFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, s, weight, bias, bits):
+        """bits: pack(s), or None when no weight gradient will be taken."""
+        ctx.save_for_backward(bits, weight)
+        ctx.s_shape, ctx.s_dtype, ctx.has_bias = s.shape, s.dtype, bias is not None
+        return F.linear(s, weight, bias)
+
+    @staticmethod
+    def backward(ctx, gy):
+        packed, weight = ctx.saved_tensors
+        need_s, need_w, need_b = ctx.needs_input_grad[:3]
+        grads = _backward(gy, packed, weight, ctx.s_shape, ctx.s_dtype, need_s, need_w,
+                          need_b and ctx.has_bias)
+        return (*grads, None)
+
+
+# ---- torch.library registration: what torch.compile sees (an opaque op with autograd) ----
+
+@torch.library.custom_op("spikefuse::spike_linear_forward", mutates_args=())
+def spike_linear_forward(s: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                         save: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """F.linear(s, weight, bias), and pack(s) (empty unless `save`)."""
+    bits = pack(s) if save else s.new_empty(0, dtype=torch.uint8)
+    return F.linear(s, weight, bias), bits
+
+
+@spike_linear_forward.register_fake
+def _(s, weight, bias, save):
+    n_bytes = (s.numel() + 7) // 8 if save else 0
+    return F.linear(s, weight, bias), s.new_empty(n_bytes, dtype=torch.uint8)
+
+
+@torch.library.custom_op("spikefuse::spike_linear_backward", mutates_args=())
+def spike_linear_backward(gy: torch.Tensor, packed: torch.Tensor, weight: torch.Tensor,
+                          s_shape: list[int], s_dtype: torch.dtype, need_s: bool, need_w: bool,
+                          need_b: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """dL/ds, dL/dweight, dL/dbias (each empty unless needed)."""
+    gs, gw, gb = _backward(gy, packed, weight, s_shape, s_dtype, need_s, need_w, need_b)
+    # a custom op may not return None: empty tensors, dtypes as the fake kernel's
+    return (gs if need_s else gy.new_empty(0, dtype=s_dtype), gw if need_w else weight.new_empty(0),
+            gb if need_b else weight.new_empty(0))
+
+
+@spike_linear_backward.register_fake
+def _(gy, packed, weight, s_shape, s_dtype, need_s, need_w, need_b):
+    return (gy.new_empty(s_shape if need_s else (0,), dtype=s_dtype),
+            weight.new_empty(weight.shape if need_w else (0,)),
+            weight.new_empty(weight.shape[:1] if need_b else (0,)))
+
+
+def _setup_context(ctx, inputs, output):
+    s, weight, bias, _ = inputs
+    ctx.save_for_backward(output[1], weight)
+    ctx.s_shape, ctx.s_dtype, ctx.has_bias = list(s.shape), s.dtype, bias is not None
+
+
+def _backward_rule(ctx, gy, _grad_bits):
+    packed, weight = ctx.saved_tensors
+    need_s, need_w, need_b = ctx.needs_input_grad[:3]
+    need_b = need_b and ctx.has_bias
+    gs, gw, gb = spike_linear_backward(gy, packed, weight, ctx.s_shape, ctx.s_dtype,
+                                       need_s, need_w, need_b)
+    return (gs if need_s else None, gw if need_w else None, gb if need_b else None, None)
+
+
+spike_linear_forward.register_autograd(_backward_rule, setup_context=_setup_context)
+
+
+def spike_linear(s: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                 bits: torch.Tensor | None = None) -> torch.Tensor:
+    """F.linear over binary spikes s, saving s as bits for the weight gradient: `bits`
+    when given (pack(s), made by s's producer; not used while dynamo traces), else packed
+    here. Nothing is packed when no weight gradient will be taken."""
+    save = weight.requires_grad and torch.is_grad_enabled()
+    if not torch.compiler.is_dynamo_compiling():
+        if save and bits is None:
+            bits = pack(s)
+        return SpikeLinearFunction.apply(s, weight, bias, bits if save else None)
+    return spike_linear_forward(s, weight, bias, save)[0]

@@ -1,0 +1,198 @@
+"""torch.compile over every model: one graph (no breaks), eager's outputs and gradients,
+and no recompiles across training steps. The fused backend is forced everywhere, so the
+traced graphs hold the real custom ops (their Triton kernels run interpreted on CPU)."""
+import copy
+import os
+
+import pytest
+import torch
+import torch._dynamo
+from torch import nn
+
+import spikefuse.nn as snn
+from spikefuse.models import MODELS, build_model
+from spikefuse.nn.spiking_layers import SpikingConv2d, SpikingLinear, without_onednn
+
+# name -> (input_shape, classes, T, builder kwargs, static image input?): tiny on purpose
+CONFIGS = {
+    "mlp": ((2, 3, 3), 3, 2, dict(hidden=(8, 8)), False),
+    "cifar-small": ((3, 8, 8), 3, 2, dict(width=1 / 32), True),
+    "cifar-medium": ((3, 8, 8), 3, 2, dict(width=1 / 32), True),
+    "cifar-large": ((3, 8, 8), 3, 2, dict(width=1 / 32), True),
+    "resnet18": ((3, 8, 8), 3, 2, dict(width=1 / 16), True),
+    "resnet34": ((3, 8, 8), 3, 2, dict(width=1 / 16), True),
+    "shd": ((20,), 3, 3, dict(hidden=(8,)), False),
+    "dvs-gesture": ((2, 8, 8), 3, 3, dict(width=1 / 32), False),
+    "ipu-shd": ((20,), 3, 3, dict(hidden=(8, 8)), False),
+    "ipu-nmnist": ((2, 4, 4), 3, 3, dict(hidden=(8, 8)), False),
+    "ipu-dvsgesture": ((2, 4, 4), 3, 3, dict(hidden=(8, 8), readout="count"), False),
+}
+TAKES_BACKEND = set(CONFIGS) - {"mlp"}
+NAMES = sorted(CONFIGS) + ["sequential"]
+# Models built from the same blocks as one trained below (deeper, or another input size):
+# the graph-break test traces them whole; training them compiled too adds ~60 s of
+# interpreted kernels on CPU and no new code path. SPIKEFUSE_COMPILE_ALL=1 trains them too.
+TWINS = {"resnet34": "resnet18", "cifar-medium": "cifar-small", "cifar-large": "cifar-small",
+         "ipu-shd": "ipu-dvsgesture", "ipu-nmnist": "ipu-dvsgesture"}
+TRAINED = [name if name not in TWINS or os.environ.get("SPIKEFUSE_COMPILE_ALL") == "1"
+           else pytest.param(name, marks=pytest.mark.skip(
+               reason=f"same blocks as {TWINS[name]} (SPIKEFUSE_COMPILE_ALL=1 runs it)"))
+           for name in NAMES]
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    """Each test compiles from scratch, with PyTorch's CPU convolutions: oneDNN's weight
+    gradient of strided convs is wrong now and then (PyTorch 2.13), on either side."""
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    with without_onednn():
+        yield
+    torch._dynamo.reset()
+
+
+def test_every_registered_model_is_covered():
+    assert set(MODELS) <= set(CONFIGS), f"add a tiny config for {sorted(set(MODELS) - set(CONFIGS))}"
+
+
+def sequential():
+    """Every spiking module of spikefuse.nn in one stack: [T, B, 2, 6, 6] -> [T, B, 3]."""
+    return nn.Sequential(
+        snn.BNLIF(2, threshold=0.3, learn_decay=True, backend="fused"),
+        SpikingConv2d(2, 4, 3, stride=2, padding=1),
+        snn.LIF(threshold=0.2, backend="fused"),
+        nn.Flatten(2),
+        SpikingLinear(36, 16),
+        snn.PLIF(channels=16, threshold=0.2, surrogate="atan", backend="fused"),
+        nn.Linear(16, 8),
+        snn.IF(threshold=0.5, reset="soft", backend="fused"),
+        SpikingLinear(8, 3),
+    )
+
+
+def make(name):
+    """(model, batch(seed) -> (x, y)) for a model name or "sequential"."""
+    torch.manual_seed(0)
+    if name == "sequential":
+        model, (shape, classes, T, static) = sequential(), ((2, 6, 6), 3, 3, False)
+    else:
+        shape, classes, T, kwargs, static = CONFIGS[name]
+        if name in TAKES_BACKEND:
+            kwargs = {**kwargs, "backend": "fused"}
+        model = build_model(name, shape, classes, T, **kwargs)
+    for module in model.modules():  # the MLP's LIFs take no backend from its builder
+        if isinstance(module, (snn.LIF, snn.BNLIF)):
+            module.backend = "fused"
+
+    def batch(seed):
+        g = torch.Generator().manual_seed(seed)
+        x = torch.rand((2, *shape) if static else (T, 2, *shape), generator=g)
+        return (x if static else (x < 0.4).float() * 2), torch.randint(0, classes, (2,), generator=g)
+    return model, batch
+
+
+def loss_of(out, y):
+    return nn.functional.cross_entropy(out.mean(0) if out.dim() == 3 else out, y)
+
+
+def compiled_frames():
+    return torch._dynamo.utils.counters["stats"]["unique_graphs"]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_no_graph_breaks(name):
+    model, batch = make(name)
+    x, _ = batch(0)
+    explained = torch._dynamo.explain(model)(x)
+    assert explained.graph_break_count == 0, [r.reason for r in explained.break_reasons]
+    assert explained.graph_count == 1
+
+
+@pytest.mark.parametrize("name", TRAINED)
+def test_compiled_training_matches_eager_and_compiles_once_per_mode(name):
+    """One fullgraph compile serves three training steps (forward, backward, SGD step) on
+    fresh fixed-shape batches; the first step gives eager's spikes/logits and parameter
+    gradients. Switching to eval compiles once more (eager's output again), and no more."""
+    eager, batch = make(name)
+    model = copy.deepcopy(eager)
+    compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with torch._dynamo.config.patch(error_on_recompile=True):  # names the failed guard
+        train_three_steps(name, eager, model, compiled, optimizer, batch)
+    assert compiled_frames() == 1, "recompiled during training"
+    model.eval()
+    with torch.no_grad():
+        x, _ = batch(10)
+        outs = [compiled(x), compiled(batch(11)[0])]
+        eager.load_state_dict(model.state_dict())
+        torch.testing.assert_close(outs[0], eager.eval()(x), rtol=1e-6, atol=1e-6)
+    assert compiled_frames() == 2, "eval mode should compile exactly once"
+
+
+def train_three_steps(name, eager, model, compiled, optimizer, batch):
+    """Three compiled SGD steps of `model`; the first one also runs eager (not stepped)."""
+    for step in range(3):
+        x, y = batch(step)
+        model.train()
+        optimizer.zero_grad()
+        out = compiled(x)
+        loss_of(out, y).backward()
+        if step == 0:  # the same step in eager
+            out_e = eager(x)
+            loss_of(out_e, y).backward()
+            torch.testing.assert_close(out, out_e, rtol=1e-6, atol=1e-6, msg=f"{name} output")
+            grads = [(n, p.grad, q.grad) for (n, p), q in zip(model.named_parameters(), eager.parameters())]
+            assert all((g is None) == (g_e is None) for _, g, g_e in grads)
+            for n, g, g_e in grads:
+                if g_e is not None:
+                    torch.testing.assert_close(g, g_e, rtol=1e-5, atol=1e-6, msg=f"grad of {n}")
+            for a, b in zip(eager.buffers(), model.buffers()):  # running statistics
+                torch.testing.assert_close(b, a, rtol=1e-6, atol=1e-6)
+        optimizer.step()
+
+
+def test_first_fused_call_under_compile_does_not_recompile(monkeypatch):
+    """A lazily imported kernel entry (functional._fused_lif) first reached inside a traced
+    frame must not leave a guard that the first eager call then breaks."""
+    import spikefuse.functional as F
+    monkeypatch.setattr(F, "_LIF_FUSED", None)
+    lif = snn.LIF(backend="fused")
+    compiled = torch.compile(lif, backend="aot_eager", fullgraph=True)
+    x = torch.randn(2, 2, 5)
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        compiled(x)
+        lif(x)  # eager: fills the global
+        compiled(x)
+    assert compiled_frames() == 1
+
+
+def test_inductor_on_mlp():
+    """The default backend (inductor: C++ on CPU) around the custom ops, one training step."""
+    try:
+        from torch._inductor.cpp_builder import get_cpp_compiler
+        get_cpp_compiler()
+    except Exception as e:  # noqa: BLE001 (any failure here means: no toolchain)
+        pytest.skip(f"inductor needs a C++ compiler: {e}")
+    eager, batch = make("mlp")
+    model = copy.deepcopy(eager)
+    x, y = batch(0)
+    out = torch.compile(model, fullgraph=True)(x)
+    out_e = eager(x)
+    torch.testing.assert_close(out, out_e, rtol=1e-5, atol=1e-6)
+    loss_of(out, y).backward()
+    loss_of(out_e, y).backward()
+    for p, q in zip(model.parameters(), eager.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-6)
+
+
+def test_custom_ops_pass_opcheck():
+    """Schema, fake kernels (shapes and strides), autograd registration and AOT dispatch of
+    the spike Linear/Conv2d ops, the conv with channels-last spikes and weight."""
+    g = torch.Generator().manual_seed(0)
+    s = (torch.rand(3, 2, 13, generator=g) < 0.3).float().requires_grad_()
+    torch.library.opcheck(torch.ops.spikefuse.spike_linear_forward.default,
+                          (s, torch.randn(5, 13, requires_grad=True), torch.randn(5, requires_grad=True), True))
+    s = (torch.rand(4, 3, 5, 6, generator=g) < 0.3).float().contiguous(memory_format=torch.channels_last)
+    w = torch.randn(4, 3, 3, 3).contiguous(memory_format=torch.channels_last)
+    torch.library.opcheck(torch.ops.spikefuse.spike_conv2d_forward.default,
+                          (s.requires_grad_(), w.requires_grad_(), None, [2, 2], [1, 1], [1, 1], 1, True, True))
