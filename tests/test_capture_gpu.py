@@ -99,6 +99,7 @@ def test_captured_steps_match_eager(name):
     e2 = [eager2[0], *eager2[1].values(), eager2[2]]
     cap = [captured[0], *captured[1].values(), captured[2]]
     spread = max_diff(e1, e2)
+    print(f"\n{name}: eager vs eager max difference {spread:.3g}, captured vs eager {max_diff(e1, cap):.3g}")
     if spread == 0.0:
         for a, b in zip(e1, cap):
             assert torch.equal(a, b), name  # bit for bit: losses, parameters, BN buffers, spike counts
@@ -146,18 +147,28 @@ def test_trainer_captures_by_default_and_resumes_bit_for_bit(tmp_path):
         return Trainer(model, splits, optimizer, epochs=epochs, batch_size=64, scheduler=scheduler,
                        device="cuda", capture=capture, run_dir=run_dir, progress=False)
 
+    def losses(t):
+        return [h["train_loss"] for h in t.history] + [h["train_rate"] for h in t.history]
+
+    def check(reference, other, spread, what):
+        diff = max(abs(a - b) for a, b in zip(losses(reference), losses(other)))
+        print(f"\n{what}: max difference {diff:.3g} (eager vs eager: {spread:.3g})")
+        assert diff == 0.0 if spread == 0.0 else diff <= 2 * spread, what
+
     straight = trainer(tmp_path / "a", 4)
-    history = straight.fit()
+    straight.fit()
     assert straight.step.enabled and straight.step.captured == 2  # full batches, and the last one
-    eager = trainer(tmp_path / "e", 4, capture=False)
-    eager_history = eager.fit()
-    assert [h["train_loss"] for h in history] == [h["train_loss"] for h in eager_history]
-    assert [h["train_rate"] for h in history] == [h["train_rate"] for h in eager_history]
+    eager1, eager2 = trainer(tmp_path / "e1", 4, capture=False), trainer(tmp_path / "e2", 4, capture=False)
+    eager1.fit()
+    eager2.fit()
+    spread = max(abs(a - b) for a, b in zip(losses(eager1), losses(eager2)))
+    check(eager1, straight, spread, "captured trainer vs eager")
     first = trainer(tmp_path / "b", 2)
     first.fit()
     resumed = trainer(tmp_path / "b", 4)
     resumed.resume()
-    resumed_history = resumed.fit()
-    assert [h["train_loss"] for h in resumed_history] == [h["train_loss"] for h in history]
-    for a, b in zip(straight.model.state_dict().values(), resumed.model.state_dict().values()):
-        assert torch.equal(a, b)
+    resumed.fit()
+    check(straight, resumed, spread, "resumed after epoch 2 vs straight, both captured")
+    if spread == 0.0:
+        for a, b in zip(straight.model.state_dict().values(), resumed.model.state_dict().values()):
+            assert torch.equal(a, b)

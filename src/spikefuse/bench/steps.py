@@ -40,11 +40,13 @@ INPUT_DENSITY = 0.05  # event inputs: a binary frame with this share of ones
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default="benchmarks/results", help="folder for JSON + markdown")
-    parser.add_argument("--nets", default=",".join(IPU_NETS + ("cifar-medium", "resnet18")),
-                        help="comma-separated: ipu-shd, ipu-nmnist, ipu-dvsgesture, cifar-medium, resnet18")
+    parser.add_argument("--nets", default=",".join(IPU_NETS + ("shd", "cifar-medium", "resnet18")),
+                        help="comma-separated: ipu-shd, ipu-nmnist, ipu-dvsgesture, shd, cifar-medium, resnet18")
     parser.add_argument("--batches", default="1,8,48,256", help="batch sizes of the IPU networks")
     parser.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, of {', '.join(MODES)}")
-    parser.add_argument("--compile-batches", default="1,8",
+    parser.add_argument("--compile-nets", default="ipu-shd,cifar-medium",
+                        help="networks that also run the compiled and launch-path modes")
+    parser.add_argument("--compile-batches", default="1,8,48",
                         help="IPU batch sizes that also run the compiled modes (compiling costs ~1 min each)")
     parser.add_argument("--no-peers", action="store_true", help="skip SpikingJelly")
     parser.add_argument("--smoke", action="store_true", help="tiny widths and batches, 2 timed steps (tests)")
@@ -64,6 +66,8 @@ def workloads(args):
             cases += [(net, "fp32", 2 if args.smoke else 64, "sgd"), (net, "bf16", 2 if args.smoke else 64, "sgd")]
         elif net == "resnet18":
             cases.append((net, "fp32", 2 if args.smoke else 32, "sgd"))
+        elif net == "shd":  # the `spikefuse train --dataset shd-synthetic --model shd` step
+            cases.append((net, "fp32", 2 if args.smoke else 128, "adam"))
         else:
             raise ValueError(f"--nets: unknown {net!r}")
     return cases
@@ -75,6 +79,8 @@ def make_model(net, width, backend):
         spec = NETWORKS[net]
         model = build_model(net, spec.input_shape, spec.num_classes, spec.time_steps, width=width, backend=backend)
         return model, (spec.time_steps, spec.input_shape), spec.num_classes
+    if net == "shd":
+        return build_model(net, (700,), 20, 100, width=width, backend=backend), (100, (700,)), 20
     T = 10 if net == "cifar-medium" else 4
     model = build_model(net, (3, 32, 32), 10, T, width=width, backend=backend)
     return model, (None, (3, 32, 32)), 10
@@ -97,12 +103,14 @@ def make_optimizer(name, params):
             else torch.optim.SGD(params, lr=0.01, momentum=0.9))
 
 
-def step_function(model, forward, optimizer, precision, optimizer_step=None):
+def step_function(model, forward, optimizer, precision, optimizer_step=None, mark_step=False):
     """optimizer_step: what runs the update (default optimizer.step; a compiled one)."""
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
     optimizer_step = optimizer_step or optimizer.step
 
     def step(x, y):
+        if mark_step:  # reduce-overhead: this step may overwrite the last step's graph outputs
+            torch.compiler.cudagraph_mark_step_begin()
         with torch.autocast("cuda", dtype=dtype, enabled=precision == "bf16", cache_enabled=False):
             loss = nn.functional.cross_entropy(forward(x).float(), y)
         optimizer.zero_grad(set_to_none=True)
@@ -198,7 +206,8 @@ def _measure(case, net, precision, batch, opt_name, mode, args, device, template
             if prepare_optimizer(optimizer) is not None:
                 raise RuntimeError("optimizer cannot take a tensor learning rate")
             optimizer_step = torch.compile(optimizer.step, mode="reduce-overhead")
-        step = step_function(model, forward, optimizer, precision, optimizer_step)
+        step = step_function(model, forward, optimizer, precision, optimizer_step,
+                             mark_step=mode.startswith("reduce-overhead"))
         inputs = make_inputs(args.shapes, args.num_classes, batch, device)
         if mode == "captured":
             if prepare_optimizer(optimizer) is not None:
@@ -265,13 +274,15 @@ def run(args) -> int:
     torch.backends.cudnn.allow_tf32 = True
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     compile_batches = {int(b) for b in args.compile_batches.split(",") if b.strip()}
+    compile_nets = {n.strip() for n in args.compile_nets.split(",") if n.strip()}
     args.width = 1 / 16 if args.smoke else 1.0
     cases = []
     for net, precision, batch, opt_name in workloads(args):
         template, args.shapes, args.num_classes = make_model(net, args.width, "auto")
         template = template.to(device)
-        small = net not in IPU_NETS or batch in compile_batches  # compiled and launch-path modes: a few cases
-        wanted = [m for m in modes if m in ("eager", "captured") or small]
+        # the compiled and launch-path modes (a compile costs ~1 min): chosen networks and batches
+        chosen = net in compile_nets and (net not in IPU_NETS or batch in compile_batches)
+        wanted = [m for m in modes if m in ("eager", "captured") or chosen]
         peer = not args.no_peers and (net in IPU_NETS or net == "cifar-medium")
         for mode in wanted + (["spikingjelly"] if peer else []):
             if mode == "spikingjelly" and net == "cifar-medium":
