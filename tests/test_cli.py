@@ -107,3 +107,190 @@ def test_the_installed_command_exits_2_without_traceback():
     assert proc.returncode == 2
     assert proc.stderr.strip() == "spikefuse train: error: unknown model 'nope'; expected one of: " + \
         ", ".join(__import__("spikefuse.models", fromlist=["MODELS"]).MODELS)
+
+
+# ---- issue 14: every failure one line, exit 2 (usage) or 1 (fault), no traceback ----
+
+def failure(argv, capsys, code):
+    """Runs the CLI in-process; returns stderr after checking the exit code, one line, no traceback."""
+    assert main(argv) == code
+    err = capsys.readouterr().err
+    lines = [line for line in err.strip().splitlines() if ": warning: " not in line and line.strip()]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]
+
+
+def test_empty_checkpoint_on_resume(tmp_path, capsys):
+    (tmp_path / "checkpoint.pt").write_bytes(b"")  # the error handler itself used to crash (IndexError)
+    assert "is empty (0 bytes)" in failure(["train", "--resume", str(tmp_path)], capsys, 2)
+
+
+def test_binary_config_file(tmp_path, capsys):
+    cfg = tmp_path / "c.toml"
+    cfg.write_bytes(bytes(range(256)) * 4)
+    assert "is not a TOML text file" in failure(["train", "--config", str(cfg)], capsys, 2)
+
+
+def test_out_naming_a_file(tmp_path, capsys, standin):
+    out = tmp_path / "a_file"
+    out.write_text("x")
+    assert "is a file" in failure(["train", "--dataset", "standin", "--out", str(out), *QUICK], capsys, 2)
+    assert "is a file" in failure(["train", "--resume", str(out)], capsys, 2)
+
+
+def test_model_that_does_not_fit_the_data_set(tmp_path, capsys):
+    err = failure(["train", "--model", "cifar-small", "--dataset", "digits", "--out", str(tmp_path / "r"),
+                   *QUICK], capsys, 2)
+    assert "'cifar-small' does not fit data set 'digits'" in err and "(64,)" in err and "(3, 32, 32)" in err
+    assert not (tmp_path / "r").exists()  # a run that never started leaves no directory behind
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["--seed", str(2**70)], "seed must be an integer from -2**63 to 2**63 - 1"),
+    (["--lr", "inf"], "lr must be a finite number > 0, got inf"),
+    (["--lr", "nan"], "lr must be a finite number > 0, got nan"),
+    (["--batch-size", str(2**40)], "batch-size must be at most"),
+])
+def test_numeric_options_are_range_checked(argv, expected, capsys):
+    assert expected in failure(["train", *argv], capsys, 2)
+
+
+def test_time_steps_beyond_memory_are_refused_before_allocating(tmp_path, capsys, monkeypatch):
+    from spikefuse.data import memory
+
+    monkeypatch.setattr(memory, "available_bytes", lambda device, **_: 8 * 10**9)  # the same on every machine
+    err = failure(["train", "--time-steps", "100000", "--out", str(tmp_path / "r"), *QUICK], capsys, 2)
+    assert "digits at 100000 time steps needs about 115 GB of host memory, 8 GB is available" in err
+    assert "--time-steps" in err
+
+
+def test_resume_whose_options_contradict_the_checkpoint(tmp_path, capsys, standin):
+    from spikefuse.train import checkpoint
+
+    run = tmp_path / "run"
+    assert main(["train", "--dataset", "standin", "--out", str(run), *QUICK]) == 0
+    state = checkpoint.load(run / "checkpoint.pt")
+    state["config"]["options"]["dataset"] = "digits"  # 64 inputs; the saved weights take 16
+    checkpoint.save(state, run / "checkpoint.pt")
+    err = failure(["train", "--resume", str(run), "--quiet"], capsys, 2)
+    assert f"cannot resume {run}" in err and "model 'mlp' for input (16,)" in err and "(64,)" in err
+    state["config"]["model"].update(input_shape=[64], num_classes=10, time_steps=20)  # weights of another shape
+    checkpoint.save(state, run / "checkpoint.pt")
+    err = failure(["train", "--resume", str(run), "--quiet"], capsys, 2)
+    assert "does not fit the model and optimizer" in err and "size mismatch" in err
+
+
+def test_out_of_memory_is_one_line_naming_what_to_lower(tmp_path, capsys, standin, monkeypatch):
+    from spikefuse.train.loop import Trainer
+
+    def oom(self):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB.\nmore text")
+    monkeypatch.setattr(Trainer, "fit", oom)
+    err = failure(["train", "--dataset", "standin", "--out", str(tmp_path / "r"), *QUICK], capsys, 1)
+    assert "out of memory" in err and "--batch-size 64" in err and "lower --batch-size or --time-steps" in err
+
+
+def test_full_disk_is_one_line_and_leaves_no_temp_file(tmp_path, capsys, standin, monkeypatch):
+    import errno
+
+    def full(obj, f):
+        f.write(b"part of a checkpoint")
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(torch, "save", full)
+    run = tmp_path / "r"
+    err = failure(["train", "--dataset", "standin", "--out", str(run), *QUICK], capsys, 1)
+    assert "no space left on the disk" in err
+    assert not list(run.glob("*.tmp")) and not list(run.glob(".*.tmp"))
+
+
+def test_ctrl_c_says_where_the_last_checkpoint_is(tmp_path, capsys, standin, monkeypatch):
+    import spikefuse.data as data
+
+    load = data.load
+
+    def interrupted_load(*a, **k):
+        splits = load(*a, **k)
+        inner, calls = splits.train.batches, []
+
+        def batches(*b, **c):
+            calls.append(1)
+            for i, batch in enumerate(inner(*b, **c)):
+                if len(calls) == 2 and i == 2:
+                    raise KeyboardInterrupt  # Ctrl-C in the middle of epoch 2
+                yield batch
+        splits.train.batches = batches
+        return splits
+    monkeypatch.setattr(data, "load", interrupted_load)
+    run = tmp_path / "r"
+    err = failure(["train", "--dataset", "standin", "--out", str(run), "--epochs", "3", "--quiet"], capsys, 130)
+    assert err == (f"spikefuse train: interrupted; last checkpoint at epoch 1 in {run}; "
+                   f"continue with `spikefuse train --resume {run}`")
+
+
+def test_second_run_on_a_directory_in_use_fails_at_once(tmp_path, capsys, standin):
+    run = tmp_path / "r"
+    run.mkdir()
+    holder = subprocess.Popen(  # another process holding the run directory's lock, as a run does
+        [sys.executable, "-c", "import fcntl, os, sys, time\n"
+         "fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT)\nfcntl.flock(fd, fcntl.LOCK_EX)\n"
+         "os.write(fd, str(os.getpid()).encode())\nprint('held', flush=True)\ntime.sleep(120)",
+         str(run / ".lock")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        err = failure(["train", "--dataset", "standin", "--out", str(run), *QUICK], capsys, 1)
+        assert f"run directory {run} is in use by another run (process {holder.pid}" in err
+    finally:
+        holder.kill()  # SIGKILL: the kernel drops its lock, nothing stale is left
+        holder.wait()
+    assert main(["train", "--dataset", "standin", "--out", str(run), *QUICK]) == 0
+
+
+def test_stale_temp_files_are_removed_at_the_next_start(tmp_path, capsys, standin):
+    run = tmp_path / "r"
+    assert main(["train", "--dataset", "standin", "--out", str(run), *QUICK, "--epochs", "2"]) == 0
+    stale = [run / ".checkpoint.pt.k1ll3d.tmp", run / ".metrics.jsonl.tmp"]  # as a killed write leaves them
+    for path in stale:
+        path.write_bytes(b"half")
+    other = run / ".notes.tmp"  # not ours: kept
+    other.write_text("x")
+    assert main(["train", "--resume", str(run), "--quiet"]) == 0
+    assert not any(p.exists() for p in stale) and other.exists()
+
+
+def test_diverged_training_stops_with_one_line_and_valid_json_metrics(tmp_path, capsys, standin, monkeypatch):
+    import json
+
+    from spikefuse.train import command
+
+    build = command._build_model
+
+    def nan_model(*a, **k):
+        model = build(*a, **k)
+        with torch.no_grad():
+            model.layers[-1].bias.fill_(float("nan"))
+        return model
+    monkeypatch.setattr(command, "_build_model", nan_model)
+    run = tmp_path / "r"
+    assert main(["train", "--dataset", "standin", "--out", str(run), *QUICK]) == 1
+    warning, err = capsys.readouterr().err.strip().splitlines()  # one line each
+    assert warning == "spikefuse train: warning: training diverged at epoch 1: train_loss not finite, written as null"
+    assert "training diverged: the training loss of epoch 1 is nan" in err and "--no-stop-on-nan" in err
+    line = (run / "metrics.jsonl").read_text().splitlines()[0]
+    record = json.loads(line, parse_constant=lambda c: pytest.fail(f"non-standard JSON {c}"))
+    assert record["train_loss"] is None and record["epoch"] == 1
+    assert not (run / "checkpoint.pt").exists()  # the diverged epoch is not checkpointed
+
+
+def test_unexpected_errors_are_one_line_and_debug_shows_the_traceback(tmp_path, capsys, standin, monkeypatch):
+    from spikefuse.train.loop import Trainer
+
+    def boom(self):
+        raise RuntimeError("something broke\nsecond line")
+    monkeypatch.setattr(Trainer, "fit", boom)
+    argv = ["train", "--dataset", "standin", *QUICK]
+    err = failure([*argv, "--out", str(tmp_path / "a")], capsys, 1)
+    assert err == "spikefuse train: error: RuntimeError: something broke (run with --debug for the traceback)"
+    for debug in (["--debug", *argv], [*argv, "--debug"]):
+        assert main([*debug, "--out", str(tmp_path / "b")]) == 1
+        err = capsys.readouterr().err
+        assert "Traceback" in err and err.strip().splitlines()[-1].startswith("spikefuse train: error: RuntimeError")

@@ -117,3 +117,51 @@ def test_what_nir_cannot_express_is_refused(tmp_path, capsys):
     assert main(["export", "--nir", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert "has no checkpoint.pt" in err and len(err.strip().splitlines()) == 1
+
+
+# ---- issue 14: bad checkpoints and bad --dt are one line and exit 2; no invalid NIR file ----
+
+def export_error(argv, capsys):
+    assert main(["export", *argv]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    return err
+
+
+@pytest.mark.parametrize("content, match", [
+    (b"", "is empty (0 bytes)"),
+    (b"PK\x03\x04 not really a zip", "cannot read checkpoint"),
+    (bytes(range(256)), "cannot read checkpoint"),
+])
+def test_export_of_a_corrupt_checkpoint(tmp_path, capsys, content, match):
+    (tmp_path / "checkpoint.pt").write_bytes(content)
+    assert match in export_error(["--nir", str(tmp_path)], capsys)
+
+
+def test_export_of_weights_that_do_not_fit_their_config(tmp_path, capsys):
+    trained_run(tmp_path)
+    state = checkpoint.load(tmp_path / "checkpoint.pt")
+    state["model"]["layers.1.weight"] = torch.zeros(2, 2)
+    checkpoint.save(state, tmp_path / "checkpoint.pt")
+    assert "size mismatch for layers.1.weight" in export_error(["--nir", str(tmp_path)], capsys)
+
+
+@pytest.mark.parametrize("dt", ["inf", "nan", "0", "-1e-3"])
+def test_export_refuses_a_dt_that_is_not_a_finite_positive_time(tmp_path, capsys, dt):
+    trained_run(tmp_path)
+    assert "--dt must be a finite number of seconds > 0" in export_error(["--nir", str(tmp_path), f"--dt={dt}"], capsys)
+    assert not (tmp_path / "model.nir").exists()
+
+
+def test_to_nir_refuses_non_finite_parameters():
+    net = nn.Sequential(nn.Linear(3, 4), LIF(decay=0.5))
+    with pytest.raises(ValueError, match="dt: expected a finite number of seconds > 0, got inf"):
+        to_nir(net, (3,), time_steps=5, dt=float("inf"))
+    with pytest.raises(ValueError, match=r"node 2 \(LIF\) would have a zero tau"):
+        to_nir(net, (3,), time_steps=5, dt=1e-320)  # tau = dt / (1 - decay) is 0 in float32
+    with pytest.raises(ValueError, match=r"node 2 \(IF\) would have a non-finite r"):
+        to_nir(nn.Sequential(nn.Linear(3, 4), IF()), (3,), time_steps=5, dt=1e-320)  # 1/dt overflows float32
+    with torch.no_grad():
+        net[0].weight[0, 0] = float("nan")  # diverged training
+    with pytest.raises(ValueError, match=r"node 1 \(Affine\) would have a non-finite weight"):
+        to_nir(net, (3,), time_steps=5)

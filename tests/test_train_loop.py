@@ -130,3 +130,89 @@ def test_config_layers_and_errors(tmp_path):
         make({"batch_size": 0})
     with pytest.raises(ConfigError, match="precision"):
         make({"precision": "fp8"})
+
+
+# ---- issue 14: empty splits, the non-finite policy for metrics, stop-on-nan, the run-directory lock ----
+
+def nan_loss(logits, y, **kw):
+    return torch.nn.functional.cross_entropy(logits, y, **kw) * float("nan")
+
+
+def strict_json(path):
+    import json
+
+    def refuse(constant):
+        raise AssertionError(f"non-standard JSON constant {constant}")
+    return [json.loads(line, parse_constant=refuse) for line in path.read_text().splitlines()]
+
+
+def test_fit_on_an_empty_split_is_a_clear_error(tmp_path):
+    for split, n in (("train", dict(n_train=0)), ("test", dict(n_test=0))):
+        trainer = make_trainer(tmp_path / split)
+        trainer.splits = make_splits(**n)
+        with pytest.raises(ValueError, match=f"splits.{split}: the split is empty"):
+            trainer.fit()  # used to be a ZeroDivisionError
+    with pytest.raises(ValueError, match="batch_size"):
+        Trainer(torch.nn.Linear(2, 2), make_splits(), torch.optim.SGD([torch.zeros(1)], lr=1), epochs=1, batch_size=0)
+
+
+def test_diverged_metrics_are_written_as_null_with_a_warning(tmp_path):
+    trainer = make_trainer(tmp_path, epochs=2)
+    trainer.loss_fn, trainer.stop_on_nan = nan_loss, False
+    with pytest.warns(metrics.DivergedWarning, match="training diverged at epoch [12]: train_loss, test_loss not finite"):
+        history = trainer.fit()
+    assert len(history) == 2 and history[0]["train_loss"] != history[0]["train_loss"]  # NaN in memory
+    records = strict_json(tmp_path / "metrics.jsonl")  # used to hold bare NaN: not JSON
+    assert [r["train_loss"] for r in records] == [None, None] and records[1]["train_acc"] is not None
+
+
+def test_stop_on_nan_stops_at_the_epoch_read_and_keeps_the_last_finite_checkpoint(tmp_path):
+    from spikefuse.train.loop import TrainingDiverged
+
+    trainer = make_trainer(tmp_path, epochs=3)
+    trainer.epochs = 1
+    trainer.fit()  # one good epoch, checkpointed
+    trainer.epochs, trainer.loss_fn = 3, nan_loss
+    with pytest.warns(metrics.DivergedWarning), \
+            pytest.raises(TrainingDiverged, match=r"epoch 2 is nan; stopped \(last checkpoint: epoch 1 in"):
+        trainer.fit()
+    assert checkpoint.load(tmp_path / "checkpoint.pt")["epoch"] == 1
+    assert [r["train_loss"] is None for r in strict_json(tmp_path / "metrics.jsonl")] == [False, True]
+
+
+def test_metrics_append_leaves_no_half_line(tmp_path, monkeypatch):
+    import errno
+
+    path = tmp_path / "metrics.jsonl"
+    metrics.append(path, {"epoch": 1})
+    real_write = os.write
+
+    def full_disk(fd, data):
+        real_write(fd, bytes(data[:5]))
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(os, "write", full_disk)
+    with pytest.raises(OSError):
+        metrics.append(path, {"epoch": 2, "loss": 0.5})
+    monkeypatch.undo()
+    metrics.append(path, {"epoch": 3})
+    assert metrics.read(path) == [{"epoch": 1}, {"epoch": 3}]
+
+
+def test_run_directory_lock_is_reentrant_here_and_exclusive_across_processes(tmp_path):
+    import subprocess
+    import sys
+
+    from spikefuse.train import rundir
+
+    run = tmp_path / "r"
+    probe = ("import fcntl, os, sys\nfd = os.open(sys.argv[1] + '/.lock', os.O_RDWR)\n"  # a plain flock, as another run
+             "try:\n    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB); print('got')\nexcept BlockingIOError: print('busy')")
+    with rundir.lock(run), rundir.lock(run):  # the command and the Trainer both take it
+        (run / "checkpoint.pt").write_bytes(b"x")
+        out = subprocess.run([sys.executable, "-c", probe, str(run)], capture_output=True, text=True, timeout=120)
+        assert out.stdout.strip() == "busy", out.stderr
+    out = subprocess.run([sys.executable, "-c", probe, str(run)], capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip() == "got", out.stderr
+    with rundir.lock(tmp_path / "unused"):
+        pass
+    assert not (tmp_path / "unused").exists()  # created for a run that wrote nothing: removed again

@@ -3,12 +3,17 @@
 Each subcommand lives in its own module with two functions,
 `configure(parser)` and `run(args) -> int`; this file only wires them up,
 importing a module when its subcommand is used so `--help` stays fast.
+Every failure is one line on stderr: exit code 2 for usage errors, 1 for faults while
+running, 130 for Ctrl-C; `--debug` adds the traceback.
 """
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import sys
+import traceback
+import warnings
 
 COMMANDS = {
     "train": ("spikefuse.train.command", "train a network (default: embedded digits, no download)"),
@@ -18,15 +23,20 @@ COMMANDS = {
 }
 
 
-from spikefuse.errors import UsageError  # one class, also when run as python -m spikefuse.cli
+from spikefuse.errors import RunError, UsageError, one_line  # one class, also when run as python -m spikefuse.cli
+
+DEBUG_HELP = "on an error, print the traceback too"
 
 
 def build_parser(argv: list[str]) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="spikefuse", description=__doc__.splitlines()[0])
+    parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     wanted = next((a for a in argv if not a.startswith("-")), None)
     for name, (module, help_text) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
+        # also after the subcommand; SUPPRESS so it does not reset a --debug given before it
+        p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=DEBUG_HELP)
         if name == wanted:  # only the chosen subcommand pays for its imports
             importlib.import_module(module).configure(p)
     return parser
@@ -40,10 +50,39 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
-        return int(importlib.import_module(COMMANDS[args.command][0]).run(args) or 0)
-    except UsageError as e:
-        print(f"spikefuse {args.command}: error: {e}", file=sys.stderr)
-        return 2
+        with warnings.catch_warnings():
+            if not args.debug:  # one line each too, without the source line Python adds
+                warnings.showwarning = lambda message, *_, **__: print(
+                    f"spikefuse {args.command}: warning: {message}", file=sys.stderr)
+            return int(importlib.import_module(COMMANDS[args.command][0]).run(args) or 0)
+    except (Exception, KeyboardInterrupt) as e:
+        if args.debug:
+            traceback.print_exc()
+        code, message = explain(e)
+        print(f"spikefuse {args.command}: {message}", file=sys.stderr)
+        return code
+
+
+def explain(e: BaseException) -> tuple[int, str]:
+    """(exit code, one-line message) for an error that reached the command line."""
+    if isinstance(e, UsageError):
+        return 2, f"error: {e}"
+    if isinstance(e, RunError):
+        return 1, f"error: {e}"
+    if isinstance(e, KeyboardInterrupt):
+        return 130, "interrupted"
+    if _is_out_of_memory(e):
+        return 1, (f"error: out of memory ({one_line(e)}); lower --batch-size or --time-steps "
+                   "(or the model's size)")
+    if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+        where = f" writing {e.filename}" if e.filename else ""
+        return 1, f"error: no space left on the disk{where}; free some space and try again"
+    return 1, f"error: {one_line(e)} (run with --debug for the traceback)"
+
+
+def _is_out_of_memory(e: BaseException) -> bool:
+    torch = sys.modules.get("torch")  # only a command that imported torch can run out of its memory
+    return isinstance(e, MemoryError) or (torch is not None and isinstance(e, torch.cuda.OutOfMemoryError))
 
 
 if __name__ == "__main__":

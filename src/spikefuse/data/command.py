@@ -4,6 +4,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ..errors import UsageError
+
 
 def configure(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
@@ -32,6 +34,8 @@ def run(args: argparse.Namespace) -> int:
     except DatasetUnavailable as e:
         print(f"spikefuse data: {e}", file=sys.stderr)
         return 1
+    except ValueError as e:  # bad parameters (time steps, seed), more memory than there is
+        raise UsageError(str(e)) from None
     print(f"{splits.name}: {len(splits.train)} train / {len(splits.test)} test samples, "
           f"{splits.num_classes} classes, input {splits.input_shape} x {splits.time_steps} steps")
     return 0

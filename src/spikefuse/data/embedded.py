@@ -11,6 +11,18 @@ import numpy as np
 import torch
 
 SPLIT_SEED = 0  # the digits train/test split is fixed, whatever the encoding seed
+SIZES = {"digits": (1797, 64), "randman": (10 * 500, 100)}  # (samples, features) at the defaults
+# peak host bytes per spike cell [T, N, F] while encoding: rate coding draws float64 noise and
+# compares it (8 + 1 + 1); latency coding writes uint8; randman scatters, then copies each split
+BYTES_PER_CELL = {"rate": 10, "latency": 1, "randman": 2}
+
+
+def encode_bytes(name: str, time_steps: int) -> tuple[int, int]:
+    """(peak host bytes while encoding, bytes of the encoded uint8 spikes) of a whole set."""
+    samples, features = SIZES["randman" if name == "randman" else "digits"]
+    cells = time_steps * samples * features
+    coding = "randman" if name == "randman" else "latency" if name == "digits-latency" else "rate"
+    return BYTES_PER_CELL[coding] * cells, cells
 
 
 def digits_split() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:

@@ -25,11 +25,13 @@ def event_dtype(has_y: bool, sensor_size: Sequence[int] | None = None) -> np.dty
     return np.dtype(fields)
 
 
-def _to_tensor(a) -> torch.Tensor:
+def _to_tensor(a, name: str) -> torch.Tensor:
     if isinstance(a, torch.Tensor):
         return a
     a = np.asarray(a)
-    if a.dtype == np.uint16 or a.dtype == np.uint32:
+    if a.dtype == np.uint64 and a.size and a.max() > np.iinfo(np.int64).max:
+        raise ValueError(f"events: field {name!r} holds {a.max()}, more than an int64 can hold")
+    if a.dtype in (np.uint16, np.uint32, np.uint64):
         a = a.astype(np.int64)  # torch's unsigned types support few ops
     if a.ndim == 1 and a.strides[0] != a.itemsize:
         a = a.copy()  # a field of a structured array is strided (even when one element long)
@@ -45,9 +47,9 @@ def as_columns(events, device=None) -> Columns:
                 f"got a plain array of dtype {events.dtype}"
             )
         names = events.dtype.names
-        cols = {k: _to_tensor(events[k]) for k in names if k in ("t", "x", "y", "p")}
+        cols = {k: _to_tensor(events[k], k) for k in names if k in ("t", "x", "y", "p")}
     elif isinstance(events, Mapping):
-        cols = {k: _to_tensor(v) for k, v in events.items() if k in ("t", "x", "y", "p")}
+        cols = {k: _to_tensor(v, k) for k, v in events.items() if k in ("t", "x", "y", "p")}
     else:
         raise TypeError(
             f"events: expected a structured numpy array or a mapping of columns, "
@@ -73,12 +75,50 @@ def pack(samples: Sequence) -> tuple[Columns, torch.Tensor]:
         raise ValueError("samples: need at least one sample")
     per = [as_columns(s) for s in samples]
     keys = per[0].keys()
-    if any(p.keys() != keys for p in per):
-        raise ValueError("samples: all samples must have the same fields")
+    for i, p in enumerate(per):
+        check_same_fields(p, keys, i)
     lengths = torch.tensor([len(p["t"]) for p in per], dtype=torch.int64)
     offsets = torch.zeros(len(per) + 1, dtype=torch.int64)
     torch.cumsum(lengths, 0, out=offsets[1:])
     return {k: torch.cat([p[k] for p in per]) for k in keys}, offsets
+
+
+def check_same_fields(cols: Columns, fields, index: int) -> None:
+    """Sample `index` must have exactly `fields` (those of sample 0): packing would drop or miss one."""
+    if set(cols) != set(fields):
+        have, want = (", ".join(k for k in "txyp" if k in f) for f in (cols, fields))
+        raise ValueError(f"samples: sample {index} has fields {have} but sample 0 has {want}; "
+                         "every sample must have the same fields")
+
+
+def check_fits(cols: Columns, sensor_size: Sequence[int], dtype: np.dtype, index: int) -> None:
+    """Raise ValueError naming sample `index`, the field and the value if an event lies outside
+    the sensor or outside what the packed `dtype` holds (numpy would wrap it: x = 65541 -> 5)."""
+    width, height, polarities = (int(s) for s in sensor_size)
+    allowed = {"t": (0, None), "x": (0, width - 1), "y": (0, height - 1),
+               "p": (0, polarities - 1) if polarities > 1 else (None, None)}  # one polarity: any p
+    for k in dtype.names:
+        v = cols[k]
+        if len(v) == 0:
+            continue
+        if v.is_floating_point():
+            whole = v == v.trunc()  # False for NaN and inf too
+            if not bool(whole.all()):
+                i = int((~whole).nonzero()[0])
+                raise ValueError(f"samples: sample {index} has {k} = {v[i].item()} (event {i}); "
+                                 f"{k} must be a whole number")
+        info = np.iinfo(dtype[k])
+        lo, hi = allowed[k]
+        lo, hi = max(info.min, info.min if lo is None else lo), min(info.max, info.max if hi is None else hi)
+        v = v.to(torch.int64) if v.dtype == torch.bool else v
+        vmin, vmax = int(v.min()), int(v.max())
+        if vmin < lo or vmax > hi:
+            bad = vmin if vmin < lo else vmax
+            i = int((v == bad).nonzero()[0])
+            where = {"x": f"the sensor's width {width}", "y": f"the sensor's height {height}",
+                     "p": f"the sensor's {polarities} polarities"}.get(k, "time in microseconds")
+            raise ValueError(f"samples: sample {index} has {k} = {bad} (event {i}), outside {lo}..{hi} "
+                             f"({where}, stored as {dtype[k]})")
 
 
 def check_offsets(offsets: torch.Tensor, n_events: int) -> torch.Tensor:

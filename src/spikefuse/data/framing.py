@@ -15,7 +15,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from . import memory
 from .events import Columns, as_columns, check_events, check_offsets, segment_ids
+
+MAX_WINDOWS = 2**62  # window counts are clamped here before becoming int64 (memory checks refuse far less)
+TABLE_BYTES = 48  # per (sample, window): the float64/int64 window tables `_windows` builds
 
 
 @dataclass(frozen=True)
@@ -98,11 +102,36 @@ class ToFrame:
             check_events(cols, offsets, self.sensor_size, need_sorted=self.mode in ("time_window", "n_time_bins"))
         if num_frames is not None and num_frames < 1:
             raise ValueError(f"num_frames: must be >= 1, got {num_frames}")
-        start, end, n = self._windows(t, offsets)
-        frames_needed = int(n.max()) if num_frames is None else num_frames
         samples = len(offsets) - 1
+        start, end, n = self._windows(t, offsets, limit=num_frames)
+        frames_needed = int(n.max()) if num_frames is None else num_frames
+        self._check_frames(frames_needed, samples, math.prod(self._cell_shape("y" in cols)), dtype, t.device)
         flat = _accumulate(cols, offsets, start, end, n, frames_needed, self.sensor_size, dtype, batch_size)
         return _split_blocks(flat, frames_needed, samples, batch_size, self._cell_shape("y" in cols))
+
+    def _describe(self) -> str:
+        extra = "".join(f", {k}={getattr(self, k)}" for k in ("start_time", "end_time") if getattr(self, k) is not None)
+        extra = (f", overlap={self.overlap}" if self.overlap else "") + extra
+        return f"ToFrame({self.mode}={getattr(self, self.mode)}{extra})"
+
+    def _hint(self) -> str:
+        fewer = f"fewer {self.mode}" if self.mode.startswith("n_") else f"a larger {self.mode}"
+        return f"use {fewer}, or pass num_frames to keep only the first frames"
+
+    def _check_frames(self, frames: int, samples: int, cell: int, dtype, device) -> None:
+        """Refuse (ValueError) an output of `frames` frames per sample that memory cannot hold."""
+        nbytes = frames * max(samples, 1) * cell * dtype.itemsize
+        # free=False: framing runs per batch group, where a driver call per check is not wanted
+        memory.require(nbytes, device, f"{self._describe()}: {frames} frames x {samples} sample(s)", self._hint(),
+                       free=False)
+
+    def _table_width(self, n_max: int, limit: int | None, samples: int, device) -> int:
+        """Windows per sample to materialise in `_windows`: all, or the first `limit` (num_frames:
+        later ones are cut anyway), after checking their tables fit in memory."""
+        width = n_max if limit is None else min(n_max, limit)
+        memory.require(TABLE_BYTES * width * max(samples, 1), device,
+                       f"{self._describe()}: {width} windows x {samples} sample(s)", self._hint(), free=False)
+        return width
 
     def _cell_shape(self, two_d: bool) -> tuple[int, ...]:
         """Shape of one frame of one sample: (P, H, W), or (P, W) for events without y."""
@@ -162,7 +191,7 @@ class ToFrame:
             t1 = last.astype(f64) if self.end_time is None else np.zeros(batch, f64) + self.end_time
             ratio = (t1 - t0 - tw) / stride  # in float64, the same order as `_windows`
             n = (np.ceil(ratio) if self.include_incomplete else np.floor(ratio)) + 1
-            n = np.maximum(n, 1).astype(np.int64)
+            n = np.clip(n, 1, MAX_WINDOWS).astype(np.int64)
             n[empty] = 1
             origin = first if self.start_time is None else np.full(batch, int(self.start_time), np.int64)
             width = np.full(batch, int(tw), np.int64)
@@ -187,6 +216,7 @@ class ToFrame:
         cell_shape = self._cell_shape(two_d)
         size = frames * batch * math.prod(cell_shape)
         dev = store.device
+        self._check_frames(frames, batch, math.prod(cell_shape), dtype, dev)
         total = int(counts.sum())
         if total == 0:
             flat = torch.zeros(size, dtype=dtype, device=dev)
@@ -217,9 +247,11 @@ class ToFrame:
         out.index_add_(0, pos, torch.ones((), dtype=dtype, device=dev).expand(total))
         return _split_blocks(out, frames, batch, batch_size, cell_shape)  # the blocks leave out the dump cell
 
-    def _windows(self, t: torch.Tensor, offsets: torch.Tensor):
-        """Per sample b and window w the local event range [start, end) and window count n[b]."""
+    def _windows(self, t: torch.Tensor, offsets: torch.Tensor, limit: int | None = None):
+        """Per sample b and window w < min(n.max(), limit) the local event range [start, end),
+        and each sample's window count n[b]."""
         lengths = offsets.diff()
+        samples = len(lengths)
         empty = lengths == 0
         dev, f64 = t.device, torch.float64
         ov = self.overlap
@@ -237,15 +269,16 @@ class ToFrame:
                 t1 = last.to(f64) if self.end_time is None else torch.full_like(first, 0, dtype=f64) + self.end_time
                 ratio = (t1 - t0 - tw) / stride
                 n = (ratio.ceil() if self.include_incomplete else ratio.floor()) + 1
-                n = n.clamp(min=1).to(torch.int64)
-                w = torch.arange(int(n.max()), device=dev, dtype=f64)
+                n = n.clamp(min=1, max=MAX_WINDOWS).to(torch.int64)
+                w = torch.arange(self._table_width(int(n.max()), limit, samples, dev), device=dev, dtype=f64)
                 lo = w * stride + t0[:, None]
                 hi = lo + tw
             else:
                 bins = self.n_time_bins
                 span = ((last - first) // bins).to(f64) * (1 + ov)
                 stride = span * (1 - ov)
-                lo = torch.arange(bins, device=dev, dtype=f64) * stride[:, None] + first.to(f64)[:, None]
+                width = self._table_width(bins, limit, samples, dev)
+                lo = torch.arange(width, device=dev, dtype=f64) * stride[:, None] + first.to(f64)[:, None]
                 hi = lo + span[:, None]
                 n = torch.full_like(lengths, bins)
             start = _count_below(t, offsets, first, last, lo)
@@ -256,15 +289,15 @@ class ToFrame:
             stride = count - ov
             ratio = (lengths - eff).to(f64) / stride
             n = (ratio.ceil() if self.include_incomplete else ratio.floor()) + 1
-            n = n.to(torch.int64)
-            w = torch.arange(int(n.max()), device=dev, dtype=f64)
+            n = n.clamp(max=MAX_WINDOWS).to(torch.int64)
+            w = torch.arange(self._table_width(int(n.max()), limit, samples, dev), device=dev, dtype=f64)
             start = (w * stride).to(torch.int64).expand(len(lengths), -1)
             end = start + eff[:, None]
         else:
             bins = self.n_event_bins
             size = ((lengths // bins).to(f64) * (1 + ov)).to(torch.int64)
             stride = (size.to(f64) * (1 - ov)).to(torch.int64)
-            start = torch.arange(bins, device=dev)[None, :] * stride[:, None]
+            start = torch.arange(self._table_width(bins, limit, samples, dev), device=dev)[None, :] * stride[:, None]
             end = start + size[:, None]
             n = torch.full_like(lengths, bins)
         # Tonic answers an empty sample before slicing: one frame, or n bins, all zero

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from . import embedded, synthetic
+from . import embedded, memory, synthetic
 from .cache import cached_store
 from .dataset import DenseSpikeDataset, EventSpikeDataset, Splits
 from .framing import ToFrame
@@ -35,9 +35,16 @@ def load(name: str, *, time_steps: int | None = None, root: str = "~/.cache/spik
         time_steps = DEFAULT_TIME_STEPS[name]
     if not isinstance(time_steps, int) or isinstance(time_steps, bool) or time_steps < 1:
         raise ValueError(f"time_steps: expected a positive int, got {time_steps!r}")
-    device = torch.device(device)
+    if not isinstance(seed, int) or isinstance(seed, bool) or not -(2**63) <= seed < 2**63:
+        raise ValueError(f"seed: expected an int from -2**63 to 2**63 - 1, got {seed!r}")
+    device = check_device(device)
 
     if name in ("digits", "digits-latency", "randman"):
+        peak, spikes = embedded.encode_bytes(name, time_steps)
+        hint = "lower time_steps (--time-steps)"
+        memory.require(peak, "cpu", f"encoding {name} at {time_steps} time steps", hint)
+        if device.type != "cpu":
+            memory.require(spikes, device, f"{name} at {time_steps} time steps", hint)
         if name == "randman":
             parts = embedded.randman(time_steps=time_steps, seed=seed)
             num_classes = 10
@@ -77,6 +84,24 @@ def load(name: str, *, time_steps: int | None = None, root: str = "~/.cache/spik
             store = store.to(device, resident=True)
         out.append(EventSpikeDataset(store, frame, time_steps, input_shape))
     return Splits(name, out[0], out[1], num_classes, input_shape, time_steps)
+
+
+def check_device(device) -> torch.device:
+    """`device` as a torch.device, or ValueError if this PyTorch or this machine cannot use it."""
+    try:
+        device = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise ValueError(f"device: expected a device such as 'cpu' or 'cuda', got {device!r}") from e
+    if device.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if not count:
+            why = "this PyTorch build has no CUDA support" if torch.version.cuda is None else "no CUDA GPU is visible"
+            raise ValueError(f"device: {str(device)!r} requested but {why}; use device='cpu'")
+        if device.index is not None and device.index >= count:
+            raise ValueError(f"device: {str(device)!r} requested but only {count} CUDA device(s) exist")
+    elif device.type == "mps" and not torch.backends.mps.is_available():
+        raise ValueError("device: 'mps' requested but MPS is not available here; use device='cpu'")
+    return device
 
 
 def frame_for(framing: str, sensor_size, time_steps: int) -> ToFrame:

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from .events import Columns, as_columns, check_events, event_dtype, segment_ids
+from .events import Columns, as_columns, check_events, check_fits, check_same_fields, event_dtype, segment_ids
 
 FILES = ("events.npy", "offsets.npy", "targets.npy", "meta.json")
 
@@ -71,11 +71,21 @@ class EventStore:
     @classmethod
     def from_samples(cls, samples: Iterable, sensor_size, *, total: int | None = None, transform=None,
                      desc: str = "packing events", progress: bool = True) -> EventStore:
-        """Pack (events, target) pairs, applying `transform` (events -> columns) to each; a tqdm bar shows progress."""
-        dtype, parts, targets, lengths = None, [], [], []
-        for events, target in tqdm(samples, total=total, desc=desc, unit="sample", disable=not progress):
+        """Pack (events, target) pairs, applying `transform` (events -> columns) to each; a tqdm bar shows progress.
+
+        Every sample is checked before it is packed: the same fields as sample 0, and every
+        coordinate, polarity and time inside the sensor and the packed dtype (ValueError
+        naming the sample, field and value otherwise)."""
+        if len(sensor_size) != 3 or any(int(s) != s or s < 1 for s in sensor_size):
+            raise ValueError(f"sensor_size: expected 3 positive ints (W, H, P), got {tuple(sensor_size)}")
+        dtype, fields, parts, targets, lengths = None, None, [], [], []
+        for i, (events, target) in enumerate(tqdm(samples, total=total, desc=desc, unit="sample",
+                                                  disable=not progress)):
             cols = as_columns(events) if transform is None else transform(events)
-            dtype = dtype or event_dtype("y" in cols, sensor_size)
+            if dtype is None:
+                dtype, fields = event_dtype("y" in cols, sensor_size), set(cols)
+            check_same_fields(cols, fields, i)
+            check_fits(cols, sensor_size, dtype, i)
             part = np.empty(len(cols["t"]), dtype=dtype)
             for k in dtype.names:
                 part[k] = cols[k].numpy()

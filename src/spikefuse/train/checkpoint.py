@@ -14,7 +14,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..errors import one_line
+
 FILENAME = "checkpoint.pt"
+TMP_GLOB = f".{FILENAME}.*.tmp"  # save()'s temp files: a killed write leaves one (rundir.py removes it)
+
+
+class CheckpointError(ValueError):
+    """A checkpoint file that cannot be read: empty, truncated, foreign or corrupt."""
 
 
 def save(obj, path: str | os.PathLike) -> None:
@@ -34,7 +41,19 @@ def save(obj, path: str | os.PathLike) -> None:
 
 
 def load(path: str | os.PathLike, map_location="cpu") -> dict:
-    return torch.load(path, map_location=map_location, weights_only=True)
+    """The saved dict; CheckpointError (one line, naming the file) if it cannot be read."""
+    path = Path(path)
+    try:
+        if path.stat().st_size == 0:  # torch.load's error says nothing useful here
+            raise CheckpointError(f"checkpoint {path} is empty (0 bytes): it was not written by a finished save")
+        state = torch.load(path, map_location=map_location, weights_only=True)
+    except CheckpointError:
+        raise
+    except Exception as e:  # a foreign or damaged file: whatever the unpickler trips on
+        raise CheckpointError(f"cannot read checkpoint {path}: {one_line(e)}") from e
+    if not isinstance(state, dict):
+        raise CheckpointError(f"checkpoint {path} holds a {type(state).__name__}, expected a dict")
+    return state
 
 
 def _fsync_dir(directory: Path) -> None:

@@ -1,15 +1,24 @@
-"""`spikefuse train`: options, config file, run directory, errors; the loop is in loop.py."""
+"""`spikefuse train`: options, config file, run directory, errors; the loop is in loop.py.
+
+Failures are one line (cli.py prints them): UsageError (exit 2) for what the command line
+or the run directory's files got wrong, checked before any training; RunError (exit 1) for
+faults while running. Ctrl-C stops with where the last checkpoint is (exit 130).
+"""
 from __future__ import annotations
 
 import argparse
+import inspect
+import math
+import sys
 import time
 from pathlib import Path
 
-from ..errors import UsageError
+from ..errors import RunError, UsageError, one_line
 from .config import FIELDS, ConfigError, make, read_toml
 
 # options that may accompany --resume: they change where the run goes, not what it computes
-RESUME_OPTIONS = {"device": "--device", "capture": "--no-capture"}  # option -> its flag
+RESUME_OPTIONS = {"device": "--device", "capture": "--no-capture",
+                  "stop_on_nan": "--[no-]stop-on-nan"}  # option -> its flag
 
 
 def _datasets() -> dict:
@@ -53,19 +62,24 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="on CUDA, issue every training step from Python instead of replaying it as one CUDA graph")
     add("--clip-grad", type=float, default=s, metavar="NORM", help="clip the gradients' total norm (default: off)")
     add("--seed", type=int, default=s, help="seeds init, data order and every RNG (default: 0)")
+    add("--stop-on-nan", action=argparse.BooleanOptionalAction, default=s,
+        help="stop when an epoch's training loss is NaN or infinite, keeping the last finite checkpoint "
+             "(default: on)")
     add("--threads", type=int, default=s, metavar="N", help="CPU threads for PyTorch ops (default: 1)")
     add("--out", default=s, metavar="DIR", help="run directory (default: runs/<dataset>-<model>-<time>)")
     add("--resume", metavar="DIR", help="continue the run in DIR from its last checkpoint")
     add("--config", metavar="FILE", help="TOML file with option values")
     add("--quiet", action="store_true", help="no progress bars")
+    # --debug (print tracebacks) is added to every subcommand by cli.py
 
 
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from . import checkpoint
+    from . import checkpoint, rundir
 
     given = {k: v for k, v in vars(args).items() if k in FIELDS}
+    state = None
     try:
         if args.resume:
             run_dir, state = _resume_state(args, given)
@@ -73,25 +87,29 @@ def run(args: argparse.Namespace) -> int:
         else:
             cfg = make(read_toml(args.config) if args.config else {}, given)
             run_dir = Path(cfg.out or f"runs/{cfg.dataset}-{cfg.model}-{time.strftime('%Y%m%d-%H%M%S')}")
-            if (run_dir / checkpoint.FILENAME).exists():
-                raise UsageError(f"{run_dir} already holds a run; continue it with --resume {run_dir} "
-                                 "or choose another --out")
+            if run_dir.exists() and not run_dir.is_dir():
+                raise UsageError(f"--out {run_dir} is a file; expected a run directory")
     except ConfigError as e:
-        raise UsageError(str(e)) from None
+        where = f"the options saved in {args.resume}/{checkpoint.FILENAME}: " if args.resume else ""
+        raise UsageError(where + str(e)) from None
 
     _check_names(cfg)  # before any slow data loading
     device = resolve_device(cfg.device)
-    threads = torch.get_num_threads()
-    # The reference backend's per-step ops are small: one thread is as fast as two on an idle
-    # machine, and 10x faster on a busy one, where spinning worker threads wait on each other.
-    torch.set_num_threads(cfg.threads)
-    try:
-        return _train(cfg, device, run_dir, args)
-    finally:
-        torch.set_num_threads(threads)  # leave the process as we found it (tests call run())
+    with rundir.lock(run_dir):  # a second run on the same directory fails here, at once
+        if not args.resume and (run_dir / checkpoint.FILENAME).exists():
+            raise UsageError(f"{run_dir} already holds a run; continue it with --resume {run_dir} "
+                             "or choose another --out")
+        threads = torch.get_num_threads()
+        # The reference backend's per-step ops are small: one thread is as fast as two on an idle
+        # machine, and 10x faster on a busy one, where spinning worker threads wait on each other.
+        torch.set_num_threads(cfg.threads)
+        try:
+            return _train(cfg, device, run_dir, args, state)
+        finally:
+            torch.set_num_threads(threads)  # leave the process as we found it (tests call run())
 
 
-def _train(cfg, device, run_dir, args) -> int:
+def _train(cfg, device, run_dir, args, state) -> int:
     import torch
 
     from . import checkpoint
@@ -99,25 +117,45 @@ def _train(cfg, device, run_dir, args) -> int:
 
     checkpoint.seed_everything(cfg.seed)
     splits = _load_data(cfg, device)
+    _check_memory(cfg, splits, device)
     model_args = {"name": cfg.model, "input_shape": list(splits.input_shape),
                   "num_classes": int(splits.num_classes), "time_steps": int(splits.time_steps), "kwargs": {}}
-    model = _build_model(model_args)
+    if state is not None and state["config"].get("model", model_args) != model_args:
+        saved = state["config"]["model"]
+        raise UsageError(f"cannot resume {run_dir}: its checkpoint holds {_model_text(saved)}, but its saved "
+                         f"options now give {_model_text(model_args)}; was {checkpoint.FILENAME} edited, or "
+                         "did the data set change?")
+    model = _build_model(model_args, cfg.dataset)
     optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr)
     scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=cfg.epochs)
     trainer = Trainer(model, splits, optimizer, epochs=cfg.epochs, batch_size=cfg.batch_size,
                       scheduler=scheduler, device=device, precision=cfg.precision, compile=cfg.compile,
                       capture=None if cfg.capture else False, clip_grad_norm=cfg.clip_grad,
-                      seed=cfg.seed, run_dir=run_dir, progress=not args.quiet,
+                      seed=cfg.seed, run_dir=run_dir, progress=not args.quiet, stop_on_nan=cfg.stop_on_nan,
                       config={"options": cfg.as_dict(), "model": model_args})
     if args.resume:
-        trainer.resume()
+        try:
+            trainer.resume()
+        except checkpoint.CheckpointError as e:
+            raise UsageError(str(e)) from None
+        except (RuntimeError, ValueError, KeyError, TypeError, IndexError) as e:  # a state that does not fit
+            raise UsageError(f"cannot resume {run_dir}: its checkpoint does not fit the model and optimizer "
+                             f"its options build ({one_line(e)})") from None
         print(f"resuming {run_dir} after epoch {trainer.epoch}/{cfg.epochs}")
-    else:
-        run_dir.mkdir(parents=True, exist_ok=True)
     print(f"training {cfg.model} on {cfg.dataset} ({len(splits.train)} train / {len(splits.test)} test, "
           f"T={splits.time_steps}) on {device}, {cfg.precision}; run directory {run_dir}")
     start = time.perf_counter()
-    history = trainer.fit()
+    try:
+        history = trainer.fit()
+    except KeyboardInterrupt:
+        saved = (f"last checkpoint at epoch {trainer.saved_epoch} in {run_dir}; continue with "
+                 f"`spikefuse train --resume {run_dir}`" if trainer.saved_epoch is not None
+                 else f"no checkpoint written yet in {run_dir}")
+        print(f"spikefuse train: interrupted; {saved}", file=sys.stderr)
+        return 130
+    except torch.cuda.OutOfMemoryError as e:
+        raise RunError(f"out of memory on {device} training {cfg.model} with --batch-size {cfg.batch_size} and "
+                       f"{splits.time_steps} time steps ({one_line(e)}); lower --batch-size or --time-steps") from e
 
     from .plots import plot_run
     plot_run(run_dir, history, trainer.model, splits.test, device)
@@ -127,11 +165,19 @@ def _train(cfg, device, run_dir, args) -> int:
     return 0
 
 
+def _model_text(spec: dict) -> str:
+    return (f"model {spec.get('name')!r} for input {tuple(spec.get('input_shape', ()))}, "
+            f"{spec.get('num_classes')} classes, {spec.get('time_steps')} time steps")
+
+
 def _resume_state(args, given):
     from . import checkpoint
 
     run_dir = Path(args.resume)
     path = run_dir / checkpoint.FILENAME
+    if run_dir.is_file():
+        raise UsageError(f"cannot resume: {run_dir} is a file; pass the run directory that holds "
+                         f"{checkpoint.FILENAME}")
     if not path.is_file():
         what = "does not exist" if not run_dir.exists() else f"has no {checkpoint.FILENAME}"
         raise UsageError(f"cannot resume: {run_dir} {what}; pass a run directory written by "
@@ -143,8 +189,12 @@ def _resume_state(args, given):
                          f"(allowed with --resume: {', '.join(RESUME_OPTIONS.values())})")
     try:
         state = checkpoint.load(path)
-    except Exception as e:  # a foreign or damaged file: say so in one line
-        raise UsageError(f"cannot read checkpoint {path}: {type(e).__name__}: {str(e).splitlines()[0]}") from None
+    except checkpoint.CheckpointError as e:  # a foreign or damaged file: say so in one line
+        raise UsageError(str(e)) from None
+    options = state.get("config", {}).get("options") if isinstance(state.get("config"), dict) else None
+    if not isinstance(options, dict) or not isinstance(state["config"].get("model", {}), dict):
+        raise UsageError(f"{path} holds no `spikefuse train` options (config['options'] is missing); "
+                         "resume runs written by `spikefuse train`")
     return run_dir, state
 
 
@@ -189,8 +239,31 @@ def _load_data(cfg, device):
         raise UsageError(f"cannot load data set {cfg.dataset!r}: {message}") from None
 
 
-def _build_model(model_args):
-    from ..models import build_model
+def _check_memory(cfg, splits, device):
+    """Refuse a batch whose input frames alone outgrow the device (the model's activations,
+    a multiple of them, come on top): say so before allocating, not half-way through."""
+    from ..data import memory
 
-    return build_model(model_args["name"], model_args["input_shape"], model_args["num_classes"],
-                       model_args["time_steps"], **model_args["kwargs"])
+    shape = tuple(splits.input_shape)
+    batch = min(cfg.batch_size, max(len(splits.train), 1))
+    nbytes = 3 * 4 * splits.time_steps * batch * math.prod(shape)  # float32 frames, made ahead and in use
+    try:
+        memory.require(nbytes, device, f"a batch of {batch} x {splits.time_steps} time steps x {shape}",
+                       "lower --batch-size or --time-steps")
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+
+
+def _build_model(model_args, dataset: str | None = None):
+    from ..models import MODELS, build_model
+
+    try:
+        return build_model(model_args["name"], model_args["input_shape"], model_args["num_classes"],
+                           model_args["time_steps"], **model_args["kwargs"])
+    except (ValueError, TypeError, IndexError) as e:  # the builder cannot take the data's shape
+        default = inspect.signature(MODELS[model_args["name"]][0]).parameters.get("input_shape")
+        expects = (f"expects input like {tuple(default.default)}" if default is not None
+                   and default.default is not inspect.Parameter.empty else "cannot take that shape")
+        source = f"data set {dataset!r}" if dataset else "the data"
+        raise UsageError(f"model {model_args['name']!r} does not fit {source}: the data has input shape "
+                         f"{tuple(model_args['input_shape'])}, the model {expects} ({one_line(e)})") from None

@@ -6,6 +6,7 @@ Problems raise ConfigError, a ValueError whose message is one line naming the ke
 from __future__ import annotations
 
 import dataclasses
+import math
 import sys
 from dataclasses import dataclass
 
@@ -35,6 +36,7 @@ class Config:
     capture: bool = True  # CUDA-graph training steps on CUDA (--no-capture turns it off)
     clip_grad: float | None = None  # max total gradient norm; None: no clipping
     seed: int = 0
+    stop_on_nan: bool = True  # stop when an epoch's training loss is NaN or inf
     threads: int = 1  # CPU threads for PyTorch ops (why 1: see command.py)
     out: str | None = None  # None: runs/<dataset>-<model>-<timestamp>
 
@@ -45,8 +47,10 @@ class Config:
 FIELDS = {f.name: f for f in dataclasses.fields(Config)}
 TYPES = {"dataset": str, "model": str, "epochs": int, "batch_size": int, "lr": float,
          "time_steps": int, "device": str, "precision": str, "compile": bool, "capture": bool,
-         "clip_grad": float, "seed": int, "threads": int,
+         "clip_grad": float, "seed": int, "stop_on_nan": bool, "threads": int,
          "out": str}
+MAX_COUNT = 2**31 - 1  # epochs, batch size, time steps, threads: far beyond use, still an int32
+SEED_RANGE = (-(2**63), 2**63 - 1)  # what torch.manual_seed takes (an int64)
 
 
 def read_toml(path: str) -> dict:
@@ -58,6 +62,9 @@ def read_toml(path: str) -> dict:
         raise ConfigError(f"cannot read config file {path}: {e.strerror or e}") from None
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"config file {path} is not valid TOML: {e}") from None
+    except UnicodeDecodeError as e:  # a binary file: TOML is UTF-8 text
+        raise ConfigError(f"config file {path} is not a TOML text file: byte {e.object[e.start]:#04x} "
+                          f"at offset {e.start} is not UTF-8") from None
     values = {}
     for key, value in raw.items():
         name = key.replace("-", "_")
@@ -74,14 +81,21 @@ def make(*layers: dict) -> Config:
     for layer in layers:
         values.update(layer)
     for name, value in values.items():
+        if name not in FIELDS:  # e.g. options saved by a newer version
+            raise ConfigError(f"unknown option {name.replace('_', '-')!r}; valid: "
+                              f"{', '.join(k.replace('_', '-') for k in FIELDS)}")
         values[name] = _check_type(name, value)
     cfg = Config(**values)
     for name in ("epochs", "batch_size", "time_steps", "threads"):
         value = getattr(cfg, name)
         if value is not None and value < 1:
             raise ConfigError(f"{name.replace('_', '-')} must be at least 1, got {value}")
-    if not cfg.lr > 0:
-        raise ConfigError(f"lr must be positive, got {cfg.lr}")
+        if value is not None and value > MAX_COUNT:
+            raise ConfigError(f"{name.replace('_', '-')} must be at most {MAX_COUNT}, got {value}")
+    if not SEED_RANGE[0] <= cfg.seed <= SEED_RANGE[1]:
+        raise ConfigError(f"seed must be an integer from -2**63 to 2**63 - 1 (a 64-bit seed), got {cfg.seed}")
+    if not (cfg.lr > 0 and math.isfinite(cfg.lr)):
+        raise ConfigError(f"lr must be a finite number > 0, got {cfg.lr}")
     if cfg.clip_grad is not None and not 0 < cfg.clip_grad < float("inf"):
         raise ConfigError(f"clip-grad must be a finite number > 0, got {cfg.clip_grad}")
     if cfg.precision not in PRECISIONS:
@@ -97,4 +111,7 @@ def _check_type(name: str, value):
          (kind is float and isinstance(value, int) and not isinstance(value, bool))
     if not ok:
         raise ConfigError(f"{name.replace('_', '-')} must be {kind.__name__}, got {value!r}")
-    return kind(value)
+    try:
+        return kind(value)
+    except OverflowError:  # an int too large for a float
+        raise ConfigError(f"{name.replace('_', '-')} must be a finite {kind.__name__}, got {value!r}") from None

@@ -16,13 +16,14 @@ its v is exactly our logits. Soft or no reset has no NIR equivalent and is refus
 from __future__ import annotations
 
 import argparse
+import math
 from pathlib import Path
 
 import numpy as np
 import torch
 from torch import nn
 
-from ..errors import UsageError
+from ..errors import UsageError, one_line
 from ..nn import IF, LIF, PLIF
 
 DEFAULT_DT = 1e-3
@@ -33,6 +34,8 @@ def to_nir(model: nn.Module, input_shape, time_steps: int, dt: float = DEFAULT_D
     if it is an nn.Sequential) built from Flatten, Linear and LIF/IF/PLIF layers."""
     import nir
 
+    if not (isinstance(dt, (int, float)) and not isinstance(dt, bool) and 0 < dt < math.inf):
+        raise ValueError(f"dt: expected a finite number of seconds > 0, got {dt!r}")
     layers = model.layers if hasattr(model, "layers") else model
     if not isinstance(layers, nn.Sequential):
         raise ValueError(f"cannot export {type(model).__name__}: expected an nn.Sequential or a .layers Sequential")
@@ -55,10 +58,25 @@ def to_nir(model: nn.Module, input_shape, time_steps: int, dt: float = DEFAULT_D
                              "supported: Flatten, Linear, LIF, IF, PLIF")
     if getattr(model, "readout", None) == "mean":
         nodes.append(nir.I(r=np.full(width, 1.0 / (time_steps * dt), np.float32)))
+    _check_finite(nodes, dt)
     graph = nir.NIRGraph.from_list(*nodes, nir.Output(output_type=np.array([width])))
     graph.metadata = {"source": "spikefuse", "dt": float(dt), "time_steps": int(time_steps),
                       "readout": getattr(model, "readout", "none")}
     return graph
+
+
+def _check_finite(nodes, dt: float) -> None:
+    """A NIR file with NaN or inf parameters, or a zero time constant, is invalid: refuse it,
+    naming the node and field (diverged weights, or a dt so small that 1/dt overflows float32)."""
+    for i, node in enumerate(nodes):
+        for field, value in vars(node).items():
+            if not (isinstance(value, np.ndarray) and value.dtype.kind == "f"):
+                continue
+            problem = ("a non-finite" if not np.isfinite(value).all() else
+                       "a zero" if field == "tau" and (value <= 0).any() else None)
+            if problem:
+                raise ValueError(f"cannot export: NIR node {i} ({type(node).__name__}) would have {problem} "
+                                 f"{field} (with dt = {dt}); check the model's weights and dt")
 
 
 def _np(t: torch.Tensor) -> np.ndarray:
@@ -105,17 +123,25 @@ def run(args: argparse.Namespace) -> int:
     path = run_dir / checkpoint.FILENAME
     if not path.is_file():
         raise UsageError(f"{run_dir} has no {checkpoint.FILENAME}; pass a run directory written by `spikefuse train`")
-    if not args.dt > 0:
-        raise UsageError(f"--dt must be positive, got {args.dt}")
-    state = checkpoint.load(path)
-    spec = state.get("config", {}).get("model")
-    if spec is None:
-        raise UsageError(f"{path} does not say which model it holds (config['model'] is missing); "
-                         "export runs written by `spikefuse train`, or call spikefuse.train.export.to_nir")
-    if spec["name"] not in MODELS:
-        raise UsageError(f"the run's model {spec['name']!r} is not known here; known: {', '.join(MODELS)}")
-    model = build_model(spec["name"], spec["input_shape"], spec["num_classes"], spec["time_steps"], **spec["kwargs"])
-    model.load_state_dict(state["model"])
+    if not 0 < args.dt < math.inf:  # also refuses nan
+        raise UsageError(f"--dt must be a finite number of seconds > 0, got {args.dt}")
+    try:
+        state = checkpoint.load(path)
+    except checkpoint.CheckpointError as e:
+        raise UsageError(str(e)) from None
+    config = state.get("config")
+    spec = config.get("model") if isinstance(config, dict) else None
+    if not isinstance(spec, dict) or "model" not in state:
+        raise UsageError(f"{path} does not say which model it holds (config['model'] or the weights are "
+                         "missing); export runs written by `spikefuse train`, or call spikefuse.train.export.to_nir")
+    if spec.get("name") not in MODELS:
+        raise UsageError(f"the run's model {spec.get('name')!r} is not known here; known: {', '.join(MODELS)}")
+    try:
+        model = build_model(spec["name"], spec["input_shape"], spec["num_classes"], spec["time_steps"],
+                            **spec.get("kwargs", {}))
+        model.load_state_dict(state["model"])
+    except (KeyError, TypeError, ValueError, RuntimeError) as e:  # a damaged or edited checkpoint
+        raise UsageError(f"{path}: its weights do not fit the model its config describes ({one_line(e)})") from None
     try:
         graph = to_nir(model, spec["input_shape"], spec["time_steps"], dt=args.dt)
     except ValueError as e:

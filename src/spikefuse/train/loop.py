@@ -4,8 +4,9 @@
     history = trainer.fit()          # list of per-epoch metric dicts
 
 With a run_dir it appends metrics.jsonl and writes checkpoint.pt atomically after every
-epoch; `trainer.resume()` continues from that checkpoint bit-for-bit: the data order is
-drawn from a generator seeded with seed + epoch, and every RNG state is restored.
+epoch, holding the run directory's lock (rundir.py) meanwhile; `trainer.resume()` continues
+from that checkpoint bit-for-bit: the data order is drawn from a generator seeded with
+seed + epoch, and every RNG state is restored.
 """
 from __future__ import annotations
 
@@ -20,11 +21,16 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm.auto import tqdm
 
-from . import checkpoint, metrics
+from ..errors import RunError
+from . import checkpoint, metrics, rundir
 from .capture import CaptureFallback, CapturedStep, prepare_optimizer
 from .spikes import SpikeMonitor
 
 PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+class TrainingDiverged(RunError):
+    """An epoch's training loss was NaN or infinite (and stop_on_nan was set)."""
 
 
 class Trainer:
@@ -43,6 +49,9 @@ class Trainer:
         the host's share is smaller there). The last, shorter batch of an epoch gets a
         graph of its own after a few epochs of eager warm-up.
     clip_grad_norm: clip the gradients' total norm to this value before each step.
+    stop_on_nan: when an epoch's summed training loss is NaN or infinite, write its metrics
+        (non-finite values as null) and raise TrainingDiverged without checkpointing it.
+        Checked at the per-epoch read of the device sums: no extra sync. False trains on.
     config: saved in the checkpoint as is (the CLI stores its options there).
     """
 
@@ -50,7 +59,9 @@ class Trainer:
                  batch_size: int = 64, scheduler=None, device="cpu", precision: str = "fp32",
                  compile: bool = False, capture: bool | None = None, clip_grad_norm: float | None = None,
                  seed: int = 0, run_dir=None, config: dict | None = None,
-                 loss_fn=F.cross_entropy, progress: bool = True):
+                 loss_fn=F.cross_entropy, progress: bool = True, stop_on_nan: bool = True):
+        if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
+            raise ValueError(f"batch_size: expected a positive int, got {batch_size!r}")
         if precision not in PRECISIONS:
             raise ValueError(f"precision: unknown {precision!r}; expected one of {list(PRECISIONS)}")
         if clip_grad_norm is not None and not (isinstance(clip_grad_norm, (int, float)) and clip_grad_norm > 0
@@ -62,12 +73,13 @@ class Trainer:
         self.splits, self.optimizer, self.scheduler = splits, optimizer, scheduler
         self.epochs, self.batch_size, self.seed = epochs, batch_size, seed
         self.precision, self.loss_fn, self.progress = precision, loss_fn, progress
-        self.clip_grad_norm = clip_grad_norm
+        self.clip_grad_norm, self.stop_on_nan = clip_grad_norm, stop_on_nan
         self.config = dict(config or {})
         self.run_dir = Path(run_dir) if run_dir is not None else None
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=precision == "fp16")
         self.generator = torch.Generator()  # data order only; reseeded every epoch
         self.epoch = 0  # epochs completed
+        self.saved_epoch: int | None = None  # the epoch run_dir's checkpoint holds, once known
         self.history: list[dict] = []
         # per epoch: summed loss, correct predictions; on the device, updated inside the step
         self.sums = torch.zeros(2, dtype=torch.float64, device=self.device)
@@ -143,6 +155,8 @@ class Trainer:
     def evaluate(self, data=None) -> dict:
         """Loss, accuracy and per-layer firing rates on `data` (default: the test split)."""
         data = self.splits.test if data is None else data
+        if len(data) == 0:
+            raise ValueError("data: no samples to evaluate (an empty split)")
         self.model.eval()
         loss_sum = torch.zeros((), device=self.device)  # summed on the device: one sync at the end
         correct = torch.zeros((), device=self.device, dtype=torch.long)
@@ -173,13 +187,22 @@ class Trainer:
     # ---- the whole run ----
 
     def fit(self) -> list[dict]:
-        with self._watching():
+        for name in ("train", "test"):
+            if len(getattr(self.splits, name)) == 0:
+                raise ValueError(f"splits.{name}: the split is empty; fit needs at least one sample in "
+                                 "both the train and the test split")
+        with self._locked(), self._watching():
             return self._fit()
+
+    def _locked(self):
+        return rundir.lock(self.run_dir) if self.run_dir is not None else contextlib.nullcontext()
 
     def _fit(self) -> list[dict]:
         for epoch in range(self.epoch, self.epochs):
             record = {"epoch": epoch + 1, "lr": float(self.optimizer.param_groups[0]["lr"])}
             record.update(self.train_epoch(epoch))
+            if self.stop_on_nan and not math.isfinite(record["train_loss"]):
+                self._diverged(record)
             record.update(self.evaluate())
             if self.scheduler is not None:
                 self.scheduler.step()
@@ -193,6 +216,16 @@ class Trainer:
                            f"train {record['train_acc']:.2%}  test {record['test_acc']:.2%}  "
                            f"rate {record['train_rate']:.3f}  {record['samples_per_s']:.0f} samples/s")
         return self.history
+
+    def _diverged(self, record: dict):
+        """Write the diverged epoch's metrics (as null), keep the last finite checkpoint, raise."""
+        if self.run_dir is not None:
+            metrics.append(self.run_dir / metrics.FILENAME, record)
+        kept = ("" if self.run_dir is None else f" (last checkpoint: epoch {self.saved_epoch} in {self.run_dir})"
+                if self.saved_epoch is not None else f" (no checkpoint in {self.run_dir} yet)")
+        raise TrainingDiverged(f"training diverged: the training loss of epoch {record['epoch']} is "
+                               f"{record['train_loss']}; stopped{kept}; lower the learning rate, clip "
+                               "gradients, or pass --no-stop-on-nan (stop_on_nan=False) to train on")
 
     # ---- checkpoints ----
 
@@ -224,12 +257,15 @@ class Trainer:
     def save(self) -> None:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         checkpoint.save(self.state_dict(), self.run_dir / checkpoint.FILENAME)
+        self.saved_epoch = self.epoch
 
     def resume(self) -> None:
         """Load run_dir/checkpoint.pt; metrics.jsonl is cut back to the checkpoint's epochs."""
-        state = checkpoint.load(self.run_dir / checkpoint.FILENAME)  # RNG states must stay on the CPU
-        self.load_state_dict(state)
-        metrics.rewrite(self.run_dir / metrics.FILENAME, self.history)
+        with self._locked():
+            state = checkpoint.load(self.run_dir / checkpoint.FILENAME)  # RNG states must stay on the CPU
+            self.load_state_dict(state)
+            self.saved_epoch = self.epoch
+            metrics.rewrite(self.run_dir / metrics.FILENAME, self.history)
 
 
 class _Progress:
