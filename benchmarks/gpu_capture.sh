@@ -25,8 +25,11 @@ quick)
     python3 -m spikefuse.cli bench steps --out "$OUT" --nets ipu-shd --batches 1,8 --compile-batches 1 2>&1 \
         | tee "$OUT/bench-steps-quick-$tag.txt"
     ;;
-bench)
-    python3 -m spikefuse.cli bench steps --out "$OUT" 2>&1 | tee "$OUT/bench-steps-$tag.txt"
+bench)  # in two parts, each well under the device's 10 minutes a command
+    python3 -m spikefuse.cli bench steps --out "$OUT" --nets "${2:-ipu-shd,shd}" 2>&1 | tee "$OUT/bench-steps-$tag.txt"
+    ;;
+diagnose)
+    python3 benchmarks/diagnose_capture.py 2>&1 | tee "$OUT/diagnose-capture-$tag.txt"
     ;;
 train)
     for flag in "" "--no-capture"; do
