@@ -26,10 +26,13 @@ quick)
         | tee "$OUT/bench-steps-quick-$tag.txt"
     ;;
 bench)  # in two parts, each well under the device's 10 minutes a command
-    python3 -m spikefuse.cli bench steps --out "$OUT" --nets "${2:-ipu-shd,shd}" 2>&1 | tee "$OUT/bench-steps-$tag.txt"
+    part=${3:-part1}; mkdir -p "$OUT/$part"
+    python3 -m spikefuse.cli bench steps --out "$OUT/$part" --nets "${2:-ipu-shd,shd}" ${4:-} 2>&1 \
+        | tee "$OUT/$part/bench-steps-$tag.txt"
     ;;
 diagnose)
     python3 benchmarks/diagnose_capture.py 2>&1 | tee "$OUT/diagnose-capture-$tag.txt"
+    python3 benchmarks/profile_trainer.py 2>&1 | tee "$OUT/profile-trainer-$tag.txt"
     ;;
 train)
     for flag in "" "--no-capture"; do
