@@ -18,9 +18,9 @@ from spikefuse.train.loop import Trainer  # noqa: E402
 def run(variant, epochs=2):
     torch.manual_seed(0)
     splits = load("digits", time_steps=8, device="cuda")
-    model = build_model("mlp", splits.input_shape, splits.num_classes, hidden=(64, 64))
+    model = build_model("mlp", splits.input_shape, splits.num_classes, hidden=(64, 64)).cuda()
     optimizer = torch.optim.Adam(model.parameters(), lr=2e-3)
-    prepare_optimizer(optimizer)
+    assert prepare_optimizer(optimizer) is None  # on CUDA parameters: else it refuses (and says why)
     trainer = Trainer(model, splits, optimizer, epochs=epochs, batch_size=64, device="cuda",
                       capture=variant != "eager", progress=False)
     if variant.startswith("side-stream-only"):

@@ -43,7 +43,17 @@ def main():
         torch.cuda.synchronize()
         elapsed = time.perf_counter() - start
         print(f"captured steps alone on ready batches: {elapsed:.4f} s, {len(splits.train) / elapsed:.0f} samples/s")
-    pstats.Stats(profiler).sort_stats("cumulative").print_stats(30)
+    pstats.Stats(profiler).sort_stats("cumulative").print_stats(15)
+    from torch.profiler import ProfilerActivity, profile
+    x, y = batches[0]
+    for _ in range(3):
+        trainer.step(x, y)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
+        for _ in range(10):
+            trainer.step(x, y)
+        torch.cuda.synchronize()
+    print(prof.key_averages().table(sort_by="device_time_total", row_limit=25))
 
 
 if __name__ == "__main__":

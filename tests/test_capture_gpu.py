@@ -139,10 +139,10 @@ def test_trainer_captures_by_default_and_resumes_bit_for_bit(tmp_path):
     def trainer(run_dir, epochs, capture=None):
         torch.manual_seed(0)
         splits = load("digits", time_steps=8, device="cuda")
-        model = build_model("mlp", splits.input_shape, splits.num_classes, hidden=(64, 64))
+        model = build_model("mlp", splits.input_shape, splits.num_classes, hidden=(64, 64)).cuda()
         optimizer = torch.optim.Adam(model.parameters(), lr=2e-3)
-        if capture is False:
-            prepare_optimizer(optimizer)  # the same arithmetic as the captured steps
+        if capture is False:  # the same arithmetic as the captured steps
+            assert prepare_optimizer(optimizer) is None
         scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=4)
         return Trainer(model, splits, optimizer, epochs=epochs, batch_size=64, scheduler=scheduler,
                        device="cuda", capture=capture, run_dir=run_dir, progress=False)
