@@ -32,6 +32,7 @@ import warnings
 from collections.abc import Callable
 
 import torch
+from torch.utils._pytree import tree_map
 
 __all__ = ["CapturedStep", "prepare_optimizer", "CaptureFallback"]
 
@@ -177,6 +178,10 @@ class CapturedStep:
             first_line = (str(e).strip().splitlines() or [""])[0]
             return self._give_up(f"capturing failed: {type(e).__name__}: {first_line}", inputs)
         self.pool_bytes += torch.cuda.memory_reserved(device) - reserved
+        # detached: the capture's autograd graph would otherwise stay alive with its
+        # AccumulateGrad nodes bound to the capture stream, and later eager steps would
+        # synchronise with that stream
+        outputs = tree_map(lambda t: t.detach() if isinstance(t, torch.Tensor) else t, outputs)
         entry.graph, entry.inputs, entry.outputs = graph, static, outputs
         graph.replay()  # capturing recorded the step without running it
         return outputs
