@@ -19,7 +19,7 @@ python3 -c "import torch, triton; print(torch.__version__, triton.__version__, t
 
 case "${1:-all}" in
 tests)  # compiled kernels on the GPU (tests/conftest.py), not the interpreter
-    SPIKEFUSE_TEST_DEVICE=cuda python3 -m pytest -q -s tests/test_capture_gpu.py tests/test_launch.py 2>&1 | tee "$OUT/gpu-tests-capture-$tag.txt"
+    SPIKEFUSE_TEST_DEVICE=cuda python3 -m pytest -q -s tests/test_compile_gpu.py tests/test_capture_gpu.py tests/test_launch.py 2>&1 | tee "$OUT/gpu-tests-capture-$tag.txt"
     ;;
 quick)
     python3 -m spikefuse.cli bench steps --out "$OUT" --nets ipu-shd --batches 1,8 --compile-batches 1 2>&1 \

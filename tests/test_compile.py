@@ -1,6 +1,12 @@
 """torch.compile over every model: one graph (no breaks), eager's outputs and gradients,
 and no recompiles across training steps. The fused backend is forced everywhere, so the
-traced graphs hold the real custom ops (their Triton kernels run interpreted on CPU)."""
+traced graphs hold the real ops (torch.library triton_ops, their Triton kernels run
+interpreted on CPU), and AOT autograd decomposes them into launches of those kernels.
+
+Backends on the CPU: aot_eager runs the decomposed launches (through the interpreter).
+Inductor cannot: it compiles each launched kernel with Triton for the tensors' device, and
+Triton has no CPU driver ("0 active drivers"); its test keeps the ops whole here, and
+tests/test_compile_gpu.py runs inductor's own launches on a GPU."""
 import copy
 import os
 
@@ -11,6 +17,7 @@ from torch import nn
 
 import spikefuse.nn as snn
 from spikefuse.models import MODELS, build_model
+from torch._higher_order_ops.triton_kernel_wrap import kernel_side_table, triton_kernel_wrapper_functional
 from spikefuse.nn.spiking_layers import SpikingConv2d, SpikingLinear, without_onednn
 
 # name -> (input_shape, classes, T, builder kwargs, static image input?): tiny on purpose
@@ -151,6 +158,28 @@ def train_three_steps(name, eager, model, compiled, optimizer, batch):
         optimizer.step()
 
 
+@pytest.mark.parametrize("name", ["sequential", "cifar-small"])
+def test_compiled_under_bf16_autocast_matches_eager(name):
+    """Autocast does not reach inside a torch.library op: the traced spike Linear/Conv2d
+    cast their arguments as autocast would, or the bf16 spikes meet a float32 weight."""
+    eager, batch = make(name)
+    model = copy.deepcopy(eager)
+    x, y = batch(0)
+    # (compiled first, whole: on the CPU, where Triton cannot tell which arguments a kernel
+    # writes, the compiled graph writes its inputs back, which bumps their versions)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = torch.compile(model, backend="aot_eager", fullgraph=True)(x)
+    loss_of(out.float(), y).backward()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out_e = eager(x)
+    loss_of(out_e.float(), y).backward()
+    assert out.dtype == out_e.dtype == torch.bfloat16
+    torch.testing.assert_close(out, out_e, rtol=0, atol=0)
+    for (n, p), q in zip(model.named_parameters(), eager.parameters()):
+        assert p.grad.dtype == torch.float32, n
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-2, atol=1e-3, msg=f"grad of {n}")
+
+
 def test_first_fused_call_under_compile_does_not_recompile(monkeypatch):
     """A lazily imported kernel entry (functional._fused_lif) first reached inside a traced
     frame must not leave a guard that the first eager call then breaks."""
@@ -167,7 +196,11 @@ def test_first_fused_call_under_compile_does_not_recompile(monkeypatch):
 
 
 def test_inductor_on_mlp():
-    """The default backend (inductor: C++ on CPU) around the custom ops, one training step."""
+    """The default backend (inductor: C++ on CPU) around the ops, one training step. Here
+    the ops stay whole (decompose_custom_triton_ops off: inductor cannot build Triton
+    kernels for CPU tensors) and their bodies run through the dispatcher; on a GPU inductor
+    launches the kernels itself (test_compile_gpu.py). Caches off: a graph cached before
+    an op changed would be served stale."""
     try:
         from torch._inductor.cpp_builder import get_cpp_compiler
         get_cpp_compiler()
@@ -176,13 +209,64 @@ def test_inductor_on_mlp():
     eager, batch = make("mlp")
     model = copy.deepcopy(eager)
     x, y = batch(0)
-    out = torch.compile(model, fullgraph=True)(x)
-    out_e = eager(x)
-    torch.testing.assert_close(out, out_e, rtol=1e-5, atol=1e-6)
-    loss_of(out, y).backward()
+    with torch._functorch.config.patch(decompose_custom_triton_ops=False), \
+            torch._inductor.config.patch(force_disable_caches=True):
+        out = torch.compile(model, fullgraph=True)(x)
+        out_e = eager(x)
+        torch.testing.assert_close(out, out_e, rtol=1e-5, atol=1e-6)
+        loss_of(out, y).backward()
     loss_of(out_e, y).backward()
     for p, q in zip(model.parameters(), eager.parameters()):
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-6)
+
+
+def aot_graphs(model, x, y):
+    """The forward and backward graphs AOT autograd hands a backend (inductor lowers them)
+    for one training step of `model` (the aot_eager backend, which runs them as they are)."""
+    from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.debugging import aot_eager
+
+    graphs = []
+
+    def keep(gm, _):
+        graphs.append(gm)
+        return make_boxed_func(gm.forward)
+
+    def backend(gm, example_inputs):
+        return aot_eager(gm, example_inputs, fw_compiler=keep, bw_compiler=keep)
+    compiled = torch.compile(model, backend=backend, fullgraph=True)
+    loss_of(compiled(x), y).backward()
+    return graphs
+
+
+def launched_kernels(gm):
+    """Names of the Triton kernels a graph launches, and the spikefuse ops it still calls."""
+    kernels, ops = [], []
+    for node in gm.graph.nodes:
+        if node.target is triton_kernel_wrapper_functional:
+            kernels.append(kernel_side_table.get_kernel(node.kwargs["kernel_idx"]).fn.__name__)
+        elif "spikefuse" in str(node.target):
+            ops.append(str(node.target))
+    return kernels, ops
+
+
+@pytest.mark.parametrize("name", ["mlp", "sequential"])
+def test_compiled_graphs_launch_the_kernels_not_the_ops(name):
+    """What inductor receives holds no spikefuse op (which it would call through the
+    dispatcher into Python at every step), only launches of our Triton kernels, which it
+    turns into launches from its generated code (on a GPU: test_compile_gpu.py)."""
+    model, batch = make(name)
+    forward, backward = aot_graphs(model, *batch(0))
+    (fw_kernels, fw_ops), (bw_kernels, bw_ops) = launched_kernels(forward), launched_kernels(backward)
+    assert fw_ops == bw_ops == []
+    if name == "mlp":  # two Linear-LIF blocks
+        assert fw_kernels == ["_lif_forward_kernel"] * 2 and bw_kernels == ["_lif_backward_kernel"] * 2
+    else:  # BNLIF, conv, LIF, linear, PLIF, IF, linear (their bits packed for the backward)
+        assert sorted(set(fw_kernels)) == ["_bn_lif_forward_kernel", "_lif_forward_kernel", "_pack_kernel",
+                                           "_stats_finalize_kernel", "_stats_partial_kernel"]
+        assert fw_kernels.count("_lif_forward_kernel") == 3 and fw_kernels.count("_pack_kernel") == 3
+        assert sorted(set(bw_kernels)) == ["_bn_grad_x_kernel", "_bn_lif_backward_kernel",
+                                           "_lif_backward_kernel", "_unpack_kernel"]
 
 
 def test_custom_ops_pass_opcheck():

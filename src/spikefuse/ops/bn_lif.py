@@ -49,7 +49,7 @@ import os
 
 import torch
 
-from .lif import RESET_CODES, _cdiv, _next_power_of_2, grad_h, load_decay, program_neurons, reset_potential, row, surrogate_grad
+from .lif import EAGER, RESET_CODES, TRACED, _cdiv, f32, _next_power_of_2, grad_h, load_decay, program_neurons, reset_potential, row, surrogate_grad
 from .launch import cached_launch
 from .spike_pack import attach_bits
 from .surrogate import SURROGATES
@@ -185,6 +185,7 @@ def _stats_finalize_kernel(x_ptr, inner, part_ptr, stats_ptr, w_ptr, b_ptr, rm_p
                            BATCH: tl.constexpr, UPDATE: tl.constexpr, HAS_W: tl.constexpr,
                            HAS_B: tl.constexpr, PB: tl.constexpr, CB: tl.constexpr):
     """Combine the partials (or read the running statistics) into stats [mean; invstd; a; b]."""
+    eps, momentum, unbias = f32(eps), f32(momentum), f32(unbias)
     c = tl.program_id(0) * CB + tl.arange(0, CB)
     c_mask = c < C
     if BATCH:
@@ -225,14 +226,16 @@ def _stats_finalize_kernel(x_ptr, inner, part_ptr, stats_ptr, w_ptr, b_ptr, rm_p
     tl.store(stats_ptr + 3 * C + c, b, mask=c_mask)
 
 
-def _statistics(x, weight, bias, running_mean, running_var, use_batch, momentum, eps):
+def _statistics(x, weight, bias, running_mean, running_var, use_batch, momentum, eps, launch=EAGER):
     """stats [4, C] float32 (mean, invstd, a, b) of x [T, B, C, *] (dense steps) over all
-    dims but C; in training the running statistics are updated in place."""
+    dims but C; in training the running statistics are updated in place. launch: see
+    spikefuse.ops.lif.Launch."""
     C = x.shape[2]
     stats = torch.empty((4, C), device=x.device, dtype=torch.float32)
     CB = min(STAT_CHANNELS, _next_power_of_2(C))
     channel_blocks = _cdiv(C, CB)
-    part, M, P, rows_per_program, inner = stats, 0, 0, STAT_ROWS, 1
+    unused = launch.unused(stats)
+    part, M, P, rows_per_program, inner = unused, 0, 0, STAT_ROWS, 1
     if use_batch:
         data = x[:1] if x.shape[0] > 1 and x.stride(0) == 0 else x  # one step is enough
         M = data.numel() // C
@@ -245,15 +248,15 @@ def _statistics(x, weight, bias, running_mean, running_var, use_batch, momentum,
         inner = _geometry(data)[3]
         part = torch.empty((2, P, C), device=x.device, dtype=torch.float32)
         if P:
-            _stats_partial_kernel[(channel_blocks, P)](
+            launch(_stats_partial_kernel)[(channel_blocks, P)](
                 data, part, M, C, inner, tiles_per_program, P,
                 ROWS=STAT_ROWS, CB=CB, num_warps=4)
     count = x.numel() // C  # what torch's batch norm of the time-expanded input counts
     update = use_batch and running_mean is not None
-    _stats_finalize_kernel[(channel_blocks,)](
-        x, inner, part, stats, weight if weight is not None else stats, bias if bias is not None else stats,
-        running_mean if running_mean is not None else stats,
-        running_var if running_var is not None else stats,
+    launch(_stats_finalize_kernel)[(channel_blocks,)](
+        x, inner, part, stats, weight if weight is not None else unused, bias if bias is not None else unused,
+        running_mean if running_mean is not None else unused,
+        running_var if running_var is not None else unused,
         M, C, P, rows_per_program, eps, momentum, count / max(count - 1, 1),
         BATCH=use_batch, UPDATE=update, HAS_W=weight is not None, HAS_B=bias is not None,
         PB=128, CB=CB, num_warps=4)
@@ -287,6 +290,7 @@ def _bn_lif_forward_kernel(
     RESET: tl.constexpr, DECAY: tl.constexpr, HAS_RES: tl.constexpr, SAVE: tl.constexpr,
     BITS: tl.constexpr, BLOCK: tl.constexpr, K: tl.constexpr,
 ):
+    decay, threshold, v_reset = f32(decay), f32(threshold), f32(v_reset)
     n = program_neurons(BLOCK)
     n_mask = n < N
     ch = (n // inner) % C
@@ -326,6 +330,7 @@ def _bn_lif_backward_kernel(
     HAS_RES: tl.constexpr, NEED_GD: tl.constexpr, STORE_GY: tl.constexpr,
     BLOCK: tl.constexpr, K: tl.constexpr,
 ):
+    decay, threshold, v_reset, alpha = f32(decay), f32(threshold), f32(v_reset), f32(alpha)
     n = program_neurons(BLOCK)
     n_mask = n < N
     ch = (n // inner) % C
@@ -387,6 +392,7 @@ def _bn_grad_x_kernel(gy_ptr, x_ptr, gx_ptr, stats_ptr, sums_ptr, count, steps,
                       N, stride_t, inner, C, BATCH_STATS: tl.constexpr, BLOCK: tl.constexpr):
     """Eq. 8: dL/dx = gamma*invstd * (dL/dy - mean(dL/dy) - xhat * mean(dL/dy * xhat)).
     For one input repeated over `steps` steps, gy is its sum over time (and so are the means)."""
+    count = f32(count)
     t = tl.program_id(1).to(tl.int64)
     n = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     n_mask = n < N
@@ -425,7 +431,7 @@ def over_time(x, time_steps):
 
 
 def _forward(x, residual, stats, decay, decay_tensor, threshold, reset, v_reset, time_steps, save,
-             bits=None):
+             bits=None, launch=EAGER):
     """x (and residual) with dense steps in one layout (dense_steps / as_layout). bits: a
     uint8 tensor of T*N/8 bytes (N % 8 == 0) to receive the spikes packed, or None."""
     x = over_time(x, time_steps)
@@ -436,9 +442,10 @@ def _forward(x, residual, stats, decay, decay_tensor, threshold, reset, v_reset,
     ckpt = torch.empty((chunks - 1 if save else 0, N), device=x.device, dtype=torch.float32)
     BLOCK, warps = _config(N, x.dtype)
     if N > 0:
-        _bn_lif_forward_kernel[(_cdiv(N, BLOCK),)](
-            x, residual if residual is not None else x, spikes, bits if bits is not None else spikes,
-            ckpt, stats, decay_tensor if decay_tensor is not None else stats,
+        unused = launch.unused(x)
+        launch(_bn_lif_forward_kernel)[(_cdiv(N, BLOCK),)](
+            x, residual if residual is not None else unused, spikes, bits if bits is not None else unused,
+            ckpt, stats, decay_tensor if decay_tensor is not None else unused,
             decay, threshold, v_reset, T, N, stride_t, inner, C,
             RESET=RESET_CODES[reset], DECAY=_decay_code(decay_tensor), HAS_RES=residual is not None,
             SAVE=save and chunks > 1, BITS=bits is not None, BLOCK=BLOCK, K=_steps(T), num_warps=warps,
@@ -447,7 +454,7 @@ def _forward(x, residual, stats, decay, decay_tensor, threshold, reset, v_reset,
 
 
 def _backward(grad_s, x, residual, ckpt, stats, decay, decay_tensor, threshold, reset, v_reset,
-              detach, surrogate, alpha, batch_stats, need_gd, time_steps):
+              detach, surrogate, alpha, batch_stats, need_gd, time_steps, launch=EAGER):
     """dL/dx has x's shape: for one step repeated over time it is the sum over the steps,
     computed from the per-neuron sums of dL/dy without storing dL/dy per step."""
     summed = x.shape[0] != time_steps
@@ -460,21 +467,23 @@ def _backward(grad_s, x, residual, ckpt, stats, decay, decay_tensor, threshold, 
     part = torch.empty((3 if need_gd else 2, N), device=x.device, dtype=torch.float32)
     BLOCK, warps = _config(N, x.dtype)
     if N > 0:
-        _bn_lif_backward_kernel[(_cdiv(N, BLOCK),)](
-            x, residual if residual is not None else x, gs, ckpt, gy, part, stats,
-            decay_tensor if decay_tensor is not None else stats,
+        unused = launch.unused(x)
+        launch(_bn_lif_backward_kernel)[(_cdiv(N, BLOCK),)](
+            x, residual if residual is not None else unused, gs, ckpt, gy, part, stats,
+            decay_tensor if decay_tensor is not None else unused,
             decay, threshold, v_reset, alpha, T, N, stride_t, inner, C,
             RESET=RESET_CODES[reset], DETACH=detach, SURROGATE=SURROGATES[surrogate],
             DECAY=_decay_code(decay_tensor), HAS_RES=residual is not None, NEED_GD=need_gd,
             STORE_GY=store_gy, BLOCK=BLOCK, K=_steps(T), num_warps=warps, enable_fp_fusion=False)
     sums = _channel_sums(part[:2], x.shape, channels_last)  # [sum dL/dy (Eq. 11), sum dL/dy*xhat (Eq. 10)]
     # dL/dy is still needed for a residual input; otherwise dL/dx overwrites it in place
-    in_place = x.dtype == torch.float32 and residual is None and not summed
+    # (eager only: a traced launch would see one tensor passed twice, see lif.Launch)
+    in_place = x.dtype == torch.float32 and residual is None and not summed and not launch.traced
     gx_shape = (1, *x.shape[1:]) if summed else x.shape
     gx = gy if in_place else _empty(gx_shape, channels_last, x.dtype, x.device)
     BLOCK2 = 1024
     if N > 0:
-        _bn_grad_x_kernel[(_cdiv(N, BLOCK2), gx_shape[0])](
+        launch(_bn_grad_x_kernel)[(_cdiv(N, BLOCK2), gx_shape[0])](
             part if summed else gy, x, gx, stats, sums, float(x.numel() // C), T if summed else 1,
             N, stride_t, inner, C, BATCH_STATS=batch_stats, BLOCK=BLOCK2, num_warps=4)
     gd = None
@@ -484,22 +493,18 @@ def _backward(grad_s, x, residual, ckpt, stats, decay, decay_tensor, threshold, 
     return gx, (gy if residual is not None else None), sums, gd
 
 
-# ---- torch.library registration: opaque to torch.compile, autograd attached ----
+# ---- torch.library registration: what torch.compile sees (ops with autograd that
+# inductor decomposes into launches of the Triton kernels it makes itself; see ops.lif) ----
 
-@torch.library.custom_op("spikefuse::bn_statistics", mutates_args=("running_mean", "running_var"))
+@torch.library.triton_op("spikefuse::bn_statistics", mutates_args=("running_mean", "running_var"))
 def bn_statistics(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
                   running_mean: torch.Tensor | None, running_var: torch.Tensor | None,
                   use_batch: bool, momentum: float, eps: float) -> torch.Tensor:
     """stats [4, C] (mean, invstd, a, b); updates the running statistics when use_batch."""
-    return _statistics(x, weight, bias, running_mean, running_var, use_batch, momentum, eps)
+    return _statistics(x, weight, bias, running_mean, running_var, use_batch, momentum, eps, TRACED)
 
 
-@bn_statistics.register_fake
-def _(x, weight, bias, running_mean, running_var, use_batch, momentum, eps):
-    return x.new_empty((4, x.shape[2]), dtype=torch.float32)
-
-
-@torch.library.custom_op("spikefuse::bn_lif_forward", mutates_args=())
+@torch.library.triton_op("spikefuse::bn_lif_forward", mutates_args=())
 def bn_lif_forward(x: torch.Tensor, residual: torch.Tensor | None, stats: torch.Tensor,
                    weight: torch.Tensor | None, bias: torch.Tensor | None,
                    decay: float, decay_tensor: torch.Tensor | None, threshold: float, reset: str,
@@ -510,21 +515,11 @@ def bn_lif_forward(x: torch.Tensor, residual: torch.Tensor | None, stats: torch.
     repeated), and the potential checkpoints (empty unless save). weight and bias only
     receive gradients (stats hold the affine map); detach, surrogate, alpha and
     batch_stats are only used by the backward."""
-    spikes, ckpt = _forward(x, residual, stats, decay, decay_tensor, threshold, reset, v_reset,
-                            time_steps, save)
-    return spikes, ckpt
+    return _forward(x, residual, stats, decay, decay_tensor, threshold, reset, v_reset,
+                    time_steps, save, launch=TRACED)
 
 
-@bn_lif_forward.register_fake
-def _(x, residual, stats, weight, bias, decay, decay_tensor, threshold, reset, v_reset, detach,
-      surrogate, alpha, batch_stats, time_steps, save):
-    chunks = _cdiv(time_steps, _steps(time_steps))
-    ckpt = x.new_empty((chunks - 1 if save else 0, math.prod(x.shape[1:])), dtype=torch.float32)
-    shape = (time_steps, *x.shape[1:])
-    return _empty(shape, is_channels_last(over_time(x, time_steps)), x.dtype, x.device), ckpt
-
-
-@torch.library.custom_op("spikefuse::bn_lif_backward", mutates_args=())
+@torch.library.triton_op("spikefuse::bn_lif_backward", mutates_args=())
 def bn_lif_backward(grad_s: torch.Tensor, x: torch.Tensor, residual: torch.Tensor | None,
                     ckpt: torch.Tensor, stats: torch.Tensor, decay: float,
                     decay_tensor: torch.Tensor | None, threshold: float, reset: str,
@@ -535,22 +530,11 @@ def bn_lif_backward(grad_s: torch.Tensor, x: torch.Tensor, residual: torch.Tenso
     dL/d decay (or empty)."""
     gx, gr, sums, gd = _backward(grad_s, x, residual, ckpt, stats, decay, decay_tensor,
                                  threshold, reset, v_reset, detach, surrogate, alpha,
-                                 batch_stats, need_gd, time_steps)
-    def or_empty(t):  # a custom op may not return one tensor twice
+                                 batch_stats, need_gd, time_steps, launch=TRACED)
+
+    def or_empty(t):  # an op may not return None (nor one tensor twice)
         return t if t is not None else x.new_empty(0, dtype=torch.float32)
     return gx, or_empty(gr), sums, or_empty(gd)
-
-
-@bn_lif_backward.register_fake
-def _(grad_s, x, residual, ckpt, stats, decay, decay_tensor, threshold, reset, v_reset, detach,
-      surrogate, alpha, batch_stats, need_gd, time_steps):
-    channels_last = is_channels_last(over_time(x, time_steps))
-    gr = (_empty(grad_s.shape, channels_last, torch.float32, x.device) if residual is not None
-          else x.new_empty(0, dtype=torch.float32))
-    gd = decay_tensor.new_empty(decay_tensor.shape, dtype=torch.float32) if need_gd else \
-        x.new_empty(0, dtype=torch.float32)
-    return (_empty(x.shape, channels_last, x.dtype, x.device), gr,
-            x.new_empty((2, x.shape[2]), dtype=torch.float32), gd)
 
 
 def _input_grads(ctx, grad_s, backward):

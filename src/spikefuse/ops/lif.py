@@ -33,6 +33,60 @@ from .surrogate import SURROGATES  # noqa: E402
 RESET_CODES = {"hard": 0, "soft": 1, "none": 2}
 
 
+class Launch:
+    """How the host functions below launch a kernel (a CachedLaunch) and fill a pointer the
+    kernel will not read. EAGER: through the CachedLaunch, an existing tensor as the filler.
+    TRACED (the bodies of the torch.library.triton_ops, what torch.compile traces):
+    wrap_triton(kernel), so the launch is a graph node that inductor launches from its own
+    generated code; None as the filler, so that no tensor is passed twice (functionalization
+    clones each argument a kernel may write, and of two clones of one tensor keeps one)."""
+
+    def __init__(self, traced: bool):
+        self.traced = traced
+
+    def __call__(self, launcher):
+        return torch.library.wrap_triton(_jit(launcher)) if self.traced else launcher
+
+    def unused(self, t):
+        return None if self.traced else t
+
+
+EAGER, TRACED = Launch(False), Launch(True)
+
+
+def _jit(launcher):
+    """The launcher's JITFunction. Under the interpreter (CPU tests) @triton.jit gives an
+    InterpretedFunction, which wrap_triton leaves untraceable: a JITFunction twin that runs
+    through the interpreter stands in (made once per kernel: dynamo keys on its identity)."""
+    kernel = launcher.kernel
+    if isinstance(kernel, triton.runtime.JITFunction):
+        return kernel
+    twin = getattr(launcher, "interpreted_jit", None)
+    if twin is None:
+        twin = launcher.interpreted_jit = _InterpretedJIT(kernel)
+    return twin
+
+
+class _InterpretedJIT(triton.runtime.JITFunction):
+    def __init__(self, interpreted):
+        super().__init__(interpreted.fn)
+        self.interpreted = interpreted
+
+    @property
+    def cache_key(self):  # Triton's hashes the helpers it calls, which are not JITFunctions here
+        return f"{self.fn.__module__}.{self.fn.__qualname__}"
+
+    def run(self, *args, grid, warmup, **kwargs):
+        return self.interpreted.run(*args, grid=grid, warmup=warmup, **kwargs)
+
+
+@triton.jit
+def f32(x):
+    """A float argument as float32: Triton's launcher passes Python floats as fp32,
+    inductor's generated launches (torch.compile) as fp64."""
+    return tl.cast(x, tl.float32)
+
+
 @triton.jit
 def surrogate_grad(u, SURROGATE: tl.constexpr, alpha):
     """sg(u) for the surrogate code (see surrogate.py for the formulas)."""
@@ -184,6 +238,7 @@ def _lif_forward_kernel(
     SAVE_CKPT: tl.constexpr, STORE_VT: tl.constexpr, BLOCK: tl.constexpr, K: tl.constexpr,
     EVEN_N: tl.constexpr,
 ):
+    decay, threshold, v_reset = f32(decay), f32(threshold), f32(v_reset)
     n = program_neurons(BLOCK)
     n_mask = n < N
     d = load_decay(decay_ptr, decay, n, n_mask, inner, C, DECAY)
@@ -259,6 +314,7 @@ def _lif_backward_kernel(
     HAS_GVT: tl.constexpr, NEED_GV0: tl.constexpr, NEED_GD: tl.constexpr,
     BLOCK: tl.constexpr, K: tl.constexpr, EVEN_N: tl.constexpr,
 ):
+    decay, threshold, v_reset, alpha = f32(decay), f32(threshold), f32(v_reset), f32(alpha)
     n = program_neurons(BLOCK)
     n_mask = n < N
     d = load_decay(decay_ptr, decay, n, n_mask, inner, C, DECAY)
@@ -355,7 +411,8 @@ def _decay_mode(decay_tensor, shape):
 # views and reshapes: every tensor is allocated in its final shape (the kernels see
 # contiguous memory as [T, N]).
 
-def _forward(x, decay, decay_tensor, v0, threshold, reset, v_reset, save, want_state=True):
+def _forward(x, decay, decay_tensor, v0, threshold, reset, v_reset, save, want_state=True,
+             launch=EAGER):
     """spikes like x, v[T-1] (float32, None unless `want_state`) and, if `save`,
     (contiguous x, checkpoints) for backward."""
     if not x.is_contiguous():
@@ -368,9 +425,10 @@ def _forward(x, decay, decay_tensor, v0, threshold, reset, v_reset, save, want_s
     ckpt = torch.empty((_cdiv(T, K) if save else 0, N), device=x.device, dtype=torch.float32)
     mode, C, inner = _decay_mode(decay_tensor, x.shape)
     if N > 0:
-        _lif_forward_kernel[(_cdiv(N, BLOCK),)](
-            x, spikes, ckpt, v0.contiguous() if v0 is not None else x, vT if want_state else x,
-            decay_tensor if decay_tensor is not None else x,
+        unused = launch.unused(x)
+        launch(_lif_forward_kernel)[(_cdiv(N, BLOCK),)](
+            x, spikes, ckpt, v0.contiguous() if v0 is not None else unused, vT if want_state else unused,
+            decay_tensor if decay_tensor is not None else unused,
             decay, threshold, v_reset, T, N, inner, C,
             RESET=RESET_CODES[reset], DECAY=mode, HAS_V0=v0 is not None, SAVE_CKPT=save,
             STORE_VT=want_state, BLOCK=BLOCK, K=K, EVEN_N=N % BLOCK == 0, num_warps=warps, enable_fp_fusion=False)
@@ -378,7 +436,7 @@ def _forward(x, decay, decay_tensor, v0, threshold, reset, v_reset, save, want_s
 
 
 def _backward(grad_s, grad_vT, x, ckpt, decay, decay_tensor, threshold, reset,
-              v_reset, detach, surrogate, alpha, need_gv0, need_gd):
+              v_reset, detach, surrogate, alpha, need_gv0, need_gd, launch=EAGER):
     """grad_x like x, and float32 dL/dv0 (shaped like x[0]) and per-neuron dL/d(decay)
     partial sums, or None. x is the contiguous input saved by _forward."""
     T = x.shape[0]
@@ -391,10 +449,11 @@ def _backward(grad_s, grad_vT, x, ckpt, decay, decay_tensor, threshold, reset,
     mode, C, inner = _decay_mode(decay_tensor, x.shape)
     BLOCK, K, warps = _launch_config(N, x.dtype)
     if N > 0:
-        _lif_backward_kernel[(_cdiv(N, BLOCK),)](
-            gs, x, ckpt, gvT if gvT is not None else gs, grad_x,
-            gv0 if gv0 is not None else gs, gd if gd is not None else gs,
-            decay_tensor if decay_tensor is not None else gs,
+        unused = launch.unused(gs)
+        launch(_lif_backward_kernel)[(_cdiv(N, BLOCK),)](
+            gs, x, ckpt, gvT if gvT is not None else unused, grad_x,
+            gv0 if gv0 is not None else unused, gd if gd is not None else unused,
+            decay_tensor if decay_tensor is not None else unused,
             decay, threshold, v_reset, alpha, T, N, inner, C,
             RESET=RESET_CODES[reset], DETACH=detach, SURROGATE=SURROGATES[surrogate],
             DECAY=mode, HAS_GVT=gvT is not None, NEED_GV0=need_gv0, NEED_GD=need_gd,
@@ -450,28 +509,23 @@ def _input_grads(run_backward, grad_s, x, decay_tensor, v0, decay_needs_grad, v0
     return gx, grad_decay, grad_v0
 
 
-# ---- torch.library registration: what torch.compile sees (an opaque op with autograd) ----
+# ---- torch.library registration: what torch.compile sees (an op with autograd that
+# inductor decomposes into launches of the Triton kernels it then makes itself) ----
 
-@torch.library.custom_op("spikefuse::lif_forward", mutates_args=())
+@torch.library.triton_op("spikefuse::lif_forward", mutates_args=())
 def lif_forward(x: torch.Tensor, decay: float, decay_tensor: torch.Tensor | None,
                 v0: torch.Tensor | None, threshold: float, reset: str, v_reset: float,
                 detach: bool, surrogate: str, alpha: float, save: bool
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Spikes, v[T-1] (float32) and the checkpoints (empty unless `save`).
-    detach, surrogate and alpha are only used by the backward."""
-    spikes, vT, _, ckpt = _forward(x, decay, decay_tensor, v0, threshold, reset, v_reset, save)
+    detach, surrogate and alpha are only used by the backward. (A triton_op's body is also
+    its fake kernel: only torch ops, launches and Python on shapes.)"""
+    spikes, vT, _, ckpt = _forward(x, decay, decay_tensor, v0, threshold, reset, v_reset, save,
+                                   launch=TRACED)
     return spikes, vT, ckpt
 
 
-@lif_forward.register_fake
-def _(x, decay, decay_tensor, v0, threshold, reset, v_reset, detach, surrogate, alpha, save):
-    N = math.prod(x.shape[1:])
-    chunks = _cdiv(x.shape[0], _launch_config(N, x.dtype)[1]) if save else 0
-    return (torch.empty_like(x), x.new_empty(x.shape[1:], dtype=torch.float32),
-            x.new_empty(chunks, N, dtype=torch.float32))
-
-
-@torch.library.custom_op("spikefuse::lif_backward", mutates_args=())
+@torch.library.triton_op("spikefuse::lif_backward", mutates_args=())
 def lif_backward(grad_s: torch.Tensor, grad_vT: torch.Tensor | None, x: torch.Tensor,
                  ckpt: torch.Tensor, decay: float, decay_tensor: torch.Tensor | None,
                  threshold: float, reset: str, v_reset: float, detach: bool, surrogate: str,
@@ -479,19 +533,12 @@ def lif_backward(grad_s: torch.Tensor, grad_vT: torch.Tensor | None, x: torch.Te
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """grad_x, and per-neuron dL/dv0 and dL/d(decay) partial sums (empty if not needed)."""
     gx, gv0, gd = _backward(grad_s, grad_vT, x.contiguous(), ckpt, decay, decay_tensor, threshold,
-                            reset, v_reset, detach, surrogate, alpha, need_gv0, need_gd)
+                            reset, v_reset, detach, surrogate, alpha, need_gv0, need_gd,
+                            launch=TRACED)
 
-    def or_empty(t):  # a custom op may not return one tensor twice
+    def or_empty(t):  # an op may not return None (nor one tensor twice)
         return t if t is not None else x.new_empty(0, dtype=torch.float32)
     return gx, or_empty(gv0), or_empty(gd)
-
-
-@lif_backward.register_fake
-def _(grad_s, grad_vT, x, ckpt, decay, decay_tensor, threshold, reset, v_reset, detach,
-      surrogate, alpha, need_gv0, need_gd):
-    N = math.prod(x.shape[1:])
-    return (torch.empty_like(x), x.new_empty(x.shape[1:] if need_gv0 else (0,), dtype=torch.float32),
-            x.new_empty(N if need_gd else 0, dtype=torch.float32))
 
 
 def _setup_context(ctx, inputs, output):

@@ -7,11 +7,12 @@ the same layout. The input gradient needs only the weight and s's shape.
 Two autograd paths, one backward: eager runs SpikeConv2dFunction (a plain
 autograd.Function: far less Python per call than a torch.library op, see ops/lif.py) and
 can take the bits a fused BN+LIF attached to s; while dynamo traces, the torch.library ops
-spike_conv2d_forward/_backward run instead (opaque nodes with fake kernels). They pack
-for themselves (fake tensors carry no attached bits) in the layout named by their
+spike_conv2d_forward/_backward run instead (triton_ops: single nodes to dynamo, which
+inductor decomposes into the convolutions and its own launches of the pack kernels). They
+pack for themselves (fake tensors carry no attached bits) in the layout named by their
 `channels_last` argument, decided once at trace time, so forward and backward agree
 whatever strides the compiled graph hands them; their gradients come out in the layouts
-the fake kernels promise (inductor asserts those).
+the `channels_last` argument and the weight name.
 """
 from __future__ import annotations
 
@@ -20,6 +21,8 @@ import contextlib
 import torch
 from torch.nn import functional as F
 
+from .lif import EAGER, TRACED
+from .spike_linear import autocast_args
 from .spike_pack import pack, unpack
 
 _NHWC, _FROM_NHWC = (0, 2, 3, 1), (0, 3, 1, 2)
@@ -52,7 +55,7 @@ def without_onednn():
 
 
 def _backward(gy, packed, weight, s_shape, s_dtype, channels_last, has_bias, conv,
-              need_s, need_w, need_b):
+              need_s, need_w, need_b, launch=EAGER):
     """(dL/ds, dL/dweight, dL/dbias), each None unless needed; conv = (stride, padding,
     dilation, groups)."""
     stride, padding, dilation, groups = conv
@@ -60,7 +63,7 @@ def _backward(gy, packed, weight, s_shape, s_dtype, channels_last, has_bias, con
     if need_w:  # transient, in the forward's layout: only for this call
         n, c, h, wd = s_shape
         shape = (n, h, wd, c) if channels_last else (n, c, h, wd)
-        s = unpack(packed, shape, gy.dtype)
+        s = unpack(packed, shape, gy.dtype, launch)
         s = s.permute(_FROM_NHWC) if channels_last else s
     else:  # the input gradient needs only the input's shape
         s = gy.new_empty(1).expand(s_shape)
@@ -91,25 +94,19 @@ class SpikeConv2dFunction(torch.autograd.Function):
         return (*grads, None, None, None, None, None)
 
 
-# ---- torch.library registration: what torch.compile sees (an opaque op with autograd) ----
+# ---- torch.library registration: what torch.compile sees (an op with autograd that
+# inductor decomposes; see spikefuse.ops.lif) ----
 
-@torch.library.custom_op("spikefuse::spike_conv2d_forward", mutates_args=())
+@torch.library.triton_op("spikefuse::spike_conv2d_forward", mutates_args=())
 def spike_conv2d_forward(s: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                          stride: list[int], padding: list[int], dilation: list[int], groups: int,
                          channels_last: bool, save: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """F.conv2d(s, ...), and pack(memory_order(s, channels_last)) (empty unless `save`)."""
-    bits = pack(memory_order(s, channels_last)) if save else s.new_empty(0, dtype=torch.uint8)
+    bits = pack(memory_order(s, channels_last), TRACED) if save else s.new_empty(0, dtype=torch.uint8)
     return F.conv2d(s, weight, bias, stride, padding, dilation, groups), bits
 
 
-@spike_conv2d_forward.register_fake
-def _(s, weight, bias, stride, padding, dilation, groups, channels_last, save):
-    n_bytes = (s.numel() + 7) // 8 if save else 0
-    return (F.conv2d(s, weight, bias, stride, padding, dilation, groups),
-            s.new_empty(n_bytes, dtype=torch.uint8))
-
-
-@torch.library.custom_op("spikefuse::spike_conv2d_backward", mutates_args=())
+@torch.library.triton_op("spikefuse::spike_conv2d_backward", mutates_args=())
 def spike_conv2d_backward(gy: torch.Tensor, packed: torch.Tensor, weight: torch.Tensor,
                           s_shape: list[int], s_dtype: torch.dtype, channels_last: bool,
                           stride: list[int], padding: list[int], dilation: list[int],
@@ -119,21 +116,11 @@ def spike_conv2d_backward(gy: torch.Tensor, packed: torch.Tensor, weight: torch.
     dL/dbias; each empty unless needed."""
     # a bias gradient is asked for only when there is a bias
     gs, gw, gb = _backward(gy, packed, weight, s_shape, s_dtype, channels_last, need_b,
-                           (stride, padding, dilation, groups), need_s, need_w, need_b)
-    # in the layouts the fake kernel promises; empty, not None, when not needed
+                           (stride, padding, dilation, groups), need_s, need_w, need_b, TRACED)
+    # in the layouts named by the arguments; empty, not None, when not needed
     return (gs.contiguous(memory_format=_format(channels_last)) if need_s else gy.new_empty(0, dtype=s_dtype),
             gw.contiguous(memory_format=_format(is_channels_last(weight))) if need_w else weight.new_empty(0),
             gb if need_b else weight.new_empty(0))
-
-
-@spike_conv2d_backward.register_fake
-def _(gy, packed, weight, s_shape, s_dtype, channels_last, stride, padding, dilation, groups,
-      need_s, need_w, need_b):
-    return (gy.new_empty(s_shape if need_s else (0,), dtype=s_dtype).contiguous(
-                memory_format=_format(channels_last and need_s)),
-            weight.new_empty(weight.shape if need_w else (0,)).contiguous(
-                memory_format=_format(need_w and is_channels_last(weight))),
-            weight.new_empty(weight.shape[:1] if need_b else (0,)))
 
 
 def _setup_context(ctx, inputs, output):
@@ -166,5 +153,6 @@ def spike_conv2d(s: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
             bits = pack(memory_order(s, is_channels_last(s)))
         return SpikeConv2dFunction.apply(s, weight, bias, stride, padding, dilation, groups,
                                          bits if save else None)
+    s, weight, bias = autocast_args(s.device.type, s, weight, bias)
     return spike_conv2d_forward(s, weight, bias, list(stride), list(padding), list(dilation),
                                 groups, is_channels_last(s), save)[0]

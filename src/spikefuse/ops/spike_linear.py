@@ -7,24 +7,36 @@ input gradient needs only the weight.
 Two autograd paths, one backward: eager runs SpikeLinearFunction (a plain
 autograd.Function: far less Python per call than a torch.library op, see ops/lif.py) and
 can take the bits a fused BN+LIF attached to s; while dynamo traces, the torch.library ops
-spike_linear_forward/_backward run instead (opaque nodes with fake kernels), and they pack
-for themselves (fake tensors carry no attached bits).
+spike_linear_forward/_backward run instead (triton_ops: single nodes to dynamo, which
+inductor decomposes into the matmuls and its own launches of the pack kernels), and they
+pack for themselves (fake tensors carry no attached bits).
 """
 from __future__ import annotations
 
 import torch
 from torch.nn import functional as F
 
+from .lif import EAGER, TRACED
 from .spike_pack import pack, unpack
 
 
-def _backward(gy, packed, weight, s_shape, s_dtype, need_s, need_w, need_b):
+def autocast_args(device_type: str, *tensors):
+    """The tensors as autocast would hand them to F.linear/F.conv2d. A torch.library op
+    runs below autocast (the eager autograd.Function runs inside it), so the traced path
+    casts for itself; the casts are autograd ops, which turn the gradients back."""
+    if not torch.is_autocast_enabled(device_type):
+        return tensors
+    dtype = torch.get_autocast_dtype(device_type)
+    return tuple(t.to(dtype) if t is not None and t.is_floating_point() else t for t in tensors)
+
+
+def _backward(gy, packed, weight, s_shape, s_dtype, need_s, need_w, need_b, launch=EAGER):
     """(dL/ds, dL/dweight, dL/dbias), each None unless needed."""
     gy2 = gy.reshape(-1, gy.shape[-1])
     gs = (gy2 @ weight.to(gy.dtype)).view(s_shape).to(s_dtype) if need_s else None
     gw = gb = None
     if need_w:
-        s = unpack(packed, s_shape, gy.dtype)  # transient: only for this product
+        s = unpack(packed, s_shape, gy.dtype, launch)  # transient: only for this product
         gw = (gy2.t() @ s.reshape(-1, s.shape[-1])).to(weight.dtype)
     if need_b:
         gb = gy2.sum(0).to(weight.dtype)
@@ -48,38 +60,26 @@ class SpikeLinearFunction(torch.autograd.Function):
         return (*grads, None)
 
 
-# ---- torch.library registration: what torch.compile sees (an opaque op with autograd) ----
+# ---- torch.library registration: what torch.compile sees (an op with autograd that
+# inductor decomposes; see spikefuse.ops.lif) ----
 
-@torch.library.custom_op("spikefuse::spike_linear_forward", mutates_args=())
+@torch.library.triton_op("spikefuse::spike_linear_forward", mutates_args=())
 def spike_linear_forward(s: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                          save: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """F.linear(s, weight, bias), and pack(s) (empty unless `save`)."""
-    bits = pack(s) if save else s.new_empty(0, dtype=torch.uint8)
+    bits = pack(s, TRACED) if save else s.new_empty(0, dtype=torch.uint8)
     return F.linear(s, weight, bias), bits
 
 
-@spike_linear_forward.register_fake
-def _(s, weight, bias, save):
-    n_bytes = (s.numel() + 7) // 8 if save else 0
-    return F.linear(s, weight, bias), s.new_empty(n_bytes, dtype=torch.uint8)
-
-
-@torch.library.custom_op("spikefuse::spike_linear_backward", mutates_args=())
+@torch.library.triton_op("spikefuse::spike_linear_backward", mutates_args=())
 def spike_linear_backward(gy: torch.Tensor, packed: torch.Tensor, weight: torch.Tensor,
                           s_shape: list[int], s_dtype: torch.dtype, need_s: bool, need_w: bool,
                           need_b: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """dL/ds, dL/dweight, dL/dbias (each empty unless needed)."""
-    gs, gw, gb = _backward(gy, packed, weight, s_shape, s_dtype, need_s, need_w, need_b)
-    # a custom op may not return None: empty tensors, dtypes as the fake kernel's
+    gs, gw, gb = _backward(gy, packed, weight, s_shape, s_dtype, need_s, need_w, need_b, TRACED)
+    # an op may not return None: empty tensors
     return (gs if need_s else gy.new_empty(0, dtype=s_dtype), gw if need_w else weight.new_empty(0),
             gb if need_b else weight.new_empty(0))
-
-
-@spike_linear_backward.register_fake
-def _(gy, packed, weight, s_shape, s_dtype, need_s, need_w, need_b):
-    return (gy.new_empty(s_shape if need_s else (0,), dtype=s_dtype),
-            weight.new_empty(weight.shape if need_w else (0,)),
-            weight.new_empty(weight.shape[:1] if need_b else (0,)))
 
 
 def _setup_context(ctx, inputs, output):
@@ -110,4 +110,4 @@ def spike_linear(s: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
         if save and bits is None:
             bits = pack(s)
         return SpikeLinearFunction.apply(s, weight, bias, bits if save else None)
-    return spike_linear_forward(s, weight, bias, save)[0]
+    return spike_linear_forward(*autocast_args(s.device.type, s, weight, bias), save)[0]

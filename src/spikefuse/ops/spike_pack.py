@@ -15,7 +15,7 @@ import os
 
 import torch
 
-from .lif import _cdiv  # first: it sets TRITON_INTERPRET on GPU-less machines
+from .lif import EAGER, _cdiv  # first: it sets TRITON_INTERPRET on GPU-less machines
 from .launch import cached_launch
 
 import triton  # noqa: E402
@@ -59,9 +59,12 @@ def check_binary(s: torch.Tensor, name: str = "spikes") -> None:
         raise ValueError(f"{name} must be binary (0 or 1) to be saved as bits; found values {bad}")
 
 
-def pack(s: torch.Tensor) -> torch.Tensor:
-    """Flattened s -> uint8 tensor of ceil(numel / 8) bytes (nonzero = 1)."""
-    check_binary(s)
+def pack(s: torch.Tensor, launch=EAGER) -> torch.Tensor:
+    """Flattened s -> uint8 tensor of ceil(numel / 8) bytes (nonzero = 1). launch: see
+    spikefuse.ops.lif.Launch (TRACED inside a torch.library op's body: there the debug
+    check, which reads values, is skipped)."""
+    if not launch.traced:
+        check_binary(s)
     flat = s.reshape(-1)
     if flat.dtype == torch.bool:
         flat = flat.view(torch.uint8)
@@ -75,11 +78,11 @@ def pack(s: torch.Tensor) -> torch.Tensor:
     flat = flat.contiguous()
     out = torch.empty(n_bytes, dtype=torch.uint8, device=flat.device)
     if n:
-        _pack_kernel[(_cdiv(n_bytes, BLOCK),)](flat, out, n, n_bytes, BLOCK=BLOCK)
+        launch(_pack_kernel)[(_cdiv(n_bytes, BLOCK),)](flat, out, n, n_bytes, BLOCK=BLOCK)
     return out
 
 
-def unpack(packed: torch.Tensor, shape, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+def unpack(packed: torch.Tensor, shape, dtype: torch.dtype = torch.float32, launch=EAGER) -> torch.Tensor:
     """Inverse of `pack`: the first prod(shape) bits as a tensor of `shape` and `dtype`."""
     if packed.dtype != torch.uint8 or packed.dim() != 1:
         raise TypeError(f"packed must be a 1-d uint8 tensor, got {packed.dtype} of shape {tuple(packed.shape)}")
@@ -94,7 +97,7 @@ def unpack(packed: torch.Tensor, shape, dtype: torch.dtype = torch.float32) -> t
         return bits.reshape(-1)[:n].to(dtype).view(shape)
     out = torch.empty(shape, dtype=dtype, device=packed.device)
     if n:
-        _unpack_kernel[(_cdiv(packed.numel(), BLOCK),)](packed, out, n, packed.numel(), BLOCK=BLOCK)
+        launch(_unpack_kernel)[(_cdiv(packed.numel(), BLOCK),)](packed, out, n, packed.numel(), BLOCK=BLOCK)
     return out
 
 
