@@ -1,7 +1,8 @@
 """One whole training step (forward, loss, backward, optimizer step) issued four ways, side
 by side in one run: eager (Python issues every kernel), captured (spikefuse.train.capture:
-one CUDA-graph replay), torch.compile default and mode="reduce-overhead" (of the model, and
-of the model and the optimizer step: "reduce-overhead-step"); beside them the
+one CUDA-graph replay), torch.compile default (also with inductor's C++ wrapper:
+"compiled-cpp-wrapper") and mode="reduce-overhead" (of the model, and of the model and the
+optimizer step: "reduce-overhead-step"); beside them the
 step's GPU kernel time (profiler: the sum of its kernels' durations, what a step costs when
 the host is never in the way) and SpikingJelly 2.0's eager step on the same network.
 
@@ -33,7 +34,8 @@ from ..train.capture import CapturedStep, prepare_optimizer
 from .report import environment, table, write_results
 from .timing import median_ms
 
-MODES = ("eager", "eager-triton-launch", "captured", "compiled", "reduce-overhead", "reduce-overhead-step")
+MODES = ("eager", "eager-triton-launch", "captured", "compiled", "compiled-cpp-wrapper", "reduce-overhead",
+         "reduce-overhead-step")
 IPU_NETS = ("ipu-shd", "ipu-nmnist", "ipu-dvsgesture")
 INPUT_DENSITY = 0.05  # event inputs: a binary frame with this share of ones
 
@@ -199,6 +201,8 @@ def _measure(case, net, precision, batch, opt_name, mode, args, device, template
         forward = model
         if mode == "compiled":
             forward = torch.compile(model)
+        if mode == "compiled-cpp-wrapper":  # inductor's launches from C++, not Python
+            forward = torch.compile(model, options={"cpp_wrapper": True})
         optimizer_step = None
         if mode.startswith("reduce-overhead"):
             forward = torch.compile(model, mode="reduce-overhead")
