@@ -95,7 +95,7 @@ def main(out_path):
         for how in ("tf32", "fp16"):
             res = ops(s, W, gy, stride, padding, how)
             row[how] = {name: errors(r, q) for name, r, q in zip(("forward", "wgrad", "dgrad"), res, ref)}
-            ms = median_ms(lambda: ops(s, W, gy, stride, padding, how), warmup=5, min_reps=20, back_to_back=5)
+            ms = median_ms(lambda: ops(s, W, gy, stride, padding, how), warmup=5, min_reps=20, back_to_back=5)[0]
             row[how]["ms"] = ms
             totals[how] += ms
         rows.append(row)
