@@ -33,6 +33,7 @@ CONFIGS = {
     "ipu-shd": ((20,), 3, 3, dict(hidden=(8, 8)), False),
     "ipu-nmnist": ((2, 4, 4), 3, 3, dict(hidden=(8, 8)), False),
     "ipu-dvsgesture": ((2, 4, 4), 3, 3, dict(hidden=(8, 8), readout="count"), False),
+    "deep-lif": ((20,), 3, 3, dict(depth=2, hidden=8), False),
 }
 TAKES_BACKEND = set(CONFIGS) - {"mlp"}
 NAMES = sorted(CONFIGS) + ["sequential"]

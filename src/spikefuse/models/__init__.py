@@ -20,7 +20,7 @@ def build_model(name: str, input_shape, num_classes: int, time_steps: int | None
 
 __all__ = ["MODELS", "build_model"]
 
-from . import cifar, dvs, ipu, resnet, shd  # noqa: E402
+from . import cifar, deep_lif, dvs, ipu, resnet, shd  # noqa: E402
 
 MODELS.update({
     "cifar-small": (cifar.build_small, "Liang et al. small CIFAR net: 128C-256C-512C-1024FC-512FC, BN-LIF"),
@@ -34,4 +34,5 @@ MODELS.update({
     "ipu-nmnist": (ipu.build_nmnist, "IPU study's N-MNIST net: 2x34x34-1472-1470-10 LIF (decay 0.95), T=100, mean readout"),
     "ipu-dvsgesture": (ipu.build_dvsgesture,
                        "IPU study's DVS-Gesture net: 2x48x48-1472-1470-11 LIF (decay 0.95), T=50, mean readout"),
+    "deep-lif": (deep_lif.build, "8 x (Linear 2048 + LIF), mean readout: the temporal pipeline's benchmark net"),
 })

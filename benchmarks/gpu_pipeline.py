@@ -1,0 +1,262 @@
+"""The temporal pipeline on 2 GPUs against one GPU, beside the planner's prediction.
+
+    torchrun --nproc-per-node 2 benchmarks/gpu_pipeline.py --out benchmarks/results
+
+deep-lif (8 x Linear(2048)+LIF, mean readout), B=16, for each T: the single-GPU step
+(forward+backward, on rank 0), then the 2-stage pipeline (spikefuse.parallel.pipeline) at a few
+chunk counts and at the planner's choice; speedup, the planner's predicted speedup at the same
+chunk count, and peak memory per GPU (torch.cuda.max_memory_allocated, everything the process
+holds on its GPU). Times: medians after warm-up, each step bracketed by a barrier and
+torch.cuda.synchronize on both ranks, the slower rank's time. At the smallest T it also checks
+that the pipeline's loss and gradients match one GPU's (strict fp32, fused kernels).
+Matmuls run on TF32 (as `spikefuse train` does) unless --no-tf32.
+Writes pipeline-<device>.json and .md into --out (device, torch/triton versions, date).
+--device cpu (gloo, with --width 0.01) runs the same flow on a CPU, to check the script.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import gc
+import os
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from spikefuse.bench.report import environment, table, write_results
+from spikefuse.models import build_model
+from spikefuse.parallel.pipeline import PipelineTrainer
+from spikefuse.parallel.planner import format_plan, plan
+
+MODEL, FEATURES, CLASSES = "deep-lif", 2048, 10
+REPS = {256: 20, 1024: 10, 4096: 5, 16384: 3}  # timed steps per T: the whole run stays under ~6 minutes
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", required=True, help="folder for pipeline-<device>.json and .md")
+    p.add_argument("--time-steps", type=int, nargs="+", default=[256, 1024, 4096, 16384], metavar="T")
+    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--chunks", type=int, nargs="+", default=[4, 8, 16, 32, 64], metavar="C",
+                   help="chunk counts to time (those <= T), besides the planner's choice")
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--width", type=float, default=1.0, help="scale deep-lif's 2048 units (CPU checks)")
+    p.add_argument("--no-tf32", action="store_true", help="strict fp32 matmuls")
+    p.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
+    return p.parse_args(argv)
+
+
+def rate_cross_entropy(out, y):
+    return nn.functional.cross_entropy(out.mean(0), y)
+
+
+def fresh_layers(args):
+    torch.manual_seed(0)
+    return build_model(MODEL, (FEATURES,), CLASSES, None, width=args.width).layers
+
+
+def batch(T, args):
+    g = torch.Generator().manual_seed(T)
+    return (torch.rand(T, args.batch, FEATURES, generator=g) < 0.2).float(), \
+        torch.randint(0, CLASSES, (args.batch,), generator=g)
+
+
+def sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def free(device):
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def peak(device):
+    return torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
+
+
+def timed(step, reps, warmup, device, together):
+    """Median seconds of step(); with `together`, every rank times each step between a
+    barrier and a synchronize, and the slowest rank's time counts."""
+    for _ in range(warmup):
+        step()
+    times = []
+    for _ in range(reps):
+        sync(device)
+        if together:
+            dist.barrier()
+        start = time.perf_counter()
+        step()
+        sync(device)
+        times.append(time.perf_counter() - start)
+    if together:
+        t = torch.tensor(times, dtype=torch.float64, device=device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        times = t.tolist()
+    return statistics.median(times)
+
+
+def single_gpu(T, args, device, reps):
+    """Rank 0 alone: the ordinary step; (seconds, peak bytes)."""
+    layers = fresh_layers(args).to(device)
+    x, y = (t.to(device) for t in batch(T, args))
+    free(device)
+
+    def step():
+        layers.zero_grad(set_to_none=True)
+        rate_cross_entropy(layers(x), y).backward()
+    seconds = timed(step, reps, args.warmup, device, together=False)
+    result = seconds, peak(device)
+    del layers, x, y
+    free(device)
+    return result
+
+
+def pipelined(T, chunks, cut, args, device, rank, world, reps):
+    """Both ranks: the pipeline's step, stages as `cut`; (seconds, peak bytes of each rank)."""
+    trainer = PipelineTrainer(fresh_layers(args), rate_cross_entropy, chunks, cut=cut, device=device)
+    x, y = batch(T, args)
+    x = x.to(device) if rank == 0 else None
+    y = y.to(device) if trainer.is_last else None
+    free(device)
+
+    def step():
+        for p in trainer.parameters():
+            p.grad = None
+        trainer.step(x, y)
+    seconds = timed(step, reps, args.warmup, device, together=True)
+    peaks = [None] * world
+    dist.all_gather_object(peaks, peak(device))
+    del trainer, x, y
+    free(device)
+    return seconds, peaks
+
+
+def check_exactness(T, args, device, rank, world, chunks=4):
+    """Strict fp32: the pipeline's loss and this rank's gradients against one device's
+    (each rank runs the whole network once on its own GPU)."""
+    precision = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("highest")
+    try:
+        x, y = (t.to(device) for t in batch(T, args))
+        layers = fresh_layers(args).to(device)
+        loss_ref = rate_cross_entropy(layers(x), y)
+        loss_ref.backward()
+        reference = {n: p.grad for n, p in layers.named_parameters()}
+        trainer = PipelineTrainer(fresh_layers(args), rate_cross_entropy, chunks, device=device)
+        loss = trainer.step(x if rank == 0 else None, y)
+        errors = [((p.grad - reference[n]).abs().max() / reference[n].abs().max().clamp_min(1e-30)).item()
+                  for n, p in trainer.named_parameters()]
+        worst = torch.tensor(max(errors), device=device, dtype=torch.float64)
+        dist.all_reduce(worst, op=dist.ReduceOp.MAX)
+        return {"T": T, "chunks": chunks, "loss_single": loss_ref.item(), "loss_pipeline": loss.item(),
+                "max_relative_grad_error": worst.item()}
+    finally:
+        torch.set_float32_matmul_precision(precision)
+        free(device)
+
+
+def run_one_T(T, args, device, rank, world):
+    reps = REPS.get(T, 3)
+    planned = [None]
+    if rank == 0:
+        planned = [plan(MODEL, T, args.batch, gpus=world, device=device, input_shape=(FEATURES,),
+                        num_classes=CLASSES, width=args.width)]
+        free(device)
+    dist.broadcast_object_list(planned, src=0)
+    the_plan = planned[0]
+    single = single_gpu(T, args, device, reps) if rank == 0 else (None, None)
+    dist.barrier()
+    counts = sorted({c for c in args.chunks if c <= T} | {the_plan.chosen.chunks})
+    runs = []
+    for chunks in counts:
+        seconds, peaks = pipelined(T, chunks, the_plan.chosen.cut, args, device, rank, world, reps)
+        runs.append({"chunks": chunks, "seconds": seconds, "peak_bytes": peaks,
+                     "predicted_speedup": the_plan.at(world, chunks).predicted_speedup,
+                     "planner_choice": chunks == the_plan.chosen.chunks})
+    return the_plan, single, runs
+
+
+def report(args, results, exactness, world, elapsed):
+    payload = {"environment": environment(), "benchmark": "temporal pipeline", "model": MODEL,
+               "batch": args.batch, "gpus": world, "tf32": not args.no_tf32, "width": args.width,
+               "elapsed_s": elapsed, "exactness": exactness, "results": []}
+    rows, plans = [], []
+    for T, (the_plan, (single_s, single_peak), runs) in results.items():
+        entry = {"T": T, "single_seconds": single_s, "single_peak_bytes": single_peak,
+                 "planner": {"chunks": the_plan.chosen.chunks,
+                             "predicted_speedup": the_plan.chosen.predicted_speedup,
+                             "cut": [[r.start, r.stop] for r in the_plan.chosen.cut],
+                             "memory_bytes": the_plan.chosen.memory_bytes,
+                             "single_memory_bytes": the_plan.single_memory_bytes,
+                             "ts_s": the_plan.ts_s, "chunked_s": the_plan.chunked_s,
+                             "link": [the_plan.link_latency_s, the_plan.link_bandwidth, the_plan.link_source]},
+                 "pipeline": []}
+        for run in runs:
+            speedup = single_s / run["seconds"]
+            worst_peak = max(p for p in run["peak_bytes"] if p is not None) if single_peak else None
+            entry["pipeline"].append({**run, "speedup": speedup,
+                                      "measured_over_predicted": speedup / run["predicted_speedup"],
+                                      "peak_ratio_to_single": worst_peak / single_peak if worst_peak else None})
+            rows.append([T, run["chunks"] if not run["planner_choice"] else f"{run['chunks']} (planner)",
+                         single_s * 1e3, run["seconds"] * 1e3, speedup, run["predicted_speedup"],
+                         speedup / run["predicted_speedup"],
+                         single_peak / 2**30 if single_peak else None,
+                         " / ".join(f"{p / 2**30:.2f}" for p in run["peak_bytes"]) if single_peak else None,
+                         entry["pipeline"][-1]["peak_ratio_to_single"]])
+        payload["results"].append(entry)
+        plans.append(f"### T = {T}\n\n```\n{format_plan(the_plan)}```\n")
+    env = payload["environment"]
+    markdown = (f"# Temporal pipeline: {MODEL}, B={args.batch}, {world} GPUs vs one\n\n"
+                f"{env['device']}, torch {env['versions']['torch']}, triton {env['versions']['triton']}, "
+                f"{env['date']}; TF32 {'on' if payload['tf32'] else 'off'}; run took {elapsed:.0f} s.\n\n"
+                + table(["T", "chunks", "1 GPU ms", "pipeline ms", "speedup", "predicted", "measured/predicted",
+                         "1 GPU peak GiB", "peak GiB per GPU", "peak ratio"], rows)
+                + (f"\nExactness (strict fp32, T={exactness['T']}, {exactness['chunks']} chunks): loss "
+                   f"{exactness['loss_single']:.9g} (one GPU) vs {exactness['loss_pipeline']:.9g} (pipeline), "
+                   f"largest gradient difference {exactness['max_relative_grad_error']:.3g} of the largest "
+                   "gradient.\n" if exactness else "")
+                + "\n## The planner's output\n\n" + "\n".join(plans))
+    return write_results("pipeline", payload, markdown, args.out)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if "RANK" not in os.environ:
+        raise SystemExit("run me under torchrun: torchrun --nproc-per-node 2 benchmarks/gpu_pipeline.py --out DIR")
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    if args.device == "cuda":
+        if torch.cuda.device_count() < world:
+            raise SystemExit(f"{world} processes need {world} GPUs; this machine has {torch.cuda.device_count()}")
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)))
+        torch.cuda.set_device(device)
+        if not args.no_tf32:
+            torch.set_float32_matmul_precision("high")
+    else:
+        device = torch.device("cpu")
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=datetime.timedelta(minutes=10))
+    start = time.perf_counter()
+    exactness = check_exactness(min(args.time_steps), args, device, rank, world)
+    results = {}
+    for T in args.time_steps:
+        results[T] = run_one_T(T, args, device, rank, world)
+        if rank == 0:
+            the_plan, (single_s, _), runs = results[T]
+            best = max(runs, key=lambda r: single_s / r["seconds"])
+            print(f"T={T}: one GPU {single_s * 1e3:.1f} ms; pipeline best {best['seconds'] * 1e3:.1f} ms at "
+                  f"{best['chunks']} chunks ({single_s / best['seconds']:.2f}x, predicted "
+                  f"{best['predicted_speedup']:.2f}x)", flush=True)
+    if rank == 0:
+        for path in report(args, results, exactness, world, time.perf_counter() - start):
+            print("wrote", path)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

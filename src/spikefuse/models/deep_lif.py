@@ -1,0 +1,86 @@
+"""deep-lif: a deep stack of Linear + LIF layers (8 x 2048 by default), the network the
+temporal pipeline (spikefuse.parallel.pipeline) is benchmarked on.
+
+All layers sit flat in `self.layers` (Flatten, Linear, LIF, SpikingLinear, LIF, ...,
+SpikingLinear readout), the form the pipeline cuts into stages and `spikefuse export`
+reads; the logits are the readout's output averaged over the T steps (readout="mean").
+Hidden weights are U(+-4/sqrt(fan_in)), no biases: with decay 0.9 and threshold 1 this
+keeps every layer firing at ~13% for inputs at 20% (PyTorch's default init, 1/sqrt(fan_in),
+goes silent by the second layer), so the deep stack trains from the start.
+"""
+from __future__ import annotations
+
+import math
+from math import prod
+
+import torch
+from torch import nn
+
+from ..nn import LIF
+from ..nn.layers import check_input, layer_name, name_layers
+from ..nn.spiking_layers import SpikingLinear
+
+DEPTH, HIDDEN = 8, 2048
+INPUT_SHAPE, NUM_CLASSES = (HIDDEN,), 10
+LIF_DEFAULTS = dict(decay=0.9, threshold=1.0, reset="hard", surrogate="fast_sigmoid")
+INIT_GAIN = 4.0
+
+
+class DeepLIF(nn.Module):
+    """[T, B, *input_shape] -> logits [B, num_classes] through `depth` Linear+LIF layers.
+
+    hidden: units per layer; width scales it (tests, quick runs); backend picks the LIF
+    implementation; **lif overrides LIF_DEFAULTS (decay, threshold, reset, surrogate, ...).
+    """
+
+    readout = "mean"  # export and the pipeline's loss read this: logits = time-mean of the last Linear
+
+    def __init__(self, input_shape=INPUT_SHAPE, num_classes: int = NUM_CLASSES, depth: int = DEPTH,
+                 hidden: int = HIDDEN, width: float = 1.0, backend: str = "auto", **lif):
+        super().__init__()
+        self.input_shape = tuple(int(s) for s in input_shape)
+        if not self.input_shape or min(self.input_shape) < 1:
+            raise ValueError(f"input_shape must be a non-empty tuple of positive sizes, got {tuple(input_shape)}")
+        if int(num_classes) < 1:
+            raise ValueError(f"num_classes must be >= 1, got {num_classes}")
+        if int(depth) < 1:
+            raise ValueError(f"depth must be >= 1, got {depth}")
+        if not width > 0 or int(hidden) < 1:
+            raise ValueError(f"hidden and width must be positive, got hidden={hidden}, width={width}")
+        self.hidden = max(1, round(int(hidden) * width))
+        lif = {**LIF_DEFAULTS, **lif, "backend": backend}
+        layers: list[nn.Module] = [nn.Flatten(start_dim=2)]  # [T, B, ...] -> [T, B, N]
+        n_in = prod(self.input_shape)
+        for i in range(int(depth)):  # the first layer reads the raw input, the others spikes (saved as bits)
+            layers += [(nn.Linear if i == 0 else SpikingLinear)(n_in, self.hidden, bias=False), LIF(**lif)]
+            n_in = self.hidden
+        layers.append(SpikingLinear(n_in, int(num_classes)))
+        self.layers = nn.Sequential(*layers)
+        self.reset_parameters()
+        name_layers(self)
+
+    @torch.no_grad()
+    def reset_parameters(self):
+        for m in self.layers[:-1]:
+            if isinstance(m, nn.Linear):
+                bound = INIT_GAIN / math.sqrt(m.in_features)
+                m.weight.uniform_(-bound, bound)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape, n = list(self.input_shape), prod(self.input_shape)
+        layout = f"[T, B, {', '.join(map(str, shape))}]" + (f" or [T, B, {n}]" if len(shape) > 1 else "")
+        check_input(self, x, layout, rank=tuple(sorted({3, 2 + len(shape)})))
+        if list(x.shape[2:]) not in (shape, [n]):
+            raise ValueError(f"{layer_name(self)}: expected input {layout}, got shape {tuple(x.shape)}")
+        return self.layers(x).mean(0)
+
+    def extra_repr(self):
+        return f"input_shape={self.input_shape}, depth={(len(self.layers) - 2) // 2}, hidden={self.hidden}"
+
+
+def build(input_shape=INPUT_SHAPE, num_classes=NUM_CLASSES, time_steps=None, **kwargs) -> DeepLIF:
+    """Registry builder; the network does not depend on T."""
+    return DeepLIF(input_shape, num_classes, **kwargs)
+
+
+__all__ = ["DeepLIF", "build", "DEPTH", "HIDDEN", "LIF_DEFAULTS"]

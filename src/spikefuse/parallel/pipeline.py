@@ -1,0 +1,569 @@
+"""The exact temporal pipeline: a network's layers cut into N stages (one per rank), its
+time axis [T, B, ...] cut into C chunks, over torch.distributed point-to-point ops.
+
+Schedule (GPipe, over time chunks):
+    forward   stage k runs chunk c while stage k-1 runs chunk c+1. Each stage carries the
+              membrane potential of each of its neurons from chunk to chunk and sends its
+              output chunk on to stage k+1: as bits (spike_pack) when the stage ends in a
+              neuron layer, else as it is. The receive of chunk c+1 is posted before chunk c
+              is computed, so it streams in meanwhile (NCCL runs it on its own stream).
+    loss      the last stage applies loss_fn to its outputs of all T steps once every chunk
+              is in, and takes dL/d(outputs) of each chunk from it: any loss (cross-entropy
+              of the time-mean, a per-step loss) is exact.
+    backward  the same in reverse: chunk C-1 first. Stage k sends dL/d(its input chunk c)
+              back to stage k-1, and the state gradient is carried down the chunks: dL/dv0
+              of chunk c+1 is the incoming dL/dv[T-1] of chunk c.
+Exactness: each chunk's autograd graph lives from its forward to its backward, its initial
+states v0 being leaves; backward is torch.autograd.backward on (the chunk's output, its final
+states) with (the received gradient, the carried state gradient). That is backpropagation
+through every step, hard reset included. The loss, the spikes and every parameter gradient
+are single-device training's, up to the order of float sums (a weight gradient is summed
+chunk by chunk).
+
+Layers: neurons (spikefuse.nn.LIF, IF, PLIF) carry their state; every other layer must act
+on each time step on its own (Linear, Conv, Flatten(2), pooling...), which is assumed, not
+checked. Batch norm over time needs all T steps at once: refused (ValueError) unless
+batch_norm="per_chunk", which normalizes each chunk by its own statistics: a different
+model, NOT equal to single-device training, whose running statistics move once per chunk.
+BNLIF (batch norm fused with neurons, no initial state) and neurons nested inside other
+modules are refused either way.
+
+A peer that died or stalled: every wait is bounded by `timeout` (gloo) and raises
+PipelinePeerError naming the peer. On NCCL a wait does not block the host; there the process
+group's own timeout and watchdog apply (torch.distributed.init_process_group(timeout=...)).
+"""
+from __future__ import annotations
+
+import contextlib
+import datetime
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from .. import functional as F
+from ..errors import one_line
+from ..nn import BNLIF, LIF
+from ..ops import spike_pack
+
+BATCH_NORM = ("refuse", "per_chunk")
+_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+_HEADER_WORDS = 16  # int64: T, chunks, dtype index, packed, ndim, then the trailing shape
+_HEADER_TAG = 0
+
+
+class PipelinePeerError(RuntimeError):
+    """A neighbouring stage did not answer in time: its process died or stalled."""
+
+
+# ---- cutting a network into stages ----
+
+def split_stages(layers: Sequence[nn.Module], stages: int, costs: Sequence[float] | None = None,
+                 slack: float = 0.0) -> list[range]:
+    """Cut `layers` into `stages` runs of consecutive layers (one range of layer indices
+    each) that minimize the largest stage cost. costs: one per layer (e.g. measured
+    seconds); default the parameter count. Among cuts whose largest stage is within
+    (1 + slack) of the best, one with the most stages ending in a neuron layer is taken:
+    those hand off 1-bit spikes instead of floats."""
+    layers = list(layers)
+    if isinstance(stages, bool) or not isinstance(stages, int) or stages < 1:
+        raise ValueError(f"stages: expected an integer >= 1, got {stages!r}")
+    if stages > len(layers):
+        raise ValueError(f"stages: cannot cut {len(layers)} layers into {stages} stages "
+                         "(each stage needs at least one layer)")
+    if costs is None:
+        costs = [sum(p.numel() for p in layer.parameters()) for layer in layers]
+    if len(costs) != len(layers) or any(not c >= 0 for c in costs):
+        raise ValueError(f"costs: expected {len(layers)} non-negative numbers, got {list(costs)}")
+    prefix = [0.0]
+    for c in costs:
+        prefix.append(prefix[-1] + float(c))
+
+    def cost(i, j):  # layers i..j-1
+        return prefix[j] - prefix[i]
+
+    L, inf = len(layers), float("inf")
+    # best[k][j]: the smallest largest-stage cost of layers[:j] in k stages
+    best = [[inf] * (L + 1) for _ in range(stages + 1)]
+    best[0][0] = 0.0
+    for k in range(1, stages + 1):
+        for j in range(k, L + 1):
+            best[k][j] = min(max(best[k - 1][i], cost(i, j)) for i in range(k - 1, j))
+    limit = best[stages][L] * (1 + slack) + 1e-12 * prefix[-1]
+    # then, within that limit, the fewest cuts after a non-neuron layer
+    penalty = [[inf] * (L + 1) for _ in range(stages + 1)]
+    came_from = [[0] * (L + 1) for _ in range(stages + 1)]
+    penalty[0][0] = 0
+    for k in range(1, stages + 1):
+        for j in range(k, L + 1):
+            after_neuron = j == L or isinstance(layers[j - 1], LIF)
+            for i in range(k - 1, j):
+                if cost(i, j) <= limit and penalty[k - 1][i] + (not after_neuron) < penalty[k][j]:
+                    penalty[k][j], came_from[k][j] = penalty[k - 1][i] + (not after_neuron), i
+    bounds, j = [L], L
+    for k in range(stages, 0, -1):
+        j = came_from[k][j]
+        bounds.append(j)
+    bounds.reverse()
+    return [range(a, b) for a, b in zip(bounds, bounds[1:])]
+
+
+def check_layers(layers: Sequence[nn.Module], batch_norm: str = "refuse") -> None:
+    """Raise ValueError, naming the layer, for a layer the pipeline cannot run exactly."""
+    if batch_norm not in BATCH_NORM:
+        raise ValueError(f"batch_norm: unknown policy {batch_norm!r}; expected one of {list(BATCH_NORM)}")
+    for i, layer in enumerate(layers):
+        name = f"layer {i} ({type(layer).__name__})"
+        if isinstance(layer, BNLIF):
+            raise ValueError(f"batch_norm: {name} fuses batch norm with neurons whose state a pipeline "
+                             "cannot hand over between chunks; use TemporalBatchNorm followed by LIF")
+        if isinstance(layer, nn.modules.batchnorm._BatchNorm) and batch_norm == "refuse":
+            raise ValueError(f"batch_norm: {name} normalizes over all T steps, which a pipeline sees one "
+                             "chunk at a time; use a network without batch norm, or batch_norm='per_chunk' "
+                             "for statistics per chunk (not equal to single-device training)")
+        if not isinstance(layer, LIF) and any(
+                isinstance(m, (LIF, nn.modules.batchnorm._BatchNorm)) for m in layer.modules() if m is not layer):
+            raise ValueError(f"layers: {name} holds neurons or batch norm inside; pass the network's "
+                             "layers flat (an nn.Sequential of Linear/Conv, LIF, ... layers)")
+
+
+# ---- the trainer ----
+
+class PipelineTrainer:
+    """This rank's stage of a pipelined network, and its training step.
+
+    Every rank builds the same network (same seed) and passes its layers (an nn.Sequential
+    or a list; e.g. model.layers of the spikefuse models, whose time-mean readout then
+    belongs in loss_fn); the trainer cuts them into one stage per rank of `group` (default:
+    balanced by parameter count, or `cut`, ranges of layer indices) and keeps its own.
+    `stage` is an nn.Sequential of those layers under their original indices, so its
+    state_dict keys are the full network's. Give the optimizer `trainer.parameters()`.
+
+    loss_fn(outputs, target) -> scalar, where outputs are the last layer's [T, B, ...].
+    chunks: C, the number of time chunks (1 <= C <= T; C need not divide T).
+    stages: if given, must equal the group's size (a named error otherwise).
+    batch_norm: "refuse" or "per_chunk" (see the module docstring).
+    pack_spikes: hand a stage's output over as bits when the stage ends in neurons.
+    timeout: seconds to wait for a neighbour before PipelinePeerError (default: the group's).
+    device: where this stage's layers go (the network is built anywhere, e.g. on the CPU).
+    """
+
+    def __init__(self, layers: Sequence[nn.Module], loss_fn: Callable, chunks: int, group=None, *,
+                 stages: int | None = None, cut: Sequence[range] | None = None, batch_norm: str = "refuse",
+                 pack_spikes: bool = True, timeout: float | None = None, device=None):
+        layers = list(layers)
+        check_layers(layers, batch_norm)
+        _check_chunks(chunks)
+        self.peers = _Peers(group, timeout)
+        if stages is not None and stages != self.peers.size:
+            raise ValueError(f"stages: {stages} stages asked for, but the process group has {self.peers.size} "
+                             "ranks; run one process per stage")
+        if cut is None:
+            cut = split_stages(layers, self.peers.size)
+        cut = [range(r.start, r.stop) for r in cut]
+        if len(cut) != self.peers.size or [r.start for r in cut[1:]] != [r.stop for r in cut[:-1]] \
+                or cut[0].start != 0 or cut[-1].stop != len(layers) or any(len(r) < 1 for r in cut):
+            raise ValueError(f"cut: expected {self.peers.size} consecutive non-empty ranges covering layers "
+                             f"0..{len(layers) - 1} (one per rank), got {cut}")
+        self.cut, self.chunks, self.batch_norm = cut, int(chunks), batch_norm
+        self.loss_fn, self.pack_spikes = loss_fn, bool(pack_spikes)
+        own = cut[self.peers.index]
+        self.stage = nn.Sequential(OrderedDict((str(i), layers[i]) for i in own))
+        if device is not None:
+            self.stage.to(device)
+        self.outputs: torch.Tensor | None = None  # the last stage's outputs of the latest step
+        self.peers.check_all_present()
+
+    @property
+    def stage_index(self) -> int:
+        return self.peers.index
+
+    @property
+    def is_last(self) -> bool:
+        return self.peers.last
+
+    def parameters(self):
+        return self.stage.parameters()
+
+    def named_parameters(self):
+        """Names as in the full nn.Sequential ("3.weight")."""
+        return self.stage.named_parameters()
+
+    def step(self, x: torch.Tensor | None, target=None) -> torch.Tensor:
+        """Forward and backward of one batch; the loss (every rank gets it) and .grad on this
+        stage's parameters (accumulated, as loss.backward() would). x [T, B, ...] is needed
+        on the first stage only (elsewhere, if given, only its shape is checked), the
+        target on the last only."""
+        loss, self.outputs = _step(list(self.stage), x, target, self.loss_fn, self.chunks, self.peers,
+                                   self.pack_spikes)
+        return loss
+
+
+def pipeline_step(stage: nn.Sequential, x: torch.Tensor | None, target, loss_fn: Callable, chunks: int,
+                  group=None, *, batch_norm: str = "refuse", pack_spikes: bool = True,
+                  timeout: float | None = None, return_outputs: bool = False):
+    """One pipelined training step of this rank's `stage` (its rank in `group` is its place
+    in the pipeline; see PipelineTrainer for the arguments). Returns the loss on every rank
+    (with return_outputs, also the last stage's outputs [T, B, ...], None elsewhere) and
+    leaves .grad on the stage's parameters."""
+    layers = list(stage)
+    check_layers(layers, batch_norm)
+    _check_chunks(chunks)
+    loss, outputs = _step(layers, x, target, loss_fn, chunks, _Peers(group, timeout), pack_spikes)
+    return (loss, outputs) if return_outputs else loss
+
+
+def chunked_step(layers: Sequence[nn.Module], x: torch.Tensor, target, loss_fn: Callable, chunks: int, *,
+                 batch_norm: str = "refuse", return_outputs: bool = False):
+    """The pipeline's step on this process alone, whatever torch.distributed is doing: one
+    stage, C chunks, exact BPTT through the chunk boundaries (what each stage does, but the
+    hand-offs; the planner times it). Same returns as pipeline_step."""
+    layers = list(layers)
+    check_layers(layers, batch_norm)
+    _check_chunks(chunks)
+    loss, outputs = _step(layers, x, target, loss_fn, chunks, _Peers(None, None, alone=True), False)
+    return (loss, outputs) if return_outputs else loss
+
+
+def _step(layers, x, target, loss_fn, chunks, peers, pack_spikes):
+    if x is not None:
+        _check_input(x, chunks)
+    elif peers.first:
+        raise ValueError("x: the first stage needs the input [T, B, ...], got None")
+    peers.device = _stage_device(layers, x, peers)
+    records, chunk_outputs = _forward(layers, x, chunks, peers, pack_spikes)
+    loss = outputs = output_grads = None
+    if peers.last:
+        outputs = torch.cat(chunk_outputs)
+        loss = loss_fn(outputs, target)
+        if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+            raise ValueError(f"loss_fn: expected a scalar tensor, got {loss!r}")
+        output_grads = torch.autograd.grad(loss, chunk_outputs, allow_unused=True)
+        loss, outputs = loss.detach().float().reshape(()), outputs.detach()
+    _backward(records, output_grads, peers)
+    return peers.share_loss(loss), outputs
+
+
+# ---- one step: forward over the chunks, then backward in reverse ----
+
+class _Box:
+    """Where a gradient is put (or found) outside autograd's own bookkeeping."""
+    grad: torch.Tensor | None = None
+
+
+class _ReceivedInput(torch.autograd.Function):
+    """Identity on a received chunk that records the chunk's gradient: as a leaf, the chunk
+    would stay alive (held by its AccumulateGrad) until the end of the step."""
+
+    @staticmethod
+    def forward(ctx, trigger, x, box):
+        ctx.box = box
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        ctx.box.grad = grad
+        return None, None, None
+
+
+class _OutputAnchor(torch.autograd.Function):
+    """A scalar handle on a chunk's output graph whose backward feeds in the gradient put in
+    its box: backward can start from it while the output itself (sent on) is freed."""
+
+    @staticmethod
+    def forward(ctx, y, box):
+        ctx.box = box
+        return y.new_zeros(())
+
+    @staticmethod
+    def backward(ctx, _):
+        return ctx.box.grad, None
+
+
+@dataclass
+class _Chunk:
+    """What the backward of one chunk needs from its forward."""
+    anchor: torch.Tensor | None  # None if the output needs no gradient
+    out_box: _Box
+    out_shape: torch.Size
+    out_dtype: torch.dtype
+    in_box: _Box | None  # the input's gradient (stages after the first)
+    in_shape: torch.Size | None
+    in_dtype: torch.dtype | None
+    v0: list  # per layer: the neurons' initial state (a leaf), else None
+    vT: list  # per layer: the neurons' final state, else None
+
+
+def _run_layers(layers, x, v0):
+    """The stage on one chunk, its neurons starting from v0; returns (output, final states)."""
+    vT = []
+    for layer, v in zip(layers, v0):
+        if isinstance(layer, LIF):
+            x, v = F.lif(x, v0=v, return_state=True, **_lif_options(layer))
+        else:
+            x, v = layer(x), None
+        vT.append(v)
+    return x, vT
+
+
+def _lif_options(m: LIF) -> dict:
+    """The options spikefuse.nn.LIF.forward passes to spikefuse.functional.lif."""
+    return dict(decay=m.decay_value(), threshold=m.threshold, reset=m.reset, v_reset=m.v_reset,
+                detach_reset=m.detach_reset, surrogate=m.surrogate, alpha=m.alpha, backend=m.backend)
+
+
+def _forward(layers, x, chunks, peers, pack_spikes):
+    """Runs the chunks in order; returns their records and (last stage) their outputs as leaves."""
+    if peers.first:
+        T, pieces = x.shape[0], x.tensor_split(chunks)
+    else:
+        T, incoming = peers.receive_header(chunks)
+    sizes = _chunk_sizes(T, chunks)
+    pack = pack_spikes and isinstance(layers[-1], LIF)  # a neuron layer's output is 0/1: exact as bits
+    trigger = torch.zeros((), device=peers.device, requires_grad=True)
+    states, records, outputs = [None] * len(layers), [], []
+    for c in range(chunks):
+        if peers.first:
+            x_c, received, in_box = pieces[c], None, None
+        else:
+            received = incoming.result()
+            if c + 1 < chunks:  # the next chunk streams in while this one computes
+                incoming = peers.receive_chunk(c + 1, sizes[c + 1])
+            in_box = _Box()
+            x_c = _ReceivedInput.apply(trigger, received, in_box)
+            bits = spike_pack.attached_bits(received)
+            if bits is not None:  # a spiking layer reading x_c saves these bits instead of packing again
+                spike_pack.attach_bits(x_c, bits)
+        v0 = [s.detach().requires_grad_(s.requires_grad) if s is not None else None for s in states]
+        y, states = _run_layers(layers, x_c, v0)
+        out_box = _Box()
+        anchor = _OutputAnchor.apply(y, out_box) if y.requires_grad else None
+        records.append(_Chunk(anchor, out_box, y.shape, y.dtype, in_box, getattr(received, "shape", None),
+                              getattr(received, "dtype", None), v0, states))
+        if peers.last:
+            outputs.append(y.detach().requires_grad_(y.requires_grad))
+        else:
+            peers.send_chunk(y.detach(), c, T, chunks, pack)
+        del y, x_c, received
+    peers.flush()
+    return records, outputs
+
+
+def _backward(records, output_grads, peers):
+    chunks = len(records)
+    carried = [None] * len(records[-1].v0)  # per layer: dL/dv[T-1] of the chunk at hand
+    if not peers.last:
+        incoming = peers.receive_grad(chunks - 1, records[-1].out_shape, records[-1].out_dtype)
+    for c in reversed(range(chunks)):
+        rec = records[c]
+        if peers.last:
+            grad = output_grads[c]
+        else:
+            grad = incoming.result()
+            if c > 0:  # the next gradient streams in while this chunk runs backward
+                incoming = peers.receive_grad(c - 1, records[c - 1].out_shape, records[c - 1].out_dtype)
+        roots, grads = [], []
+        if rec.anchor is not None and grad is not None:
+            rec.out_box.grad = grad
+            roots.append(rec.anchor)
+            grads.append(torch.ones_like(rec.anchor))
+        for v, g in zip(rec.vT, carried):
+            if v is not None and g is not None and v.requires_grad:
+                roots.append(v)
+                grads.append(g)
+        if roots:
+            torch.autograd.backward(roots, grads)
+        carried = [v.grad if v is not None and v.requires_grad else None for v in rec.v0]
+        if not peers.first:
+            g_in = rec.in_box.grad
+            if g_in is None:  # the input did not reach the loss
+                g_in = torch.zeros(rec.in_shape, dtype=rec.in_dtype, device=peers.device)
+            peers.send_grad(g_in, c)
+        records[c] = None  # this chunk's graph is done: free it
+    peers.flush()
+
+
+# ---- talking to the neighbouring stages ----
+
+class _Incoming:
+    """A posted receive; result() waits for it and returns the tensor."""
+
+    def __init__(self, peers, work, buffer, finish, what, peer):
+        self.peers, self.work, self.buffer, self.finish, self.what, self.peer = \
+            peers, work, buffer, finish, what, peer
+
+    def result(self) -> torch.Tensor:
+        self.peers.wait(self.work, self.what, self.peer)
+        return self.finish(self.buffer)
+
+
+class _Peers:
+    """This rank's place in the pipeline and the point-to-point traffic with its neighbours."""
+
+    def __init__(self, group, timeout, alone=False):
+        if timeout is not None and (isinstance(timeout, bool) or not timeout > 0):
+            raise ValueError(f"timeout: expected a number of seconds > 0, got {timeout!r}")
+        self.timeout = timeout
+        if not alone and dist.is_available() and dist.is_initialized():
+            self.group = group if group is not None else dist.group.WORLD
+            self.size, self.index = dist.get_world_size(self.group), dist.get_rank(self.group)
+            if self.index < 0:
+                raise ValueError("group: this rank is not a member of the group")
+            self.gloo = dist.get_backend(self.group) == "gloo"
+        elif group is not None and not alone:
+            raise ValueError("group: torch.distributed is not initialized; call init_process_group first")
+        else:
+            self.group, self.size, self.index, self.gloo = None, 1, 0, True
+        self.first, self.last = self.index == 0, self.index == self.size - 1
+        self.prev = self._global(self.index - 1) if not self.first else None
+        self.next = self._global(self.index + 1) if not self.last else None
+        self.device = torch.device("cpu")  # where buffers are made; set per step
+        self.pending = []  # sends in flight, with the buffers they read
+        self.meta = None  # (trailing shape, dtype, packed) of the chunks coming in
+
+    def _global(self, index):
+        return dist.get_global_rank(self.group, index)
+
+    def _describe(self, peer):
+        return f"rank {peer} (stage {dist.get_group_rank(self.group, peer)})"
+
+    @contextlib.contextmanager
+    def _guard(self, what, peer):
+        """A failed or timed-out exchange as a PipelinePeerError naming the peer."""
+        try:
+            yield
+        except RuntimeError as e:
+            within = f" {self.timeout:g} s" if self.timeout is not None else " the group's timeout"
+            raise PipelinePeerError(
+                f"pipeline stage {self.index} (rank {dist.get_rank()}): {what} with {self._describe(peer)} "
+                f"failed or ran past{within}: that rank died or stalled ({one_line(e)})") from e
+
+    def wait(self, work, what, peer):
+        with self._guard(what, peer):
+            if self.gloo and self.timeout is not None:
+                work.wait(datetime.timedelta(seconds=self.timeout))
+            else:  # NCCL: the current stream waits, not the host; the group's watchdog times out
+                work.wait()
+
+    def check_all_present(self):
+        """On gloo: a monitored barrier, so that a rank that never came up is named now."""
+        if self.size == 1 or not self.gloo:
+            return
+        timeout = datetime.timedelta(seconds=self.timeout) if self.timeout is not None else None
+        try:
+            dist.monitored_barrier(self.group, timeout=timeout, wait_all_ranks=True)
+        except RuntimeError as e:
+            raise PipelinePeerError(f"pipeline stage {self.index} (rank {dist.get_rank()}): not every "
+                                    f"stage came up ({one_line(e)})") from e
+
+    def _send(self, tensor, peer, tag, what):
+        while self.pending and self.pending[0][0].is_completed():  # their buffers may go now
+            work, _, what_before, peer_before = self.pending.pop(0)
+            self.wait(work, what_before, peer_before)  # (raises if it failed)
+        with self._guard(what, peer):
+            work = dist.isend(tensor, peer, group=self.group, tag=tag)
+        self.pending.append((work, tensor, what, peer))
+
+    def _recv(self, buffer, peer, tag, finish, what):
+        with self._guard(what, peer):
+            work = dist.irecv(buffer, peer, group=self.group, tag=tag)
+        return _Incoming(self, work, buffer, finish, what, peer)
+
+    def flush(self):
+        """Wait for the sends in flight (their buffers may be reused after)."""
+        while self.pending:
+            work, _, what, peer = self.pending.pop(0)
+            self.wait(work, what, peer)
+
+    # forward: a header once per step, then the chunks
+    def send_chunk(self, y, c, T, chunks, pack):
+        if c == 0:
+            shape = y.shape[1:]
+            if len(shape) > _HEADER_WORDS - 5:
+                raise ValueError(f"a stage output of shape {tuple(y.shape)} has too many dims to hand over")
+            words = [T, chunks, _DTYPES.index(y.dtype), int(pack), len(shape), *shape]
+            header = torch.tensor(words + [0] * (_HEADER_WORDS - len(words)), dtype=torch.int64)
+            self._send(header.to(self.device), self.next, _HEADER_TAG, "sending the step's header")
+        payload = spike_pack.pack(y) if pack else y.contiguous()
+        self._send(payload, self.next, 1 + 2 * c, f"sending output chunk {c}")
+
+    def receive_header(self, chunks):
+        """T, and the receive of chunk 0 posted, once the step's header is in."""
+        header = torch.zeros(_HEADER_WORDS, dtype=torch.int64, device=self.device)
+        self._recv(header, self.prev, _HEADER_TAG, lambda b: b, "receiving the step's header").result()
+        T, sent_chunks, dtype, packed, ndim, *shape = header.tolist()
+        if sent_chunks != chunks:
+            raise ValueError(f"chunks: this stage has chunks={chunks}, the previous stage chunks={sent_chunks}; "
+                             "every rank must use the same")
+        self.meta = (tuple(shape[:ndim]), _DTYPES[dtype], bool(packed))
+        return T, self.receive_chunk(0, _chunk_sizes(T, chunks)[0])
+
+    def receive_chunk(self, c, size):
+        shape, dtype, packed = self.meta
+        full = (size, *shape)
+        if packed:
+            buffer = torch.empty((torch.Size(full).numel() + 7) // 8, dtype=torch.uint8, device=self.device)
+            return self._recv(buffer, self.prev, 1 + 2 * c, lambda b: _unpack(b, full, dtype),
+                              f"receiving input chunk {c}")
+        buffer = torch.empty(full, dtype=dtype, device=self.device)
+        return self._recv(buffer, self.prev, 1 + 2 * c, lambda b: b, f"receiving input chunk {c}")
+
+    # backward: the chunks' gradients, last chunk first
+    def send_grad(self, grad, c):
+        self._send(grad.contiguous(), self.prev, 2 + 2 * c, f"sending the gradient of input chunk {c}")
+
+    def receive_grad(self, c, shape, dtype):
+        buffer = torch.empty(shape, dtype=dtype, device=self.device)
+        return self._recv(buffer, self.next, 2 + 2 * c, lambda b: b, f"receiving the gradient of output chunk {c}")
+
+    def share_loss(self, loss):
+        """The last stage's loss (float32), on every rank."""
+        if self.size == 1:
+            return loss
+        buffer = loss if loss is not None else torch.zeros((), device=self.device)
+        last = self._global(self.size - 1)
+        with self._guard("the loss broadcast", last):
+            work = dist.broadcast(buffer, last, group=self.group, async_op=True)
+        self.wait(work, "the loss broadcast", last)
+        return buffer
+
+
+def _unpack(bits, shape, dtype):
+    spikes = spike_pack.unpack(bits, shape, dtype)
+    spike_pack.attach_bits(spikes, bits)
+    return spikes
+
+
+# ---- argument checks ----
+
+def _check_chunks(chunks):
+    if isinstance(chunks, bool) or not isinstance(chunks, int) or chunks < 1:
+        raise ValueError(f"chunks: expected an integer >= 1, got {chunks!r}")
+
+
+def _check_input(x, chunks):
+    if not isinstance(x, torch.Tensor) or x.dim() < 2:
+        raise ValueError(f"x: expected a time-major tensor [T, B, ...], got "
+                         f"{tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__}")
+    if chunks > x.shape[0]:
+        raise ValueError(f"chunks: {chunks} chunks of a sequence of T={x.shape[0]} steps; "
+                         "expected 1 <= chunks <= T")
+
+
+def _chunk_sizes(T, chunks):
+    """Steps per chunk, as tensor_split cuts: the first T % chunks chunks one step longer."""
+    return [T // chunks + (c < T % chunks) for c in range(chunks)]
+
+
+def _stage_device(layers, x, peers):
+    for layer in layers:
+        for p in layer.parameters():
+            return p.device
+    if x is not None:
+        return x.device
+    if not peers.gloo and torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
