@@ -4,13 +4,15 @@ Each subcommand lives in its own module with two functions,
 `configure(parser)` and `run(args) -> int`; this file only wires them up,
 importing a module when its subcommand is used so `--help` stays fast.
 Every failure is one line on stderr: exit code 2 for usage errors, 1 for faults while
-running, 130 for Ctrl-C; `--debug` adds the traceback.
+running, 130 for Ctrl-C; `--debug` adds the traceback. Under torchrun every process prints
+its own failure, naming its rank; warnings come from rank 0 only.
 """
 from __future__ import annotations
 
 import argparse
 import errno
 import importlib
+import os
 import sys
 import traceback
 import warnings
@@ -20,6 +22,7 @@ COMMANDS = {
     "bench": ("spikefuse.bench.command", "run a benchmark (lif | train | data) and write results"),
     "data": ("spikefuse.data.command", "inspect, download or cache an event data set"),
     "export": ("spikefuse.train.export", "export a trained run as a NIR graph"),
+    "plan": ("spikefuse.parallel.planner", "predict the temporal pipeline on N GPUs: speedup, stage cut, chunks, memory"),
 }
 
 
@@ -49,18 +52,28 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 2
+    args.argv = argv  # what `train --gpus N` hands to the processes it starts
+    name = f"spikefuse {args.command}{_rank_tag()}"
     try:
         with warnings.catch_warnings():
-            if not args.debug:  # one line each too, without the source line Python adds
+            if os.environ.get("RANK", "0") != "0":  # torchrun: rank 0 speaks for all
+                warnings.simplefilter("ignore")
+            elif not args.debug:  # one line each too, without the source line Python adds
                 warnings.showwarning = lambda message, *_, **__: print(
-                    f"spikefuse {args.command}: warning: {message}", file=sys.stderr)
+                    f"{name}: warning: {message}", file=sys.stderr)
             return int(importlib.import_module(COMMANDS[args.command][0]).run(args) or 0)
     except (Exception, KeyboardInterrupt) as e:
         if args.debug:
             traceback.print_exc()
         code, message = explain(e)
-        print(f"spikefuse {args.command}: {message}", file=sys.stderr)
+        print(f"{name}: {message}", file=sys.stderr)
         return code
+
+
+def _rank_tag() -> str:
+    """" (rank r/N)" in a process torchrun started with others, else nothing."""
+    world = os.environ.get("WORLD_SIZE", "1")
+    return f" (rank {os.environ['RANK']}/{world})" if "RANK" in os.environ and world not in ("", "1") else ""
 
 
 def explain(e: BaseException) -> tuple[int, str]:

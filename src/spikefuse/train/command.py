@@ -3,6 +3,11 @@
 Failures are one line (cli.py prints them): UsageError (exit 2) for what the command line
 or the run directory's files got wrong, checked before any training; RunError (exit 1) for
 faults while running. Ctrl-C stops with where the last checkpoint is (exit 130).
+
+Data parallel (spikefuse.parallel): under torchrun (`torchrun --nproc-per-node N -m spikefuse
+train ...`) every process runs this command on its own GPU (its LOCAL_RANK), with temporal
+SyncBN; `--gpus N` starts those N processes itself through torch's elastic launcher.
+--batch-size stays the global batch, so N GPUs train what one GPU would.
 """
 from __future__ import annotations
 
@@ -70,13 +75,61 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add("--resume", metavar="DIR", help="continue the run in DIR from its last checkpoint")
     add("--config", metavar="FILE", help="TOML file with option values")
     add("--quiet", action="store_true", help="no progress bars")
+    add("--gpus", type=int, metavar="N",
+        help="train on N GPUs of this machine: N processes (torch's elastic launcher, as torchrun), "
+             "DistributedDataParallel with temporal SyncBN; --batch-size is split over them")
     # --debug (print tracebacks) is added to every subcommand by cli.py
 
 
 def run(args: argparse.Namespace) -> int:
     import torch
 
+    from ..parallel import ddp
     from . import checkpoint, rundir
+
+    cfg, run_dir, state = _options(args)
+    _check_names(cfg)  # before any slow data loading
+    gpus = getattr(args, "gpus", None)
+    if gpus is not None and not ddp.launched():
+        _check_gpus(cfg, gpus)
+        if gpus > 1:  # N processes run this same command line, under the launcher's environment
+            return ddp.launch(gpus, getattr(args, "argv", None) or sys.argv[1:])
+    dp = _data_parallel(cfg, gpus) if ddp.launched() else None
+    try:
+        device = str(dp.device) if dp is not None else resolve_device(cfg.device)
+        if dp is not None:
+            run_dir = dp.broadcast(run_dir)  # rank 0's: a default name holds the time
+        with rundir.lock(run_dir):  # a second run on the same directory fails here, at once
+            if not args.resume and (run_dir / checkpoint.FILENAME).exists():
+                raise UsageError(f"{run_dir} already holds a run; continue it with --resume {run_dir} "
+                                 "or choose another --out")
+            threads = torch.get_num_threads()
+            # The reference backend's per-step ops are small: one thread is as fast as two on an idle
+            # machine, and 10x faster on a busy one, where spinning worker threads wait on each other.
+            torch.set_num_threads(cfg.threads)
+            # fp32 matmuls on TF32 tensor cores, as PyTorch already runs fp32 convolutions (cuDNN's
+            # default): the same 10-bit mantissa for every layer; 2x faster for the SHD network
+            matmul_precision = torch.get_float32_matmul_precision()
+            torch.set_float32_matmul_precision("high")
+            try:
+                code = _train(cfg, device, run_dir, args, state, dp)
+            finally:
+                torch.set_num_threads(threads)  # leave the process as we found it (tests call run())
+                torch.set_float32_matmul_precision(matmul_precision)
+    except RuntimeError as e:
+        if dp is not None and ddp.lost_peer(e):
+            raise RunError(f"lost contact with the other ranks ({ddp.peer_error(e)}); another rank has "
+                           "failed, been killed or hung: its own error says why") from e
+        raise
+    if dp is not None and code == 0:  # not after a failure: with a peer gone, tearing down could wait on it
+        torch.distributed.destroy_process_group()
+    return code
+
+
+def _options(args):
+    """(options, run directory, checkpoint state or None) from the command line, config
+    file and, with --resume, the run's checkpoint."""
+    from . import checkpoint
 
     given = {k: v for k, v in vars(args).items() if k in FIELDS}
     state = None
@@ -92,36 +145,58 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as e:
         where = f"the options saved in {args.resume}/{checkpoint.FILENAME}: " if args.resume else ""
         raise UsageError(where + str(e)) from None
-
-    _check_names(cfg)  # before any slow data loading
-    device = resolve_device(cfg.device)
-    with rundir.lock(run_dir):  # a second run on the same directory fails here, at once
-        if not args.resume and (run_dir / checkpoint.FILENAME).exists():
-            raise UsageError(f"{run_dir} already holds a run; continue it with --resume {run_dir} "
-                             "or choose another --out")
-        threads = torch.get_num_threads()
-        # The reference backend's per-step ops are small: one thread is as fast as two on an idle
-        # machine, and 10x faster on a busy one, where spinning worker threads wait on each other.
-        torch.set_num_threads(cfg.threads)
-        # fp32 matmuls on TF32 tensor cores, as PyTorch already runs fp32 convolutions (cuDNN's
-        # default): the same 10-bit mantissa for every layer; 2x faster for the SHD network
-        matmul_precision = torch.get_float32_matmul_precision()
-        torch.set_float32_matmul_precision("high")
-        try:
-            return _train(cfg, device, run_dir, args, state)
-        finally:
-            torch.set_num_threads(threads)  # leave the process as we found it (tests call run())
-            torch.set_float32_matmul_precision(matmul_precision)
+    return cfg, run_dir, state
 
 
-def _train(cfg, device, run_dir, args, state) -> int:
+def _check_gpus(cfg, gpus: int) -> None:
+    """--gpus N outside torchrun: N GPUs here, a CUDA device, a batch that splits N ways."""
+    import torch
+
+    if gpus < 1:
+        raise UsageError(f"--gpus must be at least 1, got {gpus}")
+    available = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if gpus > available:
+        raise UsageError(f"--gpus {gpus}: this machine has {available} CUDA GPU{'' if available == 1 else 's'}")
+    if cfg.device not in ("auto", "cuda"):
+        raise UsageError(f"--gpus runs one process per GPU; drop --device {cfg.device} (or pass cuda)")
+    _check_split(cfg, gpus)
+
+
+def _check_split(cfg, world: int) -> None:
+    if cfg.batch_size % world:
+        raise UsageError(f"--batch-size {cfg.batch_size} (the global batch) does not split evenly over {world} "
+                         f"processes; pass a multiple of {world}")
+
+
+def _data_parallel(cfg, gpus):
+    """This torchrun process's process group and device (spikefuse.parallel)."""
+    import os
+
+    from ..parallel import init_data_parallel
+
+    world = int(os.environ["WORLD_SIZE"])
+    if gpus is not None and gpus != world:
+        raise UsageError(f"--gpus {gpus}, but torchrun started {world} processes; drop --gpus under torchrun")
+    _check_split(cfg, world)
+    try:
+        return init_data_parallel(cfg.device)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+
+
+def _train(cfg, device, run_dir, args, state, dp=None) -> int:
+    import contextlib
+
     import torch
 
     from . import checkpoint
     from .loop import Trainer
 
+    main = dp is None or dp.is_main  # rank 0 alone prints, plots and writes
+    say = print if main else (lambda *_, **__: None)
     checkpoint.seed_everything(cfg.seed)
-    splits = _load_data(cfg, device)
+    with dp.main_first() if dp is not None else contextlib.nullcontext():  # rank 0 fills data caches
+        splits = _load_data(cfg, device)
     _check_memory(cfg, splits, device)
     model_args = {"name": cfg.model, "input_shape": list(splits.input_shape),
                   "num_classes": int(splits.num_classes), "time_steps": int(splits.time_steps), "kwargs": {}}
@@ -131,13 +206,19 @@ def _train(cfg, device, run_dir, args, state) -> int:
                          f"options now give {_model_text(model_args)}; was {checkpoint.FILENAME} edited, or "
                          "did the data set change?")
     model = _build_model(model_args, cfg.dataset)
+    if dp is not None:
+        from ..parallel import convert_sync_batchnorm
+
+        convert_sync_batchnorm(model, dp.group)
+        if not main:  # the same initial weights everywhere, then a random stream per rank
+            checkpoint.seed_everything(dp.rank_seed(cfg.seed))
     optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr)
     scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=cfg.epochs)
     trainer = Trainer(model, splits, optimizer, epochs=cfg.epochs, batch_size=cfg.batch_size,
                       scheduler=scheduler, device=device, precision=cfg.precision, compile=cfg.compile,
                       capture=None if cfg.capture else False, clip_grad_norm=cfg.clip_grad,
                       seed=cfg.seed, run_dir=run_dir, progress=not args.quiet, stop_on_nan=cfg.stop_on_nan,
-                      config={"options": cfg.as_dict(), "model": model_args})
+                      config={"options": cfg.as_dict(), "model": model_args}, data_parallel=dp)
     if args.resume:
         try:
             trainer.resume()
@@ -146,9 +227,11 @@ def _train(cfg, device, run_dir, args, state) -> int:
         except (RuntimeError, ValueError, KeyError, TypeError, IndexError) as e:  # a state that does not fit
             raise UsageError(f"cannot resume {run_dir}: its checkpoint does not fit the model and optimizer "
                              f"its options build ({one_line(e)})") from None
-        print(f"resuming {run_dir} after epoch {trainer.epoch}/{cfg.epochs}")
-    print(f"training {cfg.model} on {cfg.dataset} ({len(splits.train)} train / {len(splits.test)} test, "
-          f"T={splits.time_steps}) on {device}, {cfg.precision}; run directory {run_dir}")
+        say(f"resuming {run_dir} after epoch {trainer.epoch}/{cfg.epochs}")
+    where = device if dp is None else (f"{dp.world_size} processes ({dp.device.type}, "
+                                       f"{cfg.batch_size // dp.world_size} samples each per step)")
+    say(f"training {cfg.model} on {cfg.dataset} ({len(splits.train)} train / {len(splits.test)} test, "
+        f"T={splits.time_steps}) on {where}, {cfg.precision}; run directory {run_dir}")
     start = time.perf_counter()
     try:
         history = trainer.fit()
@@ -156,12 +239,14 @@ def _train(cfg, device, run_dir, args, state) -> int:
         saved = (f"last checkpoint at epoch {trainer.saved_epoch} in {run_dir}; continue with "
                  f"`spikefuse train --resume {run_dir}`" if trainer.saved_epoch is not None
                  else f"no checkpoint written yet in {run_dir}")
-        print(f"spikefuse train: interrupted; {saved}", file=sys.stderr)
+        say(f"spikefuse train: interrupted; {saved}", file=sys.stderr)
         return 130
     except torch.cuda.OutOfMemoryError as e:
         raise RunError(f"out of memory on {device} training {cfg.model} with --batch-size {cfg.batch_size} and "
                        f"{splits.time_steps} time steps ({one_line(e)}); lower --batch-size or --time-steps") from e
 
+    if not main:
+        return 0
     from .plots import plot_run
     plot_run(run_dir, history, trainer.model, splits.test, device)
     final = history[-1]

@@ -7,6 +7,12 @@ With a run_dir it appends metrics.jsonl and writes checkpoint.pt atomically afte
 epoch, holding the run directory's lock (rundir.py) meanwhile; `trainer.resume()` continues
 from that checkpoint bit-for-bit: the data order is drawn from a generator seeded with
 seed + epoch, and every RNG state is restored.
+
+Data parallel (spikefuse.parallel, one process per GPU under torchrun): pass
+`data_parallel=init_data_parallel()`. The model is trained through DistributedDataParallel,
+each rank on its slice of every global batch of `batch_size` samples; metrics are summed
+over the ranks; rank 0 alone logs, writes the run directory and holds its lock; every rank
+loads the checkpoint on resume (which holds every rank's RNG states).
 """
 from __future__ import annotations
 
@@ -15,6 +21,7 @@ import math
 import time
 import warnings
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -25,6 +32,9 @@ from ..errors import RunError
 from . import checkpoint, metrics, rundir
 from .capture import CaptureFallback, CapturedStep, prepare_optimizer
 from .spikes import SpikeMonitor
+
+if TYPE_CHECKING:  # spikefuse.parallel (torch.distributed) is imported only by those who use it
+    from ..parallel.ddp import DataParallel
 
 PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -53,13 +63,19 @@ class Trainer:
         (non-finite values as null) and raise TrainingDiverged without checkpointing it.
         Checked at the per-epoch read of the device sums: no extra sync. False trains on.
     config: saved in the checkpoint as is (the CLI stores its options there).
+    data_parallel: this process's spikefuse.parallel.DataParallel, or None (one process).
+        batch_size is then the global batch, split evenly over the ranks (it must divide);
+        the model should already be on the same initial weights on every rank (DDP
+        broadcasts rank 0's anyway) and converted to SyncBN where wanted. Captured steps
+        capture DDP's gradient all-reduce too, after data_parallel.capture_warmup eager steps.
     """
 
     def __init__(self, model: nn.Module, splits, optimizer: torch.optim.Optimizer, *, epochs: int,
                  batch_size: int = 64, scheduler=None, device="cpu", precision: str = "fp32",
                  compile: bool = False, capture: bool | None = None, clip_grad_norm: float | None = None,
                  seed: int = 0, run_dir=None, config: dict | None = None,
-                 loss_fn=F.cross_entropy, progress: bool = True, stop_on_nan: bool = True):
+                 loss_fn=F.cross_entropy, progress: bool = True, stop_on_nan: bool = True,
+                 data_parallel: DataParallel | None = None):
         if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
             raise ValueError(f"batch_size: expected a positive int, got {batch_size!r}")
         if precision not in PRECISIONS:
@@ -67,12 +83,16 @@ class Trainer:
         if clip_grad_norm is not None and not (isinstance(clip_grad_norm, (int, float)) and clip_grad_norm > 0
                                                and math.isfinite(clip_grad_norm)):
             raise ValueError(f"clip_grad_norm: expected a finite number > 0 or None, got {clip_grad_norm!r}")
+        if data_parallel is not None and batch_size % data_parallel.world_size:
+            raise ValueError(f"batch_size: {batch_size} does not split evenly over {data_parallel.world_size} "
+                             "processes; pass a multiple of the world size (it is the global batch)")
         self.device = torch.device(device)
         self.model = model.to(self.device)
-        self.forward = torch.compile(self.model) if compile else self.model
+        self.parallel = data_parallel
+        self.main = data_parallel is None or data_parallel.is_main  # logs and writes the run directory
         self.splits, self.optimizer, self.scheduler = splits, optimizer, scheduler
         self.epochs, self.batch_size, self.seed = epochs, batch_size, seed
-        self.precision, self.loss_fn, self.progress = precision, loss_fn, progress
+        self.precision, self.loss_fn, self.progress = precision, loss_fn, progress and self.main
         self.clip_grad_norm, self.stop_on_nan = clip_grad_norm, stop_on_nan
         self.config = dict(config or {})
         self.run_dir = Path(run_dir) if run_dir is not None else None
@@ -84,7 +104,14 @@ class Trainer:
         # per epoch: summed loss, correct predictions; on the device, updated inside the step
         self.sums = torch.zeros(2, dtype=torch.float64, device=self.device)
         self.monitors = {mode: SpikeMonitor(self.model, mode=mode, device=self.device) for mode in ("train", "eval")}
-        self.step = CapturedStep(self._train_step, enabled=self._capture_wanted(capture))
+        captured = self._capture_wanted(capture)
+        self.ddp = data_parallel.wrap(self.model, side_stream=captured) if data_parallel is not None else None
+        compiled = torch.compile if compile else (lambda module: module)
+        self.forward = compiled(self.model if self.ddp is None else self.ddp)
+        # evaluation runs the plain model: no collectives (ranks may evaluate unequal batch counts)
+        self.eval_forward = self.forward if self.ddp is None else compiled(self.model)
+        warmup = {} if self.ddp is None else {"warmup": data_parallel.capture_warmup}
+        self.step = CapturedStep(self._train_step, enabled=captured, **warmup)
 
     def _capture_wanted(self, capture) -> bool:
         if capture is None:
@@ -114,7 +141,8 @@ class Trainer:
         with self._autocast():
             logits = self.forward(x)
             loss = self.loss_fn(logits.float(), y)
-        self.optimizer.zero_grad(set_to_none=True)
+        # DDP's gradients are views into its all-reduce buckets: zeroed there, never reallocated
+        self.optimizer.zero_grad(set_to_none=self.ddp is None)
         self.scaler.scale(loss).backward()
         if self.clip_grad_norm is not None:
             self.scaler.unscale_(self.optimizer)
@@ -129,12 +157,12 @@ class Trainer:
     def train_epoch(self, epoch: int) -> dict:
         self.model.train()
         self.generator.manual_seed(self.seed + epoch)  # resuming at epoch e replays its order
-        data = self.splits.train
-        total = len(data)
+        data = self._share(self.splits.train, pad=True)
+        total, world = len(self.splits.train), self._world()
         self.sums.zero_()
         monitor = self.monitors["train"]
         monitor.reset()
-        progress = _Progress(self.sums, self.device)
+        progress = _Progress(self.sums, self.device, world)
         seen, start = 0, time.perf_counter()
         bar = tqdm(total=total, desc=f"epoch {epoch + 1}/{self.epochs}", unit="sample",
                    disable=not self.progress, leave=False, dynamic_ncols=True)
@@ -143,9 +171,12 @@ class Trainer:
                 x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
                 self.step(x, y)
                 seen += len(y)
-                bar.update(len(y))
+                bar.update(len(y) * world)
                 if step % 10 == 0 and not bar.disable:
                     progress.show(bar, seen, start)
+        if self.parallel is not None:
+            self.parallel.sum_(self.sums, monitor.counts)
+            seen *= world  # every rank's slices are equally long
         loss_sum, correct = self.sums.tolist()  # the epoch's one sync
         elapsed = time.perf_counter() - start
         return {"train_loss": loss_sum / seen, "train_acc": correct / seen,
@@ -164,15 +195,25 @@ class Trainer:
         monitor = self.monitors["eval"]
         monitor.reset()
         with self._watching():
-            for x, y in data.batches(self.batch_size, shuffle=False):
+            for x, y in self._share(data, pad=False).batches(self.batch_size, shuffle=False):
                 x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
                 with self._autocast():
-                    logits = self.forward(x).float()
+                    logits = self.eval_forward(x).float()
                 loss_sum += self.loss_fn(logits, y, reduction="sum")
                 correct += (logits.argmax(1) == y).sum()
                 seen += len(y)
+        if self.parallel is not None:
+            self.parallel.sum_(loss_sum, correct, monitor.counts)
+            seen = self.parallel.total(seen)
         return {"test_loss": loss_sum.item() / seen, "test_acc": correct.item() / seen,
                 "test_rate": monitor.rate(), "firing_rates": monitor.rates()}
+
+    def _share(self, data, pad: bool):
+        """This rank's slices of `data`'s batches (all of them in a single process)."""
+        return data if self.parallel is None else self.parallel.shard(data, pad=pad)
+
+    def _world(self) -> int:
+        return 1 if self.parallel is None else self.parallel.world_size
 
     @contextlib.contextmanager
     def _watching(self):
@@ -195,7 +236,9 @@ class Trainer:
             return self._fit()
 
     def _locked(self):
-        return rundir.lock(self.run_dir) if self.run_dir is not None else contextlib.nullcontext()
+        if self.run_dir is None or not self.main:
+            return contextlib.nullcontext()
+        return rundir.lock(self.run_dir)
 
     def _fit(self) -> list[dict]:
         for epoch in range(self.epoch, self.epochs):
@@ -210,7 +253,8 @@ class Trainer:
             self.epoch = epoch + 1
             if self.run_dir is not None:
                 self.save()
-                metrics.append(self.run_dir / metrics.FILENAME, record)
+                if self.main:
+                    metrics.append(self.run_dir / metrics.FILENAME, record)
             if self.progress:
                 tqdm.write(f"epoch {epoch + 1:3d}/{self.epochs}  loss {record['train_loss']:.4f}  "
                            f"train {record['train_acc']:.2%}  test {record['test_acc']:.2%}  "
@@ -219,7 +263,7 @@ class Trainer:
 
     def _diverged(self, record: dict):
         """Write the diverged epoch's metrics (as null), keep the last finite checkpoint, raise."""
-        if self.run_dir is not None:
+        if self.run_dir is not None and self.main:
             metrics.append(self.run_dir / metrics.FILENAME, record)
         kept = ("" if self.run_dir is None else f" (last checkpoint: epoch {self.saved_epoch} in {self.run_dir})"
                 if self.saved_epoch is not None else f" (no checkpoint in {self.run_dir} yet)")
@@ -230,17 +274,23 @@ class Trainer:
     # ---- checkpoints ----
 
     def state_dict(self) -> dict:
-        return {
+        """The whole training state; under data parallel a collective (every rank calls it:
+        `rng_ranks` gathers each rank's RNG states, `rng` is this rank's)."""
+        rng = checkpoint.rng_state(self.generator)
+        state = {
             "version": 1,
             "epoch": self.epoch,
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
             "scaler": self.scaler.state_dict(),
-            "rng": checkpoint.rng_state(self.generator),
+            "rng": rng,
             "history": self.history,
             "config": self.config,
         }
+        if self.parallel is not None:
+            state["rng_ranks"] = self.parallel.all_gather(rng)
+        return state
 
     def load_state_dict(self, state: dict) -> None:
         self.model.load_state_dict(state["model"])
@@ -251,12 +301,20 @@ class Trainer:
             self.scheduler.load_state_dict(state["scheduler"])
         if state["scaler"]:
             self.scaler.load_state_dict(state["scaler"])
-        checkpoint.set_rng_state(state["rng"], self.generator)
+        rng = state["rng"]
+        if self.parallel is not None:  # this rank's states, if it was one of the ranks saved
+            ranks = state.get("rng_ranks") or [state["rng"]]
+            rng = ranks[self.parallel.rank] if self.parallel.rank < len(ranks) else None
+        if rng is not None:  # a rank that was not saved keeps its own seeded states
+            checkpoint.set_rng_state(rng, self.generator)
         self.epoch, self.history = state["epoch"], list(state["history"])
 
     def save(self) -> None:
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        checkpoint.save(self.state_dict(), self.run_dir / checkpoint.FILENAME)
+        """Write run_dir/checkpoint.pt (rank 0); under data parallel every rank calls it."""
+        state = self.state_dict()
+        if self.main:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            checkpoint.save(state, self.run_dir / checkpoint.FILENAME)
         self.saved_epoch = self.epoch
 
     def resume(self) -> None:
@@ -265,15 +323,17 @@ class Trainer:
             state = checkpoint.load(self.run_dir / checkpoint.FILENAME)  # RNG states must stay on the CPU
             self.load_state_dict(state)
             self.saved_epoch = self.epoch
-            metrics.rewrite(self.run_dir / metrics.FILENAME, self.history)
+            if self.main:
+                metrics.rewrite(self.run_dir / metrics.FILENAME, self.history)
 
 
 class _Progress:
     """The progress bar's loss and accuracy without waiting for the GPU: the device sums
-    are copied to pinned host memory behind an event and shown once the copy has landed."""
+    are copied to pinned host memory behind an event and shown once the copy has landed.
+    Under data parallel they are rank 0's (its loss and accuracy; samples/s times `world`)."""
 
-    def __init__(self, sums: torch.Tensor, device: torch.device):
-        self.sums, self.cuda = sums, device.type == "cuda"
+    def __init__(self, sums: torch.Tensor, device: torch.device, world: int = 1):
+        self.sums, self.cuda, self.world = sums, device.type == "cuda", world
         self.host = torch.zeros(sums.shape, dtype=sums.dtype, pin_memory=self.cuda)
         self.seen = 0  # samples the copy in flight covers
         self.event = torch.cuda.Event() if self.cuda else None
@@ -285,7 +345,7 @@ class _Progress:
         if self.pending and self.seen:
             loss_sum, correct = self.host.tolist()
             bar.set_postfix(loss=f"{loss_sum / self.seen:.3f}", acc=f"{correct / self.seen:.3f}",
-                            sps=f"{seen / (time.perf_counter() - start):.0f}", refresh=False)
+                            sps=f"{seen * self.world / (time.perf_counter() - start):.0f}", refresh=False)
         self.host.copy_(self.sums, non_blocking=self.cuda)
         self.seen, self.pending = seen, True
         if self.cuda:

@@ -1,0 +1,238 @@
+"""Data-parallel scaling of CIFAR-medium (Liang et al., T=10, per-GPU batch 64, SGD): samples/s
+on one GPU and on N GPUs under torchrun, spikefuse beside SpikingJelly 2.0's same network.
+
+Modes (fp32 and bf16):
+    captured            spikefuse's step in one CUDA graph (DDP's all-reduce inside), temporal SyncBN
+    captured-local-bn   the same with each rank's own BN statistics (as SpikingJelly's DDP runs)
+    eager               spikefuse's step issued from Python under DDP, SyncBN
+    eager-local-bn      the same, local BN: what a user wrapping the model in DDP by hand gets
+    spikingjelly        SpikingJelly's network (bench.train.spikingjelly_cifar) in plain DDP
+On one GPU there is no DDP and no SyncBN: the -local-bn modes are their base mode there.
+Times: CUDA events, the median of 10 x 10 steps queued back to back after warm-up, the
+slowest rank's; samples/s = world size x 64 / step time. A check trains 15 steps captured and
+15 eager from the same weights and inputs under DDP + SyncBN and reports the parameters'
+largest relative difference (the captured all-reduces computed what the eager ones do).
+
+    torchrun --standalone --nproc-per-node N benchmarks/gpu_ddp.py --out DIR   # DIR/ddp-<N>gpu.json
+    python benchmarks/gpu_ddp.py --merge --out DIR    # DIR/ddp-scaling-<device>.json and .md
+(benchmarks/gpu_ddp.sh runs all three.)
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import traceback
+import warnings
+
+import torch
+from torch import nn
+
+from spikefuse.bench.report import atomic_write, environment, table, write_results
+from spikefuse.bench.timing import median_ms
+from spikefuse.models import build_model
+from spikefuse.parallel import convert_sync_batchnorm, init_data_parallel, launched
+from spikefuse.train.capture import CaptureFallback, CapturedStep, prepare_optimizer
+
+BATCH, TIME_STEPS = 64, 10
+MODES = ("captured", "captured-local-bn", "eager", "eager-local-bn", "spikingjelly")
+ONE_GPU_ALIAS = {"captured-local-bn": "captured", "eager-local-bn": "eager"}
+PRECISIONS = ("fp32", "bf16")
+REPS, BACK_TO_BACK = 10, 10
+
+
+def build(mode: str, device, dp):
+    torch.manual_seed(0)  # the same weights on every rank (DDP broadcasts rank 0's anyway)
+    if mode == "spikingjelly":
+        from spikefuse.bench.train import spikingjelly_cifar
+        return spikingjelly_cifar("medium", 1.0, time_steps=TIME_STEPS).to(device)
+    model = build_model("cifar-medium", (3, 32, 32), 10, TIME_STEPS).to(device)
+    return convert_sync_batchnorm(model, dp.group) if dp is not None and "local-bn" not in mode else model
+
+
+def make_step(mode: str, precision: str, device, dp):
+    """(step(x, y) -> loss, the model): forward, loss, backward, SGD step; captured modes
+    return a CapturedStep."""
+    model = build(mode, device, dp)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    captured, ours = mode.startswith("captured"), mode != "spikingjelly"
+    # ours eager too: the same (fused) SGD update as the captured step
+    if ours and prepare_optimizer(optimizer) is not None:
+        raise RuntimeError("SGD is not capturable here")
+    forward = model
+    if dp is not None:
+        if ours:
+            forward = dp.wrap(model, side_stream=captured)
+        else:  # as a SpikingJelly user would
+            forward = nn.parallel.DistributedDataParallel(model, device_ids=[device.index])
+    bucket_views = dp is not None and ours  # dp.wrap's gradients live in DDP's buckets
+
+    def step(x, y):
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=precision == "bf16", cache_enabled=False):
+            loss = nn.functional.cross_entropy(forward(x).float(), y)
+        optimizer.zero_grad(set_to_none=not bucket_views)
+        loss.backward()
+        optimizer.step()
+        return loss
+    if captured:
+        step = CapturedStep(step, **({"warmup": dp.capture_warmup} if dp is not None else {}))
+    return step, model
+
+
+def inputs(device, rank: int, count: int = 2):
+    g = torch.Generator(device=device).manual_seed(100 + rank)  # each rank its own slice of data
+    return [(torch.randn(BATCH, 3, 32, 32, device=device, generator=g),
+             torch.randint(0, 10, (BATCH,), device=device, generator=g)) for _ in range(count)]
+
+
+def slowest(value: float, dp) -> float:
+    if dp is None:
+        return value
+    t = torch.tensor([value], device=dp.device)
+    torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
+    return float(t.item())
+
+
+def measure(mode, precision, device, dp) -> dict:
+    world = dp.world_size if dp is not None else 1
+    case = {"mode": mode, "precision": precision, "gpus": world, "batch_per_gpu": BATCH}
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", CaptureFallback)
+            step, _ = make_step(mode, precision, device, dp)
+            batches = inputs(device, dp.rank if dp is not None else 0)
+            turn = [0]
+
+            def call():
+                turn[0] += 1
+                return step(*batches[turn[0] % len(batches)])
+            warm = (step.warmup + 2) if isinstance(step, CapturedStep) else 5
+            for _ in range(warm):
+                call()
+            ms, _ = median_ms(call, warmup=2, min_reps=REPS, max_reps=REPS, back_to_back=BACK_TO_BACK)
+        case["step_ms"] = slowest(ms, dp)
+        case["samples_per_s"] = world * BATCH / case["step_ms"] * 1e3
+        if isinstance(step, CapturedStep):
+            case["captured"] = step.captured > 0
+            case["fallback"] = step.fallback_reason
+        case["warnings"] = sorted({str(w.message)[:200] for w in caught})
+        case["loss"] = float(call().detach())
+    except Exception as e:  # noqa: BLE001  (recorded; the other modes still run)
+        traceback.print_exc()
+        case["error"] = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}"
+    finally:
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+    if dp is None or dp.is_main:
+        shown = (f"{case['step_ms']:.2f} ms/step, {case['samples_per_s']:.0f} samples/s"
+                 if "step_ms" in case else case["error"])
+        print(f"{world} GPU {precision} {mode}: {shown}", flush=True)
+    return case
+
+
+def check_capture(device, dp, steps: int = 15) -> dict:
+    """Captured vs eager DDP + SyncBN steps from the same start: the parameters' largest
+    relative difference after `steps` steps (fp32)."""
+    params = []
+    for mode in ("captured", "eager"):
+        step, model = make_step(mode, "fp32", device, dp)
+        batches = inputs(device, dp.rank)
+        for i in range(steps):
+            step(*batches[i % 2])
+        params.append([p.detach().clone() for p in model.parameters()])
+    diff = max(((a - b).abs().max() / b.abs().max().clamp_min(1e-12)).item() for a, b in zip(*params))
+    return {"steps": steps, "max_relative_difference": slowest(diff, dp)}
+
+
+def run(args) -> int:
+    torch.backends.cuda.matmul.allow_tf32 = True  # as spikefuse train and bench steps, for every library
+    torch.backends.cudnn.allow_tf32 = True
+    dp = init_data_parallel("cuda", timeout=datetime.timedelta(seconds=120)) if launched() else None
+    device = dp.device if dp is not None else torch.device("cuda", 0)
+    torch.cuda.set_device(device)
+    world = dp.world_size if dp is not None else 1
+    modes = [m for m in args.modes.split(",") if m and (world > 1 or m not in ONE_GPU_ALIAS)]
+    payload = {"gpus": world, "environment": environment(), "cases": [], "capture_check": None}
+
+    def save():  # after every case: a run cut short keeps what it measured
+        if dp is None or dp.is_main:
+            atomic_write(os.path.join(args.out, f"ddp-{world}gpu.json"), json.dumps(payload, indent=2) + "\n")
+    for precision in PRECISIONS:
+        for mode in modes:
+            payload["cases"].append(measure(mode, precision, device, dp))
+            save()
+    if dp is not None and not args.no_check:
+        try:
+            payload["capture_check"] = check_capture(device, dp)
+        except Exception as e:  # noqa: BLE001
+            payload["capture_check"] = {"error": f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}"}
+        save()
+        if dp.is_main:
+            print("captured vs eager (DDP + SyncBN):", payload["capture_check"], flush=True)
+    if dp is not None:
+        torch.distributed.destroy_process_group()
+    return 0
+
+
+def merge(args) -> int:
+    """One table: samples/s on 1 and N GPUs per mode and precision, the scaling, and each
+    mode's throughput next to SpikingJelly's on the same GPUs."""
+    runs = {}
+    for name in sorted(os.listdir(args.out)):
+        if name.startswith("ddp-") and name.endswith("gpu.json"):
+            payload = json.load(open(os.path.join(args.out, name)))
+            runs[payload["gpus"]] = payload
+    if 1 not in runs or len(runs) < 2:
+        print(f"--merge: need ddp-1gpu.json and an N-GPU run in {args.out}, found {sorted(runs)}")
+        return 1
+    n = max(runs)
+    one = {(c["mode"], c["precision"]): c for c in runs[1]["cases"]}
+    many = {(c["mode"], c["precision"]): c for c in runs[n]["cases"]}
+    rows, results = [], []
+    for (mode, precision), case in many.items():
+        base = one.get((ONE_GPU_ALIAS.get(mode, mode), precision), {})
+        peer = many.get(("spikingjelly", precision), {})
+        entry = {"mode": mode, "precision": precision, "gpus": n,
+                 "samples_per_s_1gpu": base.get("samples_per_s"), "samples_per_s": case.get("samples_per_s"),
+                 "step_ms_1gpu": base.get("step_ms"), "step_ms": case.get("step_ms"),
+                 "captured": case.get("captured"), "fallback": case.get("fallback"), "error": case.get("error")}
+        if entry["samples_per_s"] and entry["samples_per_s_1gpu"]:
+            entry["scaling"] = entry["samples_per_s"] / entry["samples_per_s_1gpu"]
+        if entry["samples_per_s"] and peer.get("samples_per_s"):
+            entry["x_spikingjelly"] = entry["samples_per_s"] / peer["samples_per_s"]
+        results.append(entry)
+        rows.append([mode, precision, entry["step_ms_1gpu"], entry["step_ms"], entry["samples_per_s_1gpu"],
+                     entry["samples_per_s"], entry.get("scaling"), entry.get("x_spikingjelly"),
+                     {True: "yes", False: "no"}.get(entry["captured"], "-"),
+                     entry["error"] or entry["fallback"] or ""])
+    env = runs[n]["environment"]
+    payload = {"benchmark": "ddp-scaling", "environment": env, "network": "cifar-medium",
+               "time_steps": TIME_STEPS, "batch_per_gpu": BATCH, "results": results,
+               "capture_check": runs[n].get("capture_check"), "runs": runs}
+    header = ["mode", "precision", "1 GPU ms", f"{n} GPU ms", "1 GPU samples/s", f"{n} GPU samples/s",
+              "scaling", "x SpikingJelly", "captured", "note"]
+    text = (f"# Data-parallel scaling: CIFAR-medium, T={TIME_STEPS}, batch {BATCH} per GPU\n\n"
+            f"{env['device']} x {n}, {env['date']}, versions {env['versions']}\n\n"
+            "CUDA events, medians of 10 x 10 back-to-back steps after warm-up (slowest rank); "
+            "SpikingJelly runs local BN (its SyncBN fails in multi-step mode).\n\n"
+            + table(header, rows) + f"\ncaptured vs eager DDP + SyncBN check: {runs[n].get('capture_check')}\n")
+    paths = write_results("ddp-scaling", payload, text, args.out)
+    print(text)
+    print("wrote", *paths)
+    return 0
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="benchmarks/results")
+    parser.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, of {', '.join(MODES)}")
+    parser.add_argument("--no-check", action="store_true", help="skip the captured-vs-eager check")
+    parser.add_argument("--merge", action="store_true", help="merge ddp-*gpu.json in --out into one table")
+    args = parser.parse_args(argv)
+    os.makedirs(args.out, exist_ok=True)
+    return merge(args) if args.merge else run(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Data-parallel scaling of CIFAR-medium (spikefuse captured / eager, SyncBN / local BN, beside
+# SpikingJelly 2.0 under DDP) on 1 GPU and on NGPU GPUs (default 2) under torchrun; results
+# under $OUT (the device tool's output folder): ddp-1gpu.json, ddp-<N>gpu.json, their logs,
+# and the merged ddp-scaling-<device>.json + .md. About 4 minutes on 2 H200s.
+#   bash benchmarks/gpu_ddp.sh
+set -uo pipefail
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+if [ -d .whl ]; then  # peer libraries for side-by-side runs
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>/dev/null
+    export PYTHONPATH=/tmp/site:$PWD/src
+else
+    export PYTHONPATH=$PWD/src
+fi
+python3 -c "import torch, triton; print(torch.__version__, triton.__version__, torch.cuda.get_device_name(), 'x', torch.cuda.device_count(), 'NCCL', torch.cuda.nccl.version())"
+NGPU=${NGPU:-2}
+for n in 1 "$NGPU"; do  # each under its own time limit: a hung rank cannot eat the device slot
+    timeout 240 python3 -m torch.distributed.run --standalone --nproc-per-node "$n" benchmarks/gpu_ddp.py \
+        --out "$OUT" 2>&1 | tee "$OUT/ddp-${n}gpu-log.txt"
+done
+python3 benchmarks/gpu_ddp.py --merge --out "$OUT" 2>&1 | tail -20
