@@ -45,6 +45,21 @@ def lif(
         takes the surrogate's default width/slope.
     v0: initial membrane potential, shaped like x[0]; default zeros.
     return_state: also return the membrane potential after the last step, v[T-1].
+
+    Non-finite values, alike on every backend and device (the IEEE arithmetic of the
+    equations; nothing is checked on the device, nothing synchronises):
+      - NaN never reads as "no spike": where h[t] is NaN, s[t] and v[t] are NaN, and every
+        later step of that neuron too. NaN in x, v0 or a tensor decay gives NaN spikes.
+      - h = +inf fires; then hard reset: v = v_reset, soft: v = inf - threshold = inf,
+        none: v = inf. h = -inf does not fire, v = -inf. 0 * inf and inf - inf are NaN
+        (decay 0 after an infinite v, or -inf input after +inf): NaN spikes follow.
+      - threshold, v_reset and a float decay must be finite; a tensor decay is range-checked
+        on the CPU only (NaN passes the check and propagates).
+      - Gradients: the same arithmetic, NaN in -> NaN out. Where h is infinite, the hard
+        reset's term (v_reset - h) * sg(h - threshold) is inf * 0: NaN in the fused
+        kernels, 0 or NaN in the reference.
+    Double backward (create_graph=True, e.g. a gradient penalty) is supported: the fused
+    backward then differentiates the reference (slower), so second derivatives are its.
     """
     _check_x(x)
     decay_value, decay_tensor = _check_decay(decay, x)
@@ -64,14 +79,16 @@ def lif(
 
 
 def if_(x: torch.Tensor, threshold: float = 1.0, **kwargs):
-    """Integrate-and-fire (LIF with decay = 1); same options as `lif`."""
+    """Integrate-and-fire (LIF with decay = 1); same options (and non-finite policy) as `lif`."""
     if "decay" in kwargs:
         raise TypeError("if_() takes no decay: integrate-and-fire has decay = 1")
     return lif(x, decay=1.0, threshold=threshold, **kwargs)
 
 
 def plif(x: torch.Tensor, decay: torch.Tensor, **kwargs):
-    """Parametric LIF: `decay` is a tensor (scalar or per channel) that gets a gradient."""
+    """Parametric LIF: `decay` is a tensor (scalar or per channel) that gets a gradient.
+    Non-finite values as `lif`: a NaN decay gives NaN spikes (from the first step), never
+    silent zeros; an infinite one is out of [0, 1] (refused on the CPU, unchecked on CUDA)."""
     if not isinstance(decay, torch.Tensor):
         raise TypeError(f"decay must be a tensor for plif, got {type(decay).__name__}")
     return lif(x, decay=decay, **kwargs)

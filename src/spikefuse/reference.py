@@ -8,6 +8,8 @@ Equations (DESIGN.md), time-major x of shape [T, *]:
          = h[t]                                      reset="none"
 `detach_reset` cuts the reset's dependence on s. Gradients come from autograd alone,
 so this file is deliberately the plainest possible reading of the equations.
+Non-finite values (spikefuse.functional.lif): a NaN potential gives a NaN spike, and
+h = +inf fires and, with the hard reset, resets to v_reset (not inf * 0 = NaN).
 """
 from __future__ import annotations
 
@@ -39,8 +41,8 @@ def lif(
         h = decay * v + x[t]
         s = spike(h - threshold, surrogate, alpha)
         s_reset = s.detach() if detach_reset else s
-        if reset == "hard":
-            v = h * (1 - s_reset) + v_reset * s_reset
+        if reset == "hard":  # h capped at the largest float: h = +inf resets to v_reset, not to inf * 0
+            v = h.clamp(max=torch.finfo(h.dtype).max) * (1 - s_reset) + v_reset * s_reset
         elif reset == "soft":
             v = h - threshold * s_reset
         elif reset == "none":

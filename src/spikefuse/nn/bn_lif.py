@@ -4,7 +4,8 @@ It is a torch BatchNorm (same parameters, buffers, momentum and eval behaviour, 
 TemporalBatchNorm state_dict loads into it) whose forward returns spikes. The fused
 backend saves only the input and the per-channel statistics for backward
 (spikefuse.ops.bn_lif); the reference backend is torch batch norm over T*B followed by
-spikefuse.reference.lif, the oracle.
+spikefuse.reference.lif, the oracle. After spikefuse.parallel.convert_sync_batchnorm,
+training statistics run over every rank too (`sync`; both backends).
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from torch import nn
 
 from .. import functional as F
 from ..ops.surrogate import resolve as resolve_surrogate
+from .batchnorm import step_momentum
 from .layers import check_input, fold, layer_name, unfold
 
 
@@ -27,7 +29,13 @@ class BNLIF(nn.modules.batchnorm._BatchNorm):
     forward(x, residual=None, time_steps=None): with time_steps, x is one input [B, C, *]
     repeated at every step (direct encoding); the fused backward then sums its gradient
     over time without a per-step gradient tensor.
+    Batch 0: empty spikes, running statistics unchanged (as torch's BatchNorm). Non-finite
+    values: as spikefuse.functional.lif on y = BN(x); in training a NaN or inf in a
+    channel's input makes its batch variance NaN, so all its spikes are NaN and its running
+    statistics non-finite (as torch). Double backward: as functional.lif (through torch).
     """
+
+    sync = None  # a spikefuse.parallel.sync_bn.RankSync once converted to SyncBN
 
     def __init__(self, num_features: int, decay: float = 0.5, threshold: float = 1.0,
                  reset: str = "hard", v_reset: float = 0.0, detach_reset: bool = False,
@@ -69,33 +77,35 @@ class BNLIF(nn.modules.batchnorm._BatchNorm):
         if residual is not None and residual.shape != (steps, *x.shape[1:]):
             raise ValueError(f"{layer_name(self)}: residual must have the input's shape "
                              f"{(steps, *x.shape[1:])}, got {tuple(residual.shape)}")
-        momentum = self._momentum()
         training = self.training or not self.track_running_stats
+        if training and self.sync is None and steps * math.prod(x.shape[1:]) == self.num_features:  # torch's rule
+            raise ValueError(f"{layer_name(self)}: expected more than 1 value per channel when training, "
+                             f"got input of shape {(steps, *x.shape[1:])}")
+        momentum = step_momentum(self)
+        sync = self.sync if self.training else None  # as torch.nn.SyncBatchNorm: eval stays local
         decay = torch.sigmoid(self.decay_logit) if self.decay_logit is not None else self.decay
         lif = dict(threshold=self.threshold, reset=self.reset, v_reset=self.v_reset,
                    detach_reset=self.detach_reset, surrogate=self.surrogate, alpha=self.alpha)
-        if F._use_fused(self.backend, x):
+        # the compiled fused op has no hook for SyncBN's all-reduces: torch batch norm then
+        if F._use_fused(self.backend, x) and not (sync is not None and torch.compiler.is_dynamo_compiling()):
             from ..ops.bn_lif import bn_lif_fused
 
             decay_value, decay_tensor = (1.0, decay.reshape(1)) if isinstance(decay, torch.Tensor) else (decay, None)
             return bn_lif_fused(x, self.weight, self.bias, self.running_mean, self.running_var,
                                 training, momentum, self.eps, decay_value, decay_tensor,
                                 self.threshold, self.reset, self.v_reset, self.detach_reset,
-                                self.surrogate, self.alpha, residual, steps)
+                                self.surrogate, self.alpha, residual, steps,
+                                sync=sync.fused() if sync is not None else None)
         x = x.expand(steps, *x.shape[1:])
-        y = nn.functional.batch_norm(fold(x), self.running_mean, self.running_var, self.weight,
-                                     self.bias, training, momentum, self.eps)
+        if sync is not None:
+            y = sync.batch_norm(fold(x), self, momentum)
+        else:
+            y = nn.functional.batch_norm(fold(x), self.running_mean, self.running_var, self.weight,
+                                         self.bias, training, momentum, self.eps)
         y = unfold(y, x.shape[0])
         if residual is not None:
             y = y + residual
         return F.lif(y, decay=decay, backend="reference", **lif)
-
-    def _momentum(self):
-        """torch's rule: momentum None means a cumulative average; counts batches seen."""
-        if not (self.training and self.track_running_stats):
-            return 0.0
-        self.num_batches_tracked.add_(1)
-        return 1.0 / float(self.num_batches_tracked) if self.momentum is None else self.momentum
 
     def extra_repr(self):
         return (f"{super().extra_repr()}, decay={self.decay}, threshold={self.threshold}, "

@@ -44,12 +44,13 @@ time from the per-neuron sums of (1): no per-step dL/dy is stored at all.
 """
 from __future__ import annotations
 
+import functools
 import math
 import os
 
 import torch
 
-from .lif import EAGER, RESET_CODES, TRACED, _cdiv, f32, _next_power_of_2, grad_h, load_decay, program_neurons, reset_potential, row, surrogate_grad
+from .lif import EAGER, RESET_CODES, TRACED, _cdiv, f32, _next_power_of_2, grad_h, load_decay, program_neurons, reset_potential, row, spike_value, surrogate_grad
 from .launch import cached_launch
 from .spike_pack import attach_bits
 from .surrogate import SURROGATES
@@ -59,6 +60,8 @@ import triton.language as tl  # noqa: E402
 
 K_STEPS = 8  # time steps per chunk = checkpoint spacing (fewer when T is shorter)
 STAT_ROWS, STAT_CHANNELS = 64, 64  # statistics tile: positions x channels
+MAX_GRID_Y = 65535  # CUDA's limit on a grid's second dimension
+MAX_STEP = 2**31 - 2**16  # neurons per time step: offsets within a step (n < N + BLOCK) are int32
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 
 
@@ -150,10 +153,14 @@ def _stats_partial_kernel(x_ptr, part_ptr, M, C, inner, tiles_per_program, P,
     mean = tl.zeros([CB], tl.float32)
     m2 = tl.zeros([CB], tl.float32)
     for i in range(0, tiles_per_program):
-        m = (p * tiles_per_program + i) * ROWS + r
-        row_mask = m < M
+        # row m = first + r: M (T*B*H*W) may pass 2^31, so first is split into int64 (a
+        # scalar, once per tile) and m // inner, m % inner into int32 parts for the rows
+        first = (p * tiles_per_program + i).to(tl.int64) * ROWS
+        q0 = first // inner
+        rr = (first - q0 * inner).to(tl.int32) + r  # < inner + ROWS
+        row_mask = r < M - first
         mask = row_mask[:, None] & c_mask[None, :]
-        offs = ((m // inner).to(tl.int64) * (C * inner) + m % inner)[:, None] + (c * inner)[None, :]
+        offs = ((q0 + rr // inner) * (C * inner) + rr % inner)[:, None] + (c * inner)[None, :]
         X = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
         X = tl.where(mask, X - shift[None, :], 0.0)
         n = tl.sum(row_mask.to(tl.float32), axis=0)  # 0 for a tile past the end
@@ -173,7 +180,7 @@ def _stats_partial_kernel(x_ptr, part_ptr, M, C, inner, tiles_per_program, P,
 def _partial_means(part_ptr, p, c, c_mask, M, C, P, rows_per_program):
     """Partials p of channels c: (p, mask, rows each partial covers, their means)."""
     mask = (p < P)[:, None] & c_mask[None, :]
-    n_p = tl.minimum(M - p * rows_per_program, rows_per_program).to(tl.float32)
+    n_p = tl.minimum(M - p.to(tl.int64) * rows_per_program, rows_per_program).to(tl.float32)
     mean_p = tl.load(part_ptr + p[:, None] * C + c[None, :], mask=mask, other=0.0)
     return p, mask, n_p, mean_p
 
@@ -309,13 +316,14 @@ def _bn_lif_forward_kernel(
         for j in tl.static_range(K):
             sel = (k == j)[:, None]
             h = d * v + row(Y, sel)
-            fired = h - threshold >= 0.0
+            u = h - threshold
+            fired = u >= 0.0
             v = reset_potential(h, fired, threshold, v_reset, RESET)
-            S = tl.where(sel, fired.to(tl.float32)[None, :], S)
+            S = tl.where(sel, spike_value(u, fired)[None, :], S)
         tl.store(s_ptr + t.to(tl.int64)[:, None] * N + n[None, :], S.to(s_ptr.dtype.element_ty), mask=mask)
         if BITS:  # the same spikes packed as spike_pack.pack does (N % 8 == 0: whole bytes per row)
             byte = tl.program_id(0) * (BLOCK // 8) + tl.arange(0, BLOCK // 8)
-            octets = tl.reshape(S.to(tl.int32), [K, BLOCK // 8, 8])
+            octets = tl.reshape((S != 0.0).to(tl.int32), [K, BLOCK // 8, 8])  # NaN: 1, as pack()
             packed = tl.sum(octets << tl.arange(0, 8)[None, None, :], axis=2)
             tl.store(bits_ptr + t.to(tl.int64)[:, None] * (N // 8) + byte[None, :], packed.to(tl.uint8),
                      mask=(t < T)[:, None] & (byte < N // 8)[None, :])
@@ -381,31 +389,38 @@ def _bn_lif_backward_kernel(
         sum_gy += tl.sum(GY, axis=0)
         sum_gyx += tl.sum(GY * ((X - mu[None, :]) * istd[None, :]), axis=0)
     tl.store(part_ptr + n, sum_gy, mask=n_mask)
-    tl.store(part_ptr + N + n, sum_gyx, mask=n_mask)
+    tl.store(part_ptr + _offset(1, N, n), sum_gyx, mask=n_mask)  # int64: 2 * N may pass 2^31
     if NEED_GD:
-        tl.store(part_ptr + 2 * N + n, gd, mask=n_mask)
+        tl.store(part_ptr + _offset(2, N, n), gd, mask=n_mask)
 
 
 @cached_launch
 @triton.jit
 def _bn_grad_x_kernel(gy_ptr, x_ptr, gx_ptr, stats_ptr, sums_ptr, count, steps,
-                      N, stride_t, inner, C, BATCH_STATS: tl.constexpr, BLOCK: tl.constexpr):
+                      N, stride_t, inner, C, rows, rows_per_program,
+                      BATCH_STATS: tl.constexpr, BLOCK: tl.constexpr):
     """Eq. 8: dL/dx = gamma*invstd * (dL/dy - mean(dL/dy) - xhat * mean(dL/dy * xhat)).
-    For one input repeated over `steps` steps, gy is its sum over time (and so are the means)."""
+    For one input repeated over `steps` steps, gy is its sum over time (and so are the means).
+    Time steps t = program_id(1) + i * num_programs(1): a grid's second dimension stops at 65535."""
     count = f32(count)
-    t = tl.program_id(1).to(tl.int64)
     n = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     n_mask = n < N
     ch = (n // inner) % C
-    gy = tl.load(gy_ptr + t * N + n, mask=n_mask, other=0.0)
     a = tl.load(stats_ptr + 2 * C + ch, mask=n_mask, other=0.0)
-    if BATCH_STATS:  # training: the gradient also flows through the batch mean and variance
-        x = tl.load(x_ptr + t * stride_t + n, mask=n_mask, other=0.0).to(tl.float32)
-        xhat = (x - tl.load(stats_ptr + ch, mask=n_mask)) * tl.load(stats_ptr + C + ch, mask=n_mask)
+    if BATCH_STATS:
+        mu = tl.load(stats_ptr + ch, mask=n_mask)
+        istd = tl.load(stats_ptr + C + ch, mask=n_mask)
         mgy = tl.load(sums_ptr + ch, mask=n_mask) / count
         mgyx = tl.load(sums_ptr + C + ch, mask=n_mask) / count
-        gy = gy - steps * (mgy + xhat * mgyx)
-    tl.store(gx_ptr + t * N + n, (a * gy).to(gx_ptr.dtype.element_ty), mask=n_mask)
+    for i in range(0, rows_per_program):
+        t = tl.program_id(1).to(tl.int64) + i * tl.num_programs(1)
+        mask = n < tl.where(t < rows, N, 0)  # (n_mask & (t < rows) gives an int mask in the interpreter)
+        gy = tl.load(gy_ptr + t * N + n, mask=mask, other=0.0)
+        if BATCH_STATS:  # training: the gradient also flows through the batch mean and variance
+            x = tl.load(x_ptr + t * stride_t + n, mask=mask, other=0.0).to(tl.float32)
+            xhat = (x - mu) * istd
+            gy = gy - steps * (mgy + xhat * mgyx)
+        tl.store(gx_ptr + t * N + n, (a * gy).to(gx_ptr.dtype.element_ty), mask=mask)
 
 
 def _config(num_neurons: int, dtype: torch.dtype) -> tuple[int, int]:
@@ -454,9 +469,10 @@ def _forward(x, residual, stats, decay, decay_tensor, threshold, reset, v_reset,
 
 
 def _backward(grad_s, x, residual, ckpt, stats, decay, decay_tensor, threshold, reset, v_reset,
-              detach, surrogate, alpha, batch_stats, need_gd, time_steps, launch=EAGER):
+              detach, surrogate, alpha, batch_stats, need_gd, time_steps, launch=EAGER, sync=None):
     """dL/dx has x's shape: for one step repeated over time it is the sum over the steps,
-    computed from the per-neuron sums of dL/dy without storing dL/dy per step."""
+    computed from the per-neuron sums of dL/dy without storing dL/dy per step.
+    sync: SyncBN's hook (spikefuse.parallel.sync_bn), or None."""
     summed = x.shape[0] != time_steps
     x = over_time(x, time_steps)
     T, C = x.shape[0], x.shape[2]
@@ -476,6 +492,10 @@ def _backward(grad_s, x, residual, ckpt, stats, decay, decay_tensor, threshold, 
             DECAY=_decay_code(decay_tensor), HAS_RES=residual is not None, NEED_GD=need_gd,
             STORE_GY=store_gy, BLOCK=BLOCK, K=_steps(T), num_warps=warps, enable_fp_fusion=False)
     sums = _channel_sums(part[:2], x.shape, channels_last)  # [sum dL/dy (Eq. 11), sum dL/dy*xhat (Eq. 10)]
+    count = x.numel() // C
+    # SyncBN: Eq. 8's means run over every rank (sums scaled to this rank's count); weight
+    # and bias keep this rank's sums, which DDP averages like any other gradient
+    mean_sums = sync.gradient_sums(sums, count) if sync is not None and batch_stats else sums
     # dL/dy is still needed for a residual input; otherwise dL/dx overwrites it in place
     # (eager only: a traced launch would see one tensor passed twice, see lif.Launch)
     in_place = x.dtype == torch.float32 and residual is None and not summed and not launch.traced
@@ -483,9 +503,11 @@ def _backward(grad_s, x, residual, ckpt, stats, decay, decay_tensor, threshold, 
     gx = gy if in_place else _empty(gx_shape, channels_last, x.dtype, x.device)
     BLOCK2 = 1024
     if N > 0:
-        launch(_bn_grad_x_kernel)[(_cdiv(N, BLOCK2), gx_shape[0])](
-            part if summed else gy, x, gx, stats, sums, float(x.numel() // C), T if summed else 1,
-            N, stride_t, inner, C, BATCH_STATS=batch_stats, BLOCK=BLOCK2, num_warps=4)
+        rows = gx_shape[0]
+        launch(_bn_grad_x_kernel)[(_cdiv(N, BLOCK2), min(rows, MAX_GRID_Y))](
+            part if summed else gy, x, gx, stats, mean_sums, float(count), T if summed else 1,
+            N, stride_t, inner, C, rows, _cdiv(rows, MAX_GRID_Y), BATCH_STATS=batch_stats, BLOCK=BLOCK2,
+            num_warps=4)
     gd = None
     if need_gd:  # dL/d decay: one value, or one per channel
         gd = (part[2].sum().reshape(1) if decay_tensor.numel() == 1
@@ -553,6 +575,43 @@ def _input_grads(ctx, grad_s, backward):
             gd.reshape(decay_tensor.shape) if need_gd else None)
 
 
+def _reference_grads(ctx, grad_s):
+    """_input_grads for a backward that will itself be differentiated (create_graph=True):
+    the kernels' gradients carry no graph, so BN + LIF is run again in torch from the saved
+    inputs (batch norm, then spikefuse.reference.lif) and differentiated with create_graph:
+    second derivatives are the reference's."""
+    from .. import reference
+
+    if getattr(ctx, "sync", None) is not None:  # its batch statistics span ranks: not recomputed here
+        raise RuntimeError("double backward (create_graph=True) through a SyncBN BNLIF is not supported")
+    x, residual, _, stats, weight, bias, decay_tensor = ctx.saved_tensors
+    decay, threshold, reset, v_reset, detach, surrogate, alpha, batch_stats, time_steps = ctx.options
+    need = ctx.needs_input_grad
+    wanted = [t if t is not None and need[i] else None
+              for i, t in ((0, x), (1, residual), (3, weight), (4, bias), (6, decay_tensor))]
+    with torch.enable_grad():
+        xt = over_time(x, time_steps).float()
+        per_channel = (-1,) + (1,) * (x.dim() - 3)
+        mean, invstd = stats[0], stats[1]  # running statistics (eval)
+        if batch_stats:  # var + eps read back from the saved invstd (eps is not saved)
+            var, mean = torch.var_mean(xt, dim=[d for d in range(xt.dim()) if d != 2], correction=0)
+            invstd = torch.rsqrt(var + (stats[1] ** -2 - var).detach())
+        y = (xt - mean.view(per_channel)) * invstd.view(per_channel)
+        if weight is not None:
+            y = y * weight.float().view(per_channel)
+        if bias is not None:
+            y = y + bias.float().view(per_channel)
+        if residual is not None:
+            y = y + residual.float()
+        if decay_tensor is not None:
+            decay = decay_tensor.view(per_channel) if decay_tensor.numel() > 1 else decay_tensor
+        spikes = reference.lif(y, decay, threshold, reset, v_reset, detach, surrogate, alpha)
+        grads = iter(torch.autograd.grad(spikes, [t for t in wanted if t is not None], grad_s.float(),
+                                         create_graph=True, allow_unused=True))
+    gx, gr, gw, gb, gd = (next(grads) if t is not None else None for t in wanted)
+    return gx, gr, None, gw, gb, None, gd
+
+
 def _setup_context(ctx, inputs, output):
     (x, residual, stats, weight, bias, decay, decay_tensor, threshold, reset, v_reset,
      detach, surrogate, alpha, batch_stats, time_steps, _) = inputs
@@ -561,6 +620,8 @@ def _setup_context(ctx, inputs, output):
 
 
 def _backward_rule(ctx, grad_s, _grad_ckpt):
+    if torch.is_grad_enabled():  # create_graph=True (AOT autograd traces backward without it)
+        return (*_reference_grads(ctx, grad_s), *[None] * 9)
     return (*_input_grads(ctx, grad_s, bn_lif_backward), *[None] * 9)
 
 
@@ -573,8 +634,9 @@ class BNLIFFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, residual, stats, weight, bias, decay, decay_tensor, threshold, reset,
-                v_reset, detach, surrogate, alpha, batch_stats, time_steps, bits):
+                v_reset, detach, surrogate, alpha, batch_stats, time_steps, bits, sync):
         save = any(ctx.needs_input_grad)
+        ctx.sync = sync
         spikes, ckpt = _forward(x, residual, stats, decay, decay_tensor, threshold, reset,
                                 v_reset, time_steps, save, bits)
         if save:
@@ -585,7 +647,10 @@ class BNLIFFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_s):
-        return (*_input_grads(ctx, grad_s, _backward), *[None] * 9)
+        if torch.is_grad_enabled():  # create_graph=True: this backward will be differentiated
+            return (*_reference_grads(ctx, grad_s), *[None] * 10)
+        backward = _backward if ctx.sync is None else functools.partial(_backward, sync=ctx.sync)
+        return (*_input_grads(ctx, grad_s, backward), *[None] * 10)
 
 
 def _under_torch_compile() -> bool:
@@ -595,7 +660,7 @@ def _under_torch_compile() -> bool:
 
 def bn_lif_fused(x, weight, bias, running_mean, running_var, training, momentum, eps,
                  decay, decay_tensor, threshold, reset, v_reset, detach, surrogate, alpha,
-                 residual=None, time_steps=None):
+                 residual=None, time_steps=None, sync=None):
     """Entry point for spikefuse.nn.BNLIF (arguments already checked there).
 
     training: batch statistics, and running statistics updated with `momentum` like
@@ -603,9 +668,17 @@ def bn_lif_fused(x, weight, bias, running_mean, running_var, training, momentum,
     time_steps: x [1, B, C, *] is one step repeated over time_steps steps; its gradient
     is the sum over the steps, formed without a per-step gradient tensor.
     Spikes come out in x's layout (channels-last steps stay channels-last).
+    sync: SyncBN's hook (spikefuse.parallel.sync_bn): batch statistics and Eq. 8's gradient
+    means over every rank. Eager only (BNLIF runs torch batch norm under torch.compile).
     """
     use_batch = training or running_mean is None
     time_steps = x.shape[0] if time_steps is None else time_steps
+    if x.numel() == 0:  # batch 0: as torch's BatchNorm, empty output, running statistics unchanged
+        spikes = over_time(x, time_steps) * 0.0
+        return spikes if residual is None else spikes + residual * 0.0
+    if math.prod(x.shape[1:]) >= MAX_STEP:
+        raise ValueError(f"x has {math.prod(x.shape[1:])} neurons per time step (shape {tuple(x.shape)}); "
+                         f"the fused BN+LIF supports fewer than {MAX_STEP} (use backend='reference')")
     x = dense_steps(x)
     if residual is not None:
         residual = as_layout(residual, is_channels_last(x))
@@ -613,9 +686,10 @@ def bn_lif_fused(x, weight, bias, running_mean, running_var, training, momentum,
         decay_tensor = decay_tensor.float()
     compiling = _under_torch_compile()
     with torch.no_grad():
-        stats = (bn_statistics if compiling else _statistics)(
-            over_time(x.detach(), time_steps), weight, bias, running_mean, running_var,
-            use_batch, momentum, eps)
+        statistics = (sync.statistics if sync is not None and use_batch
+                      else bn_statistics if compiling else _statistics)
+        stats = statistics(over_time(x.detach(), time_steps), weight, bias, running_mean, running_var,
+                           use_batch, momentum, eps)
     args = (x, residual, stats, weight, bias, decay, decay_tensor, threshold, reset, v_reset,
             detach, surrogate, alpha, use_batch, time_steps)
     if not compiling:
@@ -624,7 +698,7 @@ def bn_lif_fused(x, weight, bias, running_mean, running_var, training, momentum,
         # the kernel writes them (1/32 of the spikes' bytes) and saves that layer a pass
         bits = (x.new_empty(time_steps * N // 8, dtype=torch.uint8)
                 if torch.is_grad_enabled() and N % 8 == 0 else None)
-        spikes = BNLIFFunction.apply(*args, bits)
+        spikes = BNLIFFunction.apply(*args, bits, sync)
         if bits is not None:
             attach_bits(spikes, bits)
         return spikes

@@ -93,7 +93,7 @@ def surrogate_grad(u, SURROGATE: tl.constexpr, alpha):
     if SURROGATE == 0:  # rectangular
         return tl.where(tl.abs(u) < alpha * 0.5, 1.0 / alpha, 0.0)
     elif SURROGATE == 1:  # triangle
-        return tl.maximum(1.0 - tl.abs(u) / alpha, 0.0) / alpha
+        return tl.maximum(1.0 - tl.abs(u) / alpha, 0.0, propagate_nan=tl.PropagateNan.ALL) / alpha  # NaN stays
     elif SURROGATE == 2:  # fast sigmoid / SuperSpike
         d = alpha * tl.abs(u) + 1.0
         return 1.0 / (d * d)
@@ -114,6 +114,13 @@ def reset_potential(h, fired, threshold, v_reset, RESET: tl.constexpr):
         return tl.where(fired, h - threshold, h)
     else:
         return h
+
+
+@triton.jit
+def spike_value(u, fired):
+    """s[t] as a float: 1.0 or 0.0, and NaN where u = h - threshold is NaN (NaN >= 0 is
+    False: without this a NaN potential would read as "no spike"). Two instructions."""
+    return tl.where(u == u, fired.to(tl.float32), u)
 
 
 @triton.jit
@@ -222,10 +229,11 @@ def forward_chunk(X, v, d, t0, T, threshold, v_reset, RESET: tl.constexpr, TAIL:
     for j in tl.static_range(K):
         sel = (k == j)[:, None]
         h = d * v + row(Xf, sel)
-        fired = h - threshold >= 0.0
+        u = h - threshold
+        fired = u >= 0.0
         v_next = reset_potential(h, fired, threshold, v_reset, RESET)
         v = tl.where(t0 + j < T, v_next, v) if TAIL else v_next
-        S = tl.where(sel, fired.to(tl.float32)[None, :], S)
+        S = tl.where(sel, spike_value(u, fired)[None, :], S)
     return S, v
 
 
@@ -465,7 +473,7 @@ def _reduce_decay_grad(gd, x_shape, decay_tensor):
     """Per-neuron partial sums -> the decay's shape (one value, or one per channel)."""
     if decay_tensor.numel() == 1:
         return gd.sum().reshape(decay_tensor.shape)
-    return gd.view(x_shape[1], x_shape[2], -1).sum(dim=(0, 2))
+    return gd.view(x_shape[1], x_shape[2], math.prod(x_shape[3:])).sum(dim=(0, 2))  # no -1: B may be 0
 
 
 class LIFFunction(torch.autograd.Function):
@@ -489,6 +497,9 @@ class LIFFunction(torch.autograd.Function):
     def backward(ctx, grad_s, grad_vT=None):
         x, ckpt, decay_tensor, v0 = ctx.saved_tensors
         decay, *options = ctx.options
+        if torch.is_grad_enabled():  # create_graph=True: this backward will be differentiated
+            return (*reference_grads(x, decay, decay_tensor, v0, grad_s, grad_vT, options,
+                                     ctx.needs_input_grad), None)
 
         def run(grad_s, need_gv0, need_gd):
             return _backward(grad_s, grad_vT, x, ckpt, decay, decay_tensor, *options, need_gv0, need_gd)
@@ -507,6 +518,27 @@ def _input_grads(run_backward, grad_s, x, decay_tensor, v0, decay_needs_grad, v0
     grad_decay = _reduce_decay_grad(gd, x.shape, decay_tensor) if need_gd else None
     grad_v0 = gv0.view(v0.shape).to(v0.dtype) if need_gv0 else None
     return gx, grad_decay, grad_v0
+
+
+def reference_grads(x, decay, decay_tensor, v0, grad_s, grad_vT, options, needs):
+    """(grad_x, grad_decay, grad_v0) for a backward that will itself be differentiated
+    (create_graph=True): the backward kernel's output carries no graph, so the forward is
+    run again through spikefuse.reference (in float32, spike for spike the kernel's) from
+    the saved inputs and differentiated with create_graph: second derivatives are the
+    reference's. needs: ctx.needs_input_grad for (x, decay_tensor, v0)."""
+    from .. import reference
+
+    threshold, reset, v_reset, detach, surrogate, alpha = options
+    wanted = [t if need and t is not None else None for t, need in zip((x, decay_tensor, v0), needs)]
+    if decay_tensor is not None:  # [1] or [C] -> broadcastable to x[0] ([B, C, *])
+        decay = decay_tensor.reshape((-1,) + (1,) * max(x.dim() - 3, 0)) if decay_tensor.numel() > 1 else decay_tensor
+    with torch.enable_grad():
+        spikes, vT = reference.lif(x.float(), decay, threshold, reset, v_reset, detach, surrogate, alpha,
+                                   None if v0 is None else v0.float(), return_state=True)
+        outputs = [(out, g.to(out.dtype)) for out, g in ((spikes, grad_s), (vT, grad_vT)) if g is not None]
+        grads = iter(torch.autograd.grad([o for o, _ in outputs], [t for t in wanted if t is not None],
+                                         [g for _, g in outputs], create_graph=True, allow_unused=True))
+    return tuple(next(grads) if t is not None else None for t in wanted)
 
 
 # ---- torch.library registration: what torch.compile sees (an op with autograd that
@@ -550,6 +582,10 @@ def _setup_context(ctx, inputs, output):
 def _backward_rule(ctx, grad_s, grad_vT, _grad_ckpt):
     x, ckpt, decay_tensor, v0 = ctx.saved_tensors
     decay, *options = ctx.options
+    if torch.is_grad_enabled():  # create_graph=True (AOT autograd traces backward without it)
+        gx, grad_decay, grad_v0 = reference_grads(x, decay, decay_tensor, v0, grad_s, grad_vT, options,
+                                                  (ctx.needs_input_grad[0], *ctx.needs_input_grad[2:4]))
+        return (gx, None, grad_decay, grad_v0) + (None,) * 7
 
     def run(grad_s, need_gv0, need_gd):
         return lif_backward(grad_s, grad_vT, x, ckpt, decay, decay_tensor, *options, need_gv0, need_gd)
@@ -567,6 +603,8 @@ def lif_fused(x, decay, decay_tensor, threshold, reset, v_reset, detach, surroga
         decay_tensor = decay_tensor.float()
     if not torch.compiler.is_dynamo_compiling():
         options = (decay, threshold, reset, v_reset, detach, surrogate, alpha, return_state)
+        if not x.is_contiguous():  # copied here, not inside: the x saved for backward keeps its graph
+            x = x.contiguous()     # (a double backward differentiates through it)
         return LIFFunction.apply(x, decay_tensor, v0, options)
     wants_grad = torch.is_grad_enabled() and any(
         t is not None and t.requires_grad for t in (x, decay_tensor, v0))

@@ -49,13 +49,14 @@ def surrogate_grad(u: torch.Tensor, name: str, alpha: float) -> torch.Tensor:
 
 
 class Heaviside(torch.autograd.Function):
-    """s = (u >= 0) forward, sg(u) backward."""
+    """s = (u >= 0) forward (NaN where u is NaN: a NaN potential never reads as "no spike"),
+    sg(u) backward."""
 
     @staticmethod
     def forward(ctx, u, name, alpha):
         ctx.save_for_backward(u)
         ctx.name, ctx.alpha = name, alpha
-        return (u >= 0).to(u.dtype)
+        return torch.where(u.isnan(), u, (u >= 0).to(u.dtype))
 
     @staticmethod
     def backward(ctx, grad_s):

@@ -1,0 +1,175 @@
+"""Double backward through the fused LIF, PLIF and BN+LIF (issue 14): a gradient penalty on
+the input and a Hessian-vector product w.r.t. the parameters equal the reference's (they
+used to be silently 0: the kernels' backward carries no graph)."""
+import copy
+import os
+
+import pytest
+import torch
+
+import spikefuse.functional as F
+from spikefuse.nn import BNLIF
+
+DEVICE = os.environ.get("SPIKEFUSE_TEST_DEVICE", "cpu")
+
+
+def rel_err(a, b):
+    return ((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30)).item()
+
+
+def randn(*shape, seed=0, scale=1.0, shift=0.4):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(shape, generator=g) * scale + shift).to(DEVICE)
+
+
+def weights_like(t, seed=1):
+    return randn(*t.shape, seed=seed, shift=0.0)
+
+
+def penalty_and_hvp(forward, x, params):
+    """(gradient penalty |dL/dx|^2, its gradients w.r.t. x and params, and the Hessian of L
+    w.r.t. params times a fixed vector), L = <spikes, w>."""
+    x = x.detach().clone().requires_grad_(True)
+    spikes = forward(x)
+    loss = (spikes.float() * weights_like(spikes)).sum()
+    gx, *gp = torch.autograd.grad(loss, [x, *params], create_graph=True)
+    penalty = (gx.float() ** 2).sum()
+    second = torch.autograd.grad(penalty, [x, *params], allow_unused=True, retain_graph=True)
+    vec = [weights_like(p, seed=7 + i) for i, p in enumerate(params)]
+    hvp = torch.autograd.grad(sum((g * v).sum() for g, v in zip(gp, vec)), params) if params else []
+    return penalty, second, hvp
+
+
+def flat(tensors):
+    return torch.cat([t.flatten().double() for t in tensors if t is not None]) if tensors else None
+
+
+def assert_same(fused, ref, rtol=1e-5):
+    """Norm-wise over x's second derivative, over all parameters' (one vector) and over the
+    Hessian-vector product: a single entry can cancel to far below the others (the decay's
+    HVP entry is 1/300 of the largest in one case), where both sides' float32 roundings
+    (~3e-5 of that entry, measured against float64) exceed 1e-5 of it."""
+    (p1, s1, h1), (p2, s2, h2) = fused, ref
+    assert p2.item() > 0, "degenerate test: no gradient"
+    torch.testing.assert_close(p1, p2, rtol=rtol, atol=0)
+    for name, a, b in (("d2/dx", s1[0], s2[0]), ("d2/dparams", flat(s1[1:]), flat(s2[1:])),
+                       ("hvp", flat(h1), flat(h2))):
+        if b is None:
+            continue
+        assert b.abs().max() > 0, f"degenerate test: {name} is 0"
+        assert rel_err(a, b) < rtol, f"{name}: {rel_err(a, b)}"
+
+
+@pytest.mark.parametrize("reset,surrogate,detach", [("hard", "atan", False), ("soft", "sigmoid", False),
+                                                    ("hard", "fast_sigmoid", True), ("none", "triangle", False)])
+def test_lif_gradient_penalty(reset, surrogate, detach):
+    x = randn(9, 2, 13, seed=1)
+    kw = dict(decay=0.7, threshold=0.8, reset=reset, v_reset=-0.1, detach_reset=detach, surrogate=surrogate)
+    fused = penalty_and_hvp(lambda x: F.lif(x, backend="fused", **kw), x, [])
+    ref = penalty_and_hvp(lambda x: F.lif(x, backend="reference", **kw), x, [])
+    assert_same(fused, ref)
+
+
+@pytest.mark.parametrize("per_channel", [False, True])
+def test_plif_penalty_and_hessian_vector_product(per_channel):
+    """Learnable decay and v0 (with the final state in the loss), non-contiguous input."""
+    x = randn(7, 5, 3, 4, seed=2).transpose(1, 3)  # [7, 4, 3, 5] strided view
+    assert not x.is_contiguous()
+    results = []
+    for backend in ("fused", "reference"):
+        decay = (torch.linspace(0.3, 0.9, 3) if per_channel else torch.tensor(0.6)).to(DEVICE).requires_grad_()
+        v0 = randn(4, 3, 5, seed=3, scale=0.3).requires_grad_()
+
+        def forward(x):
+            spikes, v = F.plif(x, decay, v0=v0, return_state=True, reset="soft", surrogate="atan", backend=backend)
+            return torch.cat([spikes.flatten(), v.flatten()])
+        results.append(penalty_and_hvp(forward, x, [decay, v0]))
+    assert_same(*results)
+
+
+def test_lif_half_precision_input():
+    """bfloat16 x: the fused backward differentiates the float32 reference; gradients come back in bf16."""
+    x = randn(6, 3, 11, seed=4).bfloat16()
+    fused = penalty_and_hvp(lambda x: F.lif(x, decay=0.5, surrogate="sigmoid", backend="fused"), x, [])
+    ref = penalty_and_hvp(lambda x: F.lif(x.float(), decay=0.5, surrogate="sigmoid", backend="reference"), x, [])
+    assert fused[1][0].dtype == torch.bfloat16
+    assert_same(fused, ref, rtol=1e-2)
+
+
+def test_torch_library_op_path():
+    """The registered op (what torch.compile traces) has the same double backward."""
+    x0 = randn(8, 2, 6, seed=5)
+    decay = torch.full((1,), 0.6, device=DEVICE, requires_grad=True)
+
+    def op(x):
+        return torch.ops.spikefuse.lif_forward(x, 1.0, decay, None, 0.9, "hard", 0.0, False, "atan", 2.0, True)[0]
+    fused = penalty_and_hvp(op, x0, [decay])
+    ref = penalty_and_hvp(lambda x: F.plif(x, decay, threshold=0.9, surrogate="atan", backend="reference"), x0, [decay])
+    assert_same(fused, ref)
+
+
+def bn_pair(learn_decay=True, **kw):
+    torch.manual_seed(0)
+    fused = BNLIF(3, decay=0.6, threshold=0.3, learn_decay=learn_decay, backend="fused", **kw).to(DEVICE)
+    with torch.no_grad():
+        fused.weight.uniform_(0.5, 1.5)
+        fused.bias.uniform_(-0.3, 0.3)
+        fused.running_var.uniform_(0.5, 2.0)
+    ref = copy.deepcopy(fused)
+    ref.backend = "reference"
+    return fused, ref
+
+
+@pytest.mark.parametrize("training", [True, False])
+@pytest.mark.parametrize("reset,surrogate", [("hard", "sigmoid"), ("soft", "atan")])
+def test_bn_lif_penalty_and_hessian_vector_product(training, reset, surrogate):
+    x = randn(5, 4, 3, 2, 3, seed=6, shift=0.0)
+    results = []
+    for module in bn_pair(reset=reset, surrogate=surrogate):
+        module.train(training)
+        results.append(penalty_and_hvp(module, x, list(module.parameters())))
+    assert_same(*results)
+
+
+def test_bn_lif_residual_channels_last_and_static_input():
+    x = randn(6, 2, 3, 4, 3, seed=7, shift=0.0).movedim(2, -1).contiguous().movedim(-1, 2)  # channels-last
+    r = randn(6, 2, 3, 4, 3, seed=8, scale=0.3, shift=0.0)
+    static = randn(1, 2, 3, 4, 3, seed=9, shift=0.0)
+    for inputs in ((x, r), (static, None)):
+        results = []
+        for module in bn_pair(surrogate="atan"):
+            if inputs[1] is not None:
+                residual = inputs[1].detach().clone().requires_grad_()
+                results.append(penalty_and_hvp(lambda x: module(x, residual), inputs[0],
+                                               [residual, *module.parameters()]))
+            else:
+                results.append(penalty_and_hvp(lambda x: module(x[0], time_steps=5), inputs[0],
+                                               list(module.parameters())))
+        assert_same(*results)
+
+
+def test_first_order_backward_is_unchanged():
+    """Without create_graph the kernels' backward runs, and gives the reference's gradient."""
+    x = randn(9, 3, 7, seed=10).requires_grad_()
+    (g1,) = torch.autograd.grad(F.lif(x, backend="fused", surrogate="atan").sum(), x)
+    (g2,) = torch.autograd.grad(F.lif(x, backend="reference", surrogate="atan").sum(), x)
+    assert not g1.requires_grad and rel_err(g1, g2) < 1e-5
+
+
+def test_under_torch_compile_a_double_backward_is_refused_not_zero():
+    """AOT autograd traces the op's backward with create_graph off (the kernels'), and PyTorch
+    itself refuses a double backward through a compiled graph: a clear error, never 0."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda x: F.lif(x, decay=0.7, surrogate="atan", backend="fused"),
+                             backend="aot_eager", fullgraph=True)
+    x = randn(4, 2, 3, seed=11).requires_grad_()
+    spikes = compiled(x)
+    (gx,) = torch.autograd.grad((spikes * weights_like(spikes)).sum(), x, create_graph=True)
+    (eager,) = torch.autograd.grad((F.lif(x, decay=0.7, surrogate="atan", backend="reference")
+                                    * weights_like(spikes)).sum(), x)
+    assert rel_err(gx, eager) < 1e-5  # the first derivative is the kernels'
+    with pytest.raises(RuntimeError, match="double backward"):
+        torch.autograd.grad(gx.pow(2).sum(), x)
+    torch._dynamo.reset()
