@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from ..nn import LIF
-from ..nn.layers import check_input, layer_name, name_layers
+from ..nn.layers import check_frames, name_layers
 from ..nn.spiking_layers import SpikingLinear
 
 DEPTH, HIDDEN = 8, 2048
@@ -67,11 +67,7 @@ class DeepLIF(nn.Module):
                 m.weight.uniform_(-bound, bound)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        shape, n = list(self.input_shape), prod(self.input_shape)
-        layout = f"[T, B, {', '.join(map(str, shape))}]" + (f" or [T, B, {n}]" if len(shape) > 1 else "")
-        check_input(self, x, layout, rank=tuple(sorted({3, 2 + len(shape)})))
-        if list(x.shape[2:]) not in (shape, [n]):
-            raise ValueError(f"{layer_name(self)}: expected input {layout}, got shape {tuple(x.shape)}")
+        check_frames(self, x, self.input_shape)
         return self.layers(x).mean(0)
 
     def extra_repr(self):

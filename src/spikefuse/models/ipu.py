@@ -35,7 +35,7 @@ import torch
 from torch import nn
 
 from ..nn import LIF
-from ..nn.layers import check_input, layer_name, name_layers
+from ..nn.layers import check_frames, name_layers
 from ..nn.spiking_layers import SpikingLinear
 
 LIF_DEFAULTS = dict(decay=0.95, threshold=1.0, reset="hard", detach_reset=True,
@@ -109,11 +109,7 @@ class IPUNet(nn.Module):
                 m.weight.uniform_(-bound, bound)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        shape, n = list(self.input_shape), prod(self.input_shape)
-        layout = f"[T, B, {', '.join(map(str, shape))}]" + (f" or [T, B, {n}]" if len(shape) > 1 else "")
-        check_input(self, x, layout, rank=tuple(sorted({3, 2 + len(shape)})))
-        if list(x.shape[2:]) not in (shape, [n]):
-            raise ValueError(f"{layer_name(self)}: expected input {layout}, got shape {tuple(x.shape)}")
+        check_frames(self, x, self.input_shape)
         if not x.is_floating_point():  # event counts or boolean frames
             x = x.to(self.layers[1].weight.dtype)
         y = self.layers(x)

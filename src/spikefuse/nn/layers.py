@@ -38,6 +38,19 @@ def check_input(module: nn.Module, x: torch.Tensor, layout: str, rank=None, chan
                          f"at dim {dim}, got shape {tuple(x.shape)}")
 
 
+def check_frames(module: nn.Module, x: torch.Tensor, input_shape) -> None:
+    """Raise ValueError naming the layer unless x is [T, B, *input_shape] or, flattened,
+    [T, B, prod(input_shape)] (what the dense networks of spikefuse.models read)."""
+    shape = list(input_shape)
+    n = 1
+    for size in shape:
+        n *= size
+    layout = f"[T, B, {', '.join(map(str, shape))}]" + (f" or [T, B, {n}]" if len(shape) > 1 else "")
+    check_input(module, x, layout, rank=tuple(sorted({3, 2 + len(shape)})))
+    if list(x.shape[2:]) not in (shape, [n]):
+        raise ValueError(f"{layer_name(module)}: expected input {layout}, got shape {tuple(x.shape)}")
+
+
 def _expected_channels(module):
     """(channels, dim) a wrapped layer reads from its unfolded [T, B, ...] input, if known."""
     if isinstance(module, nn.modules.conv._ConvNd):
