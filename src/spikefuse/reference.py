@@ -42,7 +42,8 @@ def lif(
         s = spike(h - threshold, surrogate, alpha)
         s_reset = s.detach() if detach_reset else s
         if reset == "hard":  # h capped at the largest float: h = +inf resets to v_reset, not to inf * 0
-            v = h.clamp(max=torch.finfo(h.dtype).max) * (1 - s_reset) + v_reset * s_reset
+            # (addcmul: one op for the product and sum, exact as both terms are h or 0, v_reset or 0)
+            v = torch.addcmul(v_reset * s_reset, h.clamp(max=torch.finfo(h.dtype).max), 1 - s_reset)
         elif reset == "soft":
             v = h - threshold * s_reset
         elif reset == "none":

@@ -56,7 +56,7 @@ class Heaviside(torch.autograd.Function):
     def forward(ctx, u, name, alpha):
         ctx.save_for_backward(u)
         ctx.name, ctx.alpha = name, alpha
-        return torch.where(u.isnan(), u, (u >= 0).to(u.dtype))
+        return torch.where(u >= 0, 1.0, u.clamp(min=0))  # clamp keeps NaN: 0 below, NaN for NaN
 
     @staticmethod
     def backward(ctx, grad_s):
