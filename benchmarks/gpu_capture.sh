@@ -5,15 +5,7 @@
 #   bash benchmarks/gpu_capture.sh bench    # spikefuse bench steps + spikefuse train throughput
 #   bash benchmarks/gpu_capture.sh quick    # a few bench cases (a first look)
 set -uo pipefail
-OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1
-if [ -d .whl ]; then  # peer libraries for side-by-side runs
-    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>/dev/null
-    export PYTHONPATH=/tmp/site:$PWD/src
-else
-    export PYTHONPATH=$PWD/src
-fi
+source "$(dirname "$0")/gpu_env.sh"
 tag=$(python3 -c "import torch; print(torch.cuda.get_device_name().lower().replace(' ', '-'))")
 python3 -c "import torch, triton; print(torch.__version__, triton.__version__, torch.cuda.get_device_name())"
 

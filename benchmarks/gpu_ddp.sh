@@ -5,15 +5,7 @@
 # and the merged ddp-scaling-<device>.json + .md. About 4 minutes on 2 H200s.
 #   bash benchmarks/gpu_ddp.sh
 set -uo pipefail
-OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1
-if [ -d .whl ]; then  # peer libraries for side-by-side runs
-    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>/dev/null
-    export PYTHONPATH=/tmp/site:$PWD/src
-else
-    export PYTHONPATH=$PWD/src
-fi
+source "$(dirname "$0")/gpu_env.sh"
 python3 -c "import torch, triton; print(torch.__version__, triton.__version__, torch.cuda.get_device_name(), 'x', torch.cuda.device_count(), 'NCCL', torch.cuda.nccl.version())"
 NGPU=${NGPU:-2}
 for n in 1 "$NGPU"; do  # each under its own time limit: a hung rank cannot eat the device slot

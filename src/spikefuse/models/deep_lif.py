@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from ..nn import LIF
-from ..nn.layers import check_frames, name_layers
+from ..nn.layers import check_frames, checked_shape, name_layers
 from ..nn.spiking_layers import SpikingLinear
 
 DEPTH, HIDDEN = 8, 2048
@@ -38,11 +38,7 @@ class DeepLIF(nn.Module):
     def __init__(self, input_shape=INPUT_SHAPE, num_classes: int = NUM_CLASSES, depth: int = DEPTH,
                  hidden: int = HIDDEN, width: float = 1.0, backend: str = "auto", **lif):
         super().__init__()
-        self.input_shape = tuple(int(s) for s in input_shape)
-        if not self.input_shape or min(self.input_shape) < 1:
-            raise ValueError(f"input_shape must be a non-empty tuple of positive sizes, got {tuple(input_shape)}")
-        if int(num_classes) < 1:
-            raise ValueError(f"num_classes must be >= 1, got {num_classes}")
+        self.input_shape = checked_shape(input_shape, num_classes)
         if int(depth) < 1:
             raise ValueError(f"depth must be >= 1, got {depth}")
         if not width > 0 or int(hidden) < 1:

@@ -35,7 +35,7 @@ import torch
 from torch import nn
 
 from ..nn import LIF
-from ..nn.layers import check_frames, name_layers
+from ..nn.layers import check_frames, checked_shape, name_layers
 from ..nn.spiking_layers import SpikingLinear
 
 LIF_DEFAULTS = dict(decay=0.95, threshold=1.0, reset="hard", detach_reset=True,
@@ -72,11 +72,7 @@ class IPUNet(nn.Module):
     def __init__(self, input_shape, num_classes: int, hidden=HIDDEN, width: float = 1.0,
                  readout: str = "mean", fused: bool = True, backend: str = "auto", **lif):
         super().__init__()
-        self.input_shape = tuple(int(s) for s in input_shape)
-        if not self.input_shape or min(self.input_shape) < 1:
-            raise ValueError(f"input_shape must be a non-empty tuple of positive sizes, got {tuple(input_shape)}")
-        if int(num_classes) < 1:
-            raise ValueError(f"num_classes must be >= 1, got {num_classes}")
+        self.input_shape = checked_shape(input_shape, num_classes)
         if not width > 0:
             raise ValueError(f"width must be positive, got {width}")
         if readout not in READOUTS:

@@ -38,6 +38,16 @@ def check_input(module: nn.Module, x: torch.Tensor, layout: str, rank=None, chan
                          f"at dim {dim}, got shape {tuple(x.shape)}")
 
 
+def checked_shape(input_shape, num_classes) -> tuple[int, ...]:
+    """A model's input_shape as a tuple of ints; ValueError unless it and num_classes are positive."""
+    shape = tuple(int(s) for s in input_shape)
+    if not shape or min(shape) < 1:
+        raise ValueError(f"input_shape must be a non-empty tuple of positive sizes, got {tuple(input_shape)}")
+    if int(num_classes) < 1:
+        raise ValueError(f"num_classes must be >= 1, got {num_classes}")
+    return shape
+
+
 def check_frames(module: nn.Module, x: torch.Tensor, input_shape) -> None:
     """Raise ValueError naming the layer unless x is [T, B, *input_shape] or, flattened,
     [T, B, prod(input_shape)] (what the dense networks of spikefuse.models read)."""

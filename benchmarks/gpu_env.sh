@@ -1,0 +1,11 @@
+# Sourced by the GPU scripts: $OUT ready, unbuffered Python, the package (and the peer
+# libraries in .whl/, for side-by-side runs) on PYTHONPATH.
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+if [ -d .whl ]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>/dev/null
+    export PYTHONPATH=/tmp/site:$PWD/src
+else
+    export PYTHONPATH=$PWD/src
+fi
