@@ -35,6 +35,7 @@ def lif(
     v0: torch.Tensor | None = None,
     return_state: bool = False,
     backend: str = "auto",
+    grad_threshold: float = float("-inf"),
 ):
     """Leaky integrate-and-fire neurons over all T steps of x [T, *].
 
@@ -45,6 +46,8 @@ def lif(
         takes the surrogate's default width/slope.
     v0: initial membrane potential, shaped like x[0]; default zeros.
     return_state: also return the membrane potential after the last step, v[T-1].
+    grad_threshold: sparse backward (Perez-Nieves & Goodman): the surrogate gradient is zeroed
+        where the potential h[t] < grad_threshold (e.g. 0.9 for threshold 1); -inf: no cut.
 
     Non-finite values, alike on every backend and device (the IEEE arithmetic of the
     equations; nothing is checked on the device, nothing synchronises):
@@ -68,14 +71,15 @@ def lif(
     if reset not in RESETS:
         raise ValueError(f"reset: unknown mode {reset!r}; expected one of {list(RESETS)}")
     surrogate, alpha = resolve_surrogate(surrogate, alpha)
+    grad_threshold = _check_grad_threshold(grad_threshold)
     _check_v0(v0, x)
     if _use_fused(backend, x):
         return _fused_lif()(x, decay_value, decay_tensor, threshold, reset, v_reset,
-                            bool(detach_reset), surrogate, alpha, v0, bool(return_state))
+                            bool(detach_reset), surrogate, alpha, v0, bool(return_state), grad_threshold)
     if decay_tensor is not None:
         decay_value = decay_tensor.reshape(decay_tensor.shape + (1,) * max(x.dim() - 3, 0))
     return reference.lif(x, decay_value, threshold, reset, v_reset, bool(detach_reset),
-                         surrogate, alpha, v0, bool(return_state))
+                         surrogate, alpha, v0, bool(return_state), grad_threshold)
 
 
 def if_(x: torch.Tensor, threshold: float = 1.0, **kwargs):
@@ -111,6 +115,17 @@ def _check_finite(name, value):
     if isinstance(value, torch.Tensor) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise TypeError(f"{name} must be a finite Python number, got {value!r}")
     return float(value)
+
+
+def _check_grad_threshold(value):
+    """A float: a real number, or -inf for no cut (+inf would cut every gradient)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        try:
+            if float(value) < math.inf:  # False for NaN and +inf
+                return float(value)
+        except OverflowError:  # an int beyond float range
+            pass
+    raise ValueError(f"grad_threshold must be a real number or -inf (no cut), got {value!r}")
 
 
 def _check_decay(decay, x):

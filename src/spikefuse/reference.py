@@ -6,8 +6,10 @@ Equations (DESIGN.md), time-major x of shape [T, *]:
     v[t] = h[t]*(1-s[t]) + v_reset*s[t]              reset="hard"
          = h[t] - threshold*s[t]                     reset="soft"
          = h[t]                                      reset="none"
-`detach_reset` cuts the reset's dependence on s. Gradients come from autograd alone,
-so this file is deliberately the plainest possible reading of the equations.
+`detach_reset` cuts the reset's dependence on s. `grad_threshold` (sparse backward) zeroes
+the surrogate gradient where h[t] < grad_threshold; -inf (the default) cuts nothing.
+Gradients come from autograd alone, so this file is deliberately the plainest possible
+reading of the equations.
 Non-finite values (spikefuse.functional.lif): a NaN potential gives a NaN spike, and
 h = +inf fires and, with the hard reset, resets to v_reset (not inf * 0 = NaN).
 """
@@ -29,6 +31,7 @@ def lif(
     alpha: float | None = None,
     v0: torch.Tensor | None = None,
     return_state: bool = False,
+    grad_threshold: float = float("-inf"),
 ):
     """Leaky integrate-and-fire over all T steps; returns spikes [T, *] (and v[T-1] if asked).
 
@@ -36,10 +39,11 @@ def lif(
     tensor, or per channel shaped [C, 1, ..., 1] for x of shape [T, B, C, ...]).
     """
     v = torch.zeros_like(x[0]) if v0 is None else v0
+    sparse = grad_threshold > float("-inf")
     spikes = []
     for t in range(x.shape[0]):
         h = decay * v + x[t]
-        s = spike(h - threshold, surrogate, alpha)
+        s = spike(h - threshold, surrogate, alpha, h < grad_threshold if sparse else None)
         s_reset = s.detach() if detach_reset else s
         if reset == "hard":  # h capped at the largest float: h = +inf resets to v_reset, not to inf * 0
             # (addcmul: one op for the product and sum, exact as both terms are h or 0, v_reset or 0)

@@ -1,4 +1,4 @@
-"""`spikefuse bench lif | train | steps | data`: each benchmark writes JSON + markdown results."""
+"""`spikefuse bench lif | train | steps | sparse | data`: each benchmark writes JSON + markdown results."""
 from __future__ import annotations
 
 import importlib
@@ -7,6 +7,7 @@ BENCHMARKS = {
     "lif": ("spikefuse.bench.lif", "LIF forward+backward vs the bandwidth floor and peer libraries"),
     "train": ("spikefuse.bench.train", "one training step of the CIFAR-10 networks vs vanilla and SpikingJelly"),
     "steps": ("spikefuse.bench.steps", "one training step eager, captured (CUDA graph) and compiled, vs its GPU kernel time"),
+    "sparse": ("spikefuse.bench.sparse", "sparse against dense training steps of the IPU-study networks: where each wins"),
     "data": ("spikefuse.bench.data", "one epoch of SHD-shaped data through four loading pipelines"),
 }
 

@@ -13,10 +13,16 @@ What the study fixes (poster, and the authors' code, github.com/jrfinkbeiner/gra
   reset term's gradient stopped (detach_reset=True is our nearest option), no biases;
   SuperSpike surrogate (beta|u - theta| + 1)^-2 with beta = 10 (surrogate="fast_sigmoid",
   alpha=10). Their sparse backward also zeroes the surrogate below a secondary threshold
-  (0.9); the dense network here has no such cut.
+  (0.9); the dense network here has no such cut, sparse=True has it (below).
 - init: their weights are U(+-sqrt(6/fan_in)) and their LIF scales its input by
   (1 - decay) * 10 = 0.5; we fold that factor into the weights, U(+-0.5 sqrt(6/fan_in)),
   so the forward pass at initialisation (and the "natural activity" it sets) matches theirs.
+
+sparse=True is the study's sparse training: every hidden LIF passes gradient only where its
+potential reached grad_threshold (default 0.9 x threshold), and the spike-input hidden
+layers are SparseSpikingLinear (backward "auto"; or sparse="sparse"/"dense" to fix it),
+whose backward then works on the few outputs that carry gradient. Pair it with
+spikefuse.optim.LazyAdam to skip the zero rows of their weight gradients too.
 
 Readout: their output layer is a third LIF layer and the loss is cross-entropy on its spike
 counts summed over time (readout="count" here). The default, readout="mean", follows the other
@@ -29,6 +35,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import partial
 from math import prod
 
 import torch
@@ -36,6 +43,7 @@ from torch import nn
 
 from ..nn import LIF
 from ..nn.layers import check_frames, checked_shape, name_layers
+from ..nn.sparse_linear import BACKWARDS, SparseSpikingLinear
 from ..nn.spiking_layers import SpikingLinear
 
 LIF_DEFAULTS = dict(decay=0.95, threshold=1.0, reset="hard", detach_reset=True,
@@ -70,7 +78,8 @@ class IPUNet(nn.Module):
     """
 
     def __init__(self, input_shape, num_classes: int, hidden=HIDDEN, width: float = 1.0,
-                 readout: str = "mean", fused: bool = True, backend: str = "auto", **lif):
+                 readout: str = "mean", fused: bool = True, backend: str = "auto",
+                 sparse: bool | str = False, **lif):
         super().__init__()
         self.input_shape = checked_shape(input_shape, num_classes)
         if not width > 0:
@@ -79,18 +88,28 @@ class IPUNet(nn.Module):
             raise ValueError(f"readout: unknown {readout!r}; expected one of {list(READOUTS)}")
         if not fused and backend == "fused":
             raise ValueError("backend='fused' contradicts fused=False (the unfused baseline uses the reference LIF)")
+        if sparse not in (False, True, *BACKWARDS):
+            raise ValueError(f"sparse: expected True, False or one of {list(BACKWARDS)}, got {sparse!r}")
+        if sparse and not fused:
+            raise ValueError("sparse=True needs fused=True (the unfused baseline is dense)")
         if not hidden or min(hidden) < 1:
             raise ValueError(f"hidden must list at least one positive layer size, got {hidden}")
         self.readout = readout  # export reads this: "mean" is the time-mean of the last Linear
         self.num_classes = int(num_classes)
         self.hidden_sizes = tuple(max(1, round(h * width)) for h in hidden)
         lif = {**LIF_DEFAULTS, **lif, "backend": backend if fused else "reference"}
+        if sparse:
+            lif.setdefault("grad_threshold", 0.9 * lif["threshold"])
         spike_linear = SpikingLinear if fused else nn.Linear
+        hidden_linear = (partial(SparseSpikingLinear, backward="auto" if sparse is True else sparse)
+                         if sparse else spike_linear)
         sizes = [prod(self.input_shape), *self.hidden_sizes, self.num_classes]
         layers: list[nn.Module] = [nn.Flatten(start_dim=2)]  # [T, B, ...] -> [T, B, N]
         for i, (n_in, n_out) in enumerate(zip(sizes, sizes[1:])):
-            layers.append((nn.Linear if i == 0 else spike_linear)(n_in, n_out, bias=False))
-            if i < len(sizes) - 2 or readout == "count":
+            last = i == len(sizes) - 2  # the readout: the loss reaches all its outputs (dense gradient)
+            layer = nn.Linear if i == 0 else spike_linear if last else hidden_linear
+            layers.append(layer(n_in, n_out, bias=False))
+            if not last or readout == "count":
                 layers.append(LIF(**lif))
         self.layers = nn.Sequential(*layers)
         self.reset_parameters()

@@ -1,5 +1,7 @@
 """Spiking neuron modules: they hold parameters (and, when streaming, the state);
 the dynamics live in spikefuse.functional.
+`grad_threshold` (sparse backward, see spikefuse.functional.lif) zeroes the surrogate
+gradient where the potential is below it; -inf (the default) cuts nothing.
 
 Input is time-major [T, B, ...]. With `stateful=True` the membrane potential after
 the last step is kept and used as v0 by the next call, so a long sequence can be
@@ -21,13 +23,15 @@ class LIF(nn.Module):
 
     def __init__(self, decay: float = 0.5, threshold: float = 1.0, reset: str = "hard",
                  v_reset: float = 0.0, detach_reset: bool = False, surrogate: str = "rectangular",
-                 alpha: float | None = None, stateful: bool = False, backend: str = "auto"):
+                 alpha: float | None = None, stateful: bool = False, backend: str = "auto",
+                 grad_threshold: float = float("-inf")):
         super().__init__()
         if reset not in F.RESETS:
             raise ValueError(f"reset: unknown mode {reset!r}; expected one of {list(F.RESETS)}")
         if backend not in F.BACKENDS:
             raise ValueError(f"backend: unknown {backend!r}; expected one of {list(F.BACKENDS)}")
         resolve_surrogate(surrogate, alpha)
+        self.grad_threshold = F._check_grad_threshold(grad_threshold)
         if not isinstance(decay, torch.Tensor):
             F._check_decay(decay, None)
         self.decay = decay
@@ -45,7 +49,8 @@ class LIF(nn.Module):
                              f"got shape {tuple(x.shape)}")
         options = dict(decay=self.decay_value(), threshold=self.threshold, reset=self.reset,
                        v_reset=self.v_reset, detach_reset=self.detach_reset,
-                       surrogate=self.surrogate, alpha=self.alpha, backend=self.backend)
+                       surrogate=self.surrogate, alpha=self.alpha, backend=self.backend,
+                       grad_threshold=self.grad_threshold)
         if not self.stateful:
             return F.lif(x, **options)
         v0 = self.v if self.v is not None and self.v.shape == x.shape[1:] else None
@@ -58,7 +63,10 @@ class LIF(nn.Module):
 
     def extra_repr(self):
         return (f"decay={self.decay}, threshold={self.threshold}, reset={self.reset!r}, "
-                f"surrogate={self.surrogate!r}")
+                f"surrogate={self.surrogate!r}{self._grad_threshold_repr()}")
+
+    def _grad_threshold_repr(self):
+        return f", grad_threshold={self.grad_threshold}" if self.grad_threshold > float("-inf") else ""
 
 
 class IF(LIF):
@@ -68,7 +76,8 @@ class IF(LIF):
         super().__init__(decay=1.0, threshold=threshold, **kwargs)
 
     def extra_repr(self):
-        return f"threshold={self.threshold}, reset={self.reset!r}, surrogate={self.surrogate!r}"
+        return (f"threshold={self.threshold}, reset={self.reset!r}, surrogate={self.surrogate!r}"
+                f"{self._grad_threshold_repr()}")
 
 
 class PLIF(LIF):
@@ -90,4 +99,5 @@ class PLIF(LIF):
         return torch.sigmoid(self.w)
 
     def extra_repr(self):
-        return f"channels={self.channels}, threshold={self.threshold}, reset={self.reset!r}"
+        return (f"channels={self.channels}, threshold={self.threshold}, reset={self.reset!r}"
+                f"{self._grad_threshold_repr()}")

@@ -12,6 +12,9 @@ checkpoint into registers (bit-identical to the forward: same operations, no FMA
 contraction), then runs the gradient recurrence backward through them. Traffic per
 element: forward reads x and writes s, backward reads grad_s and x and writes grad_x:
 the 5 accesses of the floor, plus the checkpoints.
+
+Sparse backward (Perez-Nieves & Goodman): the surrogate gradient is zeroed where the
+potential h[t] < grad_floor (the caller's grad_threshold; -inf cuts nothing).
 """
 from __future__ import annotations
 
@@ -276,7 +279,7 @@ def _lif_forward_kernel(
 
 
 @triton.jit
-def backward_chunk(X, GS, v, gv, gd, d, t0, T, threshold, v_reset, alpha,
+def backward_chunk(X, GS, v, gv, gd, d, t0, T, threshold, v_reset, alpha, grad_floor,
                    RESET: tl.constexpr, DETACH: tl.constexpr, SURROGATE: tl.constexpr,
                    NEED_GD: tl.constexpr, TAIL: tl.constexpr):
     """Recompute the chunk forward from its checkpoint v (h[t] and v[t-1] into registers),
@@ -300,7 +303,7 @@ def backward_chunk(X, GS, v, gv, gd, d, t0, T, threshold, v_reset, alpha,
         sel = (k == j)[:, None]
         h = row(H, sel)
         u = h - threshold
-        sg = surrogate_grad(u, SURROGATE, alpha)
+        sg = tl.where(h < grad_floor, 0.0, surrogate_grad(u, SURROGATE, alpha))  # NaN h keeps its NaN
         gh = grad_h(row(GSf, sel), gv, h, u >= 0.0, sg, threshold, v_reset, RESET, DETACH)
         if TAIL:  # steps past T carry no gradient
             gh = tl.where(t0 + j < T, gh, 0.0)
@@ -317,12 +320,13 @@ def backward_chunk(X, GS, v, gv, gd, d, t0, T, threshold, v_reset, alpha,
 @triton.jit
 def _lif_backward_kernel(
     gs_ptr, x_ptr, ckpt_ptr, gvT_ptr, gx_ptr, gv0_ptr, gd_ptr, decay_ptr,
-    decay, threshold, v_reset, alpha, T, N, inner, C,
+    decay, threshold, v_reset, alpha, grad_floor, T, N, inner, C,
     RESET: tl.constexpr, DETACH: tl.constexpr, SURROGATE: tl.constexpr, DECAY: tl.constexpr,
     HAS_GVT: tl.constexpr, NEED_GV0: tl.constexpr, NEED_GD: tl.constexpr,
     BLOCK: tl.constexpr, K: tl.constexpr, EVEN_N: tl.constexpr,
 ):
     decay, threshold, v_reset, alpha = f32(decay), f32(threshold), f32(v_reset), f32(alpha)
+    grad_floor = f32(grad_floor)
     n = program_neurons(BLOCK)
     n_mask = n < N
     d = load_decay(decay_ptr, decay, n, n_mask, inner, C, DECAY)
@@ -343,7 +347,7 @@ def _lif_backward_kernel(
         GS_prev = load_earlier_chunk(gs_ptr, (last - 1) * K, offs, n_mask, N, EVEN_N)
         v_prev = tl.load(ckpt_ptr + tl.cast(tl.maximum(last - 1, 0), tl.int64) * N + n, mask=n_mask, other=0.0)
         GX, gv, gd = backward_chunk(X, GS, v, gv, gd, d, last * K, T, threshold, v_reset, alpha,
-                                    RESET, DETACH, SURROGATE, NEED_GD, True)
+                                    grad_floor, RESET, DETACH, SURROGATE, NEED_GD, True)
         store_chunk(gx_ptr, last * K, offs, k, n_mask, T, N, GX, EVEN_N)
         X, GS, v = X_prev, GS_prev, v_prev
     for i in range(0, full):
@@ -354,7 +358,7 @@ def _lif_backward_kernel(
         GS_prev = load_earlier_chunk(gs_ptr, t0 - K, offs, n_mask, N, EVEN_N)
         v_prev = tl.load(ckpt_ptr + tl.cast(tl.maximum(c - 1, 0), tl.int64) * N + n, mask=n_mask, other=0.0)
         GX, gv, gd = backward_chunk(X, GS, v, gv, gd, d, t0, T, threshold, v_reset, alpha,
-                                    RESET, DETACH, SURROGATE, NEED_GD, False)
+                                    grad_floor, RESET, DETACH, SURROGATE, NEED_GD, False)
         store_chunk(gx_ptr, t0, offs, k, n_mask, T, N, GX, EVEN_N)
         X, GS, v = X_prev, GS_prev, v_prev
     if NEED_GV0:
@@ -444,7 +448,8 @@ def _forward(x, decay, decay_tensor, v0, threshold, reset, v_reset, save, want_s
 
 
 def _backward(grad_s, grad_vT, x, ckpt, decay, decay_tensor, threshold, reset,
-              v_reset, detach, surrogate, alpha, need_gv0, need_gd, launch=EAGER):
+              v_reset, detach, surrogate, alpha, need_gv0, need_gd, grad_threshold=float("-inf"),
+              launch=EAGER):
     """grad_x like x, and float32 dL/dv0 (shaped like x[0]) and per-neuron dL/d(decay)
     partial sums, or None. x is the contiguous input saved by _forward."""
     T = x.shape[0]
@@ -462,7 +467,7 @@ def _backward(grad_s, grad_vT, x, ckpt, decay, decay_tensor, threshold, reset,
             gs, x, ckpt, gvT if gvT is not None else unused, grad_x,
             gv0 if gv0 is not None else unused, gd if gd is not None else unused,
             decay_tensor if decay_tensor is not None else unused,
-            decay, threshold, v_reset, alpha, T, N, inner, C,
+            decay, threshold, v_reset, alpha, grad_threshold, T, N, inner, C,
             RESET=RESET_CODES[reset], DETACH=detach, SURROGATE=SURROGATES[surrogate],
             DECAY=mode, HAS_GVT=gvT is not None, NEED_GV0=need_gv0, NEED_GD=need_gd,
             BLOCK=BLOCK, K=K, EVEN_N=N % BLOCK == 0, num_warps=warps, enable_fp_fusion=False)
@@ -484,7 +489,7 @@ class LIFFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, decay_tensor, v0, options):
-        decay, threshold, reset, v_reset, detach, surrogate, alpha, want_state = options
+        decay, threshold, reset, v_reset, detach, surrogate, alpha, _, want_state = options
         save = any(ctx.needs_input_grad)
         spikes, vT, x, ckpt = _forward(x, decay, decay_tensor, v0, threshold, reset, v_reset, save,
                                        want_state)
@@ -496,13 +501,14 @@ class LIFFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_s, grad_vT=None):
         x, ckpt, decay_tensor, v0 = ctx.saved_tensors
-        decay, *options = ctx.options
+        decay, *options, grad_threshold = ctx.options
         if torch.is_grad_enabled():  # create_graph=True: this backward will be differentiated
             return (*reference_grads(x, decay, decay_tensor, v0, grad_s, grad_vT, options,
-                                     ctx.needs_input_grad), None)
+                                     ctx.needs_input_grad, grad_threshold), None)
 
         def run(grad_s, need_gv0, need_gd):
-            return _backward(grad_s, grad_vT, x, ckpt, decay, decay_tensor, *options, need_gv0, need_gd)
+            return _backward(grad_s, grad_vT, x, ckpt, decay, decay_tensor, *options, need_gv0, need_gd,
+                             grad_threshold)
         _, decay_needs_grad, v0_needs_grad, _ = ctx.needs_input_grad
         return (*_input_grads(run, grad_s, x, decay_tensor, v0, decay_needs_grad, v0_needs_grad), None)
 
@@ -520,7 +526,8 @@ def _input_grads(run_backward, grad_s, x, decay_tensor, v0, decay_needs_grad, v0
     return gx, grad_decay, grad_v0
 
 
-def reference_grads(x, decay, decay_tensor, v0, grad_s, grad_vT, options, needs):
+def reference_grads(x, decay, decay_tensor, v0, grad_s, grad_vT, options, needs,
+                    grad_threshold=float("-inf")):
     """(grad_x, grad_decay, grad_v0) for a backward that will itself be differentiated
     (create_graph=True): the backward kernel's output carries no graph, so the forward is
     run again through spikefuse.reference (in float32, spike for spike the kernel's) from
@@ -534,7 +541,8 @@ def reference_grads(x, decay, decay_tensor, v0, grad_s, grad_vT, options, needs)
         decay = decay_tensor.reshape((-1,) + (1,) * max(x.dim() - 3, 0)) if decay_tensor.numel() > 1 else decay_tensor
     with torch.enable_grad():
         spikes, vT = reference.lif(x.float(), decay, threshold, reset, v_reset, detach, surrogate, alpha,
-                                   None if v0 is None else v0.float(), return_state=True)
+                                   None if v0 is None else v0.float(), return_state=True,
+                                   grad_threshold=grad_threshold)
         outputs = [(out, g.to(out.dtype)) for out, g in ((spikes, grad_s), (vT, grad_vT)) if g is not None]
         grads = iter(torch.autograd.grad([o for o, _ in outputs], [t for t in wanted if t is not None],
                                          [g for _, g in outputs], create_graph=True, allow_unused=True))
@@ -547,10 +555,12 @@ def reference_grads(x, decay, decay_tensor, v0, grad_s, grad_vT, options, needs)
 @torch.library.triton_op("spikefuse::lif_forward", mutates_args=())
 def lif_forward(x: torch.Tensor, decay: float, decay_tensor: torch.Tensor | None,
                 v0: torch.Tensor | None, threshold: float, reset: str, v_reset: float,
-                detach: bool, surrogate: str, alpha: float, save: bool
+                detach: bool, surrogate: str, alpha: float, save: bool,
+                grad_threshold: float | None = None
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Spikes, v[T-1] (float32) and the checkpoints (empty unless `save`).
-    detach, surrogate and alpha are only used by the backward. (A triton_op's body is also
+    detach, surrogate, alpha and grad_threshold are only used by the backward; None stands
+    for -inf (no cut), which a schema default cannot spell. (A triton_op's body is also
     its fake kernel: only torch ops, launches and Python on shapes.)"""
     spikes, vT, _, ckpt = _forward(x, decay, decay_tensor, v0, threshold, reset, v_reset, save,
                                    launch=TRACED)
@@ -561,12 +571,12 @@ def lif_forward(x: torch.Tensor, decay: float, decay_tensor: torch.Tensor | None
 def lif_backward(grad_s: torch.Tensor, grad_vT: torch.Tensor | None, x: torch.Tensor,
                  ckpt: torch.Tensor, decay: float, decay_tensor: torch.Tensor | None,
                  threshold: float, reset: str, v_reset: float, detach: bool, surrogate: str,
-                 alpha: float, need_gv0: bool, need_gd: bool
+                 alpha: float, need_gv0: bool, need_gd: bool, grad_threshold: float | None = None
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """grad_x, and per-neuron dL/dv0 and dL/d(decay) partial sums (empty if not needed)."""
     gx, gv0, gd = _backward(grad_s, grad_vT, x.contiguous(), ckpt, decay, decay_tensor, threshold,
                             reset, v_reset, detach, surrogate, alpha, need_gv0, need_gd,
-                            launch=TRACED)
+                            float("-inf") if grad_threshold is None else grad_threshold, launch=TRACED)
 
     def or_empty(t):  # an op may not return None (nor one tensor twice)
         return t if t is not None else x.new_empty(0, dtype=torch.float32)
@@ -574,40 +584,43 @@ def lif_backward(grad_s: torch.Tensor, grad_vT: torch.Tensor | None, x: torch.Te
 
 
 def _setup_context(ctx, inputs, output):
-    x, decay, decay_tensor, v0, threshold, reset, v_reset, detach, surrogate, alpha, _ = inputs
+    x, decay, decay_tensor, v0, threshold, reset, v_reset, detach, surrogate, alpha, _, grad_threshold = inputs
     ctx.save_for_backward(x, output[2], decay_tensor, v0)
-    ctx.options = (decay, threshold, reset, v_reset, detach, surrogate, alpha)
+    ctx.options = (decay, threshold, reset, v_reset, detach, surrogate, alpha,
+                   float("-inf") if grad_threshold is None else grad_threshold)
 
 
 def _backward_rule(ctx, grad_s, grad_vT, _grad_ckpt):
     x, ckpt, decay_tensor, v0 = ctx.saved_tensors
-    decay, *options = ctx.options
+    decay, *options, grad_threshold = ctx.options
     if torch.is_grad_enabled():  # create_graph=True (AOT autograd traces backward without it)
         gx, grad_decay, grad_v0 = reference_grads(x, decay, decay_tensor, v0, grad_s, grad_vT, options,
-                                                  (ctx.needs_input_grad[0], *ctx.needs_input_grad[2:4]))
-        return (gx, None, grad_decay, grad_v0) + (None,) * 7
+                                                  (ctx.needs_input_grad[0], *ctx.needs_input_grad[2:4]),
+                                                  grad_threshold)
+        return (gx, None, grad_decay, grad_v0) + (None,) * 8
 
     def run(grad_s, need_gv0, need_gd):
-        return lif_backward(grad_s, grad_vT, x, ckpt, decay, decay_tensor, *options, need_gv0, need_gd)
+        return lif_backward(grad_s, grad_vT, x, ckpt, decay, decay_tensor, *options, need_gv0, need_gd,
+                            grad_threshold)
     gx, grad_decay, grad_v0 = _input_grads(run, grad_s, x, decay_tensor, v0, *ctx.needs_input_grad[2:4])
-    return (gx, None, grad_decay, grad_v0) + (None,) * 7
+    return (gx, None, grad_decay, grad_v0) + (None,) * 8
 
 
 lif_forward.register_autograd(_backward_rule, setup_context=_setup_context)
 
 
 def lif_fused(x, decay, decay_tensor, threshold, reset, v_reset, detach, surrogate, alpha,
-              v0, return_state):
+              v0, return_state, grad_threshold=float("-inf")):
     """Entry point for spikefuse.functional (arguments already checked there)."""
     if decay_tensor is not None:
         decay_tensor = decay_tensor.float()
     if not torch.compiler.is_dynamo_compiling():
-        options = (decay, threshold, reset, v_reset, detach, surrogate, alpha, return_state)
+        options = (decay, threshold, reset, v_reset, detach, surrogate, alpha, grad_threshold, return_state)
         if not x.is_contiguous():  # copied here, not inside: the x saved for backward keeps its graph
             x = x.contiguous()     # (a double backward differentiates through it)
         return LIFFunction.apply(x, decay_tensor, v0, options)
     wants_grad = torch.is_grad_enabled() and any(
         t is not None and t.requires_grad for t in (x, decay_tensor, v0))
     spikes, vT, _ = lif_forward(x, decay, decay_tensor, v0, threshold, reset, v_reset, detach,
-                                surrogate, alpha, wants_grad)
+                                surrogate, alpha, wants_grad, grad_threshold)
     return (spikes, vT) if return_state else spikes

@@ -50,20 +50,24 @@ def surrogate_grad(u: torch.Tensor, name: str, alpha: float) -> torch.Tensor:
 
 class Heaviside(torch.autograd.Function):
     """s = (u >= 0) forward (NaN where u is NaN: a NaN potential never reads as "no spike"),
-    sg(u) backward."""
+    sg(u) backward, zeroed where the bool tensor `cut` is True (sparse backward)."""
 
     @staticmethod
-    def forward(ctx, u, name, alpha):
-        ctx.save_for_backward(u)
+    def forward(ctx, u, name, alpha, cut=None):
+        ctx.save_for_backward(u, cut)
         ctx.name, ctx.alpha = name, alpha
         return torch.where(u >= 0, 1.0, u.clamp(min=0))  # clamp keeps NaN: 0 below, NaN for NaN
 
     @staticmethod
     def backward(ctx, grad_s):
-        (u,) = ctx.saved_tensors
-        return grad_s * surrogate_grad(u, ctx.name, ctx.alpha), None, None
+        u, cut = ctx.saved_tensors
+        sg = surrogate_grad(u, ctx.name, ctx.alpha)
+        if cut is not None:
+            sg = sg.masked_fill(cut, 0.0)
+        return grad_s * sg, None, None, None
 
 
-def spike(u: torch.Tensor, name: str = "rectangular", alpha: float | None = None) -> torch.Tensor:
+def spike(u: torch.Tensor, name: str = "rectangular", alpha: float | None = None,
+          cut: torch.Tensor | None = None) -> torch.Tensor:
     name, alpha = resolve(name, alpha)
-    return Heaviside.apply(u, name, alpha)
+    return Heaviside.apply(u, name, alpha, cut)

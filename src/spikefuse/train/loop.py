@@ -30,6 +30,7 @@ from tqdm.auto import tqdm
 
 from ..errors import RunError
 from . import checkpoint, metrics, rundir
+from ..nn.sparse_linear import update_dispatch
 from .capture import CaptureFallback, CapturedStep, prepare_optimizer
 from .spikes import SpikeMonitor
 
@@ -111,7 +112,8 @@ class Trainer:
         # evaluation runs the plain model: no collectives (ranks may evaluate unequal batch counts)
         self.eval_forward = self.forward if self.ddp is None else compiled(self.model)
         warmup = {} if self.ddp is None else {"warmup": data_parallel.capture_warmup}
-        self.step = CapturedStep(self._train_step, enabled=captured, **warmup)
+        self._new_step = lambda: CapturedStep(self._train_step, enabled=captured, **warmup)
+        self.step = self._new_step()
 
     def _capture_wanted(self, capture) -> bool:
         if capture is None:
@@ -247,6 +249,8 @@ class Trainer:
             if self.stop_on_nan and not math.isfinite(record["train_loss"]):
                 self._diverged(record)
             record.update(self.evaluate())
+            if update_dispatch(self.model):  # a sparse layer switched backward: capture again
+                self.step = self._new_step()
             if self.scheduler is not None:
                 self.scheduler.step()
             self.history.append(record)

@@ -1,0 +1,76 @@
+"""SpikingLinear with a sparse backward, chosen from the measured share of outputs that
+carry gradient.
+
+Put it in front of a LIF with a secondary gradient threshold (LIF(grad_threshold=...)):
+then only the outputs whose neurons came near threshold carry gradient, and the backward
+(spikefuse.ops.sparse_linear) works on those alone. Dispatch, backward="auto": both
+backwards count the carrying outputs on the device (no host sync inside a step);
+`update_dispatch(model)`, called where the loop already reads the device (between epochs,
+or every few hundred steps), reads the counts and picks the sparse backward where the
+mean carrying share is at most `sparse_below` (calibrated on an H100: see
+benchmarks/results/sparse-*.md), the dense one elsewhere. It returns whether any layer
+changed its choice: a captured step must then be captured again.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..ops.sparse_linear import sparse_spike_linear
+from .layers import check_input
+from .spiking_layers import SpikingLinear, _saved_bits
+
+BACKWARDS = ("auto", "sparse", "dense")
+SPARSE_BELOW = 0.25  # carrying share under which the sparse backward is faster (benchmark)
+
+
+class SparseSpikingLinear(SpikingLinear):
+    """nn.Linear over binary spikes [T, B, ..., in_features] (input saved as bits) whose
+    backward runs sparse over the outputs that carry gradient. backward: "auto" (start
+    sparse, then follow update_dispatch), "sparse" or "dense" (fixed)."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, backward: str = "auto",
+                 sparse_below: float = SPARSE_BELOW, device=None, dtype=None):
+        super().__init__(in_features, out_features, bias, device, dtype)
+        if backward not in BACKWARDS:
+            raise ValueError(f"backward: unknown {backward!r}; expected one of {list(BACKWARDS)}")
+        if not 0.0 <= sparse_below <= 1.0:
+            raise ValueError(f"sparse_below must be a share in [0, 1], got {sparse_below}")
+        self.backward_mode, self.sparse_below = backward, float(sparse_below)
+        self.sparse = backward != "dense"
+        self.register_buffer("carry", torch.zeros(2, dtype=torch.float64, device=device), persistent=False)
+
+    def forward(self, s: torch.Tensor) -> torch.Tensor:
+        if torch.compiler.is_dynamo_compiling():  # the traced op is SpikingLinear's (dense)
+            return super().forward(s)
+        check_input(self, s, "[T, B, ..., in_features]", rank=tuple(range(3, 9)),
+                    channels=self.in_features, dim=-1)
+        x = s if s.is_contiguous() else s.contiguous()
+        return sparse_spike_linear(x, self.weight, self.bias, _saved_bits(s, x, self.weight),
+                                   self.carry, self.sparse)
+
+    def carrying_share(self, reset: bool = True) -> float | None:
+        """Mean share of outputs that carried gradient per backward since the last reset
+        (None before any backward). Reads the device: call it between steps."""
+        total, calls = self.carry.tolist()
+        if reset:
+            self.carry.zero_()
+        return None if calls == 0 else total / calls / max(self.out_features, 1)
+
+    def extra_repr(self):
+        return super().extra_repr() + f", backward={self.backward_mode!r}"
+
+
+def update_dispatch(model: torch.nn.Module) -> bool:
+    """Re-choose the backward of every backward="auto" SparseSpikingLinear in `model` from
+    the carrying share measured since the last call; True if any choice changed."""
+    changed = False
+    for layer in model.modules():
+        if isinstance(layer, SparseSpikingLinear) and layer.backward_mode == "auto":
+            share = layer.carrying_share()
+            if share is not None and (share <= layer.sparse_below) != layer.sparse:
+                layer.sparse = not layer.sparse
+                changed = True
+    return changed
+
+
+__all__ = ["SparseSpikingLinear", "update_dispatch", "SPARSE_BELOW"]

@@ -1,0 +1,79 @@
+"""Adam on the nonzero rows of a gradient only (lazy Adam, torch.optim.SparseAdam's rule on
+a dense gradient): rows whose gradient is all zero keep their parameters and moments.
+
+A sparse backward (spikefuse.ops.sparse_linear) leaves most rows of a large weight's
+gradient zero; dense Adam still reads and writes 7 floats per parameter. Here the nonzero
+rows are listed on the device (spikefuse.ops.spike_index) and one launch updates just them,
+its loop running to the device-side count, so a CUDA graph captures it. The step counter
+and the learning rate may be device tensors (capturable, like torch's Adam).
+
+For a row that is updated the arithmetic is torch.optim.Adam's (amsgrad off, no weight
+decay): m = b1 m + (1 - b1) g, v = b2 v + (1 - b2) g^2,
+p -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps).
+"""
+from __future__ import annotations
+
+import torch
+
+from .lif import _cdiv  # noqa: F401  (first: it sets TRITON_INTERPRET on GPU-less machines)
+from .launch import cached_launch
+from .spike_index import active_indices
+
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+PROGRAMS = 1024  # each walks every PROGRAMS-th listed row
+
+
+@cached_launch
+@triton.jit
+def _lazy_adam_kernel(p_ptr, g_ptr, m_ptr, v_ptr, rows_ptr, count_ptr, step_ptr, lr_ptr, lr,
+                      beta1, beta2, eps, COLS, STRIDE, LR_TENSOR: tl.constexpr, BLOCK: tl.constexpr):
+    beta1, beta2, eps = tl.cast(beta1, tl.float32), tl.cast(beta2, tl.float32), tl.cast(eps, tl.float32)
+    step = tl.load(step_ptr)
+    if LR_TENSOR:
+        lr = tl.load(lr_ptr).to(tl.float32)
+    else:
+        lr = tl.cast(lr, tl.float32)
+    step_size = lr / (1.0 - tl.exp(step * tl.log(beta1)))
+    bias2_sqrt = tl.sqrt(1.0 - tl.exp(step * tl.log(beta2)))
+    n = tl.load(count_ptr)
+    for k in range(tl.program_id(0), n, STRIDE):
+        base = tl.load(rows_ptr + k).to(tl.int64) * COLS
+        for c0 in range(0, COLS, BLOCK):
+            offs = base + c0 + tl.arange(0, BLOCK)
+            mask = c0 + tl.arange(0, BLOCK) < COLS
+            g = tl.load(g_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+            m = tl.load(m_ptr + offs, mask=mask, other=0.0)
+            v = tl.load(v_ptr + offs, mask=mask, other=0.0)
+            p = tl.load(p_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+            m = m + (1.0 - beta1) * (g - m)  # torch's lerp
+            v = beta2 * v + (1.0 - beta2) * g * g
+            p = p - step_size * m / (tl.sqrt(v) / bias2_sqrt + eps)
+            tl.store(m_ptr + offs, m, mask=mask)
+            tl.store(v_ptr + offs, v, mask=mask)
+            tl.store(p_ptr + offs, p.to(p_ptr.dtype.element_ty), mask=mask)
+
+
+def nonzero_rows(grad2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rows [R] int32, count [1] int32): the rows of grad2 [R, C] with any nonzero."""
+    flags = grad2.ne(0).any(1).view(torch.uint8)
+    rows, count = active_indices(flags.view(1, -1), max(flags.numel(), 1))
+    return rows.view(-1), count
+
+
+def lazy_adam_step(param, grad, exp_avg, exp_avg_sq, step, lr, beta1, beta2, eps):
+    """One lazy Adam update in place; all tensors contiguous, `step` a float32 device
+    tensor already counting this step, `lr` a float or a device tensor."""
+    p2 = param.view(param.shape[0], -1) if param.dim() > 1 else param.view(1, -1)
+    g2 = grad.view(p2.shape)
+    rows, count = nonzero_rows(g2)
+    R, C = p2.shape
+    if R == 0 or C == 0:
+        return
+    lr_tensor = isinstance(lr, torch.Tensor)
+    programs = min(R, PROGRAMS)
+    _lazy_adam_kernel[(programs,)](p2, g2, exp_avg, exp_avg_sq, rows, count, step,
+                                   lr if lr_tensor else step, 0.0 if lr_tensor else float(lr),
+                                   beta1, beta2, eps, C, programs, LR_TENSOR=lr_tensor,
+                                   BLOCK=min(1024, triton.next_power_of_2(C)))

@@ -1,0 +1,177 @@
+"""Linear over binary spikes with a sparse backward: work only on the outputs that carry
+gradient.
+
+Downstream of a LIF with a secondary gradient threshold (grad_threshold, Perez-Nieves &
+Goodman), the gradient gy [R, OUT] reaching this layer (R = T x batch rows) is zero in
+every column whose neuron never came near threshold. Those columns contribute nothing,
+so backward first lists the carrying columns U (nonzero anywhere in gy; an index list
+with its count on the device, spikefuse.ops.spike_index), gathers gy[:, U] into a compact
+block, and then
+- input gradient  gs = gy[:, U] @ W[U, :]     (reads |U| rows of W, not all of W),
+- weight gradient gw[U, :] = gy[:, U]^T @ s   (|U| rows computed; the rest is zero),
+each a Triton matmul whose loop runs to the device-side count, so the launch shapes are
+static and a CUDA graph captures them. The weight gradient is returned dense (zero
+outside U: any optimizer reads it as usual; spikefuse.optim.LazyAdam updates only its
+nonzero rows). Forward stays cuBLAS's dense matmul: at the IPU networks' sizes (T x B
+>= 100 rows, 1-2 % activity) summing the active rows of W per row reads about as many
+bytes as the dense matmul reads W once (benchmarks/results/sparse-*.md).
+
+The gradients equal the dense backward's (same products, summed in another order);
+`carry` (optional, float64 [2], on the device) accumulates the number of carrying columns
+and of backward calls, which dispatch reads between epochs. Spikes s are saved as bits
+like spikefuse.ops.spike_linear.
+"""
+from __future__ import annotations
+
+import torch
+from torch.nn import functional as F
+
+from .lif import _cdiv  # noqa: F401  (first: it sets TRITON_INTERPRET on GPU-less machines)
+from .launch import cached_launch
+from .spike_index import active_indices
+from .spike_linear import _backward as dense_backward
+from .spike_pack import pack, unpack
+
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+
+@cached_launch
+@triton.jit
+def _gather_columns_kernel(gy_ptr, cols_ptr, count_ptr, out_ptr, OUT, BLOCK: tl.constexpr):
+    """out[r, k] = gy[r, cols[k]] for k < count (row r = program)."""
+    r = tl.program_id(0).to(tl.int64)
+    n = tl.load(count_ptr)
+    for k0 in range(0, n, BLOCK):
+        k = k0 + tl.arange(0, BLOCK)
+        mask = k < n
+        col = tl.load(cols_ptr + k, mask=mask, other=0)
+        tl.store(out_ptr + r * OUT + k, tl.load(gy_ptr + r * OUT + col, mask=mask, other=0.0), mask=mask)
+
+
+@cached_launch
+@triton.jit
+def _input_grad_kernel(gyu_ptr, w_ptr, cols_ptr, count_ptr, gs_ptr, R, IN, OUT,
+                       BR: tl.constexpr, BI: tl.constexpr, BK: tl.constexpr, PRECISION: tl.constexpr):
+    """gs[r, i] = sum_{k < count} gyu[r, k] * w[cols[k], i]."""
+    r = tl.program_id(0) * BR + tl.arange(0, BR)
+    i = tl.program_id(1) * BI + tl.arange(0, BI)
+    r_mask, i_mask = r < R, i < IN
+    n = tl.load(count_ptr)
+    acc = tl.zeros([BR, BI], tl.float32)
+    for k0 in range(0, n, BK):
+        k = k0 + tl.arange(0, BK)
+        k_mask = k < n
+        col = tl.load(cols_ptr + k, mask=k_mask, other=0).to(tl.int64)
+        a = tl.load(gyu_ptr + r.to(tl.int64)[:, None] * OUT + k[None, :],
+                    mask=r_mask[:, None] & k_mask[None, :], other=0.0).to(tl.float32)
+        b = tl.load(w_ptr + col[:, None] * IN + i[None, :],
+                    mask=k_mask[:, None] & i_mask[None, :], other=0.0).to(tl.float32)
+        acc = tl.dot(a, b, acc, input_precision=PRECISION)
+    tl.store(gs_ptr + r.to(tl.int64)[:, None] * IN + i[None, :], acc.to(gs_ptr.dtype.element_ty),
+             mask=r_mask[:, None] & i_mask[None, :])
+
+
+@cached_launch
+@triton.jit
+def _weight_grad_kernel(gyu_ptr, s_ptr, cols_ptr, count_ptr, gw_ptr, R, IN, OUT,
+                        BK: tl.constexpr, BI: tl.constexpr, BR: tl.constexpr, PRECISION: tl.constexpr):
+    """gw[cols[k], i] = sum_r gyu[r, k] * s[r, i] for k < count (other rows untouched)."""
+    k = tl.program_id(0) * BK + tl.arange(0, BK)
+    n = tl.load(count_ptr)
+    if tl.program_id(0) * BK < n:  # programs past the count have nothing to do
+        i = tl.program_id(1) * BI + tl.arange(0, BI)
+        k_mask, i_mask = k < n, i < IN
+        acc = tl.zeros([BK, BI], tl.float32)
+        for r0 in range(0, R, BR):
+            r = r0 + tl.arange(0, BR)
+            r_mask = r < R
+            a = tl.load(gyu_ptr + r.to(tl.int64)[None, :] * OUT + k[:, None],
+                        mask=k_mask[:, None] & r_mask[None, :], other=0.0).to(tl.float32)
+            b = tl.load(s_ptr + r.to(tl.int64)[:, None] * IN + i[None, :],
+                        mask=r_mask[:, None] & i_mask[None, :], other=0.0).to(tl.float32)
+            acc = tl.dot(a, b, acc, input_precision=PRECISION)
+        col = tl.load(cols_ptr + k, mask=k_mask, other=0).to(tl.int64)
+        tl.store(gw_ptr + col[:, None] * IN + i[None, :], acc.to(gw_ptr.dtype.element_ty),
+                 mask=k_mask[:, None] & i_mask[None, :])
+
+
+def _precision(device: torch.device) -> str:
+    """TF32 exactly when torch's float32 matmuls would use it (the dense path's rule)."""
+    return "tf32" if device.type == "cuda" and torch.backends.cuda.matmul.allow_tf32 else "ieee"
+
+
+def carrying_columns(gy2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(cols [OUT] int32, count [1] int32): the columns of gy2 [R, OUT] with any nonzero."""
+    flags = gy2.ne(0).any(0).view(torch.uint8)
+    cols, count = active_indices(flags.view(1, -1), max(flags.numel(), 1))
+    return cols.view(-1), count
+
+
+def sparse_backward(gy2, s2, weight, need_s: bool, need_w: bool, carry=None):
+    """(gs [R, IN] or None, gw [OUT, IN] or None) for gy2 [R, OUT] (contiguous) and the
+    spikes s2 [R, IN] (float, contiguous; only read for gw)."""
+    R, OUT = gy2.shape
+    IN = weight.shape[1]
+    cols, count = carrying_columns(gy2)
+    if carry is not None:
+        carry[0] += count[0]
+        carry[1] += 1
+    gyu = torch.empty_like(gy2)  # columns past the count are never read
+    if R > 0 and OUT > 0:
+        _gather_columns_kernel[(R,)](gy2, cols, count, gyu, OUT, BLOCK=256)
+    precision = _precision(gy2.device)
+    gs = gw = None
+    if need_s:
+        w = weight if weight.is_contiguous() else weight.contiguous()
+        gs = torch.empty(R, IN, device=gy2.device, dtype=gy2.dtype)
+        if R > 0 and IN > 0:
+            _input_grad_kernel[(_cdiv(R, 64), _cdiv(IN, 64))](gyu, w, cols, count, gs, R, IN, OUT,
+                                                              BR=64, BI=64, BK=32, PRECISION=precision)
+    if need_w:
+        gw = torch.zeros_like(weight, memory_format=torch.contiguous_format)
+        if R > 0 and OUT > 0 and IN > 0:
+            _weight_grad_kernel[(_cdiv(OUT, 32), _cdiv(IN, 64))](gyu, s2, cols, count, gw, R, IN, OUT,
+                                                                 BK=32, BI=64, BR=32, PRECISION=precision)
+    return gs, gw
+
+
+class SparseSpikeLinearFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, s, weight, bias, bits, carry, sparse):
+        """bits: pack(s), or None when no weight gradient will be taken. sparse=False runs
+        the dense backward (cuBLAS) but still counts the carrying columns into `carry`."""
+        ctx.save_for_backward(bits, weight)
+        ctx.s_shape, ctx.s_dtype, ctx.has_bias = s.shape, s.dtype, bias is not None
+        ctx.carry, ctx.sparse = carry, sparse
+        return F.linear(s, weight, bias)
+
+    @staticmethod
+    def backward(ctx, gy):
+        packed, weight = ctx.saved_tensors
+        need_s, need_w, need_b = ctx.needs_input_grad[:3]
+        need_b = need_b and ctx.has_bias
+        if not ctx.sparse:
+            if ctx.carry is not None:
+                ctx.carry[0] += gy.reshape(-1, gy.shape[-1]).ne(0).any(0).sum()
+                ctx.carry[1] += 1
+            return (*dense_backward(gy, packed, weight, ctx.s_shape, ctx.s_dtype, need_s, need_w, need_b),
+                    None, None, None)
+        gy2 = gy.reshape(-1, gy.shape[-1]).contiguous()
+        s2 = unpack(packed, (gy2.shape[0], weight.shape[1]), torch.float32) if need_w else None
+        gs, gw = sparse_backward(gy2, s2, weight, need_s, need_w, ctx.carry)
+        gs = gs.view(ctx.s_shape).to(ctx.s_dtype) if need_s else None
+        gb = gy2.sum(0).to(weight.dtype) if need_b else None
+        return gs, gw, gb, None, None, None
+
+
+def sparse_spike_linear(s: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                        bits: torch.Tensor | None = None, carry: torch.Tensor | None = None,
+                        sparse: bool = True) -> torch.Tensor:
+    """F.linear over binary spikes s [*, IN] with the sparse backward above (the dense one
+    when not `sparse`). bits: pack(s) when the producer made them. carry: float64 [2]
+    accumulator (carrying columns, backward calls)."""
+    save = weight.requires_grad and torch.is_grad_enabled()
+    if save and bits is None:
+        bits = pack(s)
+    return SparseSpikeLinearFunction.apply(s, weight, bias, bits if save else None, carry, sparse)

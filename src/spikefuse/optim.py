@@ -1,0 +1,60 @@
+"""Optimizers for sparse gradients.
+
+LazyAdam: Adam that updates only the rows (first dimension) of each parameter whose
+gradient has a nonzero, leaving the other rows' parameters and moments as they are
+(torch.optim.SparseAdam's lazy rule, on the dense gradients autograd gives). With the
+sparse backward of spikefuse.nn.SparseSpikingLinear, where most rows of a wide layer's
+weight gradient are zero, it skips most of the optimizer's memory traffic. It is not
+torch.optim.Adam: a row that gets no gradient keeps its momentum instead of coasting on
+it; where every row has gradient it is Adam (amsgrad off, no weight decay).
+
+Capturable: the step counters live on the parameters' device and the learning rate may
+be a device tensor (spikefuse.train.capture.prepare_optimizer makes it one), so a
+CapturedStep can hold the whole update.
+"""
+from __future__ import annotations
+
+import torch
+
+from .ops.lazy_adam import lazy_adam_step
+
+
+class LazyAdam(torch.optim.Optimizer):
+    def __init__(self, params, lr: float | torch.Tensor = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8):
+        if not (isinstance(lr, torch.Tensor) or lr >= 0):
+            raise ValueError(f"lr must be a non-negative number, got {lr}")
+        if not all(0.0 <= b < 1.0 for b in betas) or len(betas) != 2:
+            raise ValueError(f"betas must be two numbers in [0, 1), got {betas}")
+        if not eps >= 0:
+            raise ValueError(f"eps must be non-negative, got {eps}")
+        super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, capturable=True))
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            beta1, beta2 = group["betas"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                if p.grad.is_sparse:
+                    raise ValueError("LazyAdam takes dense gradients (zero rows are skipped); "
+                                     "use torch.optim.SparseAdam for sparse tensors")
+                state = self.state[p]
+                if not state:
+                    state["step"] = torch.zeros((), device=p.device, dtype=torch.float32)
+                    state["exp_avg"] = torch.zeros_like(p, dtype=torch.float32, memory_format=torch.contiguous_format)
+                    state["exp_avg_sq"] = torch.zeros_like(state["exp_avg"])
+                state["step"] += 1
+                if not p.is_contiguous():
+                    raise ValueError("LazyAdam needs contiguous parameters")
+                grad = p.grad if p.grad.is_contiguous() else p.grad.contiguous()
+                lazy_adam_step(p, grad, state["exp_avg"], state["exp_avg_sq"], state["step"],
+                               group["lr"], beta1, beta2, group["eps"])
+        return loss
+
+
+__all__ = ["LazyAdam"]

@@ -1,0 +1,219 @@
+"""Sparse spike execution: index lists, the sparse backward of SparseSpikingLinear, LazyAdam
+and dispatch, against dense float32 computations (Triton kernels through the interpreter)."""
+import os
+
+import pytest
+import torch
+
+from spikefuse.models.ipu import IPUNet
+from spikefuse.nn import LIF
+from spikefuse.nn.sparse_linear import SparseSpikingLinear, update_dispatch
+from spikefuse.ops.lazy_adam import nonzero_rows
+from spikefuse.ops.sparse_linear import carrying_columns, sparse_spike_linear
+from spikefuse.ops.spike_index import active_indices, active_indices_reference
+from spikefuse.ops.spike_linear import spike_linear
+from spikefuse.optim import LazyAdam
+
+DEVICE = os.environ.get("SPIKEFUSE_TEST_DEVICE", "cpu")
+
+
+def rel(a, b):
+    return float((a - b).abs().max() / b.abs().max().clamp_min(1e-30))
+
+
+@pytest.mark.parametrize("shape,capacity", [((7, 50), 6), ((1, 1), 1), ((3, 2100), 40), ((5, 33), 33), ((0, 9), 4)])
+def test_active_indices_match_reference(shape, capacity):
+    torch.manual_seed(0)
+    x = (torch.rand(shape) < 0.2).float()
+    idx, count = active_indices(x.to(DEVICE), capacity)
+    ref_idx, ref_count = active_indices_reference(x, capacity)
+    assert torch.equal(count.cpu(), ref_count) and torch.equal(idx.cpu(), ref_idx)
+
+
+def test_active_indices_counts_overflow_and_reads_strided_rows():
+    x = torch.zeros(4, 20)
+    x[1, ::2] = 1  # 10 nonzeros, capacity 3: the list holds the first 3, the count says 10
+    idx, count = active_indices(x.t().contiguous().t().to(DEVICE), 3)  # column-major input
+    assert count.tolist() == [0, 10, 0, 0]
+    assert idx[1].tolist() == [0, 2, 4]
+    idx, count = active_indices(x.to(DEVICE)[::2], 3)  # rows 0 and 2: strided rows
+    assert count.tolist() == [0, 0]
+
+
+def test_active_indices_rejects_bad_arguments():
+    with pytest.raises(ValueError, match="rows, columns"):
+        active_indices(torch.zeros(3), 2)
+    with pytest.raises(ValueError, match="capacity"):
+        active_indices(torch.zeros(2, 3), 0)
+
+
+def _sparse_gy(shape, out, share, seed):
+    """A gradient whose columns are zero except a `share` of them (what a LIF with a
+    secondary threshold sends back), with some zeros inside the carrying columns too."""
+    g = torch.Generator().manual_seed(seed)
+    cols = torch.rand(out, generator=g) < share
+    gy = torch.randn(*shape, out, generator=g) * cols
+    return gy * (torch.rand(gy.shape, generator=g) < 0.7)
+
+
+@pytest.mark.parametrize("T,B,IN,OUT,share", [(5, 3, 37, 41, 0.2), (1, 1, 17, 70, 0.05), (3, 2, 130, 33, 1.0),
+                                              (2, 5, 65, 129, 0.0)])
+def test_sparse_backward_equals_dense(T, B, IN, OUT, share):
+    """Spikes exactly, gradients to 1e-5 relative against the dense backward (TF32 off)."""
+    torch.manual_seed(T * 100 + OUT)
+    s = (torch.rand(T, B, IN) < 0.3).float().to(DEVICE).requires_grad_()
+    w = torch.randn(OUT, IN, device=DEVICE, requires_grad=True)
+    b = torch.randn(OUT, device=DEVICE, requires_grad=True)
+    gy = _sparse_gy((T, B), OUT, share, seed=OUT).to(DEVICE)
+    grads = []
+    for op in (sparse_spike_linear, spike_linear):
+        y = op(s, w, b)
+        grads.append((y.detach(), *torch.autograd.grad(y, (s, w, b), gy)))
+    (y_sparse, *sparse), (y_dense, *dense) = grads
+    assert torch.equal(y_sparse, y_dense)
+    for a, d in zip(sparse, dense):
+        assert rel(a, d) < 1e-5 if d.abs().max() > 0 else torch.equal(a, d)
+    gw = sparse[1]
+    carrying = gy.reshape(-1, OUT).ne(0).any(0)
+    assert torch.equal(gw[~carrying], torch.zeros_like(gw[~carrying]))  # zero rows stay exactly zero
+
+
+def test_sparse_backward_takes_non_contiguous_spikes_and_no_weight_grad():
+    torch.manual_seed(1)
+    base = (torch.rand(3, 4, 2, 19) < 0.4).float().to(DEVICE)
+    s = base[:, :, 1].requires_grad_()  # a non-contiguous view [3, 4, 19]
+    w = torch.randn(23, 19, device=DEVICE)  # frozen: only the input gradient
+    gy = _sparse_gy((3, 4), 23, 0.3, seed=2).to(DEVICE)
+    (gs,) = torch.autograd.grad(sparse_spike_linear(s, w, None), s, gy)
+    assert rel(gs, gy @ w) < 1e-5
+
+
+def test_carrying_columns_lists_nonzero_columns():
+    gy = torch.zeros(4, 9, device=DEVICE)
+    gy[2, 7] = 1.0
+    gy[0, 3] = -2.0
+    cols, count = carrying_columns(gy)
+    assert int(count) == 2 and cols[:2].tolist() == [3, 7]
+
+
+def test_secondary_threshold_minus_inf_reproduces_dense_gradients():
+    """theta_grad = -inf: every neuron carries gradient; the sparse network's gradients are
+    the dense network's."""
+    torch.manual_seed(0)
+    dense = IPUNet((12,), 3, hidden=(17, 13), backend="fused").to(DEVICE)
+    sparse = IPUNet((12,), 3, hidden=(17, 13), backend="fused", sparse="sparse",
+                    grad_threshold=float("-inf")).to(DEVICE)
+    sparse.load_state_dict(dense.state_dict())
+    x = (torch.rand(6, 4, 12) < 0.5).float().to(DEVICE) * 3
+    y = torch.tensor([0, 1, 2, 1], device=DEVICE)
+    for model in (dense, sparse):
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+    for (name, a), b in zip(sparse.named_parameters(), dense.parameters()):
+        assert rel(a.grad, b.grad) < 1e-5, name
+
+
+def test_secondary_threshold_makes_gradients_sparse_and_matches_its_dense_twin():
+    """With theta_grad = 0.9 the sparse backward equals the dense backward with the same
+    cut, and the hidden layer's weight gradient has zero rows."""
+    torch.manual_seed(3)
+    kwargs = dict(hidden=(40, 30), backend="fused", sparse="sparse", grad_threshold=0.9)
+    sparse = IPUNet((20,), 4, **kwargs).to(DEVICE)
+    dense = IPUNet((20,), 4, **kwargs).to(DEVICE)
+    dense.load_state_dict(sparse.state_dict())
+    for m in dense.modules():
+        if isinstance(m, SparseSpikingLinear):
+            m.sparse = False
+    x = (torch.rand(8, 3, 20) < 0.4).float().to(DEVICE) * 4
+    y = torch.tensor([0, 1, 3], device=DEVICE)
+    for model in (dense, sparse):
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+    for a, b in zip(sparse.parameters(), dense.parameters()):
+        assert rel(a.grad, b.grad) < 1e-5 if b.grad.abs().max() > 0 else torch.equal(a.grad, b.grad)
+    hidden = next(m for m in sparse.modules() if isinstance(m, SparseSpikingLinear))
+    zero_rows = (hidden.weight.grad == 0).all(1)
+    assert 0 < zero_rows.sum() < hidden.out_features  # some outputs carried gradient, not all
+    assert all(lif.grad_threshold == 0.9 for lif in sparse.modules() if isinstance(lif, LIF))
+
+
+def test_lazy_adam_is_adam_where_every_row_has_gradient_and_skips_zero_rows():
+    torch.manual_seed(0)
+    p1 = torch.randn(9, 13, device=DEVICE, requires_grad=True)
+    b1 = torch.randn(9, device=DEVICE, requires_grad=True)
+    p2, b2 = (t.detach().clone().requires_grad_() for t in (p1, b1))
+    lazy, adam = LazyAdam([p1, b1], lr=1e-2), torch.optim.Adam([p2, b2], lr=1e-2)
+    for _ in range(3):
+        g, gb = torch.randn(9, 13, device=DEVICE) + 0.1, torch.randn(9, device=DEVICE) + 0.1
+        p1.grad, p2.grad, b1.grad, b2.grad = g.clone(), g.clone(), gb.clone(), gb.clone()
+        lazy.step()
+        adam.step()
+    assert rel(p1.detach(), p2.detach()) < 1e-5 and rel(b1.detach(), b2.detach()) < 1e-5
+    before = p1.detach().clone()
+    moments = lazy.state[p1]["exp_avg"].clone()
+    g = torch.randn(9, 13, device=DEVICE)
+    g[[1, 4]] = 0
+    p1.grad = g
+    lazy.step()
+    assert torch.equal(p1.detach()[[1, 4]], before[[1, 4]])
+    assert torch.equal(lazy.state[p1]["exp_avg"][[1, 4]], moments[[1, 4]])
+    assert (p1.detach()[[0, 2, 3]] != before[[0, 2, 3]]).all()
+
+
+def test_lazy_adam_takes_a_tensor_learning_rate_and_rejects_bad_arguments():
+    p = torch.randn(3, 4, device=DEVICE, requires_grad=True)
+    q = p.detach().clone().requires_grad_()
+    opt = LazyAdam([p], lr=torch.tensor(1e-2, device=DEVICE))
+    ref = LazyAdam([q], lr=1e-2)
+    p.grad = q.grad = torch.ones(3, 4, device=DEVICE)
+    opt.step()
+    ref.step()
+    assert torch.equal(p, q)
+    with pytest.raises(ValueError, match="lr"):
+        LazyAdam([p], lr=-1.0)
+    with pytest.raises(ValueError, match="betas"):
+        LazyAdam([p], betas=(0.9, 1.0))
+    p.grad = torch.ones(3, 4, device=DEVICE).to_sparse()
+    with pytest.raises(ValueError, match="SparseAdam"):
+        opt.step()
+
+
+def test_nonzero_rows():
+    g = torch.zeros(5, 3, device=DEVICE)
+    g[3, 1] = 1.0
+    rows, count = nonzero_rows(g)
+    assert int(count) == 1 and int(rows[0]) == 3
+
+
+def test_dispatch_follows_the_measured_carrying_share():
+    torch.manual_seed(0)
+    layer = SparseSpikingLinear(10, 8, bias=False, sparse_below=0.25).to(DEVICE)
+    s = (torch.rand(2, 3, 10) < 0.5).float().to(DEVICE)
+    gy = torch.zeros(2, 3, 8, device=DEVICE)
+    gy[..., :4] = 1.0  # half the outputs carry gradient: dense pays
+    layer(s).backward(gy)
+    assert layer.sparse and update_dispatch(layer) and not layer.sparse
+    gy.zero_()
+    gy[..., 0] = 1.0  # one output in 8: back to sparse (the dense backward counts too)
+    layer(s).backward(gy)
+    assert update_dispatch(layer) and layer.sparse
+    assert not update_dispatch(layer)  # nothing measured since: no change
+    fixed = SparseSpikingLinear(10, 8, backward="dense").to(DEVICE)
+    fixed(s).backward(torch.ones(2, 3, 8, device=DEVICE))
+    assert not update_dispatch(fixed) and not fixed.sparse
+
+
+def test_sparse_layer_and_model_reject_bad_options():
+    with pytest.raises(ValueError, match="backward"):
+        SparseSpikingLinear(3, 4, backward="fast")
+    with pytest.raises(ValueError, match="sparse_below"):
+        SparseSpikingLinear(3, 4, sparse_below=2.0)
+    with pytest.raises(ValueError, match="sparse"):
+        IPUNet((5,), 2, hidden=(4,), sparse="yes")
+    with pytest.raises(ValueError, match="fused"):
+        IPUNet((5,), 2, hidden=(4,), sparse=True, fused=False)
+    with pytest.raises(ValueError, match="in_features"):
+        SparseSpikingLinear(3, 4)(torch.zeros(2, 2, 5))
+
+
+def test_sparse_model_state_dict_matches_dense():
+    dense, sparse = IPUNet((6,), 2, hidden=(5, 4)), IPUNet((6,), 2, hidden=(5, 4), sparse=True)
+    assert dense.state_dict().keys() == sparse.state_dict().keys()
