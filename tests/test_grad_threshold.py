@@ -120,7 +120,7 @@ def test_reset_path_is_not_cut(backend):
 def test_bad_values_are_refused(value):
     x = rand(3, 2, 4)
     for call in (lambda: F.lif(x, grad_threshold=value), lambda: F.if_(x, grad_threshold=value),
-                 lambda: F.plif(x, torch.tensor(0.5), grad_threshold=value),
+                 lambda: F.plif(x, torch.tensor(0.5, device=DEVICE), grad_threshold=value),
                  lambda: F.lif(x, grad_threshold=value, backend="fused"),
                  lambda: snn.LIF(grad_threshold=value), lambda: snn.PLIF(grad_threshold=value)):
         with pytest.raises(ValueError, match="grad_threshold"):

@@ -9,7 +9,10 @@ every step captured in one CUDA graph (the dense baseline is the captured dense 
 - auto:         IPUNet(sparse=True): backward chosen by update_dispatch after warm-up, LazyAdam;
 - spikingjelly: SpikingJelly 2.0's dense network, eager (small cases only).
 Activity is the network's own at initialisation ("natural": random weights, 5 % input
-events); theta_grad sets the share of neurons that carry gradient (reported per case).
+events), held there by a learning rate of 0 (--lr): every update still runs, but the
+weights, and so the activity, stay put (at 1e-3 the random-label steps drive the hidden
+rates to 10-40 % within the warm-up). theta_grad sets the share of neurons that carry
+gradient (reported per case).
 Also the weight-gradient kernel alone against cuBLAS at 1-5 % carrying outputs.
 Cross-checks: the sparse step's gradients against the dense backward's with the same cut.
 
@@ -41,14 +44,20 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cases", default="default",
                         help="'default' (the sweep in the module docstring) or net:width:batch:theta,...")
     parser.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, of {', '.join(MODES)}")
+    parser.add_argument("--lr", type=float, default=0.0,
+                        help="learning rate of the timed steps; 0 (default) keeps the weights, and so the "
+                             "activity, at their random initial values while every update still runs")
     parser.add_argument("--no-kernel", action="store_true", help="skip the weight-gradient kernel comparison")
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, eager, runs on the CPU (tests)")
 
 
 def default_cases():
-    cases = [("ipu-shd", w, b, 0.9) for w in (1, 4, 16) for b in (1, 8, 48, 256) if w < 16 or b < 256]
-    cases += [("ipu-shd", 4, 8, theta) for theta in (0.5, 0.0, float("-inf"))]
-    cases += [(net, 4, b, 0.9) for net in ("ipu-nmnist", "ipu-dvsgesture") for b in (1, 8)]
+    """The acceptance's region first (width >= x4, batch <= 8), then the rest of the map."""
+    cases = [("ipu-shd", w, b, 0.9) for w in (4, 16) for b in (1, 8)]
+    cases += [("ipu-shd", 4, 8, theta) for theta in (0.5, float("-inf"))]
+    cases += [(net, 4, 8, 0.9) for net in ("ipu-nmnist", "ipu-dvsgesture")]
+    cases += [("ipu-shd", 1, b, 0.9) for b in (1, 8, 48)] + [("ipu-shd", 4, b, 0.9) for b in (48, 256)]
+    cases += [("ipu-shd", 16, 48, 0.9), ("ipu-shd", 1, 256, 0.9), ("ipu-shd", 4, 8, 0.0)]
     return cases
 
 
@@ -73,11 +82,11 @@ def build(net, width, mode, theta):
     return IPUNet(spec.input_shape, spec.num_classes, width=width, sparse=sparse, **lif)
 
 
-def optimizer_for(mode, model, capture):
+def optimizer_for(mode, model, capture, lr):
     if mode in ("sparse", "auto"):
-        opt = LazyAdam(model.parameters(), lr=1e-3)
+        opt = LazyAdam(model.parameters(), lr=lr)
     else:
-        opt = torch.optim.Adam(model.parameters(), lr=1e-3, fused=capture or None)
+        opt = torch.optim.Adam(model.parameters(), lr=lr, fused=capture or None)
     if capture and mode != "spikingjelly" and prepare_optimizer(opt) is not None:
         raise RuntimeError("optimizer not capturable")
     return opt
@@ -115,7 +124,7 @@ def measure(case, mode, args, device, template_state):
             model = build(net, width, mode, theta)
         if mode != "spikingjelly":
             model.load_state_dict(template_state)
-        opt = optimizer_for(mode, model, capture and mode != "spikingjelly")
+        opt = optimizer_for(mode, model, capture and mode != "spikingjelly", args.lr)
         spec = NETWORKS[net]
         T = 4 if args.smoke else spec.time_steps
         gen = torch.Generator(device=device).manual_seed(1)
@@ -193,7 +202,7 @@ def weight_grad_kernel(device, smoke):
     """The layer-2 weight gradient at width x4 (5880 x 5888) and x16, R = T*B rows: cuBLAS
     (gy^T @ s, dense) against the sparse kernel with its dense zero-filled output, and the
     kernel alone on a pre-zeroed gradient (the row-sparse part LazyAdam consumes)."""
-    from ..ops.sparse_linear import _weight_grad_kernel, carrying_columns, _gather_columns_kernel, _precision, _cdiv
+    from ..ops.sparse_linear import _gather_columns_kernel, _precision, carrying_columns, weight_grad
     rows = []
     shapes = [(5880, 5888, 100), (5880, 5888, 800), (23520, 23552, 100)] if not smoke else [(40, 48, 12)]
     for out_f, in_f, R in shapes:
@@ -209,14 +218,14 @@ def weight_grad_kernel(device, smoke):
                 c, n = carrying_columns(gy)
                 gyu = torch.empty_like(gy)
                 _gather_columns_kernel[(R,)](gy, c, n, gyu, out_f, BLOCK=256)
-                _weight_grad_kernel[(_cdiv(out_f, 32), _cdiv(in_f, 64))](gyu, s, c, n, gw, R, in_f, out_f,
-                                                                         BK=32, BI=64, BR=32, PRECISION=prec)
+                weight_grad(gyu, s, c, n, gw, prec)
 
             def sparse_dense_output():
                 gw.zero_()
                 sparse_kernel_only()
             sparse_kernel_only()
-            ok = torch.allclose(gw, gy.t() @ s, rtol=1e-2, atol=1e-3)
+            dense = gy.t() @ s  # both on TF32: compared relative to the largest entry
+            ok = float((gw - dense).abs().max() / dense.abs().max().clamp_min(1e-30)) < 5e-3
             kw = dict(warmup=3, min_reps=5, max_reps=50, budget_s=0.5)
             row = {"out": out_f, "in": in_f, "R": R, "carrying_share": float(cols.float().mean()),
                    "dense_ms": median_ms(lambda: gy.t() @ s, **kw)[0],
@@ -262,6 +271,17 @@ def run(args) -> int:
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     cases = [("ipu-shd", 1 / 64, 2, 0.9)] if args.smoke else parse_cases(args.cases)
     rows, checks = [], []
+
+    def save(kernel=()):  # after every case: a run cut short keeps what it measured
+        add_ratios(rows)
+        payload = {"benchmark": "sparse", "environment": environment(), "input_density": INPUT_DENSITY,
+                   "timing": "CUDA events, medians of 5 captured steps queued back to back (steady state); "
+                             "every spikefuse mode is one CUDA-graph replay; SpikingJelly eager",
+                   "lr": args.lr,
+                   "smoke": args.smoke, "cases": rows, "cross_checks": checks, "weight_grad_kernel": list(kernel)}
+        return write_results("sparse-smoke" if args.smoke else "sparse", payload, markdown(payload), args.out)
+    kernel = [] if args.no_kernel else weight_grad_kernel(device, args.smoke)
+    save(kernel)
     for case in cases:
         net, width, batch, theta = case
         spec = NETWORKS[net]
@@ -277,13 +297,7 @@ def run(args) -> int:
             print(f"cross-check {case}: sparse vs dense backward, max rel grad diff {checks[-1]['max_rel_grad_diff']:.2e}")
         except Exception as e:  # noqa: BLE001
             checks.append({"case": case, "error": str(e)[:200]})
-    add_ratios(rows)
-    kernel = [] if args.no_kernel else weight_grad_kernel(device, args.smoke)
-    payload = {"benchmark": "sparse", "environment": environment(), "input_density": INPUT_DENSITY,
-               "timing": "CUDA events, medians of 5 captured steps queued back to back (steady state); "
-                         "every spikefuse mode is one CUDA-graph replay; SpikingJelly eager",
-               "smoke": args.smoke, "cases": rows, "cross_checks": checks, "weight_grad_kernel": kernel}
-    paths = write_results("sparse-smoke" if args.smoke else "sparse", payload, markdown(payload), args.out)
+        paths = save(kernel)
     print("wrote", *paths)
     return 1 if any("error" in r and r["mode"] != "spikingjelly" for r in rows) else 0
 
@@ -293,7 +307,9 @@ def markdown(payload) -> str:
     out = ["# Sparse vs dense training steps (IPU-study networks)\n",
            f"{env['device']}, {env['date']}, versions {env['versions']}\n",
            f"{payload['timing']}. Inputs: binary frames, {payload['input_density']:.0%} ones; natural "
-           "activity (random initial weights).\n"]
+           f"activity (random initial weights), learning rate {payload['lr']:g} (0: the weights stay at their "
+           "initial values, every update still runs). Optimizers: dense and sparse-adam torch Adam(fused=True), "
+           "sparse and auto spikefuse LazyAdam.\n"]
     header = ["net", "width", "B", "theta_grad", "mode", "step ms", "x dense", "carrying share",
               "hidden spike rates", "auto choice", "auto / best fixed", "peak MiB", "note"]
     rows = [[r["net"], r["width"], r["B"], r["theta_grad"], r["mode"], r.get("step_ms"), r.get("speedup_vs_dense"),

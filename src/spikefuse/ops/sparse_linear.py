@@ -26,7 +26,7 @@ from __future__ import annotations
 import torch
 from torch.nn import functional as F
 
-from .lif import _cdiv  # noqa: F401  (first: it sets TRITON_INTERPRET on GPU-less machines)
+from .lif import _cdiv  # first: it sets TRITON_INTERPRET on GPU-less machines
 from .launch import cached_launch
 from .spike_index import active_indices
 from .spike_linear import _backward as dense_backward
@@ -74,13 +74,16 @@ def _input_grad_kernel(gyu_ptr, w_ptr, cols_ptr, count_ptr, gs_ptr, R, IN, OUT,
 
 @cached_launch
 @triton.jit
-def _weight_grad_kernel(gyu_ptr, s_ptr, cols_ptr, count_ptr, gw_ptr, R, IN, OUT,
+def _weight_grad_kernel(gyu_ptr, s_ptr, cols_ptr, count_ptr, gw_ptr, R, IN, OUT, PROGRAMS,
                         BK: tl.constexpr, BI: tl.constexpr, BR: tl.constexpr, PRECISION: tl.constexpr):
-    """gw[cols[k], i] = sum_r gyu[r, k] * s[r, i] for k < count (other rows untouched)."""
-    k = tl.program_id(0) * BK + tl.arange(0, BK)
+    """gw[cols[k], i] = sum_r gyu[r, k] * s[r, i] for k < count (other rows untouched).
+    PROGRAMS persistent programs walk the count's tiles (a grid over every possible tile
+    would launch tens of thousands of programs with nothing to do)."""
     n = tl.load(count_ptr)
-    if tl.program_id(0) * BK < n:  # programs past the count have nothing to do
-        i = tl.program_id(1) * BI + tl.arange(0, BI)
+    i_tiles = tl.cdiv(IN, BI)
+    for tile in range(tl.program_id(0), tl.cdiv(n, BK) * i_tiles, PROGRAMS):
+        k = (tile // i_tiles) * BK + tl.arange(0, BK)
+        i = (tile % i_tiles) * BI + tl.arange(0, BI)
         k_mask, i_mask = k < n, i < IN
         acc = tl.zeros([BK, BI], tl.float32)
         for r0 in range(0, R, BR):
@@ -94,6 +97,23 @@ def _weight_grad_kernel(gyu_ptr, s_ptr, cols_ptr, count_ptr, gw_ptr, R, IN, OUT,
         col = tl.load(cols_ptr + k, mask=k_mask, other=0).to(tl.int64)
         tl.store(gw_ptr + col[:, None] * IN + i[None, :], acc.to(gw_ptr.dtype.element_ty),
                  mask=k_mask[:, None] & i_mask[None, :])
+
+
+def persistent_programs(device: torch.device) -> int:
+    """Programs for a persistent loop: 4 per SM on a GPU (a few under the interpreter)."""
+    if device.type != "cuda":
+        return 4
+    return 4 * torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def weight_grad(gyu, s2, cols, count, gw, precision):
+    """Rows cols[:count] of gw [OUT, IN] from the gathered gradient gyu and the spikes s2."""
+    R, OUT = gyu.shape
+    IN = s2.shape[1]
+    if R > 0 and OUT > 0 and IN > 0:
+        programs = min(persistent_programs(gyu.device), _cdiv(OUT, 32) * _cdiv(IN, 64))
+        _weight_grad_kernel[(programs,)](gyu, s2, cols, count, gw, R, IN, OUT, programs,
+                                         BK=32, BI=64, BR=32, PRECISION=precision)
 
 
 def _precision(device: torch.device) -> str:
@@ -130,9 +150,7 @@ def sparse_backward(gy2, s2, weight, need_s: bool, need_w: bool, carry=None):
                                                               BR=64, BI=64, BK=32, PRECISION=precision)
     if need_w:
         gw = torch.zeros_like(weight, memory_format=torch.contiguous_format)
-        if R > 0 and OUT > 0 and IN > 0:
-            _weight_grad_kernel[(_cdiv(OUT, 32), _cdiv(IN, 64))](gyu, s2, cols, count, gw, R, IN, OUT,
-                                                                 BK=32, BI=64, BR=32, PRECISION=precision)
+        weight_grad(gyu, s2, cols, count, gw, precision)
     return gs, gw
 
 
