@@ -8,3 +8,6 @@ from .bn_lif import BNLIF  # noqa: E402
 
 __all__ += ["TimeFolded", "Dropout", "per_step", "name_layers", "TemporalBatchNorm1d",
             "TemporalBatchNorm2d", "BNLIF"]
+from .sparse_linear import SparseSpikingLinear, update_dispatch  # noqa: E402
+
+__all__ += ["SparseSpikingLinear", "update_dispatch"]

@@ -7,8 +7,8 @@ then only the outputs whose neurons came near threshold carry gradient, and the 
 backwards count the carrying outputs on the device (no host sync inside a step);
 `update_dispatch(model)`, called where the loop already reads the device (between epochs,
 or every few hundred steps), reads the counts and picks the sparse backward where the
-mean carrying share is at most `sparse_below` (calibrated on an H100: see
-benchmarks/results/sparse-*.md), the dense one elsewhere. It returns whether any layer
+mean carrying share is at most `sparse_below` (0.25: a first guess from one H100 run,
+docs/sparse.md), the dense one elsewhere. It returns whether any layer
 changed its choice: a captured step must then be captured again.
 """
 from __future__ import annotations
@@ -20,7 +20,7 @@ from .layers import check_input
 from .spiking_layers import SpikingLinear, _saved_bits
 
 BACKWARDS = ("auto", "sparse", "dense")
-SPARSE_BELOW = 0.25  # carrying share under which the sparse backward is faster (benchmark)
+SPARSE_BELOW = 0.25  # a first guess from one H100 run (docs/sparse.md), not a calibration
 
 
 class SparseSpikingLinear(SpikingLinear):

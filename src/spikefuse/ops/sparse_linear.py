@@ -14,7 +14,7 @@ static and a CUDA graph captures them. The weight gradient is returned dense (ze
 outside U: any optimizer reads it as usual; spikefuse.optim.LazyAdam updates only its
 nonzero rows). Forward stays cuBLAS's dense matmul: at the IPU networks' sizes (T x B
 >= 100 rows, 1-2 % activity) summing the active rows of W per row reads about as many
-bytes as the dense matmul reads W once (benchmarks/results/sparse-*.md).
+bytes as the dense matmul reads W once (docs/sparse.md).
 
 The gradients equal the dense backward's (same products, summed in another order);
 `carry` (optional, float64 [2], on the device) accumulates the number of carrying columns
