@@ -354,3 +354,23 @@ def test_deep_lif_is_registered_and_keeps_firing_through_its_depth():
     with torch.no_grad():
         assert model(x).shape == (2, 10)
     assert all(0.03 < r < 0.4 for r in rates), rates  # neither dying out nor saturating with depth
+
+
+def test_chunked_step_keeps_the_secondary_gradient_threshold():
+    """A LIF's grad_threshold survives the pipeline's own LIF calls: chunked gradients equal
+    one-device gradients, and differ from those without the cut."""
+    def build(cut):
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Linear(IN, 8), snn.LIF(threshold=0.5, grad_threshold=cut, backend="reference"),
+                             nn.Linear(8, CLASSES))
+    x, y = data()
+    grads = {}
+    for cut in (0.3, float("-inf")):
+        layers = build(cut)
+        pipeline_step(layers, x, y, rate_mse, 4)
+        ref = build(cut)
+        rate_mse(ref(x), y).backward()
+        for (n, p), q in zip(layers.named_parameters(), ref.parameters()):
+            torch.testing.assert_close(p.grad, q.grad, rtol=RTOL, atol=ATOL, msg=n)
+        grads[cut] = layers[0].weight.grad
+    assert not torch.allclose(grads[0.3], grads[float("-inf")])

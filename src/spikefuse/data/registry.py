@@ -1,14 +1,14 @@
-"""Data sets by name: `DATASETS` and `load(name, ...) -> Splits`."""
+"""Data sets by name, or as data set objects: `DATASETS` and `load(name_or_dataset, ...) -> Splits`."""
 from __future__ import annotations
 
 import torch
 
-from . import embedded, memory, synthetic
+from . import embedded, foreign, memory, synthetic
 from .cache import cached_store
 from .dataset import DenseSpikeDataset, EventSpikeDataset, Splits
 from .framing import ToFrame
 from .store import EventStore
-from .tonic_sets import TONIC_SETS, open_split, sorted_columns
+from .tonic_sets import PRE, TONIC_SETS, open_split, pack
 
 DATASETS = {
     "digits": "sklearn digits 8x8 (64 inputs), rate coded: Bernoulli p = pixel/16 per step; 10 classes, no download",
@@ -22,19 +22,34 @@ DEFAULT_TIME_STEPS = {"digits": 20, "digits-latency": 20, "randman": 50, "shd-sy
                       **{name: spec.time_steps for name, spec in TONIC_SETS.items()}}
 
 
-def load(name: str, *, time_steps: int | None = None, root: str = "~/.cache/spikefuse", seed: int = 0,
-         device="cpu") -> Splits:
+def load(name, *, test=None, time_steps: int | None = None, sensor_size=None, num_classes: int | None = None,
+         framing: str | None = None, root: str = "~/.cache/spikefuse", seed: int = 0, device="cpu") -> Splits:
     """Load a data set's train and test splits, batches coming out on `device`.
 
-    Embedded sets are encoded once into a tensor on `device`. Event sets are packed into a
-    disk-cached store under `root`, kept on the GPU when they fit, and framed per batch.
+    name: a name from DATASETS; or a data set object, the train split, with the test split as
+    `test=` (or both as a pair `(train, test)`): a Tonic data set, or any map-style torch
+    Dataset whose items are (events, target), events a structured numpy array with fields
+    t, x, [y], p (see spikefuse.data.foreign). For those:
+        sensor_size: (W, H, P); default the object's `sensor_size` attribute (Tonic's).
+        num_classes: default len(obj.classes) (Tonic's), else the largest target + 1.
+        framing: "bins" (default: each sample's span cut into time_steps bins) or "window"
+            (time_steps equal windows over the first second); a Tonic class spikefuse knows
+            (SHD, SSC, NMNIST, DVSGesture) defaults to that set's framing and time steps.
+        time_steps: required unless the class is one of those.
+    Embedded sets are encoded once into a tensor on `device`. Event sets are packed once into
+    a disk-cached store under `root`, kept on the GPU when they fit, and framed per batch.
     """
+    if not isinstance(name, str):
+        return _load_objects(name, test, time_steps, sensor_size, num_classes, framing, root, device)
+    for arg, value in (("test", test), ("sensor_size", sensor_size), ("num_classes", num_classes),
+                       ("framing", framing)):
+        if value is not None:
+            raise ValueError(f"{arg}: only for data set objects; the named set {name!r} fixes it")
     if name not in DATASETS:
         raise ValueError(f"name: unknown data set {name!r}; valid names: {', '.join(DATASETS)}")
     if time_steps is None:
         time_steps = DEFAULT_TIME_STEPS[name]
-    if not isinstance(time_steps, int) or isinstance(time_steps, bool) or time_steps < 1:
-        raise ValueError(f"time_steps: expected a positive int, got {time_steps!r}")
+    _check_time_steps(time_steps)
     if not isinstance(seed, int) or isinstance(seed, bool) or not -(2**63) <= seed < 2**63:
         raise ValueError(f"seed: expected an int from -2**63 to 2**63 - 1, got {seed!r}")
     device = check_device(device)
@@ -69,21 +84,63 @@ def load(name: str, *, time_steps: int | None = None, root: str = "~/.cache/spik
         sensor, num_classes, input_shape, framing = spec.sensor_size, spec.num_classes, spec.input_shape, spec.framing
 
         def build(split):
-            src = open_split(name, split, root)
-            return EventStore.from_samples((src[i] for i in range(len(src))), sensor, total=len(src),
-                                           transform=sorted_columns, desc=f"{name} {split}")
+            return pack(open_split(name, split, root), sensor, f"{name} {split}")
         import tonic
-        params = {"tonic": tonic.__version__, "pre": "sorted_columns"}
+        params = {"tonic": tonic.__version__, "pre": PRE}
 
+    stores = _cached_stores(root, name, {"train": params, "test": params}, build, device)
     frame = frame_for(framing, sensor, time_steps)
-    test_split = "test"
+    train, test = (EventSpikeDataset(s, frame, time_steps, input_shape) for s in stores)
+    return Splits(name, train, test, num_classes, input_shape, time_steps)
+
+
+def _check_time_steps(time_steps) -> None:
+    if not isinstance(time_steps, int) or isinstance(time_steps, bool) or time_steps < 1:
+        raise ValueError(f"time_steps: expected a positive int, got {time_steps!r}")
+
+
+def _cached_stores(root, name: str, params: dict, build, device) -> list[EventStore]:
+    """Each split's store from the disk cache (built by build(split) once), on `device` when it fits."""
     out = []
-    for split in ("train", test_split):
-        store = cached_store(root, name, split, params, lambda s=split: build(s), device=device)
-        if fits_on(store, device):
-            store = store.to(device, resident=True)
-        out.append(EventSpikeDataset(store, frame, time_steps, input_shape))
-    return Splits(name, out[0], out[1], num_classes, input_shape, time_steps)
+    for split, p in params.items():
+        store = cached_store(root, name, split, p, lambda s=split: build(s), device=device)
+        out.append(store.to(device, resident=True) if fits_on(store, device) else store)
+    return out
+
+
+def _load_objects(data, test, time_steps, sensor_size, num_classes, framing, root, device) -> Splits:
+    """load() for data set objects: packed through the named Tonic sets' path, cached the same way."""
+    train, test = foreign.split_pair(data, test)
+    spec = next((s for s in TONIC_SETS.values() if type(train).__module__.startswith("tonic")
+                 and type(train).__name__ == s.tonic_class), None)
+    if time_steps is None:
+        if spec is None:
+            raise ValueError(f"time_steps: required for a {type(train).__name__} data set (frames per sample)")
+        time_steps = spec.time_steps
+    _check_time_steps(time_steps)
+    framing = framing or (spec.framing if spec is not None else "bins")
+    if framing not in ("bins", "window"):
+        raise ValueError(f"framing: expected 'bins' or 'window', got {framing!r}")
+    device = check_device(device)
+    sensor = foreign.sensor_of(train, test, sensor_size)
+    sets = {"train": train, "test": test}
+    params = {split: foreign.cache_params(ds, split, sensor, PRE) for split, ds in sets.items()}
+    name = foreign.cache_name(train)
+
+    def build(split):
+        try:
+            return pack(foreign.Checked(sets[split], split), sensor, f"{type(sets[split]).__name__} {split}")
+        except ValueError as e:
+            raise ValueError(f"{split}: {e}") from e
+    stores = _cached_stores(root, name, params, build, device)
+    has_y = "y" in stores[0].events.dtype.names
+    if ("y" in stores[1].events.dtype.names) != has_y:
+        raise ValueError("test: its events have other fields than the train set's (one has y, the other not)")
+    input_shape = foreign.input_shape_for(sensor, has_y)
+    classes = foreign.num_classes_of(train, stores, num_classes)
+    frame = frame_for(framing, sensor, time_steps)
+    train_ds, test_ds = (EventSpikeDataset(s, frame, time_steps, input_shape) for s in stores)
+    return Splits(type(train).__name__, train_ds, test_ds, classes, input_shape, time_steps)
 
 
 def check_device(device) -> torch.device:

@@ -12,6 +12,9 @@ from dataclasses import dataclass
 import torch
 
 from .events import as_columns
+from .store import EventStore
+
+PRE = "sorted_columns"  # the per-sample preprocessing `pack` applies (part of the cache keys)
 
 
 class DatasetUnavailable(RuntimeError):
@@ -81,3 +84,11 @@ def sorted_columns(events):
         order = torch.argsort(t, stable=True)
         cols = {k: v[order] for k, v in cols.items()}
     return cols
+
+
+def pack(src, sensor_size, desc: str) -> EventStore:
+    """Pack a Tonic-style data set (len(src), src[i] -> (events, target)) into an EventStore,
+    each sample's events sorted by time; a tqdm bar shows progress. Named Tonic sets and the
+    data set objects given to `load` both take this path."""
+    return EventStore.from_samples((src[i] for i in range(len(src))), sensor_size, total=len(src),
+                                   transform=sorted_columns, desc=desc)

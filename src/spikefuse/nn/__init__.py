@@ -1,7 +1,7 @@
 """nn.Module wrappers: spiking neurons (and, as they land, time-folded layers)."""
-from .neurons import IF, LIF, PLIF
+from .neurons import IF, LIF, PLIF, detach_state, reset
 
-__all__ = ["LIF", "IF", "PLIF"]
+__all__ = ["LIF", "IF", "PLIF", "reset", "detach_state"]
 from .layers import Dropout, TimeFolded, name_layers, per_step  # noqa: E402
 from .batchnorm import TemporalBatchNorm1d, TemporalBatchNorm2d  # noqa: E402
 from .bn_lif import BNLIF  # noqa: E402

@@ -3,9 +3,27 @@ the dynamics live in spikefuse.functional.
 `grad_threshold` (sparse backward, see spikefuse.functional.lif) zeroes the surrogate
 gradient where the potential is below it; -inf (the default) cuts nothing.
 
-Input is time-major [T, B, ...]. With `stateful=True` the membrane potential after
-the last step is kept and used as v0 by the next call, so a long sequence can be
-fed in chunks; call `reset_state()` between independent sequences.
+Input is time-major [T, B, ...] with at least one feature dim (3 or more dims). A 2-D
+input is refused: [T, B] and [B, N] look alike; for one neuron per sample pass
+x.unsqueeze(-1), or call spikefuse.functional.lif, which takes any [T, *].
+
+State (`stateful=True`). The membrane potential after the last step, v[T-1], is kept
+in `module.v` and is the initial potential v0 of the next call, so a long sequence fed
+in chunks gives exactly the spikes of one call over the whole sequence. Rules:
+  - The state is shaped like one step of the input, x.shape[1:]. A call whose step has
+    another shape (a new batch size, say) raises ValueError: the state is never dropped
+    silently. Call `spikefuse.nn.reset(model)` between independent sequences (or batches);
+    it calls `reset_state()` on every module of the model that has one.
+  - `detach_state=True` (the default, and the behaviour before the option existed):
+    the carried v is detached, so backward stops at the start of each call (truncated
+    backpropagation through time, one chunk long).
+    `detach_state=False`: v keeps its graph, so a loss on a later chunk backpropagates
+    into the earlier calls (full BPTT over the chunks: the gradients equal those of one
+    call over the concatenated input). The earlier graphs must still exist when backward
+    runs (one backward over the summed losses, or retain_graph=True), and memory grows
+    with every call until `spikefuse.nn.reset(model)` or `spikefuse.nn.detach_state(model)`
+    (keeps the values, cuts the graph: truncate where you choose).
+  - `stateful=False` (the default): every call starts from v0 = 0 and nothing is kept.
 """
 from __future__ import annotations
 
@@ -16,15 +34,48 @@ from torch import nn
 
 from .. import functional as F
 from ..ops.surrogate import resolve as resolve_surrogate
+from .layers import layer_name
+
+
+def reset(model: nn.Module) -> nn.Module:
+    """Reset the state of every stateful module in `model` (itself included, nested at any
+    depth): calls `reset_state()` on each module that has one (spikefuse.nn.LIF, IF, PLIF,
+    or your own module following the same protocol). Call it between independent
+    sequences, and before a batch of another size. Returns `model`."""
+    for module in model.modules():
+        method = getattr(module, "reset_state", None)
+        if callable(method):
+            method()
+    return model
+
+
+def detach_state(model: nn.Module) -> nn.Module:
+    """Cut the autograd graph behind the carried state of every stateful module in `model`,
+    keeping its values: truncated BPTT for neurons built with detach_state=False (calls
+    `detach_state_()` on each module that has one). Returns `model`."""
+    for module in model.modules():
+        method = getattr(module, "detach_state_", None)
+        if callable(method):
+            method()
+    return model
 
 
 class LIF(nn.Module):
-    """Leaky integrate-and-fire: h = decay*v + x, fire at h >= threshold, then reset."""
+    """Leaky integrate-and-fire: h = decay*v + x, fire at h >= threshold, then reset.
+
+    x [T, B, ...] (3 or more dims) -> spikes of x's shape.
+    stateful: keep v[T-1] in `self.v` as the next call's initial potential (see the
+        module docstring); False: every call starts from zero.
+    detach_state: with stateful=True, detach the carried v (True, the default: backward
+        stops at each call's start, as before this option existed) or keep its graph
+        across calls (False: full BPTT over the chunks; truncating is the caller's job,
+        with spikefuse.nn.detach_state(model) or spikefuse.nn.reset(model)).
+    """
 
     def __init__(self, decay: float = 0.5, threshold: float = 1.0, reset: str = "hard",
                  v_reset: float = 0.0, detach_reset: bool = False, surrogate: str = "rectangular",
                  alpha: float | None = None, stateful: bool = False, backend: str = "auto",
-                 grad_threshold: float = float("-inf")):
+                 grad_threshold: float = float("-inf"), detach_state: bool = True):
         super().__init__()
         if reset not in F.RESETS:
             raise ValueError(f"reset: unknown mode {reset!r}; expected one of {list(F.RESETS)}")
@@ -37,36 +88,62 @@ class LIF(nn.Module):
         self.decay = decay
         self.threshold, self.reset, self.v_reset = threshold, reset, v_reset
         self.detach_reset, self.surrogate, self.alpha = detach_reset, surrogate, alpha
-        self.stateful, self.backend = stateful, backend
-        self.v: torch.Tensor | None = None
+        self.stateful, self.backend = bool(stateful), backend
+        self.detach_state = bool(detach_state)
+        self.v: torch.Tensor | None = None  # the carried state v[T-1] (stateful only)
 
     def decay_value(self):
         return self.decay
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if isinstance(x, torch.Tensor) and x.dim() < 2:
-            raise ValueError(f"{type(self).__name__} expects time-major input [T, B, ...], "
-                             f"got shape {tuple(x.shape)}")
+        if isinstance(x, torch.Tensor) and x.dim() < 3:
+            hint = (" (a 2-D input is ambiguous: [T, B] or [B, N]? for one neuron per sample pass "
+                    "x.unsqueeze(-1); spikefuse.functional.lif takes any [T, *])" if x.dim() == 2 else "")
+            raise ValueError(f"{layer_name(self)}: expected time-major input [T, B, ...] with at least "
+                             f"one feature dim (3 or more dims), got shape {tuple(x.shape)}{hint}")
         options = dict(decay=self.decay_value(), threshold=self.threshold, reset=self.reset,
                        v_reset=self.v_reset, detach_reset=self.detach_reset,
                        surrogate=self.surrogate, alpha=self.alpha, backend=self.backend,
                        grad_threshold=self.grad_threshold)
         if not self.stateful:
             return F.lif(x, **options)
-        v0 = self.v if self.v is not None and self.v.shape == x.shape[1:] else None
-        spikes, v = F.lif(x, v0=v0, return_state=True, **options)
-        self.v = v.detach()  # streaming chunks: truncated backpropagation through time
+        if isinstance(x, torch.Tensor):
+            self._check_state(x)
+        spikes, v = F.lif(x, v0=self.v, return_state=True, **options)
+        self.v = v.detach() if self.detach_state else v
         return spikes
 
+    def _check_state(self, x):
+        if self.v is None:
+            return
+        if self.v.shape != x.shape[1:]:
+            raise ValueError(
+                f"{layer_name(self)}: the carried state has shape {tuple(self.v.shape)} (one step of the "
+                f"previous input), so expected input [T, {', '.join(map(str, self.v.shape))}], got shape "
+                f"{tuple(x.shape)}; the batch size or feature shape changed between calls of a stateful "
+                f"neuron: call spikefuse.nn.reset(model) before a new sequence or batch")
+        if self.v.device != x.device:
+            raise ValueError(f"{layer_name(self)}: the carried state is on {self.v.device} but the input "
+                             f"is on {x.device}; call spikefuse.nn.reset(model) after moving the model")
+
     def reset_state(self):
+        """Forget the carried state: the next call starts from v0 = 0."""
         self.v = None
+
+    def detach_state_(self):
+        """Keep the carried state's values but cut its graph (truncated BPTT)."""
+        if self.v is not None:
+            self.v = self.v.detach()
 
     def extra_repr(self):
         return (f"decay={self.decay}, threshold={self.threshold}, reset={self.reset!r}, "
-                f"surrogate={self.surrogate!r}{self._grad_threshold_repr()}")
+                f"surrogate={self.surrogate!r}{self._options_repr()}")
 
-    def _grad_threshold_repr(self):
-        return f", grad_threshold={self.grad_threshold}" if self.grad_threshold > float("-inf") else ""
+    def _options_repr(self):
+        text = f", grad_threshold={self.grad_threshold}" if self.grad_threshold > float("-inf") else ""
+        if self.stateful:
+            text += f", stateful=True, detach_state={self.detach_state}"
+        return text
 
 
 class IF(LIF):
@@ -77,7 +154,7 @@ class IF(LIF):
 
     def extra_repr(self):
         return (f"threshold={self.threshold}, reset={self.reset!r}, surrogate={self.surrogate!r}"
-                f"{self._grad_threshold_repr()}")
+                f"{self._options_repr()}")
 
 
 class PLIF(LIF):
@@ -100,4 +177,4 @@ class PLIF(LIF):
 
     def extra_repr(self):
         return (f"channels={self.channels}, threshold={self.threshold}, reset={self.reset!r}"
-                f"{self._grad_threshold_repr()}")
+                f"{self._options_repr()}")

@@ -247,8 +247,7 @@ def _train(cfg, device, run_dir, args, state, dp=None) -> int:
 
     if not main:
         return 0
-    from .plots import plot_run
-    plot_run(run_dir, history, trainer.model, splits.test, device)
+    # the pictures: Trainer.fit wrote them into run_dir (plots.plot_run)
     final = history[-1]
     print(f"test accuracy {final['test_acc']:.2%} (loss {final['test_loss']:.4f}) after {final['epoch']} epochs "
           f"in {time.perf_counter() - start:.1f} s; plots, metrics and checkpoint in {run_dir}")

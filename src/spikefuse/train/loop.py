@@ -4,7 +4,8 @@
     history = trainer.fit()          # list of per-epoch metric dicts
 
 With a run_dir it appends metrics.jsonl and writes checkpoint.pt atomically after every
-epoch, holding the run directory's lock (rundir.py) meanwhile; `trainer.resume()` continues
+epoch, holding the run directory's lock (rundir.py) meanwhile, and at the end of fit the
+pictures `spikefuse train` gives (plots.py: curves, firing rates, raster); `trainer.resume()` continues
 from that checkpoint bit-for-bit: the data order is drawn from a generator seeded with
 seed + epoch, and every RNG state is restored.
 
@@ -29,7 +30,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from ..errors import RunError
-from . import checkpoint, metrics, rundir
+from . import checkpoint, metrics, plots, rundir
 from ..nn.sparse_linear import update_dispatch
 from .capture import CaptureFallback, CapturedStep, prepare_optimizer
 from .spikes import SpikeMonitor
@@ -48,7 +49,11 @@ class Trainer:
     """Trains `model` on `splits.train`, evaluates on `splits.test` after each epoch.
 
     splits: anything with .train and .test datasets offering
-        `batches(batch_size, shuffle=..., generator=...)` -> (x [T, B, ...], y [B]).
+        `batches(batch_size, shuffle=..., generator=...)` -> (x [T, B, ...], y [B]); or a
+        torch DataLoader yielding (x, y), x batch-first [B, T, ...] as Tonic's PadTensors()
+        gives (trained on, no test metrics), or a pair (train_loader, test_loader). Such
+        loaders keep their own batch size and order; for time-major loaders pass
+        spikefuse.data.loader_splits(train, test, batch_first=False).
     precision: "fp32", or "bf16"/"fp16" autocast (fp16 adds gradient scaling).
     compile: run the forward through torch.compile (default mode; checkpoints keep the
         plain module). With capture on, the CUDA graph captures the compiled step: one of
@@ -87,6 +92,12 @@ class Trainer:
         if data_parallel is not None and batch_size % data_parallel.world_size:
             raise ValueError(f"batch_size: {batch_size} does not split evenly over {data_parallel.world_size} "
                              "processes; pass a multiple of the world size (it is the global batch)")
+        if not (hasattr(splits, "train") and hasattr(splits, "test")):  # DataLoaders
+            from ..data.foreign import as_splits
+            splits = as_splits(splits)
+        if data_parallel is not None and not getattr(splits.train, "shardable", True):
+            raise ValueError("splits: DataLoaders are not sharded over processes; under data_parallel "
+                             "pass spikefuse.data.load(...)'s splits")
         self.device = torch.device(device)
         self.model = model.to(self.device)
         self.parallel = data_parallel
@@ -188,6 +199,11 @@ class Trainer:
     def evaluate(self, data=None) -> dict:
         """Loss, accuracy and per-layer firing rates on `data` (default: the test split)."""
         data = self.splits.test if data is None else data
+        if data is None:
+            raise ValueError("data: no test split to evaluate (splits were given as one DataLoader)")
+        if isinstance(data, torch.utils.data.DataLoader):
+            from ..data.foreign import as_split
+            data = as_split(data)
         if len(data) == 0:
             raise ValueError("data: no samples to evaluate (an empty split)")
         self.model.eval()
@@ -231,7 +247,8 @@ class Trainer:
 
     def fit(self) -> list[dict]:
         for name in ("train", "test"):
-            if len(getattr(self.splits, name)) == 0:
+            split = getattr(self.splits, name)
+            if split is not None and len(split) == 0:  # a test split of None: train only
                 raise ValueError(f"splits.{name}: the split is empty; fit needs at least one sample in "
                                  "both the train and the test split")
         with self._locked(), self._watching():
@@ -248,7 +265,8 @@ class Trainer:
             record.update(self.train_epoch(epoch))
             if self.stop_on_nan and not math.isfinite(record["train_loss"]):
                 self._diverged(record)
-            record.update(self.evaluate())
+            if self.splits.test is not None:
+                record.update(self.evaluate())
             if update_dispatch(self.model):  # a sparse layer switched backward: capture again
                 self.step = self._new_step()
             if self.scheduler is not None:
@@ -261,8 +279,11 @@ class Trainer:
                     metrics.append(self.run_dir / metrics.FILENAME, record)
             if self.progress:
                 tqdm.write(f"epoch {epoch + 1:3d}/{self.epochs}  loss {record['train_loss']:.4f}  "
-                           f"train {record['train_acc']:.2%}  test {record['test_acc']:.2%}  "
+                           f"train {record['train_acc']:.2%}  test {record.get('test_acc', math.nan):.2%}  "
                            f"rate {record['train_rate']:.3f}  {record['samples_per_s']:.0f} samples/s")
+        if self.run_dir is not None and self.main and self.history:  # the pictures `spikefuse train` gives
+            shown = self.splits.test if self.splits.test is not None else self.splits.train
+            plots.plot_run(self.run_dir, self.history, self.model, shown, self.device)
         return self.history
 
     def _diverged(self, record: dict):
