@@ -17,7 +17,6 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-import sklearn.datasets  # noqa: F401  (the digits) imported once here: forked ranks start with it, 2 s each
 import torch
 import torch._dynamo  # noqa: F401  by DDP
 import torch.distributed as dist

@@ -11,8 +11,8 @@ from .store import EventStore
 from .tonic_sets import PRE, TONIC_SETS, open_split, pack
 
 DATASETS = {
-    "digits": "sklearn digits 8x8 (64 inputs), rate coded: Bernoulli p = pixel/16 per step; 10 classes, no download",
-    "digits-latency": "sklearn digits 8x8 (64 inputs), latency coded: one spike, brighter = earlier; 10 classes, no download",
+    "digits": "scikit-learn's digits 8x8 (64 inputs, vendored), rate coded: Bernoulli p = pixel/16 per step; 10 classes, no download",
+    "digits-latency": "scikit-learn's digits 8x8 (64 inputs, vendored), latency coded: one spike, brighter = earlier; 10 classes, no download",
     "randman": "Zenke's random manifold task: 100 units, one spike each, timing is the class; 10 classes, no download",
     "shd-synthetic": "SHD-shaped synthetic events (700 channels, 20 classes, 8156/2264 samples, ~1 s), no download",
     **{name: spec.description for name, spec in TONIC_SETS.items()},
