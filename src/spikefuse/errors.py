@@ -9,6 +9,20 @@ class RunError(Exception):
     """A fault while running (the run directory is busy, training diverged): one line, exit code 1."""
 
 
+EXTRAS = {"tonic": "data", "matplotlib": "plot", "nir": "nir"}  # optional package -> pip extra
+
+
+def require(module: str, feature: str):
+    """Import an optional package, or raise ImportError naming the extra that installs it."""
+    import importlib
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        top = module.split(".")[0]
+        raise ImportError(f"{feature} needs {top}, an optional dependency: pip install "
+                          f"'spikefuse[{EXTRAS.get(top, 'all')}]'") from e
+
+
 def one_line(e: BaseException) -> str:
     """`Type: first non-empty line of the message` (some errors, e.g. EOFError, have none);
     a first line that only introduces the next ("Error(s) in loading state_dict for X:") takes it along."""

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import torch
 
+from ..errors import require
 from . import embedded, foreign, memory, synthetic
 from .cache import cached_store
 from .dataset import DenseSpikeDataset, EventSpikeDataset, Splits
@@ -85,8 +86,7 @@ def load(name, *, test=None, time_steps: int | None = None, sensor_size=None, nu
 
         def build(split):
             return pack(open_split(name, split, root), sensor, f"{name} {split}")
-        import tonic
-        params = {"tonic": tonic.__version__, "pre": PRE}
+        params = {"tonic": require("tonic", f"the {name} data set").__version__, "pre": PRE}
 
     stores = _cached_stores(root, name, {"train": params, "test": params}, build, device)
     frame = frame_for(framing, sensor, time_steps)

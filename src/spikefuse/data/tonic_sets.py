@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..errors import require
 from .events import as_columns
 from .store import EventStore
 
@@ -58,10 +59,10 @@ def _source(cls, split: str) -> tuple[str, str]:
 
 def open_split(name: str, split: str, root: str):
     """The Tonic data set object for one split (downloading if Tonic can)."""
-    import tonic.datasets
+    datasets = require("tonic.datasets", f"the {name} data set")
 
     spec = TONIC_SETS[name]
-    cls = getattr(tonic.datasets, spec.tonic_class)
+    cls = getattr(datasets, spec.tonic_class)
     root = os.path.expanduser(root)
     try:
         return cls(save_to=root, **_split_kwargs(spec.tonic_class, split))

@@ -267,7 +267,7 @@ def plot_run(run_dir, history: list[dict], model, test_data, device) -> list[Pat
     try:
         import matplotlib  # noqa: F401
     except ImportError:
-        print(f"spikefuse: no plots in {run_dir}: matplotlib is not installed (pip install matplotlib)",
+        print(f"spikefuse: no plots in {run_dir}: matplotlib is not installed (pip install 'spikefuse[plot]')",
               file=sys.stderr)
         return []
     run_dir.mkdir(parents=True, exist_ok=True)
