@@ -199,3 +199,75 @@ def _fused_lif():
         from .ops.lif import lif_fused
         _LIF_FUSED = lif_fused
     return _LIF_FUSED
+
+
+# ---- adaptive-threshold LIF (ALIF / LSNN) ----
+
+class ArgumentError(TypeError, ValueError):
+    """A bad argument's type (a non-float x, a string for a number): a TypeError that is
+    also a ValueError, so callers catching either see it."""
+
+
+def alif(
+    x: torch.Tensor,
+    decay: float = 0.5,
+    adapt_decay: float = 0.9,
+    beta: float = 0.5,
+    threshold: float = 1.0,
+    reset: str = "hard",
+    v_reset: float = 0.0,
+    detach_reset: bool = False,
+    surrogate: str = "rectangular",
+    alpha: float | None = None,
+    return_state: bool = False,
+    backend: str = "auto",
+):
+    """Adaptive-threshold LIF (ALIF / LSNN, Bellec et al. 2018) over all T steps of x [T, *]:
+
+        h[t] = decay * v[t-1] + x[t]                 v[-1] = 0
+        theta[t] = threshold + beta * a[t-1]         a[-1] = 0 (the adaptation variable)
+        s[t] = 1 if h[t] >= theta[t] else 0
+        v[t] = reset as `lif` ("hard" to v_reset, "soft" subtracts theta[t], "none")
+        a[t] = adapt_decay * a[t-1] + s[t]
+
+    decay, adapt_decay: floats in (0, 1]. beta: float >= 0 (0 gives `lif` exactly).
+    surrogate, alpha: backward ds/dh = sg(h - theta), also through theta (ds/da[t-1] =
+        -beta * sg). detach_reset cuts the reset of v from s (not a's update).
+    return_state: also return the final state (v[T-1], a[T-1]): (spikes, (v, a)).
+    backend: "fused" (spikefuse.ops.alif; on a CPU tensor through the Triton interpreter),
+        "reference" (spikefuse.reference.alif) or "auto" (fused on CUDA, else reference).
+    """
+    if isinstance(x, torch.Tensor) and x.dim() >= 1 and x.shape[0] > 0 and not x.is_floating_point():
+        raise ArgumentError(f"x must be a floating-point tensor, got dtype {x.dtype}")
+    _check_x(x)
+    decay = _alif_number("decay", decay, low_open=0.0, high=1.0)
+    adapt_decay = _alif_number("adapt_decay", adapt_decay, low_open=0.0, high=1.0)
+    beta = _alif_number("beta", beta, low=0.0)
+    threshold = _alif_number("threshold", threshold)
+    v_reset = _alif_number("v_reset", v_reset)
+    if reset not in RESETS:
+        raise ValueError(f"reset: unknown mode {reset!r}; expected one of {list(RESETS)}")
+    surrogate, alpha = resolve_surrogate(surrogate, alpha)
+    if _use_fused(backend, x):
+        from .ops.alif import alif_fused
+        return alif_fused(x, decay, adapt_decay, beta, threshold, reset, v_reset, bool(detach_reset),
+                          surrogate, alpha, bool(return_state))
+    return reference.alif(x, decay, adapt_decay, beta, threshold, reset, v_reset, bool(detach_reset),
+                          surrogate, alpha, bool(return_state))
+
+
+def _alif_number(name, value, low=None, low_open=None, high=None):
+    """A finite Python number (bools refused) within the bounds, as a float."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ArgumentError(f"{name} must be a finite Python number, got {value!r}")
+    try:
+        value = float(value)
+    except OverflowError:  # an int beyond float range
+        value = math.inf
+    ok = math.isfinite(value)
+    ok = ok and (low is None or value >= low) and (low_open is None or value > low_open)
+    ok = ok and (high is None or value <= high)
+    if not ok:
+        bounds = ("in (0, 1]" if low_open is not None else ">= 0" if low is not None else "finite")
+        raise ValueError(f"{name} must be a number {bounds}, got {value!r}")
+    return value

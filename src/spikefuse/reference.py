@@ -67,3 +67,47 @@ def if_(x: torch.Tensor, **kwargs):
 def plif(x: torch.Tensor, decay: torch.Tensor, **kwargs):
     """Parametric LIF: `decay` is a tensor that requires grad (scalar or per channel)."""
     return lif(x, decay=decay, **kwargs)
+
+
+def alif(
+    x: torch.Tensor,
+    decay: float = 0.5,
+    adapt_decay: float = 0.9,
+    beta: float = 0.5,
+    threshold: float = 1.0,
+    reset: str = "hard",
+    v_reset: float = 0.0,
+    detach_reset: bool = False,
+    surrogate: str = "rectangular",
+    alpha: float | None = None,
+    return_state: bool = False,
+):
+    """Adaptive-threshold LIF (ALIF / LSNN, Bellec et al. 2018) over all T steps of x [T, *]:
+        h[t] = decay * v[t-1] + x[t]                 v[-1] = 0
+        theta[t] = threshold + beta * a[t-1]         a[-1] = 0
+        s[t] = 1 if h[t] >= theta[t] else 0          (surrogate sg(h - theta) in backward)
+        v[t] = hard: v_reset where s, else h / soft: h - theta[t]*s / none: h
+        a[t] = adapt_decay * a[t-1] + s[t]
+    `detach_reset` cuts the reset of v from s; a[t] keeps s's gradient, and the threshold
+    (hence a) keeps its own. Returns spikes [T, *], and (v[T-1], a[T-1]) if `return_state`.
+    """
+    v = torch.zeros_like(x[0])
+    a = torch.zeros_like(x[0])
+    spikes = []
+    for t in range(x.shape[0]):
+        h = decay * v + x[t]
+        theta = threshold + beta * a
+        s = spike(h - theta, surrogate, alpha)
+        s_reset = s.detach() if detach_reset else s
+        if reset == "hard":  # as lif: h capped at the largest float, so h = +inf resets to v_reset
+            v = torch.addcmul(v_reset * s_reset, h.clamp(max=torch.finfo(h.dtype).max), 1 - s_reset)
+        elif reset == "soft":
+            v = h - theta * s_reset
+        elif reset == "none":
+            v = h
+        else:
+            raise ValueError(f"reset: unknown mode {reset!r}; expected 'hard', 'soft' or 'none'")
+        a = adapt_decay * a + s
+        spikes.append(s)
+    out = torch.stack(spikes)
+    return (out, (v, a)) if return_state else out

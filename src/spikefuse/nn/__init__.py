@@ -11,3 +11,6 @@ __all__ += ["TimeFolded", "Dropout", "per_step", "name_layers", "TemporalBatchNo
 from .sparse_linear import SparseSpikingLinear, update_dispatch  # noqa: E402
 
 __all__ += ["SparseSpikingLinear", "update_dispatch"]
+from .alif import ALIF  # noqa: E402
+
+__all__ += ["ALIF"]

@@ -12,6 +12,7 @@ SyncBN; `--gpus N` starts those N processes itself through torch's elastic launc
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import inspect
 import math
 import sys
@@ -249,8 +250,9 @@ def _train(cfg, device, run_dir, args, state, dp=None) -> int:
         return 0
     # the pictures: Trainer.fit wrote them into run_dir (plots.plot_run)
     final = history[-1]
+    saved = "plots, metrics and checkpoint" if importlib.util.find_spec("matplotlib") else "metrics and checkpoint"
     print(f"test accuracy {final['test_acc']:.2%} (loss {final['test_loss']:.4f}) after {final['epoch']} epochs "
-          f"in {time.perf_counter() - start:.1f} s; plots, metrics and checkpoint in {run_dir}")
+          f"in {time.perf_counter() - start:.1f} s; {saved} in {run_dir}")
     return 0
 
 

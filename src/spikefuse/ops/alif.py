@@ -1,0 +1,374 @@
+"""Fused adaptive-threshold LIF (ALIF / LSNN, Bellec et al. 2018): one Triton launch over
+all T steps forward, one reverse-time launch backward.
+
+    h[t]     = decay * v[t-1] + x[t]                    v[-1] = 0
+    theta[t] = threshold + beta * a[t-1]                a[-1] = 0 (adaptation)
+    s[t]     = 1 if h[t] >= theta[t] else 0
+    v[t]     = v_reset (hard) / h - theta[t] (soft) / h (none) where s[t] = 1, else h[t]
+    a[t]     = adapt_decay * a[t-1] + s[t]
+Backward: ds/dh = sg(h - theta) and ds/da[t-1] = -beta * sg (the threshold is a function
+of a). `detach_reset` cuts the reset of v from s (as for the LIF); the adaptation update
+a[t] = adapt_decay*a[t-1] + s[t] always keeps s's surrogate gradient.
+
+Layout and launches as spikefuse.ops.lif (same BLOCK/K rules, same helpers): each program
+owns BLOCK neurons, keeps v and a in registers for the whole sequence and walks time in
+chunks of K steps, prefetching the next chunk.
+
+Saved for backward: the input x (which the caller usually holds anyway) and (v, a) at the
+start of every chunk: 8/K bytes per neuron-step (K = 16 for float32: 0.5 byte, against 8
+bytes for storing v and a at every step). The backward kernel walks the chunks in reverse,
+recomputes h, theta (and so the spikes) forward from the chunk's checkpoint into registers
+(bit-identical to the forward: same operations, no FMA contraction), then runs the adjoint
+recurrence for (v, a) backward through them.
+
+torch.compile sees two torch.library triton_ops (spikefuse::alif_forward and
+spikefuse::alif_backward) whose bodies launch these kernels: the compiled graph runs the
+fused kernels, not the reference.
+"""
+from __future__ import annotations
+
+import torch
+
+from .lif import (EAGER, RESET_CODES, TRACED, _cdiv, _launch_config, f32, load_chunk,  # noqa: F401
+                  load_earlier_chunk, program_neurons, reset_potential, row, spike_value,
+                  store_chunk, surrogate_grad)
+from .launch import cached_launch
+from .surrogate import SURROGATES
+
+import triton  # noqa: E402, F401  (after .lif: it picks the interpreter on GPU-less machines)
+import triton.language as tl  # noqa: E402
+
+
+@triton.jit
+def alif_forward_chunk(X, v, a, d, ad, beta, t0, T, threshold, v_reset,
+                       RESET: tl.constexpr, TAIL: tl.constexpr):
+    """Run K steps from state (v, a) over chunk X: (spikes [K, BLOCK] float32, v, a after).
+    TAIL: the chunk crosses T, and the state must stop at step T-1."""
+    K: tl.constexpr = X.shape[0]
+    k = tl.arange(0, K)
+    Xf = X.to(tl.float32)
+    S = tl.zeros(X.shape, tl.float32)
+    for j in tl.static_range(K):
+        sel = (k == j)[:, None]
+        h = d * v + row(Xf, sel)
+        theta = threshold + beta * a
+        u = h - theta
+        fired = u >= 0.0
+        s = spike_value(u, fired)
+        v_next = reset_potential(h, fired, theta, v_reset, RESET)
+        a_next = ad * a + s
+        if TAIL:
+            v = tl.where(t0 + j < T, v_next, v)
+            a = tl.where(t0 + j < T, a_next, a)
+        else:
+            v = v_next
+            a = a_next
+        S = tl.where(sel, s[None, :], S)
+    return S, v, a
+
+
+@cached_launch
+@triton.jit
+def _alif_forward_kernel(
+    x_ptr, s_ptr, ckpt_ptr, vT_ptr, aT_ptr,
+    decay, adapt_decay, beta, threshold, v_reset, T, N,
+    RESET: tl.constexpr, SAVE_CKPT: tl.constexpr, STORE_STATE: tl.constexpr,
+    BLOCK: tl.constexpr, K: tl.constexpr, EVEN_N: tl.constexpr,
+):
+    d, ad, beta = f32(decay), f32(adapt_decay), f32(beta)
+    threshold, v_reset = f32(threshold), f32(v_reset)
+    n = program_neurons(BLOCK)
+    n_mask = n < N
+    v = tl.zeros([BLOCK], tl.float32)
+    a = tl.zeros([BLOCK], tl.float32)
+    k = tl.arange(0, K)
+    offs = k[:, None] * N + n[None, :]
+    full = T // K
+    a_ckpt_ptr = ckpt_ptr + tl.cast(tl.cdiv(T, K), tl.int64) * N  # ckpt is [2, chunks, N]
+    X = load_chunk(x_ptr, 0, offs, k, n_mask, T, N, EVEN_N)
+    for c in range(0, full):
+        t0 = c * K
+        X_next = load_chunk(x_ptr, t0 + K, offs, k, n_mask, T, N, EVEN_N)  # prefetch
+        if SAVE_CKPT:
+            tl.store(ckpt_ptr + tl.cast(c, tl.int64) * N + n, v, mask=n_mask)
+            tl.store(a_ckpt_ptr + tl.cast(c, tl.int64) * N + n, a, mask=n_mask)
+        S, v, a = alif_forward_chunk(X, v, a, d, ad, beta, t0, T, threshold, v_reset, RESET, False)
+        store_chunk(s_ptr, t0, offs, k, n_mask, T, N, S, EVEN_N)
+        X = X_next
+    if full * K < T:  # the last, partial chunk
+        if SAVE_CKPT:
+            tl.store(ckpt_ptr + tl.cast(full, tl.int64) * N + n, v, mask=n_mask)
+            tl.store(a_ckpt_ptr + tl.cast(full, tl.int64) * N + n, a, mask=n_mask)
+        S, v, a = alif_forward_chunk(X, v, a, d, ad, beta, full * K, T, threshold, v_reset, RESET, True)
+        store_chunk(s_ptr, full * K, offs, k, n_mask, T, N, S, EVEN_N)
+    if STORE_STATE:
+        tl.store(vT_ptr + n, v, mask=n_mask)
+        tl.store(aT_ptr + n, a, mask=n_mask)
+
+
+@triton.jit
+def alif_backward_chunk(X, GS, v, a, gv, ga, d, ad, beta, t0, T, threshold, v_reset, alpha,
+                        RESET: tl.constexpr, DETACH: tl.constexpr, SURROGATE: tl.constexpr,
+                        TAIL: tl.constexpr):
+    """Recompute the chunk forward from its checkpoint (v, a) (h[t] and theta[t] into
+    registers), then run the adjoint recurrence backward through it: (dL/dx chunk,
+    dL/dv, dL/da at the chunk's start)."""
+    K: tl.constexpr = X.shape[0]
+    k = tl.arange(0, K)
+    Xf = X.to(tl.float32)
+    H = tl.zeros(X.shape, tl.float32)
+    TH = tl.zeros(X.shape, tl.float32)
+    for j in tl.static_range(K):
+        sel = (k == j)[:, None]
+        h = d * v + row(Xf, sel)
+        theta = threshold + beta * a
+        u = h - theta
+        fired = u >= 0.0
+        H = tl.where(sel, h[None, :], H)
+        TH = tl.where(sel, theta[None, :], TH)
+        v = reset_potential(h, fired, theta, v_reset, RESET)
+        a = ad * a + spike_value(u, fired)
+    GSf = GS.to(tl.float32)
+    GX = tl.zeros(X.shape, tl.float32)
+    for jj in tl.static_range(K):
+        j = K - 1 - jj
+        sel = (k == j)[:, None]
+        h = row(H, sel)
+        theta = row(TH, sel)
+        u = h - theta
+        fired = u >= 0.0
+        sg = surrogate_grad(u, SURROGATE, alpha)
+        # dL/ds[t] = external + through a[t] (= adapt_decay*a[t-1] + s[t]) + through the reset
+        if RESET == 0:  # hard: v = h*(1-s) + v_reset*s
+            direct = tl.where(fired, 0.0, 1.0)
+            through_spike = 0.0 if DETACH else v_reset - h
+            through_theta = 0.0
+        elif RESET == 1:  # soft: v = h - theta*s (theta keeps its gradient even when s is detached)
+            direct = 1.0
+            through_spike = 0.0 if DETACH else -theta
+            through_theta = tl.where(fired, -1.0, 0.0)
+        else:
+            direct = 1.0
+            through_spike = 0.0
+            through_theta = 0.0
+        gu = (row(GSf, sel) + ga + gv * through_spike) * sg  # dL/du, u = h - theta
+        gh = gu + gv * direct
+        gth = gv * through_theta - gu  # dL/dtheta[t]
+        if TAIL:  # steps past T carry no gradient
+            valid = t0 + j < T
+            gh = tl.where(valid, gh, 0.0)
+            gv = tl.where(valid, gh * d, gv)
+            ga = tl.where(valid, ga * ad + gth * beta, ga)
+        else:
+            gv = gh * d
+            ga = ga * ad + gth * beta
+        GX = tl.where(sel, gh[None, :], GX)
+    return GX, gv, ga
+
+
+@cached_launch
+@triton.jit
+def _alif_backward_kernel(
+    gs_ptr, x_ptr, ckpt_ptr, gvT_ptr, gaT_ptr, gx_ptr,
+    decay, adapt_decay, beta, threshold, v_reset, alpha, T, N,
+    RESET: tl.constexpr, DETACH: tl.constexpr, SURROGATE: tl.constexpr,
+    HAS_GVT: tl.constexpr, HAS_GAT: tl.constexpr,
+    BLOCK: tl.constexpr, K: tl.constexpr, EVEN_N: tl.constexpr,
+):
+    d, ad, beta = f32(decay), f32(adapt_decay), f32(beta)
+    threshold, v_reset, alpha = f32(threshold), f32(v_reset), f32(alpha)
+    n = program_neurons(BLOCK)
+    n_mask = n < N
+    if HAS_GVT:  # dL/dv[T-1], dL/da[T-1] when the final state was used downstream
+        gv = tl.load(gvT_ptr + n, mask=n_mask, other=0.0).to(tl.float32)
+    else:
+        gv = tl.zeros([BLOCK], tl.float32)
+    if HAS_GAT:
+        ga = tl.load(gaT_ptr + n, mask=n_mask, other=0.0).to(tl.float32)
+    else:
+        ga = tl.zeros([BLOCK], tl.float32)
+    k = tl.arange(0, K)
+    offs = k[:, None] * N + n[None, :]
+    full = T // K
+    last = tl.cdiv(T, K) - 1
+    a_ckpt_ptr = ckpt_ptr + tl.cast(last + 1, tl.int64) * N
+    X = load_chunk(x_ptr, last * K, offs, k, n_mask, T, N, EVEN_N)
+    GS = load_chunk(gs_ptr, last * K, offs, k, n_mask, T, N, EVEN_N)
+    v = tl.load(ckpt_ptr + tl.cast(last, tl.int64) * N + n, mask=n_mask, other=0.0)
+    a = tl.load(a_ckpt_ptr + tl.cast(last, tl.int64) * N + n, mask=n_mask, other=0.0)
+    if full * K < T:  # the partial chunk first
+        prev = tl.cast(tl.maximum(last - 1, 0), tl.int64) * N + n
+        X_prev = load_earlier_chunk(x_ptr, (last - 1) * K, offs, n_mask, N, EVEN_N)
+        GS_prev = load_earlier_chunk(gs_ptr, (last - 1) * K, offs, n_mask, N, EVEN_N)
+        v_prev = tl.load(ckpt_ptr + prev, mask=n_mask, other=0.0)
+        a_prev = tl.load(a_ckpt_ptr + prev, mask=n_mask, other=0.0)
+        GX, gv, ga = alif_backward_chunk(X, GS, v, a, gv, ga, d, ad, beta, last * K, T, threshold,
+                                         v_reset, alpha, RESET, DETACH, SURROGATE, True)
+        store_chunk(gx_ptr, last * K, offs, k, n_mask, T, N, GX, EVEN_N)
+        X, GS, v, a = X_prev, GS_prev, v_prev, a_prev
+    for i in range(0, full):
+        c = full - 1 - i
+        t0 = c * K
+        # prefetch the chunk before (nothing is read when c == 0)
+        prev = tl.cast(tl.maximum(c - 1, 0), tl.int64) * N + n
+        X_prev = load_earlier_chunk(x_ptr, t0 - K, offs, n_mask, N, EVEN_N)
+        GS_prev = load_earlier_chunk(gs_ptr, t0 - K, offs, n_mask, N, EVEN_N)
+        v_prev = tl.load(ckpt_ptr + prev, mask=n_mask, other=0.0)
+        a_prev = tl.load(a_ckpt_ptr + prev, mask=n_mask, other=0.0)
+        GX, gv, ga = alif_backward_chunk(X, GS, v, a, gv, ga, d, ad, beta, t0, T, threshold,
+                                         v_reset, alpha, RESET, DETACH, SURROGATE, False)
+        store_chunk(gx_ptr, t0, offs, k, n_mask, T, N, GX, EVEN_N)
+        X, GS, v, a = X_prev, GS_prev, v_prev, a_prev
+
+
+def _forward(x, decay, adapt_decay, beta, threshold, reset, v_reset, save, want_state=True,
+             launch=EAGER):
+    """spikes like x, v[T-1] and a[T-1] (float32, None unless `want_state`), the contiguous
+    x and the checkpoints [2, ceil(T/K), N] (v then a; empty unless `save`)."""
+    if not x.is_contiguous():
+        x = x.contiguous()
+    T = x.shape[0]
+    N = x.numel() // T
+    BLOCK, K, warps = _launch_config(N, x.dtype)
+    spikes = torch.empty_like(x)
+    vT = x.new_empty(x.shape[1:], dtype=torch.float32) if want_state else None
+    aT = x.new_empty(x.shape[1:], dtype=torch.float32) if want_state else None
+    ckpt = torch.empty((2, _cdiv(T, K) if save else 0, N), device=x.device, dtype=torch.float32)
+    if N > 0:
+        unused = launch.unused(x)
+        launch(_alif_forward_kernel)[(_cdiv(N, BLOCK),)](
+            x, spikes, ckpt, vT if want_state else unused, aT if want_state else unused,
+            decay, adapt_decay, beta, threshold, v_reset, T, N,
+            RESET=RESET_CODES[reset], SAVE_CKPT=save, STORE_STATE=want_state,
+            BLOCK=BLOCK, K=K, EVEN_N=N % BLOCK == 0, num_warps=warps, enable_fp_fusion=False)
+    return spikes, vT, aT, x, ckpt
+
+
+def _backward(grad_s, grad_vT, grad_aT, x, ckpt, decay, adapt_decay, beta, threshold, reset,
+              v_reset, detach, surrogate, alpha, launch=EAGER):
+    """dL/dx like x. x is the contiguous input saved by _forward; grad_s may be None (only
+    the final state was used), grad_vT / grad_aT None when the state was not used."""
+    T = x.shape[0]
+    N = x.numel() // T
+    if grad_s is None:
+        grad_s = torch.zeros_like(x)
+    gs = grad_s if grad_s.is_contiguous() else grad_s.contiguous()
+    gvT = grad_vT.contiguous() if grad_vT is not None else None
+    gaT = grad_aT.contiguous() if grad_aT is not None else None
+    grad_x = torch.empty_like(x)
+    BLOCK, K, warps = _launch_config(N, x.dtype)
+    if N > 0:
+        unused = launch.unused(gs)
+        launch(_alif_backward_kernel)[(_cdiv(N, BLOCK),)](
+            gs, x, ckpt, gvT if gvT is not None else unused, gaT if gaT is not None else unused,
+            grad_x, decay, adapt_decay, beta, threshold, v_reset, alpha, T, N,
+            RESET=RESET_CODES[reset], DETACH=detach, SURROGATE=SURROGATES[surrogate],
+            HAS_GVT=gvT is not None, HAS_GAT=gaT is not None,
+            BLOCK=BLOCK, K=K, EVEN_N=N % BLOCK == 0, num_warps=warps, enable_fp_fusion=False)
+    return grad_x
+
+
+def reference_grad_x(x, grad_s, grad_vT, grad_aT, options):
+    """dL/dx for a backward that will itself be differentiated (create_graph=True): the
+    forward is run again through spikefuse.reference (float32, spike for spike the
+    kernel's) and differentiated with create_graph, so second derivatives are its."""
+    from .. import reference
+
+    with torch.enable_grad():
+        spikes, (vT, aT) = reference.alif(x.float(), *options, return_state=True)
+        pairs = [(out, g.to(out.dtype)) for out, g in ((spikes, grad_s), (vT, grad_vT), (aT, grad_aT))
+                 if g is not None]
+        (gx,) = torch.autograd.grad([o for o, _ in pairs], [x], [g for _, g in pairs],
+                                    create_graph=True, allow_unused=True)
+    return gx if gx is not None else torch.zeros_like(x)
+
+
+class ALIFFunction(torch.autograd.Function):
+    """The eager path (a plain autograd.Function: less Python per call than a custom op).
+    options: (decay, adapt_decay, beta, threshold, reset, v_reset, detach, surrogate, alpha,
+    want_state); (v[T-1], a[T-1]) are outputs only when want_state."""
+
+    @staticmethod
+    def forward(ctx, x, options):
+        *options, want_state = options
+        decay, adapt_decay, beta, threshold, reset, v_reset = options[:6]
+        save = ctx.needs_input_grad[0]
+        spikes, vT, aT, x_saved, ckpt = _forward(x, decay, adapt_decay, beta, threshold, reset,
+                                                 v_reset, save, want_state)
+        ctx.set_materialize_grads(False)
+        if save:
+            ctx.save_for_backward(x_saved, ckpt)
+            ctx.options = tuple(options)
+        return (spikes, vT, aT) if want_state else spikes
+
+    @staticmethod
+    def backward(ctx, grad_s, grad_vT=None, grad_aT=None):
+        x, ckpt = ctx.saved_tensors
+        if grad_s is None and grad_vT is None and grad_aT is None:
+            return None, None
+        if torch.is_grad_enabled():  # create_graph=True: this backward will be differentiated
+            return reference_grad_x(x, grad_s, grad_vT, grad_aT, ctx.options), None
+        return _backward(grad_s, grad_vT, grad_aT, x, ckpt, *ctx.options), None
+
+
+# ---- torch.library registration: what torch.compile sees (an op with autograd whose
+# body launches the Triton kernels) ----
+
+@torch.library.triton_op("spikefuse::alif_forward", mutates_args=())
+def alif_forward(x: torch.Tensor, decay: float, adapt_decay: float, beta: float, threshold: float,
+                 reset: str, v_reset: float, detach: bool, surrogate: str, alpha: float, save: bool
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Spikes, v[T-1], a[T-1] (float32) and the checkpoints (empty unless `save`).
+    detach, surrogate and alpha are only used by the backward. (A triton_op's body is also
+    its fake kernel: only torch ops, launches and Python on shapes.)"""
+    spikes, vT, aT, _, ckpt = _forward(x, decay, adapt_decay, beta, threshold, reset, v_reset, save,
+                                       launch=TRACED)
+    return spikes, vT, aT, ckpt
+
+
+@torch.library.triton_op("spikefuse::alif_backward", mutates_args=())
+def alif_backward(grad_s: torch.Tensor, grad_vT: torch.Tensor | None, grad_aT: torch.Tensor | None,
+                  x: torch.Tensor, ckpt: torch.Tensor, decay: float, adapt_decay: float, beta: float,
+                  threshold: float, reset: str, v_reset: float, detach: bool, surrogate: str,
+                  alpha: float) -> torch.Tensor:
+    """dL/dx."""
+    return _backward(grad_s, grad_vT, grad_aT, x.contiguous(), ckpt, decay, adapt_decay, beta,
+                     threshold, reset, v_reset, detach, surrogate, alpha, launch=TRACED)
+
+
+def _setup_context(ctx, inputs, output):
+    x, *options, _save = inputs
+    ctx.save_for_backward(x, output[3])
+    ctx.options = tuple(options)
+
+
+def _backward_rule(ctx, grad_s, grad_vT, grad_aT, _grad_ckpt):
+    x, ckpt = ctx.saved_tensors
+    nones = (None,) * 10
+    if grad_s is None and grad_vT is None and grad_aT is None:
+        return (None, *nones)
+    if torch.is_grad_enabled():  # create_graph=True (AOT autograd traces backward without it)
+        return (reference_grad_x(x, grad_s, grad_vT, grad_aT, ctx.options), *nones)
+    if grad_s is None:
+        grad_s = torch.zeros_like(x)
+    return (alif_backward(grad_s, grad_vT, grad_aT, x, ckpt, *ctx.options), *nones)
+
+
+alif_forward.register_autograd(_backward_rule, setup_context=_setup_context)
+
+
+def alif_fused(x, decay, adapt_decay, beta, threshold, reset, v_reset, detach, surrogate, alpha,
+               return_state):
+    """Entry point for spikefuse.functional.alif (arguments already checked there).
+    Returns spikes, or (spikes, (v[T-1], a[T-1])) with return_state."""
+    if not torch.compiler.is_dynamo_compiling():
+        options = (decay, adapt_decay, beta, threshold, reset, v_reset, detach, surrogate, alpha,
+                   return_state)
+        if not x.is_contiguous():  # copied here, not inside: the x saved for backward keeps its graph
+            x = x.contiguous()
+        out = ALIFFunction.apply(x, options)
+        return (out[0], (out[1], out[2])) if return_state else out
+    save = torch.is_grad_enabled() and x.requires_grad
+    spikes, vT, aT, _ = alif_forward(x, decay, adapt_decay, beta, threshold, reset, v_reset, detach,
+                                     surrogate, alpha, save)
+    return (spikes, (vT, aT)) if return_state else spikes

@@ -1,0 +1,244 @@
+"""Fused ALIF kernels (through the Triton interpreter) against the PyTorch reference."""
+import itertools
+import math
+import os
+
+import pytest
+import torch
+from torch import nn
+
+import spikefuse.functional as F
+import spikefuse.nn as snn
+from spikefuse import reference
+from spikefuse.ops.surrogate import SURROGATES
+
+DEVICE = os.environ.get("SPIKEFUSE_TEST_DEVICE", "cpu")
+PARAMS = dict(decay=0.8, adapt_decay=0.7, beta=0.6, threshold=0.9, v_reset=-0.2)
+
+
+def rel_err(a, b):
+    return ((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30)).item()
+
+
+def rand(*shape, seed=0, dtype=torch.float32, scale=1.0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(shape, generator=g) * scale + 0.5).to(dtype).to(DEVICE)
+
+
+def run(x, backend, **kw):
+    """Spikes, final (v, a) or None, and dL/dx for a fixed random loss on both outputs."""
+    xi = x.detach().clone().requires_grad_(True)
+    x_in = xi.float() if backend == "reference" else xi  # the oracle runs in float32
+    out = F.alif(x_in, backend=backend, **kw)
+    spikes, state = out if isinstance(out, tuple) else (out, None)
+    g = torch.randn(spikes.shape, generator=torch.Generator().manual_seed(1)).to(DEVICE)
+    loss = (spikes.float() * g).sum()
+    if state is not None:
+        v, a = state
+        weights = torch.linspace(-1, 1, v.numel(), device=DEVICE).view(v.shape)
+        loss = loss + (v * weights).sum() + (a * weights.flip(-1)).sum()
+    (gx,) = torch.autograd.grad(loss, xi)
+    return spikes.float(), state, gx
+
+
+def assert_match(x, rtol=1e-5, **kw):
+    (s1, st1, g1), (s2, st2, g2) = run(x, "fused", **kw), run(x, "reference", **kw)
+    assert torch.equal(s1, s2), f"spikes differ at {(s1 != s2).sum().item()} places"
+    assert 0 < s2.mean() < 1, "degenerate case: no spikes or all spikes"
+    if st1 is not None:
+        for fused, ref in zip(st1, st2):
+            torch.testing.assert_close(fused, ref, rtol=rtol, atol=1e-6)
+    assert g1.dtype == x.dtype and g1.shape == x.shape
+    assert rel_err(g1, g2) < rtol, f"grad x: {rel_err(g1, g2)}"
+
+
+def small_chunks(monkeypatch, BLOCK=32, K=4):
+    """Launch with short time chunks, so that few steps cover several chunks (cheap in the
+    interpreter) and a narrow block, so that few neurons cover several programs."""
+    from spikefuse.ops import alif as alif_ops
+    monkeypatch.setattr(alif_ops, "_launch_config", lambda num_neurons, dtype: (BLOCK, K, 1))
+
+
+CASES = list(itertools.product(["hard", "soft", "none"], SURROGATES, [False, True]))
+
+
+@pytest.mark.parametrize("case", range(len(CASES)))
+def test_alif_every_reset_surrogate_and_detach(case):
+    reset, surrogate, detach = CASES[case]
+    x = rand(9, 3, 13, seed=case)
+    assert_match(x, reset=reset, surrogate=surrogate, detach_reset=detach,
+                 return_state=case % 2 == 0, **PARAMS)
+
+
+@pytest.mark.parametrize("shape", [(1, 5), (1, 2, 3), (5, 1), (6, 2, 3, 5), (7, 3, 23)])
+def test_alif_shapes(shape, monkeypatch):
+    """T = 1, odd trailing shapes (1-D to 3-D), partial chunks and programs (K = 4, BLOCK = 32)."""
+    small_chunks(monkeypatch)
+    x = rand(*shape, seed=len(shape) + shape[0], scale=1.5)
+    if x.numel() < 20:  # too few neurons to be sure of both spikes and silence: skip that check
+        (s1, _, g1), (s2, _, g2) = run(x, "fused", **PARAMS), run(x, "reference", **PARAMS)
+        assert torch.equal(s1, s2) and rel_err(g1, g2) < 1e-5
+        return
+    assert_match(x, surrogate="sigmoid", return_state=True, **PARAMS)
+
+
+@pytest.mark.parametrize("T,N", [(4, 32), (8, 64), (11, 33), (12, 31)])
+def test_alif_chunk_boundaries(T, N, monkeypatch):
+    """T a multiple of K or not, N a multiple of BLOCK (unmasked loads) or not."""
+    small_chunks(monkeypatch)
+    assert_match(rand(T, 1, N, seed=T + N), reset="soft", surrogate="triangle", return_state=True,
+                 **PARAMS)
+
+
+def test_alif_default_launch_config_several_chunks():
+    """The tuned launch configuration with more steps than one chunk (K = 16)."""
+    assert_match(rand(35, 2, 5, seed=12), surrogate="fast_sigmoid", return_state=True, **PARAMS)
+
+
+def test_alif_non_contiguous_input():
+    base = rand(6, 9, 4, 5, seed=4)
+    x = base.transpose(1, 3)[..., ::2]  # [6, 5, 4, 5] strided view
+    assert not x.is_contiguous()
+    assert_match(x, reset="soft", **PARAMS)
+
+
+def test_alif_bfloat16():
+    assert_match(rand(9, 3, 11, seed=3, dtype=torch.bfloat16), rtol=1e-2, surrogate="atan", **PARAMS)
+
+
+def test_alif_adaptation_raises_the_threshold():
+    """A constant drive: with adaptation the neuron fires less, and theta decays back."""
+    x = torch.full((30, 1, 1), 0.6, device=DEVICE)
+    plain = F.alif(x, beta=0.0, decay=0.5, backend="fused").sum()
+    adaptive = F.alif(x, beta=1.0, decay=0.5, adapt_decay=0.9, backend="fused").sum()
+    assert 0 < adaptive < plain
+
+
+@pytest.mark.parametrize("reset", ["hard", "soft", "none"])
+def test_beta_zero_is_lif(reset):
+    x = rand(9, 3, 13, seed=20)
+    kw = dict(decay=0.8, threshold=0.9, reset=reset, v_reset=-0.2, surrogate="atan")
+    grads = []
+    for fn, extra in ((F.alif, dict(beta=0.0, adapt_decay=0.7)), (F.lif, {})):
+        for backend in ("fused", "reference"):
+            xi = x.clone().requires_grad_(True)
+            spikes = fn(xi, backend=backend, **kw, **extra)
+            g = torch.randn(spikes.shape, generator=torch.Generator().manual_seed(1)).to(DEVICE)
+            grads.append((spikes, torch.autograd.grad((spikes * g).sum(), xi)[0]))
+    (sa, ga), (sar, gar), (sl, gl), (slr, glr) = grads
+    assert torch.equal(sa, sl) and torch.equal(sar, slr) and torch.equal(sa, slr)
+    assert torch.equal(ga, gl), "fused ALIF with beta = 0 must be the fused LIF"
+    assert torch.equal(gar, glr), "reference ALIF with beta = 0 must be the reference LIF"
+
+
+def test_only_final_state_used():
+    x = rand(5, 2, 8, seed=10).requires_grad_(True)
+    grads = []
+    for backend in ("fused", "reference"):
+        xi = x.detach().clone().requires_grad_(True)
+        _, (v, a) = F.alif(xi, backend=backend, return_state=True, reset="soft", **PARAMS)
+        grads.append(torch.autograd.grad(v.sum() + 2 * a.sum(), xi)[0])
+    assert rel_err(*grads) < 1e-5
+
+
+def test_inference_saves_nothing():
+    x = rand(4, 3, 5, seed=11)
+    with torch.no_grad():
+        s = F.alif(x, backend="fused", **PARAMS)
+    assert torch.equal(s, F.alif(x, backend="reference", **PARAMS))
+
+
+def test_double_backward_matches_reference():
+    x = rand(6, 2, 7, seed=13)
+    penalties = []
+    for backend in ("fused", "reference"):
+        xi = x.clone().requires_grad_(True)
+        s = F.alif(xi, backend=backend, surrogate="sigmoid", **PARAMS)
+        (gx,) = torch.autograd.grad((s * torch.linspace(-1, 1, s.shape[-1])).sum(), xi, create_graph=True)
+        penalties.append(torch.autograd.grad(gx.pow(2).sum(), xi)[0])
+    assert rel_err(*penalties) < 1e-5
+
+
+BAD = [
+    (dict(decay=0.0), "decay"), (dict(decay=1.5), "decay"), (dict(decay=float("nan")), "decay"),
+    (dict(decay="0.5"), "decay"), (dict(adapt_decay=0.0), "adapt_decay"),
+    (dict(adapt_decay=1.01), "adapt_decay"), (dict(beta=-0.1), "beta"), (dict(beta=float("nan")), "beta"),
+    (dict(beta=float("inf")), "beta"), (dict(threshold=float("nan")), "threshold"),
+    (dict(v_reset=float("inf")), "v_reset"), (dict(reset="bogus"), "reset"),
+    (dict(surrogate="bogus"), "surrogate"), (dict(alpha=-1.0), "alpha"), (dict(backend="gpu"), "backend"),
+]
+
+
+@pytest.mark.parametrize("kw,name", BAD, ids=[f"{name}-{i}" for i, (_, name) in enumerate(BAD)])
+def test_bad_arguments_raise_value_error_naming_them(kw, name):
+    with pytest.raises(ValueError, match=name):
+        F.alif(rand(3, 2, 4), **kw)
+
+
+@pytest.mark.parametrize("x,name", [
+    (torch.zeros(0, 2, 3), "T == 0"), (torch.zeros(3, 2, dtype=torch.int64), "x must be a floating"),
+    (torch.tensor(1.0), "x must have"),
+])
+def test_bad_input_raises_value_error(x, name):
+    with pytest.raises(ValueError, match=name):
+        F.alif(x)
+
+
+def test_module_bad_arguments():
+    with pytest.raises(ValueError, match="adapt_decay"):
+        snn.ALIF(adapt_decay=2.0)
+    with pytest.raises(ValueError, match="beta"):
+        snn.ALIF(beta=-1.0)
+    with pytest.raises(ValueError, match="3 or more dims"):
+        snn.ALIF()(torch.zeros(3, 4))
+
+
+@pytest.mark.parametrize("backend", ["fused", "reference"])
+def test_module_trains_in_sequential(backend):
+    torch.manual_seed(0)
+    neuron = snn.ALIF(decay=0.9, adapt_decay=0.8, beta=0.3, threshold=0.5, surrogate="atan",
+                      backend=backend)
+    assert "adapt_decay=0.8" in repr(neuron) and "beta=0.3" in repr(neuron)
+    model = nn.Sequential(nn.Linear(6, 10), neuron, nn.Linear(10, 3)).to(DEVICE)
+    x = torch.randn(8, 4, 6, device=DEVICE) * 2
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    before = [p.detach().clone() for p in model.parameters()]
+    loss = model(x).mean(0).pow(2).sum()
+    loss.backward()
+    assert model[0].weight.grad.abs().sum() > 0, "no gradient reached the layer before the neuron"
+    opt.step()
+    assert all(not torch.equal(b, p) for b, p in zip(before, model.parameters()))
+
+
+def test_module_matches_functional():
+    x = rand(5, 2, 7, seed=14)
+    module = snn.ALIF(reset="soft", backend="reference", **PARAMS)
+    assert torch.equal(module(x), reference.alif(x, reset="soft", **PARAMS))
+
+
+def test_compile_uses_the_fused_ops():
+    """torch.compile (aot_eager on CPU) traces the triton_ops in one graph, with eager's outputs."""
+    import torch._dynamo
+    torch._dynamo.reset()
+
+    def f(x):
+        s, (v, a) = F.alif(x, backend="fused", return_state=True, reset="soft", **PARAMS)
+        return s.sum() * 0.5 + (s * x).sum() + v.sum() + a.sum()
+
+    targets = []
+
+    def aot_eager_recording(gm, example_inputs):
+        targets.extend(str(node.target) for node in gm.graph.nodes if node.op == "call_function")
+        return torch._dynamo.lookup_backend("aot_eager")(gm, example_inputs)
+
+    x = rand(6, 2, 5, seed=15)
+    results = []
+    for fn in (f, torch.compile(f, backend=aot_eager_recording, fullgraph=True)):
+        xi = x.clone().requires_grad_(True)
+        out = fn(xi)
+        results.append((out, torch.autograd.grad(out, xi)[0]))
+    torch._dynamo.reset()
+    (o1, g1), (o2, g2) = results
+    assert torch.equal(o1, o2) and rel_err(g2, g1) < 1e-6
+    assert math.isfinite(o1.item())
+    assert "spikefuse.alif_forward.default" in targets, targets
