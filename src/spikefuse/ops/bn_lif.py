@@ -55,8 +55,7 @@ from .launch import cached_launch
 from .spike_pack import attach_bits
 from .surrogate import SURROGATES
 
-import triton  # noqa: E402  (after .lif: it picks the interpreter on GPU-less machines)
-import triton.language as tl  # noqa: E402
+from .triton_or_stub import tl, triton  # noqa: E402
 
 K_STEPS = 8  # time steps per chunk = checkpoint spacing (fewer when T is shorter)
 STAT_ROWS, STAT_CHANNELS = 64, 64  # statistics tile: positions x channels

@@ -44,8 +44,11 @@ def _argument_classes(args):
 try:  # where Triton keeps its launch hooks (profilers set them)
     from triton import knobs as _knobs
     _HOOKS = _knobs.runtime
-except ImportError:  # Triton < 3.4
-    from triton.compiler.compiler import CompiledKernel as _HOOKS
+except ImportError:  # Triton < 3.4, or none (a CPU-only install: nothing is launched)
+    try:
+        from triton.compiler.compiler import CompiledKernel as _HOOKS
+    except ImportError:
+        _HOOKS = None
 
 # The call Triton's CompiledKernel[grid](*args) makes. Where a compiled kernel's class makes
 # exactly this call, we make it ourselves, skipping the closure and the device, stream and

@@ -19,8 +19,7 @@ from .lif import _cdiv  # noqa: F401  (first: it sets TRITON_INTERPRET on GPU-le
 from .launch import cached_launch
 from .spike_index import active_indices
 
-import triton  # noqa: E402
-import triton.language as tl  # noqa: E402
+from .triton_or_stub import tl, triton  # noqa: E402
 
 PROGRAMS = 1024  # each walks every PROGRAMS-th listed row
 

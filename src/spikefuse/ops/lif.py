@@ -27,8 +27,7 @@ import torch
 if not torch.cuda.is_available():  # no GPU: Triton can only run through its interpreter
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-import triton  # noqa: E402
-import triton.language as tl  # noqa: E402
+from .triton_or_stub import tl, triton  # noqa: E402
 
 from .launch import cached_launch  # noqa: E402
 from .surrogate import SURROGATES  # noqa: E402

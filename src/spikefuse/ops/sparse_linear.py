@@ -32,8 +32,7 @@ from .spike_index import active_indices
 from .spike_linear import _backward as dense_backward
 from .spike_pack import pack, unpack
 
-import triton  # noqa: E402
-import triton.language as tl  # noqa: E402
+from .triton_or_stub import tl, triton  # noqa: E402
 
 
 @cached_launch

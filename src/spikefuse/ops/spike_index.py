@@ -15,8 +15,7 @@ import torch
 from .lif import _cdiv  # noqa: F401  (first: it sets TRITON_INTERPRET on GPU-less machines)
 from .launch import cached_launch
 
-import triton  # noqa: E402
-import triton.language as tl  # noqa: E402
+from .triton_or_stub import tl, triton  # noqa: E402
 
 BLOCK = 1024
 

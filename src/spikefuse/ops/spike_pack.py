@@ -18,8 +18,7 @@ import torch
 from .lif import EAGER, _cdiv  # first: it sets TRITON_INTERPRET on GPU-less machines
 from .launch import cached_launch
 
-import triton  # noqa: E402
-import triton.language as tl  # noqa: E402
+from .triton_or_stub import HAVE_TRITON, tl, triton  # noqa: E402
 
 DEBUG = os.environ.get("SPIKEFUSE_DEBUG", "0") not in ("", "0")
 BLOCK = 1024  # bytes per program: 8 KiB of spikes in, 1 KiB out
@@ -49,7 +48,7 @@ def _unpack_kernel(p_ptr, out_ptr, n, n_bytes, BLOCK: tl.constexpr):
 
 
 def _use_triton(t: torch.Tensor) -> bool:
-    return t.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"
+    return HAVE_TRITON and (t.is_cuda or os.environ.get("TRITON_INTERPRET") == "1")
 
 
 def check_binary(s: torch.Tensor, name: str = "spikes") -> None:

@@ -1,0 +1,53 @@
+"""Triton, or, where it is not installed, a stand-in that lets the kernel modules import.
+
+Triton runs our kernels on GPUs (CUDA builds of torch bring it) and, through its interpreter,
+in the CPU tests (the test extra installs it). A CPU-only install of the core has no use for
+it (a 1 GB package): there every op takes its pure-PyTorch path, and a kernel launched anyway
+raises an error that says how to get Triton.
+"""
+from __future__ import annotations
+
+try:
+    import triton
+    import triton.language as tl
+    HAVE_TRITON = True
+except ImportError:  # the stand-in: only what the modules touch at import time
+    import logging
+
+    HAVE_TRITON = False
+    # torch warns once per triton_op it registers that it found no Triton: here that is expected
+    logging.getLogger("torch._library.triton").setLevel(logging.ERROR)
+    MISSING = ("this kernel needs Triton, which is not installed: CUDA builds of torch bring it; "
+               "on a CPU-only machine `pip install triton` (the pure-PyTorch paths need nothing)")
+
+    class _Kernel:
+        """What @triton.jit returns without Triton: the function, unlaunchable."""
+
+        def __init__(self, fn=None, **_options):
+            self.fn = fn
+
+        def __getitem__(self, grid):
+            raise RuntimeError(MISSING)
+
+    class _Namespace:
+        """triton / triton.language / triton.runtime stand-ins: any attribute resolves."""
+
+        def __getattr__(self, name):
+            return _Namespace()
+
+    class _Triton(_Namespace):
+        @staticmethod
+        def jit(fn=None, **options):
+            return _Kernel(fn) if fn is not None else (lambda f: _Kernel(f, **options))
+
+        @staticmethod
+        def next_power_of_2(n: int) -> int:
+            return 1 << max(int(n) - 1, 0).bit_length()
+
+        class runtime:  # noqa: N801  (mirrors triton.runtime)
+            JITFunction = _Kernel
+
+    triton = _Triton()
+    tl = _Namespace()
+
+__all__ = ["triton", "tl", "HAVE_TRITON"]
