@@ -35,8 +35,7 @@ from .lif import (EAGER, RESET_CODES, TRACED, _cdiv, _launch_config, f32, load_c
 from .launch import cached_launch
 from .surrogate import SURROGATES
 
-import triton  # noqa: E402, F401  (after .lif: it picks the interpreter on GPU-less machines)
-import triton.language as tl  # noqa: E402
+from .triton_or_stub import tl, triton  # noqa: E402, F401
 
 
 @triton.jit
