@@ -1,0 +1,569 @@
+"""NIR export and import: graphs that snnTorch and Norse load, and their graphs loaded here.
+
+Conventions (docs/nir.md has the full table):
+- Time. NIR neurons are continuous; one of our steps is one forward-Euler step of `dt`
+  seconds: NIR's LIF, tau dv/dt = (v_leak - v) + r I, becomes
+  v <- (1 - dt/tau) v + (dt/tau) (r I + v_leak), i.e. our h = decay*v + x with
+  decay = 1 - dt/tau and input gain g = r dt / tau. IF (dv/dt = r I) has decay 1, g = r dt.
+  The default dt is 1e-4 s because snnTorch's importer hard-codes it; pass the same dt to
+  Norse (`norse.torch.from_nir(graph, dt=graph.metadata["dt"])`). dt is in the metadata.
+- Gain (form). form="peers" (default) writes r = 1 and folds 1/(1-decay) into the weights and
+  bias of the Affine/Linear/Conv2d before each LIF (stored in float64, so our import recovers
+  the float32 weights exactly): Norse ignores r, snnTorch rescales its threshold by r dt/tau,
+  so both then compute our dynamics (up to float rounding). form="nir" writes the weights
+  verbatim and r = 1/(1-decay) (snnTorch's own convention: bit-exact in snnTorch, wrong in
+  Norse). IF is written with r = 1/dt, weights verbatim, in both forms.
+- Threshold. NIR fires at v > v_threshold, we at h >= threshold. v_threshold is written one
+  float32 ulp below our threshold, and read back one ulp up: in float32 `v > nextafter(t, -inf)`
+  is `v >= t`, so peers fire exactly where we do, and snnTorch's `>` graphs import exactly.
+- Readout. A mean-over-time readout is written as its Affine (readout="affine", default; the
+  graph's output is the per-step drive, the logits are its mean over T; metadata readout="mean"),
+  or as Affine + NIR's integrator I with r = 1/(T dt) (readout="integrator"; needs time_steps;
+  snnTorch cannot build I, Norse drops it).
+- BatchNorm (eval statistics) is folded into the preceding Linear/Conv2d.
+- Shapes. NIR shapes are per sample; our modules are time-major [T, B, ...]: NIR Flatten's
+  dims are shifted by 2. Peers map NIR Flatten(start_dim=0) onto torch's Flatten(0), which
+  folds their batch in too: feed them one unbatched sample per step when the graph has one.
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from .errors import require
+
+DEFAULT_DT = 1e-4
+FORMS = ("peers", "nir")
+READOUT_NODES = ("affine", "integrator")
+UNIT_GAIN_TOLERANCE = 1e-6  # |r dt/tau - 1| below this is float32 rounding of r = tau/dt: taken as 1
+
+
+# ---------------------------------------------------------------- export
+
+def to_nir(model: nn.Module, input_shape=None, time_steps: int | None = None, dt: float = DEFAULT_DT,
+           form: str = "peers", readout: str = "affine"):
+    """A nir.NIRGraph of a sequential spiking model: an nn.Sequential, a model with a `.layers`
+    Sequential (mlp, ipu-*, deep-lif), SHDNet or CifarNet; built from Flatten, Linear, Conv2d,
+    BatchNorm (folded, eval statistics), LIF/IF/PLIF, BNLIF and the *BNLIF blocks.
+
+    input_shape: one sample's shape (default: model.input_shape). time_steps: only needed for
+    readout="integrator". dt: seconds per step. form: "peers" or "nir"; readout: "affine" or
+    "integrator" (see the module docstring)."""
+    nir = require("nir", "NIR export and import")
+
+    if not (isinstance(dt, (int, float)) and not isinstance(dt, bool) and 0 < dt < math.inf):
+        raise ValueError(f"dt: expected a finite number of seconds > 0, got {dt!r}")
+    if form not in FORMS:
+        raise ValueError(f"form: expected one of {list(FORMS)}, got {form!r}")
+    if readout not in READOUT_NODES:
+        raise ValueError(f"readout: expected one of {list(READOUT_NODES)}, got {readout!r}")
+    if input_shape is None:
+        input_shape = getattr(model, "input_shape", None)
+        if input_shape is None:
+            raise ValueError(f"input_shape: {type(model).__name__} has no .input_shape; pass one sample's shape")
+    layers, kind = _layers(model)
+    shape = tuple(int(s) for s in input_shape)
+    writer = _Writer(shape, float(dt), form)
+    for name, layer in layers:
+        writer.add(name, layer)
+    writer.flush()
+    nodes, shape = writer.nodes, writer.shape
+    if kind == "mean" and readout == "integrator":
+        if not (isinstance(time_steps, int) and time_steps > 0):
+            raise ValueError(f"time_steps: readout='integrator' needs the number of steps T > 0, got {time_steps!r}")
+        nodes.append(nir.I(r=np.full(shape, 1.0 / (time_steps * dt), np.float64)))
+    _check_finite(nodes, dt)
+    graph = nir.NIRGraph.from_list(*nodes, nir.Output(output_type=np.array(shape)))
+    graph.metadata = {"source": "spikefuse", "dt": float(dt), "form": form, "readout": kind,
+                      "readout_node": readout if kind == "mean" else "none",
+                      "threshold": "v > v_threshold, written one float32 ulp below spikefuse's h >= threshold"}
+    if time_steps is not None:
+        graph.metadata["time_steps"] = int(time_steps)
+    return graph
+
+
+def _layers(model: nn.Module):
+    """([(name, module), ...] in execution order, readout kind: "mean" | "count" | "none")."""
+    from .models.cifar import CifarNet
+    from .models.dvs import DVSGestureNet
+    from .models.resnet import SpikingResNet
+    from .models.shd import SHDNet
+
+    if isinstance(model, (DVSGestureNet, SpikingResNet)):
+        why = ("its max pooling (MaxPool2d): NIR has no max-pooling node" if isinstance(model, DVSGestureNet)
+               else "its residual connections: spikefuse exports sequential graphs only")
+        raise ValueError(f"cannot export {type(model).__name__} to NIR: {why}")
+    if isinstance(model, SHDNet):
+        head = [("flatten", nn.Flatten(2))] if len(model.input_shape) > 1 else []
+        return head + _named(model.hidden, "hidden") + [("readout", model.readout)], "mean"
+    if isinstance(model, CifarNet):
+        return (_named(model.features, "features") + [("flatten", nn.Flatten(2))]
+                + _named(model.classifier, "classifier") + [("readout", model.readout)]), "mean"
+    layers = model.layers if isinstance(getattr(model, "layers", None), nn.Sequential) else model
+    if not isinstance(layers, nn.Sequential):
+        raise ValueError(f"cannot export {type(model).__name__}: expected an nn.Sequential, a .layers Sequential, "
+                         "SHDNet or CifarNet")
+    kind = getattr(model, "readout", None)
+    return _named(layers, "layers" if layers is not model else ""), kind if kind in ("mean", "count") else "none"
+
+
+def _named(container, prefix):
+    out = []
+    for key, layer in container.named_children():
+        name = f"{prefix}.{key}" if prefix else key
+        out += _named(layer, name) if isinstance(layer, nn.Sequential) else [(name, layer)]
+    return out
+
+
+class _Writer:
+    """Turns modules into NIR nodes; a Linear/Conv2d is held back (pending) so that a following
+    BatchNorm folds into it and, in the peers form, a following LIF scales it by its gain."""
+
+    def __init__(self, shape, dt, form):
+        nir = require("nir", "NIR export and import")
+
+        self.nodes, self.shape, self.dt, self.form = [nir.Input(input_type=np.array(shape))], shape, dt, form
+        self.pending = None  # dict(kind, weight, bias, name, conv options, in_shape)
+
+    def add(self, name, layer):
+        from .nn.bn_lif import BNLIF
+        from .nn.layers import Dropout, TimeFolded
+        from .nn.neurons import LIF
+        from .nn.spiking_layers import _BNLIFBlock
+
+        if isinstance(layer, TimeFolded):
+            return self.add(name, layer.module)
+        if isinstance(layer, _BNLIFBlock):
+            self.add(f"{name}.layer", layer.layer)
+            self.add(f"{name}.bn", layer.bn)
+            if not layer.fused:
+                self.add(f"{name}.lif", layer.lif)
+            return
+        if isinstance(layer, (nn.Identity, Dropout, nn.Dropout)):
+            return  # identities at inference
+        if isinstance(layer, nn.modules.batchnorm._BatchNorm):
+            self._fold_bn(name, layer)
+            if isinstance(layer, BNLIF):
+                if layer.reset != "hard":
+                    raise ValueError(f"{name}: reset={layer.reset!r} has no NIR equivalent "
+                                     "(NIR neurons reset to v_reset)")
+                decay = torch.sigmoid(layer.decay_logit) if layer.decay_logit is not None else layer.decay
+                self._neuron(name, decay, layer.threshold, layer.v_reset)
+            return
+        if isinstance(layer, nn.Linear):
+            self.flush()
+            if len(self.shape) != 1 or self.shape[0] != layer.in_features:
+                raise ValueError(f"{name}: Linear({layer.in_features}, ...) gets per-sample shape {self.shape}; "
+                                 "flatten first")
+            self.pending = dict(kind="linear", name=name, weight=_np64(layer.weight),
+                                bias=_np64(layer.bias) if layer.bias is not None else None)
+            self.shape = (layer.out_features,)
+            return
+        if isinstance(layer, nn.Conv2d):
+            self.flush()
+            if isinstance(layer.padding, str) or layer.padding_mode != "zeros":
+                raise ValueError(f"{name}: Conv2d padding={layer.padding!r}, padding_mode={layer.padding_mode!r}; "
+                                 "export supports integer zero padding")
+            if len(self.shape) != 3 or self.shape[0] != layer.in_channels:
+                raise ValueError(f"{name}: Conv2d({layer.in_channels}, ...) gets per-sample shape {self.shape}")
+            c, h, w = self.shape
+            hw = [(n + 2 * p - d * (k - 1) - 1) // s + 1 for n, p, d, k, s in
+                  zip((h, w), layer.padding, layer.dilation, layer.kernel_size, layer.stride)]
+            self.pending = dict(kind="conv", name=name, weight=_np64(layer.weight),
+                                bias=_np64(layer.bias) if layer.bias is not None else None,
+                                in_shape=(h, w), stride=tuple(layer.stride), padding=tuple(layer.padding),
+                                dilation=tuple(layer.dilation), groups=layer.groups)
+            self.shape = (layer.out_channels, *hw)
+            return
+        if isinstance(layer, nn.Flatten):
+            self.flush()
+            self._flatten(name, layer)
+            return
+        if isinstance(layer, LIF):
+            if layer.reset != "hard":
+                raise ValueError(f"{name}: reset={layer.reset!r} has no NIR equivalent (NIR neurons reset to v_reset)")
+            self._neuron(name, layer.decay_value(), layer.threshold, layer.v_reset)
+            return
+        raise ValueError(f"cannot export layer {name} ({type(layer).__name__}) to NIR; supported: Flatten, Linear, "
+                         "Conv2d, BatchNorm (folded), LIF, IF, PLIF, BNLIF")
+
+    def flush(self):
+        nir = require("nir", "NIR export and import")
+
+        p, self.pending = self.pending, None
+        if p is None:
+            return
+        weight, bias = _compact(p["weight"]), None if p["bias"] is None else _compact(p["bias"])
+        if p["kind"] == "linear":
+            self.nodes.append(nir.Linear(weight=weight) if bias is None else nir.Affine(weight=weight, bias=bias))
+        else:
+            if bias is None:
+                bias = np.zeros(weight.shape[0], weight.dtype)
+            self.nodes.append(nir.Conv2d(input_shape=p["in_shape"], weight=weight, stride=p["stride"],
+                                         padding=p["padding"], dilation=p["dilation"], groups=p["groups"],
+                                         bias=bias))
+
+    def _flatten(self, name, layer):
+        nir = require("nir", "NIR export and import")
+
+        start, end = layer.start_dim, layer.end_dim
+        if start < 2 or (0 <= end < 2):
+            raise ValueError(f"{name}: Flatten(start_dim={start}, end_dim={end}) would mix time or batch into the "
+                             "features; time-major models flatten from dim 2")
+        if len(self.shape) <= 1:
+            return  # a per-step vector needs no flattening
+        node = nir.Flatten(input_type={"input": np.array(self.shape)}, start_dim=start - 2,
+                           end_dim=end - 2 if end >= 0 else end)
+        self.nodes.append(node)
+        self.shape = tuple(int(s) for s in node.output_type["output"])
+
+    def _fold_bn(self, name, bn):
+        p = self.pending
+        if p is None:
+            raise ValueError(f"{name}: a BatchNorm must follow a Linear or Conv2d to be folded into it")
+        if bn.running_mean is None or bn.running_var is None:
+            raise ValueError(f"{name}: track_running_stats=False uses batch statistics at inference; "
+                             "NIR has no batch norm and it cannot be folded")
+        if bn.num_features != p["weight"].shape[0]:
+            raise ValueError(f"{name}: {bn.num_features} channels after {p['name']} with {p['weight'].shape[0]}")
+        scale = 1.0 / np.sqrt(_np64(bn.running_var) + bn.eps)
+        if bn.affine:
+            scale = scale * _np64(bn.weight)
+        shift = -_np64(bn.running_mean) * scale + (_np64(bn.bias) if bn.affine else 0.0)
+        p["weight"] = p["weight"] * scale.reshape(-1, *[1] * (p["weight"].ndim - 1))
+        p["bias"] = shift if p["bias"] is None else p["bias"] * scale + shift
+
+    def _neuron(self, name, decay, threshold, v_reset):
+        nir = require("nir", "NIR export and import")
+
+        shape, channels = self.shape, self.shape[0]
+        decay = np.asarray(_np64(decay) if isinstance(decay, torch.Tensor) else decay, np.float64).reshape(-1)
+        if decay.size not in (1, channels):
+            raise ValueError(f"{name}: {decay.size} decay values for {channels} channels")
+
+        def full(per_channel, dtype=np.float64):  # one value per neuron, as NIR wants
+            values = np.broadcast_to(np.asarray(per_channel, np.float64).reshape(-1), (channels,))
+            return np.broadcast_to(values.reshape(channels, *[1] * (len(shape) - 1)), shape).astype(dtype)
+
+        thr = full(np.nextafter(np.float32(threshold), np.float32(-np.inf)), np.float32)
+        reset = full(v_reset, np.float32)
+        if (decay == 1).all():
+            self.flush()
+            self.nodes.append(nir.IF(r=full(1.0 / self.dt), v_threshold=thr, v_reset=reset))
+            return
+        if (decay >= 1).any() or (decay < 0).any():
+            raise ValueError(f"{name}: decay must lie in [0, 1) for a NIR LIF (1 for IF), "
+                             f"got {decay.min()}..{decay.max()}")
+        gain = 1.0 - decay  # our x is NIR's (dt/tau) r I
+        if self.form == "peers":
+            p = self.pending
+            if p is None:
+                raise ValueError(f"{name}: form='peers' folds the neuron's input gain into the Linear/Conv2d "
+                                 "before it, and there is none; use form='nir'")
+            g = np.broadcast_to(gain, (channels,))
+            p["weight"] = p["weight"] / g.reshape(-1, *[1] * (p["weight"].ndim - 1))
+            p["bias"] = None if p["bias"] is None else p["bias"] / g
+            r = full(1.0)
+        else:
+            r = full(1.0 / gain)
+        self.flush()
+        self.nodes.append(nir.LIF(tau=full(self.dt / gain), r=r, v_leak=full(0.0), v_threshold=thr,
+                                  v_reset=reset))
+
+
+def _check_finite(nodes, dt: float) -> None:
+    """A NIR file with NaN or inf parameters, or a zero time constant, is invalid: refuse it,
+    naming the node and field (diverged weights, or a dt so small that a time constant
+    underflows or 1/dt overflows in the float32 that peers compute in)."""
+    for i, node in enumerate(nodes):
+        for field, value in vars(node).items():
+            if not (isinstance(value, np.ndarray) and value.dtype.kind == "f"):
+                continue
+            with np.errstate(over="ignore"):
+                value = value.astype(np.float32)
+            problem = ("a non-finite" if not np.isfinite(value).all() else
+                       "a zero" if field == "tau" and (value <= 0).any() else None)
+            if problem:
+                raise ValueError(f"cannot export: NIR node {i} ({type(node).__name__}) would have {problem} "
+                                 f"{field} (with dt = {dt}); check the model's weights and dt")
+
+
+def _np64(t) -> np.ndarray:
+    return t.detach().cpu().double().numpy().copy()
+
+
+def _compact(a: np.ndarray) -> np.ndarray:
+    """float32 when that holds the values exactly (weights written verbatim), else float64."""
+    a32 = a.astype(np.float32)
+    return a32 if np.array_equal(a32.astype(np.float64), a, equal_nan=True) else a
+
+
+# ---------------------------------------------------------------- import
+
+class Integrator(nn.Module):
+    """NIR's I, dv/dt = r I, forward Euler: v[t] = sum_{k<=t} dt r x[k] over [T, B, ...]."""
+
+    def __init__(self, gain: torch.Tensor):
+        super().__init__()
+        self.register_buffer("gain", gain)
+
+    def forward(self, x):
+        return torch.cumsum(x * self.gain, dim=0)
+
+
+class LeakyIntegrator(nn.Module):
+    """NIR's LI, forward Euler: v <- decay v + x (x already scaled by dt r / tau); outputs v."""
+
+    def __init__(self, decay: torch.Tensor):
+        super().__init__()
+        self.register_buffer("decay", decay)
+
+    def forward(self, x):
+        v, out = torch.zeros_like(x[0]), []
+        for step in x:
+            v = self.decay * v + step
+            out.append(v)
+        return torch.stack(out)
+
+
+SUPPORTED = ("Input", "Output", "Affine", "Linear", "Conv2d", "Flatten", "AvgPool2d", "LIF", "IF", "LI", "I")
+
+
+def from_nir(graph, dt: float | None = None) -> nn.Sequential:
+    """A spikefuse model of a sequential NIR graph (a nir.NIRGraph or a .nir file path): an
+    nn.Sequential of Linear, TimeFolded(Conv2d/AvgPool2d), Flatten, spikefuse LIF/IF (and
+    Integrator/LeakyIntegrator for NIR's I/LI), mapping time-major [T, B, *shape] to [T, B, ...].
+
+    dt: seconds per step; default the graph's metadata["dt"] (spikefuse writes it; snnTorch
+    assumes 1e-4, Norse 1e-3 unless told). The NIR gain r dt/tau is folded into the preceding
+    Linear/Conv2d; v > v_threshold becomes h >= nextafter(v_threshold, +inf) in float32.
+    The model's `readout` attribute repeats the graph's ("mean": average the output over T)."""
+    nir = require("nir", "NIR export and import")
+
+    if isinstance(graph, (str, Path)):
+        graph = nir.read(graph)
+    if not isinstance(graph, nir.NIRGraph):
+        raise TypeError(f"graph: expected a nir.NIRGraph or a path, got {type(graph).__name__}")
+    metadata = graph.metadata if isinstance(graph.metadata, dict) else {}
+    if dt is None and "dt" in metadata:
+        dt = float(np.asarray(metadata["dt"]))
+    if dt is not None and not (isinstance(dt, (int, float)) and 0 < dt < math.inf):
+        raise ValueError(f"dt: expected a finite number of seconds > 0, got {dt!r}")
+    reader = _Reader(dt)
+    for key in _chain(graph):
+        reader.add(key, graph.nodes[key])
+    model = nn.Sequential(*reader.modules)
+    readout = metadata.get("readout")
+    readout = readout.decode() if isinstance(readout, bytes) else readout
+    model.readout = readout if readout in ("mean", "count") else "none"
+    model.dt = dt
+    return model
+
+
+def _chain(graph) -> list[str]:
+    """The node keys from Input to Output of a graph that is one chain; ValueError otherwise."""
+    nir = require("nir", "NIR export and import")
+
+    nodes, edges = graph.nodes, [tuple(e) for e in graph.edges]
+    for key, node in nodes.items():
+        if type(node).__name__ not in SUPPORTED or isinstance(node, nir.NIRGraph):
+            raise ValueError(f"node {key!r} ({type(node).__name__}): not supported by spikefuse.nir.from_nir; "
+                             f"supported node types: {', '.join(SUPPORTED)}")
+    inputs = [k for k, n in nodes.items() if isinstance(n, nir.Input)]
+    outputs = [k for k, n in nodes.items() if isinstance(n, nir.Output)]
+    if len(inputs) != 1 or len(outputs) != 1:
+        raise ValueError(f"expected one Input and one Output node, got inputs {inputs} and outputs {outputs}")
+    for a, b in edges:
+        for end in (a, b):
+            if end not in nodes:
+                raise ValueError(f"edge ({a!r}, {b!r}) names node {end!r}, which the graph does not have")
+    successors, predecessors = {}, {}
+    for a, b in edges:
+        successors.setdefault(a, []).append(b)
+        predecessors.setdefault(b, []).append(a)
+    for key in nodes:
+        if len(successors.get(key, [])) > 1 or len(predecessors.get(key, [])) > 1:
+            raise ValueError(f"node {key!r} has {len(predecessors.get(key, []))} inputs and "
+                             f"{len(successors.get(key, []))} outputs; from_nir reads sequential graphs (one chain)")
+    order, key = [], inputs[0]
+    while key != outputs[0]:
+        nxt = successors.get(key)
+        if not nxt:
+            raise ValueError(f"node {key!r} has no outgoing edge: the chain from Input never reaches Output")
+        key = nxt[0]
+        if key in order:
+            raise ValueError(f"node {key!r} is on a cycle; from_nir reads feed-forward graphs only")
+        order.append(key)
+    order.pop()  # the Output
+    if len(order) + 2 != len(nodes):
+        stray = sorted(set(nodes) - set(order) - {inputs[0], outputs[0]})
+        raise ValueError(f"nodes {stray} are not on the chain from Input to Output")
+    return order
+
+
+def _arr(value) -> np.ndarray:
+    if isinstance(value, torch.Tensor):
+        value = value.detach().cpu().numpy()
+    return np.asarray(value, np.float64)
+
+
+def _per_channel(key, field, value) -> np.ndarray:
+    """A neuron parameter as one value per channel ([1] if uniform): NIR gives one per neuron."""
+    a = np.atleast_1d(_arr(value))
+    if a.size == 1:
+        return a.reshape(1)
+    rows = a.reshape(a.shape[0], -1)
+    if not (rows == rows[:, :1]).all():
+        raise ValueError(f"node {key!r}: {field} varies within a channel; spikefuse neurons take one value per channel")
+    rows = rows[:, 0]
+    return rows[:1] if (rows == rows[0]).all() else rows
+
+
+def _uniform(key, field, value) -> float:
+    a = np.unique(_arr(value))
+    if a.size != 1:
+        raise ValueError(f"node {key!r}: {field} differs between neurons ({a.min()}..{a.max()}); "
+                         "spikefuse neurons take one value per layer")
+    return float(a[0])
+
+
+def _full_tensor(values) -> torch.Tensor:
+    """One value per neuron (NIR's per-sample shape), broadcasting over [T, B, ...]."""
+    return torch.tensor(np.asarray(values, np.float64), dtype=torch.float32)
+
+
+def _f32(x: float) -> float:
+    """x rounded to float32 and written as the shortest decimal that gives it back (0.9, not 0.899999976)."""
+    return float(str(np.float32(x)))
+
+
+class _Reader:
+    def __init__(self, dt):
+        self.dt, self.modules = dt, []
+        self.weighted = None  # the module just built from an Affine/Linear/Conv2d, if the last one
+
+    def add(self, key, node):
+        nir = require("nir", "NIR export and import")
+
+        from .nn.layers import TimeFolded
+
+        weighted, self.weighted = self.weighted, None
+        if isinstance(node, (nir.Affine, nir.Linear)):
+            weight = _arr(node.weight)
+            bias = _arr(node.bias) if isinstance(node, nir.Affine) and node.bias is not None else None
+            if weight.ndim != 2:
+                raise ValueError(f"node {key!r}: {type(node).__name__} weight must be 2-D, got shape {weight.shape}")
+            layer = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None)
+            self.weighted = dict(module=layer, weight=weight, bias=bias)
+            self._set(self.weighted)
+            self.modules.append(layer)
+        elif isinstance(node, nir.Conv2d):
+            weight = _arr(node.weight)
+            bias = _arr(node.bias) if node.bias is not None else None
+            if bias is not None and not bias.any():
+                bias = None
+            padding = node.padding if isinstance(node.padding, str) else np.atleast_1d(node.padding)
+            pair = lambda v: tuple(int(s) for s in np.broadcast_to(np.atleast_1d(v), (2,)))  # noqa: E731
+            conv = nn.Conv2d(weight.shape[1] * int(node.groups), weight.shape[0], tuple(weight.shape[2:]),
+                             stride=pair(node.stride), padding=padding if isinstance(padding, str) else pair(padding),
+                             dilation=pair(node.dilation), groups=int(node.groups), bias=bias is not None)
+            self.weighted = dict(module=conv, weight=weight, bias=bias)
+            self._set(self.weighted)
+            self.modules.append(TimeFolded(conv))
+        elif isinstance(node, nir.Flatten):
+            start, end = int(node.start_dim), int(node.end_dim)
+            self.modules.append(nn.Flatten(start + 2 if start >= 0 else start, end + 2 if end >= 0 else end))
+        elif isinstance(node, nir.AvgPool2d):
+            pair = lambda v: tuple(int(s) for s in np.broadcast_to(np.atleast_1d(v), (2,)))  # noqa: E731
+            self.modules.append(TimeFolded(nn.AvgPool2d(pair(node.kernel_size), pair(node.stride), pair(node.padding))))
+        elif isinstance(node, (nir.LIF, nir.IF)):
+            self._neuron(key, node, weighted)
+        elif isinstance(node, (nir.LI, nir.I)):
+            dt = self._dt(key)
+            r = _per_channel(key, "r", node.r)
+            if isinstance(node, nir.I):
+                self.modules.append(Integrator(_full_tensor(_arr(node.r) * dt)))
+                return
+            tau = _per_channel(key, "tau", node.tau)
+            leak = _per_channel(key, "v_leak", node.v_leak)
+            left = self._scale_input(key, weighted, r * dt / tau, dt / tau * leak)
+            if not np.all(np.asarray(left) == 1.0):
+                raise ValueError(f"node {key!r}: an LI with input gain r dt/tau != 1 needs an Affine/Conv2d before it")
+            self.modules.append(LeakyIntegrator(_full_tensor(1.0 - dt / _arr(node.tau))))
+        # Input / Output: nothing to build
+
+    def _dt(self, key):
+        if self.dt is None:
+            raise ValueError(f"node {key!r}: the graph does not say its time step (no metadata['dt']); pass dt= "
+                             "(snnTorch writes graphs for dt = 1e-4, Norse for its from_nir dt, 1e-3 by default)")
+        return self.dt
+
+    def _set(self, w):
+        module = w["module"]
+        with torch.no_grad():
+            module.weight.copy_(torch.from_numpy(w["weight"].astype(np.float32)))
+            if w["bias"] is not None:
+                module.bias.copy_(torch.from_numpy(w["bias"].astype(np.float32)))
+
+    def _scale_input(self, key, weighted, gain, drive):
+        """Fold the per-channel input gain (and constant drive from v_leak) into the weighted layer
+        before the neuron; returns the gain left for the neuron (1 if folded)."""
+        if (np.abs(gain - 1) < UNIT_GAIN_TOLERANCE).all() and not drive.any():
+            return 1.0
+        if weighted is None:
+            if drive.any():
+                raise ValueError(f"node {key!r}: v_leak != 0 needs an Affine/Conv2d before the neuron to carry it")
+            return gain
+        shape = (-1, *[1] * (weighted["weight"].ndim - 1))
+        weighted["weight"] = weighted["weight"] * gain.reshape(shape)
+        if weighted["bias"] is not None or drive.any():
+            bias = weighted["bias"] if weighted["bias"] is not None else 0.0
+            weighted["bias"] = np.broadcast_to(bias * gain + drive, (weighted["weight"].shape[0],))
+            module = weighted["module"]
+            if module.bias is None:
+                module.bias = nn.Parameter(torch.zeros(module.weight.shape[0]))
+        self._set(weighted)
+        return 1.0
+
+    def _neuron(self, key, node, weighted):
+        nir = require("nir", "NIR export and import")
+
+        from .nn.neurons import IF, LIF
+
+        dt = self._dt(key)
+        r = _per_channel(key, "r", node.r)
+        if isinstance(node, nir.IF):
+            decay, gain, drive = np.ones(1), r * dt, np.zeros(1)
+        else:
+            tau = _per_channel(key, "tau", node.tau)
+            if (tau <= 0).any() or not np.isfinite(tau).all():
+                raise ValueError(f"node {key!r}: tau must be finite and > 0")
+            if (tau < dt).any():
+                raise ValueError(f"node {key!r}: tau = {tau.min()} < dt = {dt}: forward Euler would "
+                                 "overshoot (decay 1 - dt/tau < 0); pass the graph's dt")
+            decay = 1.0 - dt / tau
+            gain, drive = r * dt / tau, dt / tau * _per_channel(key, "v_leak", node.v_leak)
+        left = self._scale_input(key, weighted, np.broadcast_to(gain, np.broadcast(gain, drive).shape).copy(),
+                                 np.broadcast_to(drive, np.broadcast(gain, drive).shape).copy())
+        left = np.unique(np.atleast_1d(left))
+        if left.size != 1:
+            raise ValueError(f"node {key!r}: a per-neuron input gain r dt/tau needs an Affine/Conv2d before it")
+        threshold = np.float32(_uniform(key, "v_threshold", node.v_threshold))
+        threshold = float(np.nextafter(threshold, np.float32(np.inf)))  # v > t  ==  v >= nextafter(t, +inf)
+        v_reset = 0.0 if node.v_reset is None else _uniform(key, "v_reset", node.v_reset)
+        threshold, v_reset = _f32(threshold / left[0]), _f32(v_reset / left[0])
+        if isinstance(node, nir.IF):
+            self.modules.append(IF(threshold=threshold, v_reset=v_reset))
+            return
+        if decay.size == 1:
+            self.modules.append(LIF(decay=_f32(decay[0]), threshold=threshold, v_reset=v_reset))
+        else:
+            self.modules.append(LIF(decay=torch.tensor(decay, dtype=torch.float32), threshold=threshold,
+                                    v_reset=v_reset))
+
+
+__all__ = ["to_nir", "from_nir", "DEFAULT_DT", "FORMS", "READOUT_NODES", "Integrator", "LeakyIntegrator"]

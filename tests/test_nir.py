@@ -1,0 +1,323 @@
+"""spikefuse.nir: to_nir -> from_nir round trips (spikes and parameters equal), graphs that
+snnTorch and Norse load and run to our spikes, their graphs loaded here, bad graphs refused.
+The peer tests skip where snnTorch / Norse are not installed (CI); see docs/nir.md."""
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from spikefuse.models import build_model
+from spikefuse.nn import IF, LIF, PLIF, TimeFolded
+
+nir = pytest.importorskip("nir")
+from spikefuse.nir import from_nir, to_nir  # noqa: E402
+
+
+def trace(seq: nn.Sequential, x: torch.Tensor) -> list[torch.Tensor]:
+    """Every layer's output of a time-major Sequential."""
+    outs = []
+    with torch.no_grad():
+        for layer in seq:
+            x = layer(x)
+            outs.append(x)
+    return outs
+
+
+def spike_layers(outs, seq):
+    return [o for o, layer in zip(outs, seq) if isinstance(layer, LIF)]
+
+
+def scramble_bn(model):
+    """Eval statistics that are not the identity, so folding is exercised."""
+    g = torch.Generator().manual_seed(3)
+    for m in model.modules():
+        if isinstance(m, nn.modules.batchnorm._BatchNorm):
+            m.running_mean.copy_(torch.rand(m.num_features, generator=g) * 0.4 - 0.2)
+            m.running_var.copy_(torch.rand(m.num_features, generator=g) * 1.5 + 0.5)
+            m.weight.data.copy_(torch.rand(m.num_features, generator=g) + 0.5)
+            m.bias.data.copy_(torch.rand(m.num_features, generator=g) * 0.3)
+    return model.eval()
+
+
+def kinds(graph) -> list[str]:
+    """Node types along the chain from Input to Output (a file read back sorts the nodes)."""
+    following, key, out = dict(graph.edges), "input", ["Input"]
+    while key in following:
+        key = following[key]
+        out.append(type(graph.nodes[key]).__name__)
+    return out
+
+
+def through_file(graph, tmp_path):
+    nir.write(tmp_path / "g.nir", graph)
+    return nir.read(tmp_path / "g.nir")
+
+
+def ipu(readout="mean"):
+    torch.manual_seed(0)
+    model = build_model("ipu-shd", (40,), 5, hidden=(48, 32), readout=readout)
+    for p in model.parameters():  # more activity than the init's
+        p.data.mul_(2.0)
+    return model.eval()
+
+
+def conv_sequential():
+    torch.manual_seed(1)
+    return nn.Sequential(TimeFolded(nn.Conv2d(2, 4, 3, padding=1)), LIF(decay=0.6, threshold=0.3),
+                         TimeFolded(nn.Conv2d(4, 6, 3, stride=2, bias=False)), LIF(decay=0.8, threshold=0.2),
+                         nn.Flatten(2), nn.Linear(6 * 2 * 2, 5), LIF(decay=0.5, threshold=0.2)).eval()
+
+
+# ---- round trips ----
+
+@pytest.mark.parametrize("form", ["peers", "nir"])
+def test_round_trip_of_the_ipu_model_is_exact(tmp_path, form):
+    model = ipu()
+    graph = through_file(to_nir(model, (40,), time_steps=10, form=form), tmp_path)
+    assert {type(n).__name__ for n in graph.nodes.values()} == {"Input", "Linear", "LIF", "Output"}
+    back = from_nir(graph)
+    assert back.readout == "mean" and back.dt == 1e-4
+    linears = [m for m in model.layers if isinstance(m, nn.Linear)]
+    for a, b in zip([m for m in back if isinstance(m, nn.Linear)], linears, strict=True):
+        assert a.bias is None and torch.equal(a.weight, b.weight)
+    for a in (m for m in back if isinstance(m, LIF)):
+        assert (a.decay, a.threshold, a.v_reset, a.reset) == (0.95, 1.0, 0.0, "hard")
+    x = (torch.rand(10, 3, 40, generator=torch.Generator().manual_seed(2)) < 0.3).float()
+    ours, theirs = trace(model.layers, x), trace(back, x)
+    spikes = spike_layers(ours, model.layers)
+    assert all(0.02 < s.mean() < 0.9 for s in spikes)
+    for a, b in zip(spike_layers(theirs, back), spikes, strict=True):
+        assert torch.equal(a, b)
+    assert torch.equal(theirs[-1], ours[-1])
+    assert torch.equal(back(x).mean(0), model(x))
+
+
+def test_round_trip_of_the_shd_model_folds_batch_norm(tmp_path):
+    torch.manual_seed(0)
+    model = scramble_bn(build_model("shd", (30,), 4, hidden=(24, 16)))
+    for p in model.parameters():
+        p.data.mul_(2.0)
+    graph = through_file(to_nir(model), tmp_path)
+    assert kinds(graph) == ["Input", "Affine", "LIF", "Affine", "LIF", "Affine", "Output"]
+    back = from_nir(graph)
+    x = (torch.rand(8, 3, 30, generator=torch.Generator().manual_seed(4)) < 0.4).float()
+    ours = [model.hidden[0](x)]
+    ours.append(model.hidden[1](ours[0]))
+    theirs = spike_layers(trace(back, x), back)
+    assert all(0.02 < s.mean() < 0.9 for s in ours)
+    for a, b in zip(theirs, ours, strict=True):  # BN folded: equal spikes (rounding-level potentials)
+        assert torch.equal(a, b)
+    torch.testing.assert_close(back(x).mean(0), model(x), rtol=1e-5, atol=1e-5)
+    # the imported model (no BN left) round-trips exactly
+    again = from_nir(to_nir(back, (30,)))
+    for a, b in zip(again.parameters(), back.parameters(), strict=True):
+        assert torch.equal(a, b)
+    assert torch.equal(again(x), back(x))
+
+
+def test_round_trip_of_conv_models(tmp_path):
+    model = conv_sequential()
+    graph = through_file(to_nir(model, (2, 6, 6)), tmp_path)
+    assert kinds(graph) == ["Input", "Conv2d", "LIF", "Conv2d", "LIF", "Flatten", "Affine", "LIF", "Output"]
+    back = from_nir(graph)
+    assert back.readout == "none"
+    theirs = dict(back.named_parameters())
+    for name, p in model.named_parameters():
+        assert torch.equal(theirs[name], p), name
+    x = (torch.rand(6, 2, 2, 6, 6, generator=torch.Generator().manual_seed(5)) < 0.5).float()
+    ours = spike_layers(trace(model, x), model)
+    assert all(0.02 < s.mean() < 0.95 for s in ours)
+    for a, b in zip(spike_layers(trace(back, x), back), ours, strict=True):
+        assert torch.equal(a, b)
+
+    torch.manual_seed(0)  # the CIFAR net: ConvBNLIF blocks, stride-2 convs, BN folded
+    cifar = scramble_bn(build_model("cifar-small", (2, 8, 8), 5, 4, width=1 / 32))
+    back = from_nir(through_file(to_nir(cifar), tmp_path))
+    x = (torch.rand(4, 2, 2, 8, 8, generator=torch.Generator().manual_seed(6)) < 0.5).float()
+    with torch.no_grad():
+        first = cifar.features[0](x)
+    assert torch.equal(trace(back, x)[1], first) and 0.02 < first.mean() < 0.9
+    torch.testing.assert_close(back(x).mean(0), cifar(x), rtol=1e-5, atol=1e-5)
+
+
+def test_plif_if_and_integrator_readout():
+    plif = PLIF(init_decay=0.6, channels=4)
+    with torch.no_grad():
+        plif.w.copy_(torch.tensor([-1.0, 0.0, 0.5, 2.0]))
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(3, 4), plif, nn.Linear(4, 4), IF(threshold=0.7), nn.Linear(4, 2))
+    net.readout = "mean"
+    graph = to_nir(net, (3,), time_steps=5, dt=1e-3, readout="integrator")
+    assert type(graph.nodes["i"]).__name__ == "I"
+    back = from_nir(graph)
+    assert isinstance(back[3], IF) and back[3].threshold == pytest.approx(0.7, rel=1e-7)
+    torch.testing.assert_close(back[1].decay, torch.sigmoid(plif.w).detach())
+    x = torch.rand(5, 2, 3) * 3
+    out = back(x)
+    torch.testing.assert_close(out[-1], net(x).mean(0), rtol=1e-5, atol=1e-6)  # I after T steps = the mean
+    with pytest.raises(ValueError, match="readout='integrator' needs the number of steps"):
+        to_nir(net, (3,), readout="integrator")
+
+
+def test_threshold_equality_fires_as_ours():
+    """We fire at h >= threshold, NIR at v > v_threshold: written one float32 ulp below."""
+    net = nn.Sequential(nn.Linear(2, 1, bias=False), LIF(decay=0.5, threshold=1.0))
+    with torch.no_grad():
+        net[0].weight.fill_(0.5)
+    graph = to_nir(net, (2,))
+    assert graph.nodes["lif"].v_threshold[0] == np.nextafter(np.float32(1), np.float32(0))
+    x = torch.ones(3, 1, 2)  # h = 1.0 exactly at the first step
+    assert net(x)[0, 0, 0] == 1 and torch.equal(from_nir(graph)(x), net(x))
+
+
+# ---- what is refused, clearly ----
+
+def test_bad_graphs_name_the_node():
+    lif = nir.LIF(tau=np.full(2, 1e-3), r=np.ones(2), v_leak=np.zeros(2), v_threshold=np.ones(2), v_reset=np.zeros(2))
+    cuba = nir.CubaLIF(tau_syn=np.ones(2), tau_mem=np.ones(2), r=np.ones(2), v_leak=np.zeros(2),
+                       v_threshold=np.ones(2))
+    g = nir.NIRGraph.from_list(nir.Affine(weight=np.ones((2, 3)), bias=np.zeros(2)), cuba)
+    with pytest.raises(ValueError, match=r"node 'cubalif' \(CubaLIF\): not supported by spikefuse.nir.from_nir"):
+        from_nir(g)
+    g = nir.NIRGraph.from_list(nir.Affine(weight=np.ones((2, 3)), bias=np.zeros(2)), lif)
+    with pytest.raises(ValueError, match=r"node 'lif': the graph does not say its time step.*pass dt="):
+        from_nir(g)
+    assert isinstance(from_nir(g, dt=1e-4)[1], LIF)
+    g.edges.append(("affine", "output"))
+    with pytest.raises(ValueError, match="node 'affine' has 1 inputs and 2 outputs"):
+        from_nir(g, dt=1e-4)
+    with pytest.raises(TypeError, match="graph: expected a nir.NIRGraph"):
+        from_nir({"nodes": {}})
+
+
+def test_models_that_are_not_sequential_are_refused():
+    with pytest.raises(ValueError, match=r"cannot export DVSGestureNet to NIR: its max pooling"):
+        to_nir(build_model("dvs-gesture", (2, 8, 8), 3, width=1 / 32))
+    with pytest.raises(ValueError, match="cannot export SpikingResNet to NIR: its residual connections"):
+        to_nir(build_model("resnet18", (3, 8, 8), 3, width=1 / 16))
+    bn = nn.BatchNorm1d(4, track_running_stats=False)
+    with pytest.raises(ValueError, match=r"^1: track_running_stats=False uses batch statistics"):
+        to_nir(nn.Sequential(nn.Linear(3, 4), bn, LIF()), (3,))
+    with pytest.raises(ValueError, match="form='peers' folds the neuron's input gain"):
+        to_nir(nn.Sequential(LIF(decay=0.5)), (3,))
+    assert isinstance(to_nir(nn.Sequential(LIF(decay=0.5)), (3,), form="nir"), nir.NIRGraph)
+
+
+def test_cli_exports_a_batch_norm_model(tmp_path, capsys):
+    from spikefuse.cli import main
+    from spikefuse.train import checkpoint
+
+    spec = {"name": "shd", "input_shape": [12], "num_classes": 3, "time_steps": 5, "kwargs": {"hidden": [8]}}
+    model = build_model(spec["name"], spec["input_shape"], spec["num_classes"], **spec["kwargs"])
+    checkpoint.save({"config": {"model": spec}, "model": model.state_dict()}, tmp_path / "checkpoint.pt")
+    assert main(["export", "--nir", str(tmp_path)]) == 0
+    assert "form peers, readout mean (affine)" in capsys.readouterr().out
+    assert isinstance(from_nir(tmp_path / "model.nir")[0], nn.Linear)
+
+
+# ---- peers: snnTorch and Norse (skipped where not installed) ----
+
+@pytest.fixture
+def quiet():
+    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+        warnings.simplefilter("ignore")
+        logging.disable(logging.WARNING)
+        yield
+        logging.disable(logging.NOTSET)
+
+
+def run_snntorch(graph, x):
+    """snnTorch's import of `graph` over x [T, *] (one step per call; fresh state)."""
+    from snntorch.import_nir import import_from_nir
+
+    module = import_from_nir(graph)
+    with torch.no_grad():
+        outs = [module(step) for step in x]
+    return torch.stack([o[0] if isinstance(o, tuple) else o for o in outs])
+
+
+def run_norse(graph, x):
+    import norse.torch as norse
+
+    module, state, outs = norse.from_nir(graph, dt=graph.metadata["dt"]), None, []
+    with torch.no_grad():
+        for step in x:
+            out, state = module(step, state)
+            outs.append(out)
+    return torch.stack(outs)
+
+
+PEERS = {"snntorch": run_snntorch, "norse": run_norse}
+
+
+@pytest.mark.parametrize("peer", list(PEERS))
+def test_peers_run_our_default_export_to_our_spikes(peer, quiet):
+    pytest.importorskip(peer)
+    model = ipu(readout="count")  # the graph's output is the last layer's spikes
+    x = (torch.rand(10, 3, 40, generator=torch.Generator().manual_seed(2)) < 0.3).float()
+    with torch.no_grad():
+        ours = model.layers(x)
+    assert 0.02 < ours.mean() < 0.9
+    assert torch.equal(PEERS[peer](to_nir(model), x), ours)
+
+    model = conv_sequential()  # a Flatten: peers fold their batch into it, so one unbatched sample at a time
+    x = (torch.rand(6, 2, 2, 6, 6, generator=torch.Generator().manual_seed(5)) < 0.5).float()
+    with torch.no_grad():
+        ours = model(x)
+    graph = to_nir(model, (2, 6, 6))
+    for b in range(x.shape[1]):
+        assert torch.equal(PEERS[peer](graph, x[:, b]), ours[:, b])
+
+
+def test_snntorch_graphs_import_to_snntorch_spikes(quiet):
+    snn = pytest.importorskip("snntorch")
+    from snntorch.export_nir import export_to_nir
+
+    torch.manual_seed(0)
+    # What snnTorch's exporter writes is a Leaky that resets to 0 at once: reset_mechanism="zero",
+    # reset_delay=False (its defaults, subtract and delayed reset, are not what the NIR LIF says).
+    leaky = dict(reset_mechanism="zero", reset_delay=False, init_hidden=True)
+    net = nn.Sequential(nn.Linear(12, 16),
+                        snn.Leaky(beta=torch.full((16,), 0.9), threshold=torch.full((16,), 0.5), **leaky),
+                        nn.Linear(16, 6, bias=False),
+                        snn.Leaky(beta=torch.full((6,), 0.8), threshold=torch.full((6,), 0.4), output=True, **leaky))
+    graph = export_to_nir(net, torch.randn(1, 12), ignore_dims=[0])
+    x = (torch.rand(15, 4, 12) < 0.4).float()
+    with torch.no_grad():
+        theirs = torch.stack([net(step)[0] for step in x])
+    back = from_nir(graph, dt=1e-4)  # snnTorch writes tau = 1e-4 / (1 - beta)
+    assert back[1].decay == 0.9 and back[3].decay == 0.8 and back[1].threshold > 0.5  # > 0.5 is >= 0.5 + 1 ulp
+    assert 0.02 < theirs.mean() < 0.9
+    assert torch.equal(back(x), theirs)
+
+
+def test_norse_graphs_import_to_norse_spikes(quiet):
+    norse = pytest.importorskip("norse.torch")
+
+    torch.manual_seed(0)
+    p1 = norse.LIFBoxParameters(tau_mem_inv=torch.tensor(200.0), v_th=torch.tensor(0.3))
+    p2 = norse.LIFBoxParameters(tau_mem_inv=torch.tensor(100.0), v_th=torch.tensor(0.2))
+    net = norse.SequentialState(nn.Linear(12, 16), norse.LIFBoxCell(p1), nn.Linear(16, 6), norse.LIFBoxCell(p2))
+    for p in net.parameters():
+        p.data.mul_(4.0)  # so that both layers fire
+    # Norse 1.1's to_nir writes tau = dt / tau_mem_inv: dt=1 makes that NIR's tau in seconds
+    # (the cells themselves step with their own dt, 1e-3 s)
+    graph = norse.to_nir(net, torch.randn(1, 12), dt=1.0)
+    x = (torch.rand(15, 4, 12) < 0.5).float() * 2
+    state, outs = None, []
+    with torch.no_grad():
+        for step in x:
+            out, state = net(step, state)
+            outs.append(out)
+    theirs = torch.stack(outs)
+    back = from_nir(graph, dt=1e-3)  # Norse writes no dt: the cells' dt
+    assert back[1].decay == pytest.approx(0.8) and back[3].decay == pytest.approx(0.9)
+    assert 0.02 < theirs.mean() < 0.9
+    assert torch.equal(back(x), theirs)
