@@ -4,7 +4,9 @@
                  forward, one reverse-time launch backward); on a CPU tensor they run
                  through the Triton interpreter (slow: for tests)
     "reference"  the step-by-step PyTorch loop of spikefuse.reference
-    "auto"       fused on CUDA for float32/bfloat16/float16, reference otherwise
+    "auto"       fused on CUDA for float32/bfloat16/float16; for `lif` on a float32/float64
+                 CPU tensor the graph-free loop of spikefuse.ops.lif_loop (spikes bit-identical
+                 to the reference, hand-written reverse-time backward); reference otherwise
 
 All take time-major input x of shape [T, *] and return spikes of x's shape and dtype.
 """
@@ -76,6 +78,9 @@ def lif(
     if _use_fused(backend, x):
         return _fused_lif()(x, decay_value, decay_tensor, threshold, reset, v_reset,
                             bool(detach_reset), surrogate, alpha, v0, bool(return_state), grad_threshold)
+    if backend == "auto" and _loop_lif().usable(x, decay_tensor, v0):
+        return _loop_lif().lif_loop(x, decay_value, decay_tensor, threshold, reset, v_reset,
+                                    bool(detach_reset), surrogate, alpha, v0, bool(return_state), grad_threshold)
     if decay_tensor is not None:
         decay_value = decay_tensor.reshape(decay_tensor.shape + (1,) * max(x.dim() - 3, 0))
     return reference.lif(x, decay_value, threshold, reset, v_reset, bool(detach_reset),
@@ -184,6 +189,18 @@ _LIF_FUSED = None
 
 def _triton_available():
     return _TRITON_AVAILABLE
+
+
+def _loop_lif():
+    """The module spikefuse.ops.lif_loop (no Triton), imported on first use and kept."""
+    global _LIF_LOOP
+    if _LIF_LOOP is None:
+        from .ops import lif_loop
+        _LIF_LOOP = lif_loop
+    return _LIF_LOOP
+
+
+_LIF_LOOP = None
 
 
 def _fused_lif():
