@@ -45,6 +45,8 @@ def simulate(graph, x: np.ndarray, dt: float) -> np.ndarray:
                 signal = signal.reshape(-1)
             elif isinstance(n, nir.Affine):
                 signal = n.weight @ signal + n.bias
+            elif isinstance(n, nir.Linear):  # an Affine without bias
+                signal = n.weight @ signal
             elif isinstance(n, (nir.LIF, nir.IF, nir.I)):
                 v = state.get(i, np.zeros_like(n.r, dtype=np.float64))
                 if isinstance(n, nir.LIF):

@@ -150,9 +150,9 @@ def test_exports_to_nir_like_the_mlp():
 
     steps, dt = 8, 1e-3
     model = tiny("ipu-nmnist", threshold=0.3)
-    graph = to_nir(model, NETWORKS["ipu-nmnist"].input_shape, steps, dt=dt)
+    graph = to_nir(model, NETWORKS["ipu-nmnist"].input_shape, steps, dt=dt, form="nir", readout="integrator")
     kinds = [type(n).__name__ for n in graph.nodes.values()]
-    assert sorted(kinds) == sorted(["Input", "Flatten", "Affine", "LIF", "Affine", "LIF", "Affine", "I", "Output"])
+    assert sorted(kinds) == sorted(["Input", "Flatten", "Linear", "LIF", "Linear", "LIF", "Linear", "I", "Output"])
     np.testing.assert_allclose(graph.nodes["lif"].tau, dt / 0.05, rtol=1e-6)
     torch.manual_seed(3)
     x = (torch.rand(steps, 2, 2, 34, 34) < 0.2).float()
