@@ -217,3 +217,22 @@ def test_sparse_layer_and_model_reject_bad_options():
 def test_sparse_model_state_dict_matches_dense():
     dense, sparse = IPUNet((6,), 2, hidden=(5, 4)), IPUNet((6,), 2, hidden=(5, 4), sparse=True)
     assert dense.state_dict().keys() == sparse.state_dict().keys()
+
+
+def test_trainer_redispatches_after_each_epoch():
+    """fit() calls update_dispatch after every epoch: with sparse_below = 0 any measured
+    carrying share sends an "auto" layer to the dense backward."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from spikefuse.train import fit
+
+    torch.manual_seed(0)
+    model = IPUNet((12,), 3, hidden=(16, 16), sparse=True, grad_threshold=float("-inf"))
+    layer = next(m for m in model.modules() if isinstance(m, SparseSpikingLinear))
+    layer.sparse_below = 0.0
+    x = (torch.rand(16, 5, 12) < 0.5).float() * 2  # batch-first [B, T, F], as DataLoaders give
+    y = torch.randint(0, 3, (16,))
+    loader = DataLoader(TensorDataset(x, y), batch_size=8)
+    assert layer.sparse
+    fit(model, (loader, loader), LazyAdam(model.parameters(), lr=1e-3), epochs=1, progress=False)
+    assert not layer.sparse
