@@ -14,3 +14,6 @@ __all__ += ["SparseSpikingLinear", "update_dispatch"]
 from .alif import ALIF  # noqa: E402
 
 __all__ += ["ALIF"]
+from .cuba import CUBA  # noqa: E402
+
+__all__ += ["CUBA"]

@@ -1,0 +1,347 @@
+"""Fused current-based synaptic LIF (CUBA; snnTorch's `Synaptic`, Norse's LIF with a
+synaptic current): one Triton launch over all T steps forward, one reverse-time launch
+backward.
+
+    i[t] = syn_decay * i[t-1] + x[t]                     i[-1] = 0 (synaptic current)
+    h[t] = decay * v[t-1] + i[t]                         v[-1] = 0
+    s[t] = 1 if h[t] >= threshold else 0
+    v[t] = v_reset (hard) / h - threshold (soft) / h (none) where s[t] = 1, else h[t]
+Backward: ds/dh = sg(h - threshold) as for the LIF (`detach_reset` cuts the reset of v
+from s); the adjoints of v and i run backward together:
+    dL/dh[t] = (dL/ds[t] + dL/dv[t] * through_spike) * sg + dL/dv[t] * direct
+    dL/di[t] = dL/dh[t] + syn_decay * dL/di[t+1]         (= dL/dx[t])
+    dL/dv[t-1] = decay * dL/dh[t]
+
+Layout and launches as spikefuse.ops.lif (same BLOCK/K rules, same helpers): each program
+owns BLOCK neurons, keeps v and i in registers for the whole sequence and walks time in
+chunks of K steps, prefetching the next chunk.
+
+Saved for backward: the input x and (v, i) at the start of every chunk ([2, ceil(T/K), N]:
+8/K bytes per neuron-step). The backward kernel walks the chunks in reverse, recomputes
+h (and so the spikes) forward from the chunk's checkpoint into registers (bit-identical to
+the forward: same operations, no FMA contraction), then runs the adjoint recurrence for
+(v, i) backward through them.
+
+torch.compile sees two torch.library triton_ops (spikefuse::cuba_forward and
+spikefuse::cuba_backward) whose bodies launch these kernels.
+"""
+from __future__ import annotations
+
+import torch
+
+from .lif import (EAGER, RESET_CODES, TRACED, _cdiv, _launch_config, f32, grad_h,  # noqa: F401
+                  load_chunk, load_earlier_chunk, program_neurons, reset_potential, row,
+                  spike_value, store_chunk, surrogate_grad)
+from .launch import cached_launch
+from .surrogate import SURROGATES
+
+from .triton_or_stub import tl, triton  # noqa: E402, F401
+
+
+@triton.jit
+def cuba_forward_chunk(X, v, i, d, sd, t0, T, threshold, v_reset,
+                       RESET: tl.constexpr, TAIL: tl.constexpr):
+    """Run K steps from state (v, i) over chunk X: (spikes [K, BLOCK] float32, v, i after).
+    TAIL: the chunk crosses T, and the state must stop at step T-1."""
+    K: tl.constexpr = X.shape[0]
+    k = tl.arange(0, K)
+    Xf = X.to(tl.float32)
+    S = tl.zeros(X.shape, tl.float32)
+    for j in tl.static_range(K):
+        sel = (k == j)[:, None]
+        i_next = sd * i + row(Xf, sel)
+        h = d * v + i_next
+        u = h - threshold
+        fired = u >= 0.0
+        s = spike_value(u, fired)
+        v_next = reset_potential(h, fired, threshold, v_reset, RESET)
+        if TAIL:
+            v = tl.where(t0 + j < T, v_next, v)
+            i = tl.where(t0 + j < T, i_next, i)
+        else:
+            v = v_next
+            i = i_next
+        S = tl.where(sel, s[None, :], S)
+    return S, v, i
+
+
+@cached_launch
+@triton.jit
+def _cuba_forward_kernel(
+    x_ptr, s_ptr, ckpt_ptr, vT_ptr, iT_ptr,
+    decay, syn_decay, threshold, v_reset, T, N,
+    RESET: tl.constexpr, SAVE_CKPT: tl.constexpr, STORE_STATE: tl.constexpr,
+    BLOCK: tl.constexpr, K: tl.constexpr, EVEN_N: tl.constexpr,
+):
+    d, sd = f32(decay), f32(syn_decay)
+    threshold, v_reset = f32(threshold), f32(v_reset)
+    n = program_neurons(BLOCK)
+    n_mask = n < N
+    v = tl.zeros([BLOCK], tl.float32)
+    i = tl.zeros([BLOCK], tl.float32)
+    k = tl.arange(0, K)
+    offs = k[:, None] * N + n[None, :]
+    full = T // K
+    i_ckpt_ptr = ckpt_ptr + tl.cast(tl.cdiv(T, K), tl.int64) * N  # ckpt is [2, chunks, N]
+    X = load_chunk(x_ptr, 0, offs, k, n_mask, T, N, EVEN_N)
+    for c in range(0, full):
+        t0 = c * K
+        X_next = load_chunk(x_ptr, t0 + K, offs, k, n_mask, T, N, EVEN_N)  # prefetch
+        if SAVE_CKPT:
+            tl.store(ckpt_ptr + tl.cast(c, tl.int64) * N + n, v, mask=n_mask)
+            tl.store(i_ckpt_ptr + tl.cast(c, tl.int64) * N + n, i, mask=n_mask)
+        S, v, i = cuba_forward_chunk(X, v, i, d, sd, t0, T, threshold, v_reset, RESET, False)
+        store_chunk(s_ptr, t0, offs, k, n_mask, T, N, S, EVEN_N)
+        X = X_next
+    if full * K < T:  # the last, partial chunk
+        if SAVE_CKPT:
+            tl.store(ckpt_ptr + tl.cast(full, tl.int64) * N + n, v, mask=n_mask)
+            tl.store(i_ckpt_ptr + tl.cast(full, tl.int64) * N + n, i, mask=n_mask)
+        S, v, i = cuba_forward_chunk(X, v, i, d, sd, full * K, T, threshold, v_reset, RESET, True)
+        store_chunk(s_ptr, full * K, offs, k, n_mask, T, N, S, EVEN_N)
+    if STORE_STATE:
+        tl.store(vT_ptr + n, v, mask=n_mask)
+        tl.store(iT_ptr + n, i, mask=n_mask)
+
+
+@triton.jit
+def cuba_backward_chunk(X, GS, v, i, gv, gi, d, sd, t0, T, threshold, v_reset, alpha,
+                        RESET: tl.constexpr, DETACH: tl.constexpr, SURROGATE: tl.constexpr,
+                        TAIL: tl.constexpr):
+    """Recompute the chunk forward from its checkpoint (v, i) (h[t] into registers), then
+    run the adjoint recurrence backward through it: (dL/dx chunk, dL/dv[t0-1], and
+    syn_decay * dL/di[t0] = the gradient reaching i[t0-1])."""
+    K: tl.constexpr = X.shape[0]
+    k = tl.arange(0, K)
+    Xf = X.to(tl.float32)
+    H = tl.zeros(X.shape, tl.float32)
+    for j in tl.static_range(K):
+        sel = (k == j)[:, None]
+        i = sd * i + row(Xf, sel)
+        h = d * v + i
+        H = tl.where(sel, h[None, :], H)
+        v = reset_potential(h, h - threshold >= 0.0, threshold, v_reset, RESET)
+    GSf = GS.to(tl.float32)
+    GX = tl.zeros(X.shape, tl.float32)
+    for jj in tl.static_range(K):
+        j = K - 1 - jj
+        sel = (k == j)[:, None]
+        h = row(H, sel)
+        u = h - threshold
+        sg = surrogate_grad(u, SURROGATE, alpha)
+        gh = grad_h(row(GSf, sel), gv, h, u >= 0.0, sg, threshold, v_reset, RESET, DETACH)
+        gx = gh + gi  # dL/di[t] = dL/dh[t] + syn_decay * dL/di[t+1]
+        if TAIL:  # steps past T carry no gradient
+            valid = t0 + j < T
+            gx = tl.where(valid, gx, 0.0)
+            gv = tl.where(valid, gh * d, gv)
+            gi = tl.where(valid, gx * sd, gi)
+        else:
+            gv = gh * d
+            gi = gx * sd
+        GX = tl.where(sel, gx[None, :], GX)
+    return GX, gv, gi
+
+
+@cached_launch
+@triton.jit
+def _cuba_backward_kernel(
+    gs_ptr, x_ptr, ckpt_ptr, gvT_ptr, giT_ptr, gx_ptr,
+    decay, syn_decay, threshold, v_reset, alpha, T, N,
+    RESET: tl.constexpr, DETACH: tl.constexpr, SURROGATE: tl.constexpr,
+    HAS_GVT: tl.constexpr, HAS_GIT: tl.constexpr,
+    BLOCK: tl.constexpr, K: tl.constexpr, EVEN_N: tl.constexpr,
+):
+    d, sd = f32(decay), f32(syn_decay)
+    threshold, v_reset, alpha = f32(threshold), f32(v_reset), f32(alpha)
+    n = program_neurons(BLOCK)
+    n_mask = n < N
+    if HAS_GVT:  # dL/dv[T-1], dL/di[T-1] when the final state was used downstream
+        gv = tl.load(gvT_ptr + n, mask=n_mask, other=0.0).to(tl.float32)
+    else:
+        gv = tl.zeros([BLOCK], tl.float32)
+    if HAS_GIT:  # carried as "the gradient reaching i[T-1] from later", added to dL/dh[T-1]
+        gi = tl.load(giT_ptr + n, mask=n_mask, other=0.0).to(tl.float32)
+    else:
+        gi = tl.zeros([BLOCK], tl.float32)
+    k = tl.arange(0, K)
+    offs = k[:, None] * N + n[None, :]
+    full = T // K
+    last = tl.cdiv(T, K) - 1
+    i_ckpt_ptr = ckpt_ptr + tl.cast(last + 1, tl.int64) * N
+    X = load_chunk(x_ptr, last * K, offs, k, n_mask, T, N, EVEN_N)
+    GS = load_chunk(gs_ptr, last * K, offs, k, n_mask, T, N, EVEN_N)
+    v = tl.load(ckpt_ptr + tl.cast(last, tl.int64) * N + n, mask=n_mask, other=0.0)
+    i = tl.load(i_ckpt_ptr + tl.cast(last, tl.int64) * N + n, mask=n_mask, other=0.0)
+    if full * K < T:  # the partial chunk first
+        prev = tl.cast(tl.maximum(last - 1, 0), tl.int64) * N + n
+        X_prev = load_earlier_chunk(x_ptr, (last - 1) * K, offs, n_mask, N, EVEN_N)
+        GS_prev = load_earlier_chunk(gs_ptr, (last - 1) * K, offs, n_mask, N, EVEN_N)
+        v_prev = tl.load(ckpt_ptr + prev, mask=n_mask, other=0.0)
+        i_prev = tl.load(i_ckpt_ptr + prev, mask=n_mask, other=0.0)
+        GX, gv, gi = cuba_backward_chunk(X, GS, v, i, gv, gi, d, sd, last * K, T, threshold,
+                                         v_reset, alpha, RESET, DETACH, SURROGATE, True)
+        store_chunk(gx_ptr, last * K, offs, k, n_mask, T, N, GX, EVEN_N)
+        X, GS, v, i = X_prev, GS_prev, v_prev, i_prev
+    for c_rev in range(0, full):
+        c = full - 1 - c_rev
+        t0 = c * K
+        # prefetch the chunk before (nothing is read when c == 0)
+        prev = tl.cast(tl.maximum(c - 1, 0), tl.int64) * N + n
+        X_prev = load_earlier_chunk(x_ptr, t0 - K, offs, n_mask, N, EVEN_N)
+        GS_prev = load_earlier_chunk(gs_ptr, t0 - K, offs, n_mask, N, EVEN_N)
+        v_prev = tl.load(ckpt_ptr + prev, mask=n_mask, other=0.0)
+        i_prev = tl.load(i_ckpt_ptr + prev, mask=n_mask, other=0.0)
+        GX, gv, gi = cuba_backward_chunk(X, GS, v, i, gv, gi, d, sd, t0, T, threshold,
+                                         v_reset, alpha, RESET, DETACH, SURROGATE, False)
+        store_chunk(gx_ptr, t0, offs, k, n_mask, T, N, GX, EVEN_N)
+        X, GS, v, i = X_prev, GS_prev, v_prev, i_prev
+
+
+def _forward(x, decay, syn_decay, threshold, reset, v_reset, save, want_state=True, launch=EAGER):
+    """spikes like x, v[T-1] and i[T-1] (float32, None unless `want_state`), the contiguous
+    x and the checkpoints [2, ceil(T/K), N] (v then i; empty unless `save`)."""
+    if not x.is_contiguous():
+        x = x.contiguous()
+    T = x.shape[0]
+    N = x.numel() // T
+    BLOCK, K, warps = _launch_config(N, x.dtype)
+    spikes = torch.empty_like(x)
+    vT = x.new_empty(x.shape[1:], dtype=torch.float32) if want_state else None
+    iT = x.new_empty(x.shape[1:], dtype=torch.float32) if want_state else None
+    ckpt = torch.empty((2, _cdiv(T, K) if save else 0, N), device=x.device, dtype=torch.float32)
+    if N > 0:
+        unused = launch.unused(x)
+        launch(_cuba_forward_kernel)[(_cdiv(N, BLOCK),)](
+            x, spikes, ckpt, vT if want_state else unused, iT if want_state else unused,
+            decay, syn_decay, threshold, v_reset, T, N,
+            RESET=RESET_CODES[reset], SAVE_CKPT=save, STORE_STATE=want_state,
+            BLOCK=BLOCK, K=K, EVEN_N=N % BLOCK == 0, num_warps=warps, enable_fp_fusion=False)
+    return spikes, vT, iT, x, ckpt
+
+
+def _backward(grad_s, grad_vT, grad_iT, x, ckpt, decay, syn_decay, threshold, reset, v_reset,
+              detach, surrogate, alpha, launch=EAGER):
+    """dL/dx like x. x is the contiguous input saved by _forward; grad_s may be None (only
+    the final state was used), grad_vT / grad_iT None when the state was not used."""
+    T = x.shape[0]
+    N = x.numel() // T
+    if grad_s is None:
+        grad_s = torch.zeros_like(x)
+    gs = grad_s if grad_s.is_contiguous() else grad_s.contiguous()
+    gvT = grad_vT.contiguous() if grad_vT is not None else None
+    giT = grad_iT.contiguous() if grad_iT is not None else None
+    grad_x = torch.empty_like(x)
+    BLOCK, K, warps = _launch_config(N, x.dtype)
+    if N > 0:
+        unused = launch.unused(gs)
+        launch(_cuba_backward_kernel)[(_cdiv(N, BLOCK),)](
+            gs, x, ckpt, gvT if gvT is not None else unused, giT if giT is not None else unused,
+            grad_x, decay, syn_decay, threshold, v_reset, alpha, T, N,
+            RESET=RESET_CODES[reset], DETACH=detach, SURROGATE=SURROGATES[surrogate],
+            HAS_GVT=gvT is not None, HAS_GIT=giT is not None,
+            BLOCK=BLOCK, K=K, EVEN_N=N % BLOCK == 0, num_warps=warps, enable_fp_fusion=False)
+    return grad_x
+
+
+def reference_grad_x(x, grad_s, grad_vT, grad_iT, options):
+    """dL/dx for a backward that will itself be differentiated (create_graph=True): the
+    forward is run again through spikefuse.reference.cuba (float32) and differentiated with
+    create_graph, so second derivatives are its."""
+    from .. import reference
+
+    with torch.enable_grad():
+        spikes, (vT, iT) = reference.cuba(x.float(), *options, return_state=True)
+        pairs = [(out, g.to(out.dtype)) for out, g in ((spikes, grad_s), (vT, grad_vT), (iT, grad_iT))
+                 if g is not None]
+        (gx,) = torch.autograd.grad([o for o, _ in pairs], [x], [g for _, g in pairs],
+                                    create_graph=True, allow_unused=True)
+    return gx if gx is not None else torch.zeros_like(x)
+
+
+class CUBAFunction(torch.autograd.Function):
+    """The eager path. options: (decay, syn_decay, threshold, reset, v_reset, detach,
+    surrogate, alpha, want_state); (v[T-1], i[T-1]) are outputs only when want_state."""
+
+    @staticmethod
+    def forward(ctx, x, options):
+        *options, want_state = options
+        decay, syn_decay, threshold, reset, v_reset = options[:5]
+        save = ctx.needs_input_grad[0]
+        spikes, vT, iT, x_saved, ckpt = _forward(x, decay, syn_decay, threshold, reset, v_reset,
+                                                 save, want_state)
+        ctx.set_materialize_grads(False)
+        if save:
+            ctx.save_for_backward(x_saved, ckpt)
+            ctx.options = tuple(options)
+        return (spikes, vT, iT) if want_state else spikes
+
+    @staticmethod
+    def backward(ctx, grad_s, grad_vT=None, grad_iT=None):
+        x, ckpt = ctx.saved_tensors
+        if grad_s is None and grad_vT is None and grad_iT is None:
+            return None, None
+        if torch.is_grad_enabled():  # create_graph=True: this backward will be differentiated
+            return reference_grad_x(x, grad_s, grad_vT, grad_iT, ctx.options), None
+        return _backward(grad_s, grad_vT, grad_iT, x, ckpt, *ctx.options), None
+
+
+# ---- torch.library registration: what torch.compile sees ----
+
+@torch.library.triton_op("spikefuse::cuba_forward", mutates_args=())
+def cuba_forward(x: torch.Tensor, decay: float, syn_decay: float, threshold: float, reset: str,
+                 v_reset: float, detach: bool, surrogate: str, alpha: float, save: bool
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Spikes, v[T-1], i[T-1] (float32) and the checkpoints (empty unless `save`).
+    detach, surrogate and alpha are only used by the backward."""
+    spikes, vT, iT, _, ckpt = _forward(x, decay, syn_decay, threshold, reset, v_reset, save,
+                                       launch=TRACED)
+    return spikes, vT, iT, ckpt
+
+
+@torch.library.triton_op("spikefuse::cuba_backward", mutates_args=())
+def cuba_backward(grad_s: torch.Tensor, grad_vT: torch.Tensor | None, grad_iT: torch.Tensor | None,
+                  x: torch.Tensor, ckpt: torch.Tensor, decay: float, syn_decay: float,
+                  threshold: float, reset: str, v_reset: float, detach: bool, surrogate: str,
+                  alpha: float) -> torch.Tensor:
+    """dL/dx."""
+    return _backward(grad_s, grad_vT, grad_iT, x.contiguous(), ckpt, decay, syn_decay, threshold,
+                     reset, v_reset, detach, surrogate, alpha, launch=TRACED)
+
+
+def _setup_context(ctx, inputs, output):
+    x, *options, _save = inputs
+    ctx.save_for_backward(x, output[3])
+    ctx.options = tuple(options)
+
+
+def _backward_rule(ctx, grad_s, grad_vT, grad_iT, _grad_ckpt):
+    x, ckpt = ctx.saved_tensors
+    nones = (None,) * 9
+    if grad_s is None and grad_vT is None and grad_iT is None:
+        return (None, *nones)
+    if torch.is_grad_enabled():  # create_graph=True (AOT autograd traces backward without it)
+        return (reference_grad_x(x, grad_s, grad_vT, grad_iT, ctx.options), *nones)
+    if grad_s is None:
+        grad_s = torch.zeros_like(x)
+    return (cuba_backward(grad_s, grad_vT, grad_iT, x, ckpt, *ctx.options), *nones)
+
+
+cuba_forward.register_autograd(_backward_rule, setup_context=_setup_context)
+
+
+def cuba_fused(x, decay, syn_decay, threshold, reset, v_reset, detach, surrogate, alpha,
+               return_state):
+    """Entry point for spikefuse.functional.cuba (arguments already checked there).
+    Returns spikes, or (spikes, (v[T-1], i[T-1])) with return_state."""
+    if not torch.compiler.is_dynamo_compiling():
+        options = (decay, syn_decay, threshold, reset, v_reset, detach, surrogate, alpha,
+                   return_state)
+        if not x.is_contiguous():  # copied here, not inside: the x saved for backward keeps its graph
+            x = x.contiguous()
+        out = CUBAFunction.apply(x, options)
+        return (out[0], (out[1], out[2])) if return_state else out
+    save = torch.is_grad_enabled() and x.requires_grad
+    spikes, vT, iT, _ = cuba_forward(x, decay, syn_decay, threshold, reset, v_reset, detach,
+                                     surrogate, alpha, save)
+    return (spikes, (vT, iT)) if return_state else spikes
