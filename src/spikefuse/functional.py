@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import importlib.util
 import math
+from typing import Callable
 
 import torch
 
 from . import reference
 from .ops.surrogate import resolve as resolve_surrogate
+from .ops.surrogate import resolve_any as _resolve_any_surrogate
 
 RESETS = ("hard", "soft", "none")
 BACKENDS = ("auto", "fused", "reference")
@@ -32,7 +34,7 @@ def lif(
     reset: str = "hard",
     v_reset: float = 0.0,
     detach_reset: bool = False,
-    surrogate: str = "rectangular",
+    surrogate: str | Callable[[torch.Tensor], torch.Tensor] = "rectangular",
     alpha: float | None = None,
     v0: torch.Tensor | None = None,
     return_state: bool = False,
@@ -45,7 +47,13 @@ def lif(
         channel, channel being dim 2 of x ([T, B, C, ...]).
     reset: "hard" (to v_reset), "soft" (subtract threshold) or "none".
     surrogate, alpha: the backward ds/dh (see spikefuse.ops.surrogate); alpha=None
-        takes the surrogate's default width/slope.
+        takes the surrogate's default width/slope. `surrogate` may also be a callable
+        sg(u) -> tensor giving ds/du elementwise for u = h - threshold: it receives a tensor
+        and must return one of the same shape; it is called without autograd on the loop
+        path (alpha is ignored: bind parameters with functools.partial). The fused kernels
+        compute their surrogate by name, so a callable runs on the loop path of
+        spikefuse.ops.lif_loop for float32/float64 (CPU or CUDA; backend="auto") and on the
+        reference otherwise; backend="fused" with a callable raises ValueError.
     v0: initial membrane potential, shaped like x[0]; default zeros.
     return_state: also return the membrane potential after the last step, v[T-1].
     grad_threshold: sparse backward (Perez-Nieves & Goodman): the surrogate gradient is zeroed
@@ -72,13 +80,23 @@ def lif(
     v_reset = _check_finite("v_reset", v_reset)
     if reset not in RESETS:
         raise ValueError(f"reset: unknown mode {reset!r}; expected one of {list(RESETS)}")
-    surrogate, alpha = resolve_surrogate(surrogate, alpha)
+    surrogate, alpha = _resolve_any_surrogate(surrogate, alpha)
     grad_threshold = _check_grad_threshold(grad_threshold)
     _check_v0(v0, x)
-    if _use_fused(backend, x):
+    if callable(surrogate):  # a user function: the loop path (any device) or the reference
+        if backend not in BACKENDS:
+            raise ValueError(f"backend: unknown {backend!r}; expected one of {list(BACKENDS)}")
+        if backend == "fused":
+            raise ValueError("surrogate: the fused kernels compute their surrogate by name; a callable "
+                             "runs on the loop/reference path (backend='auto' or 'reference')")
+        if backend == "auto" and _loop_lif().usable(x, decay_tensor, v0, any_device=True):
+            return _loop_lif().lif_loop(x, decay_value, decay_tensor, threshold, reset, v_reset,
+                                        bool(detach_reset), surrogate, alpha, v0, bool(return_state),
+                                        grad_threshold)
+    elif _use_fused(backend, x):
         return _fused_lif()(x, decay_value, decay_tensor, threshold, reset, v_reset,
                             bool(detach_reset), surrogate, alpha, v0, bool(return_state), grad_threshold)
-    if backend == "auto" and _loop_lif().usable(x, decay_tensor, v0):
+    elif backend == "auto" and _loop_lif().usable(x, decay_tensor, v0):
         return _loop_lif().lif_loop(x, decay_value, decay_tensor, threshold, reset, v_reset,
                                     bool(detach_reset), surrogate, alpha, v0, bool(return_state), grad_threshold)
     if decay_tensor is not None:
@@ -285,6 +303,56 @@ def _alif_number(name, value, low=None, low_open=None, high=None):
     ok = ok and (low is None or value >= low) and (low_open is None or value > low_open)
     ok = ok and (high is None or value <= high)
     if not ok:
-        bounds = ("in (0, 1]" if low_open is not None else ">= 0" if low is not None else "finite")
+        bounds = ("in (0, 1]" if low_open is not None else "in [0, 1]" if low is not None and high is not None
+                  else ">= 0" if low is not None else "finite")
         raise ValueError(f"{name} must be a number {bounds}, got {value!r}")
     return value
+
+
+# ---- current-based synaptic LIF (CUBA) ----
+
+def cuba(
+    x: torch.Tensor,
+    decay: float = 0.5,
+    syn_decay: float = 0.5,
+    threshold: float = 1.0,
+    reset: str = "hard",
+    v_reset: float = 0.0,
+    detach_reset: bool = False,
+    surrogate: str = "rectangular",
+    alpha: float | None = None,
+    return_state: bool = False,
+    backend: str = "auto",
+):
+    """Current-based synaptic LIF (CUBA; snnTorch `Synaptic`, Norse's LIF with a synaptic
+    current) over all T steps of x [T, *]:
+
+        i[t] = syn_decay * i[t-1] + x[t]             i[-1] = 0 (the synaptic current)
+        h[t] = decay * v[t-1] + i[t]                 v[-1] = 0
+        s[t] = 1 if h[t] >= threshold else 0
+        v[t] = reset as `lif` ("hard" to v_reset, "soft" subtracts threshold, "none")
+
+    decay: float in (0, 1]. syn_decay: float in [0, 1] (0 feeds x straight through: `lif`
+        exactly).
+    surrogate, alpha: backward ds/dh = sg(h - threshold). detach_reset cuts the reset of v
+        from s.
+    return_state: also return the final state (v[T-1], i[T-1]): (spikes, (v, i)).
+    backend: "fused" (spikefuse.ops.cuba; on a CPU tensor through the Triton interpreter),
+        "reference" (spikefuse.reference.cuba) or "auto" (fused on CUDA, else reference).
+    """
+    if isinstance(x, torch.Tensor) and x.dim() >= 1 and x.shape[0] > 0 and not x.is_floating_point():
+        raise ArgumentError(f"x must be a floating-point tensor, got dtype {x.dtype}")
+    _check_x(x)
+    decay = _alif_number("decay", decay, low_open=0.0, high=1.0)
+    syn_decay = _alif_number("syn_decay", syn_decay, low=0.0, high=1.0)
+    threshold = _alif_number("threshold", threshold)
+    v_reset = _alif_number("v_reset", v_reset)
+    if reset not in RESETS:
+        raise ValueError(f"reset: unknown mode {reset!r}; expected one of {list(RESETS)}")
+    surrogate, alpha = resolve_surrogate(surrogate, alpha)
+    if _use_fused(backend, x):
+        from .ops.cuba import cuba_fused
+        return cuba_fused(x, decay, syn_decay, threshold, reset, v_reset, bool(detach_reset),
+                          surrogate, alpha, bool(return_state))
+    return reference.cuba(x, decay, syn_decay, threshold, reset, v_reset, bool(detach_reset),
+                          surrogate, alpha, bool(return_state))

@@ -15,6 +15,8 @@ h = +inf fires and, with the hard reset, resets to v_reset (not inf * 0 = NaN).
 """
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 
 from .ops.surrogate import spike
@@ -27,7 +29,7 @@ def lif(
     reset: str = "hard",
     v_reset: float = 0.0,
     detach_reset: bool = False,
-    surrogate: str = "rectangular",
+    surrogate: str | Callable[[torch.Tensor], torch.Tensor] = "rectangular",
     alpha: float | None = None,
     v0: torch.Tensor | None = None,
     return_state: bool = False,
@@ -37,6 +39,8 @@ def lif(
 
     `decay` is a float or a tensor broadcastable to one time step x[0] (PLIF: a scalar
     tensor, or per channel shaped [C, 1, ..., 1] for x of shape [T, B, C, ...]).
+    `surrogate` is a name of spikefuse.ops.surrogate or a callable sg(u) -> tensor of u's
+    shape (ds/du for u = h - threshold; `alpha` is then ignored), called in backward.
     """
     v = torch.zeros_like(x[0]) if v0 is None else v0
     sparse = grad_threshold > float("-inf")
@@ -111,3 +115,45 @@ def alif(
         spikes.append(s)
     out = torch.stack(spikes)
     return (out, (v, a)) if return_state else out
+
+
+def cuba(
+    x: torch.Tensor,
+    decay: float = 0.5,
+    syn_decay: float = 0.5,
+    threshold: float = 1.0,
+    reset: str = "hard",
+    v_reset: float = 0.0,
+    detach_reset: bool = False,
+    surrogate: str = "rectangular",
+    alpha: float | None = None,
+    return_state: bool = False,
+):
+    """Current-based synaptic LIF (CUBA; snnTorch `Synaptic`, Norse LIF with a synaptic
+    current) over all T steps of x [T, *]:
+        i[t] = syn_decay * i[t-1] + x[t]             i[-1] = 0 (synaptic current)
+        h[t] = decay * v[t-1] + i[t]                 v[-1] = 0
+        s[t] = 1 if h[t] >= threshold else 0         (surrogate sg(h - threshold) in backward)
+        v[t] = hard: v_reset where s, else h / soft: h - threshold*s / none: h
+    `detach_reset` cuts the reset of v from s. syn_decay = 0 is `lif` exactly.
+    Returns spikes [T, *], and (v[T-1], i[T-1]) if `return_state`.
+    """
+    v = torch.zeros_like(x[0])
+    i = torch.zeros_like(x[0])
+    spikes = []
+    for t in range(x.shape[0]):
+        i = syn_decay * i + x[t]
+        h = decay * v + i
+        s = spike(h - threshold, surrogate, alpha)
+        s_reset = s.detach() if detach_reset else s
+        if reset == "hard":  # as lif: h capped at the largest float, so h = +inf resets to v_reset
+            v = torch.addcmul(v_reset * s_reset, h.clamp(max=torch.finfo(h.dtype).max), 1 - s_reset)
+        elif reset == "soft":
+            v = h - threshold * s_reset
+        elif reset == "none":
+            v = h
+        else:
+            raise ValueError(f"reset: unknown mode {reset!r}; expected 'hard', 'soft' or 'none'")
+        spikes.append(s)
+    out = torch.stack(spikes)
+    return (out, (v, i)) if return_state else out

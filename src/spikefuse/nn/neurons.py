@@ -33,7 +33,8 @@ import torch
 from torch import nn
 
 from .. import functional as F
-from ..ops.surrogate import resolve as resolve_surrogate
+from ..ops.surrogate import resolve_any as resolve_surrogate
+from ..ops.surrogate import surrogate_name
 from .layers import layer_name
 
 
@@ -70,10 +71,12 @@ class LIF(nn.Module):
         stops at each call's start, as before this option existed) or keep its graph
         across calls (False: full BPTT over the chunks; truncating is the caller's job,
         with spikefuse.nn.detach_state(model) or spikefuse.nn.reset(model)).
+    surrogate: a name (see spikefuse.ops.surrogate) or a callable sg(u) -> tensor of u's
+        shape, ds/du for u = h - threshold (alpha is then ignored; see spikefuse.functional.lif).
     """
 
     def __init__(self, decay: float = 0.5, threshold: float = 1.0, reset: str = "hard",
-                 v_reset: float = 0.0, detach_reset: bool = False, surrogate: str = "rectangular",
+                 v_reset: float = 0.0, detach_reset: bool = False, surrogate="rectangular",
                  alpha: float | None = None, stateful: bool = False, backend: str = "auto",
                  grad_threshold: float = float("-inf"), detach_state: bool = True):
         super().__init__()
@@ -137,7 +140,13 @@ class LIF(nn.Module):
 
     def extra_repr(self):
         return (f"decay={self.decay}, threshold={self.threshold}, reset={self.reset!r}, "
-                f"surrogate={self.surrogate!r}{self._options_repr()}")
+                f"surrogate={self._surrogate_repr()}{self._options_repr()}")
+
+    def _surrogate_repr(self):
+        """The name in quotes, or a callable's name (no quotes)."""
+        if isinstance(self.surrogate, str):
+            return repr(self.surrogate)
+        return surrogate_name(self.surrogate)
 
     def _options_repr(self):
         text = f", grad_threshold={self.grad_threshold}" if self.grad_threshold > float("-inf") else ""
@@ -153,7 +162,7 @@ class IF(LIF):
         super().__init__(decay=1.0, threshold=threshold, **kwargs)
 
     def extra_repr(self):
-        return (f"threshold={self.threshold}, reset={self.reset!r}, surrogate={self.surrogate!r}"
+        return (f"threshold={self.threshold}, reset={self.reset!r}, surrogate={self._surrogate_repr()}"
                 f"{self._options_repr()}")
 
 
@@ -176,5 +185,5 @@ class PLIF(LIF):
         return torch.sigmoid(self.w)
 
     def extra_repr(self):
-        return (f"channels={self.channels}, threshold={self.threshold}, reset={self.reset!r}"
-                f"{self._options_repr()}")
+        return (f"channels={self.channels}, threshold={self.threshold}, reset={self.reset!r}, "
+                f"surrogate={self._surrogate_repr()}{self._options_repr()}")

@@ -25,6 +25,8 @@ import math
 
 import torch
 
+from .surrogate import call_surrogate
+
 
 LOOP_DTYPES = (torch.float32, torch.float64)
 
@@ -54,7 +56,7 @@ def _forward(x, d, v0, threshold, reset, v_reset, save):
     fired = torch.empty(x.shape, dtype=torch.bool, device=x.device)
     v = torch.zeros_like(H[0]) if v0 is None else v0
     v_next = torch.empty_like(H[0])  # one buffer for v: each step reads it (into H[t]) before writing it
-    v_reset_t = torch.tensor(v_reset, dtype=x.dtype)
+    v_reset_t = torch.tensor(v_reset, dtype=x.dtype, device=x.device)
     for t in range(T):
         h = H[t]
         torch.mul(v, d, out=h)
@@ -76,7 +78,15 @@ def _forward(x, d, v0, threshold, reset, v_reset, save):
 
 def _surrogate_(u, name, alpha):
     """sg(u) computed in place in u (the formulas of ops.surrogate.surrogate_grad, the same
-    operations but for atan's final division, a reciprocal and a product here)."""
+    operations but for atan's final division, a reciprocal and a product here). A user
+    callable is called on u (a fresh tensor: it may overwrite it) without autograd; its
+    result, checked for shape, is made a dense tensor of its own (later steps write into it)."""
+    if callable(name):
+        with torch.no_grad():
+            g = call_surrogate(name, u)
+        if g is not u and (g._base is not None or not g.is_contiguous()):
+            g = g.clone(memory_format=torch.contiguous_format)  # e.g. an expanded constant
+        return g
     if name == "rectangular":
         return torch.lt(u.abs_(), alpha / 2, out=u).div_(alpha)
     if name == "triangle":
@@ -199,10 +209,12 @@ def _reference_grads(x, decay, decay_tensor, v0, grad_s, grad_vT, options, needs
     return tuple(result)
 
 
-def usable(x, decay_tensor, v0) -> bool:
+def usable(x, decay_tensor, v0, any_device=False) -> bool:
     """This path computes in x's dtype exactly as the reference does: float32/float64 CPU
-    tensors, with a decay tensor and v0 (if given) of the same dtype."""
-    return (x.device.type == "cpu" and x.dtype in LOOP_DTYPES
+    tensors, with a decay tensor and v0 (if given) of the same dtype. The ops are plain
+    torch ops, so any_device=True (a user-callable surrogate, which the fused kernels
+    cannot run) also takes CUDA tensors."""
+    return ((any_device or x.device.type == "cpu") and x.dtype in LOOP_DTYPES
             and (decay_tensor is None or decay_tensor.dtype == x.dtype)
             and (v0 is None or v0.dtype == x.dtype)
             and not torch.compiler.is_dynamo_compiling())
@@ -211,6 +223,7 @@ def usable(x, decay_tensor, v0) -> bool:
 def lif_loop(x, decay, decay_tensor, threshold, reset, v_reset, detach, surrogate, alpha,
              v0, return_state, grad_threshold=float("-inf")):
     """Entry point for spikefuse.functional (arguments already checked there; see `usable`).
-    decay_tensor: None, or the PLIF decay as [1] or [C] (C = x.shape[2])."""
+    decay_tensor: None, or the PLIF decay as [1] or [C] (C = x.shape[2]).
+    surrogate: a name, or a callable sg(u) -> tensor (then alpha is ignored)."""
     options = (decay, threshold, reset, v_reset, detach, surrogate, alpha, grad_threshold, return_state)
     return LIFLoopFunction.apply(x, decay_tensor, v0, options)

@@ -7,6 +7,14 @@ Each surrogate has one shape parameter `alpha` (a width or a slope):
     sigmoid       alpha * sig(alpha*u) * (1 - sig(alpha*u)) (alpha: slope)
     atan          (alpha/2) / (1 + (pi/2 * alpha * u)^2)    (alpha: slope)
 The integer codes are what the Triton kernels switch on at compile time.
+
+A user-supplied surrogate: on the LIF paths (spikefuse.functional.lif, reference.lif,
+ops.lif_loop, the nn.LIF/IF/PLIF modules) `surrogate=` may also be a callable sg(u) -> tensor
+giving ds/du elementwise for u = h - threshold. It receives a tensor and must return a
+tensor of the same shape; `alpha` is then ignored (bind a shape parameter with
+functools.partial). The loop path calls it without autograd, on a fresh tensor it may
+overwrite; the reference path calls it inside Heaviside's backward (so a double backward
+differentiates it). The fused Triton kernels compute their surrogate by name only.
 """
 from __future__ import annotations
 
@@ -32,8 +40,40 @@ def resolve(name: str, alpha: float | None) -> tuple[str, float]:
     return key, alpha
 
 
-def surrogate_grad(u: torch.Tensor, name: str, alpha: float) -> torch.Tensor:
-    """sg(u) in plain PyTorch (the oracle for the kernels' in-register version)."""
+def resolve_any(surrogate, alpha: float | None):
+    """As `resolve` for a name; a callable sg(u) is returned as it is, with alpha None
+    (ignored). Anything else: ValueError naming `surrogate`."""
+    if isinstance(surrogate, str):
+        return resolve(surrogate, alpha)
+    if callable(surrogate):
+        return surrogate, None
+    raise ValueError(f"surrogate must be one of {sorted(SURROGATES)} or a callable sg(u) -> tensor "
+                     f"(ds/du for u = h - threshold), got {surrogate!r}")
+
+
+def surrogate_name(surrogate) -> str:
+    """A readable name: the string itself, or a callable's __name__ (through functools.partial)."""
+    if isinstance(surrogate, str):
+        return surrogate
+    func = getattr(surrogate, "func", surrogate)  # functools.partial
+    return getattr(func, "__name__", None) or type(func).__name__
+
+
+def call_surrogate(fn, u: torch.Tensor) -> torch.Tensor:
+    """fn(u) for a user-supplied surrogate, checked: a tensor of u's shape, in u's dtype."""
+    g = fn(u)
+    if not isinstance(g, torch.Tensor) or g.shape != u.shape:
+        got = f"shape {tuple(g.shape)}" if isinstance(g, torch.Tensor) else type(g).__name__
+        raise ValueError(f"surrogate: the callable {surrogate_name(fn)} must return a tensor of the "
+                         f"shape of its input u {tuple(u.shape)} (ds/du elementwise), got {got}")
+    return g.to(u.dtype)
+
+
+def surrogate_grad(u: torch.Tensor, name, alpha: float | None) -> torch.Tensor:
+    """sg(u) in plain PyTorch (the oracle for the kernels' in-register version); `name` may
+    be a user callable (see the module docstring)."""
+    if callable(name):
+        return call_surrogate(name, u)
     if name == "rectangular":
         return (u.abs() < alpha / 2).to(u.dtype) / alpha
     if name == "triangle":
@@ -67,7 +107,8 @@ class Heaviside(torch.autograd.Function):
         return grad_s * sg, None, None, None
 
 
-def spike(u: torch.Tensor, name: str = "rectangular", alpha: float | None = None,
+def spike(u: torch.Tensor, name="rectangular", alpha: float | None = None,
           cut: torch.Tensor | None = None) -> torch.Tensor:
-    name, alpha = resolve(name, alpha)
+    """Heaviside with a surrogate: `name` a surrogate's name or a callable sg(u) -> tensor."""
+    name, alpha = resolve_any(name, alpha)
     return Heaviside.apply(u, name, alpha, cut)
