@@ -1,6 +1,7 @@
 """Sparse spike execution: index lists, the sparse backward of SparseSpikingLinear, LazyAdam
 and dispatch, against dense float32 computations (Triton kernels through the interpreter)."""
 import os
+import warnings
 
 import pytest
 import torch
@@ -236,3 +237,18 @@ def test_trainer_redispatches_after_each_epoch():
     assert layer.sparse
     fit(model, (loader, loader), LazyAdam(model.parameters(), lr=1e-3), epochs=1, progress=False)
     assert not layer.sparse
+
+
+def test_dispatch_warns_when_no_gradient_flows():
+    """A network silent under its secondary threshold gets no gradient at all: said, not silent."""
+    from spikefuse.nn.sparse_linear import NoGradientWarning
+
+    layer = SparseSpikingLinear(6, 5).to(DEVICE)
+    s = (torch.rand(2, 3, 6) < 0.5).float().to(DEVICE)
+    layer(s).backward(torch.zeros(2, 3, 5, device=DEVICE))
+    with pytest.warns(NoGradientWarning, match="grad_threshold"):
+        update_dispatch(layer)
+    layer(s).backward(torch.ones(2, 3, 5, device=DEVICE))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", NoGradientWarning)
+        update_dispatch(layer)

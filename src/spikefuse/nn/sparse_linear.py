@@ -13,10 +13,12 @@ changed its choice: a captured step must then be captured again.
 """
 from __future__ import annotations
 
+import warnings
+
 import torch
 
 from ..ops.sparse_linear import sparse_spike_linear
-from .layers import check_input
+from .layers import check_input, layer_name
 from .spiking_layers import SpikingLinear, _saved_bits
 
 BACKWARDS = ("auto", "sparse", "dense")
@@ -60,17 +62,28 @@ class SparseSpikingLinear(SpikingLinear):
         return super().extra_repr() + f", backward={self.backward_mode!r}"
 
 
+class NoGradientWarning(UserWarning):
+    """A sparse layer received no gradient at all since the last dispatch."""
+
+
 def update_dispatch(model: torch.nn.Module) -> bool:
     """Re-choose the backward of every backward="auto" SparseSpikingLinear in `model` from
-    the carrying share measured since the last call; True if any choice changed."""
+    the carrying share measured since the last call; True if any choice changed. Warns
+    (NoGradientWarning) when a layer got no gradient at all: with a secondary threshold a
+    network silent at initialisation never learns (no potential reaches it)."""
     changed = False
     for layer in model.modules():
         if isinstance(layer, SparseSpikingLinear) and layer.backward_mode == "auto":
             share = layer.carrying_share()
+            if share == 0.0:
+                warnings.warn(f"{layer_name(layer)}: no output carried gradient since the last dispatch (the "
+                              "neurons after it never reached their grad_threshold), so no gradient reaches "
+                              "the layers before it: lower grad_threshold, or train dense until the network "
+                              "is active", NoGradientWarning, stacklevel=2)
             if share is not None and (share <= layer.sparse_below) != layer.sparse:
                 layer.sparse = not layer.sparse
                 changed = True
     return changed
 
 
-__all__ = ["SparseSpikingLinear", "update_dispatch", "SPARSE_BELOW"]
+__all__ = ["SparseSpikingLinear", "update_dispatch", "NoGradientWarning", "SPARSE_BELOW"]
