@@ -272,23 +272,33 @@ def alif(
     backend: "fused" (spikefuse.ops.alif; on a CPU tensor through the Triton interpreter),
         "reference" (spikefuse.reference.alif) or "auto" (fused on CUDA, else reference).
     """
-    if isinstance(x, torch.Tensor) and x.dim() >= 1 and x.shape[0] > 0 and not x.is_floating_point():
-        raise ArgumentError(f"x must be a floating-point tensor, got dtype {x.dtype}")
-    _check_x(x)
+    _check_float_x(x)
     decay = _alif_number("decay", decay, low_open=0.0, high=1.0)
     adapt_decay = _alif_number("adapt_decay", adapt_decay, low_open=0.0, high=1.0)
     beta = _alif_number("beta", beta, low=0.0)
-    threshold = _alif_number("threshold", threshold)
-    v_reset = _alif_number("v_reset", v_reset)
-    if reset not in RESETS:
-        raise ValueError(f"reset: unknown mode {reset!r}; expected one of {list(RESETS)}")
-    surrogate, alpha = resolve_surrogate(surrogate, alpha)
+    threshold, v_reset, surrogate, alpha = _neuron_options(threshold, v_reset, reset, surrogate, alpha)
     if _use_fused(backend, x):
         from .ops.alif import alif_fused
         return alif_fused(x, decay, adapt_decay, beta, threshold, reset, v_reset, bool(detach_reset),
                           surrogate, alpha, bool(return_state))
     return reference.alif(x, decay, adapt_decay, beta, threshold, reset, v_reset, bool(detach_reset),
                           surrogate, alpha, bool(return_state))
+
+
+def _check_float_x(x):
+    """_check_x, and a floating-point dtype (ArgumentError otherwise)."""
+    if isinstance(x, torch.Tensor) and x.dim() >= 1 and x.shape[0] > 0 and not x.is_floating_point():
+        raise ArgumentError(f"x must be a floating-point tensor, got dtype {x.dtype}")
+    _check_x(x)
+
+
+def _neuron_options(threshold, v_reset, reset, surrogate, alpha):
+    """The options ALIF and CUBA share, checked: (threshold, v_reset, surrogate, alpha)."""
+    threshold = _alif_number("threshold", threshold)
+    v_reset = _alif_number("v_reset", v_reset)
+    if reset not in RESETS:
+        raise ValueError(f"reset: unknown mode {reset!r}; expected one of {list(RESETS)}")
+    return (threshold, v_reset, *resolve_surrogate(surrogate, alpha))
 
 
 def _alif_number(name, value, low=None, low_open=None, high=None):
@@ -340,16 +350,10 @@ def cuba(
     backend: "fused" (spikefuse.ops.cuba; on a CPU tensor through the Triton interpreter),
         "reference" (spikefuse.reference.cuba) or "auto" (fused on CUDA, else reference).
     """
-    if isinstance(x, torch.Tensor) and x.dim() >= 1 and x.shape[0] > 0 and not x.is_floating_point():
-        raise ArgumentError(f"x must be a floating-point tensor, got dtype {x.dtype}")
-    _check_x(x)
+    _check_float_x(x)
     decay = _alif_number("decay", decay, low_open=0.0, high=1.0)
     syn_decay = _alif_number("syn_decay", syn_decay, low=0.0, high=1.0)
-    threshold = _alif_number("threshold", threshold)
-    v_reset = _alif_number("v_reset", v_reset)
-    if reset not in RESETS:
-        raise ValueError(f"reset: unknown mode {reset!r}; expected one of {list(RESETS)}")
-    surrogate, alpha = resolve_surrogate(surrogate, alpha)
+    threshold, v_reset, surrogate, alpha = _neuron_options(threshold, v_reset, reset, surrogate, alpha)
     if _use_fused(backend, x):
         from .ops.cuba import cuba_fused
         return cuba_fused(x, decay, syn_decay, threshold, reset, v_reset, bool(detach_reset),

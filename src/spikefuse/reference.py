@@ -48,19 +48,23 @@ def lif(
     for t in range(x.shape[0]):
         h = decay * v + x[t]
         s = spike(h - threshold, surrogate, alpha, h < grad_threshold if sparse else None)
-        s_reset = s.detach() if detach_reset else s
-        if reset == "hard":  # h capped at the largest float: h = +inf resets to v_reset, not to inf * 0
-            # (addcmul: one op for the product and sum, exact as both terms are h or 0, v_reset or 0)
-            v = torch.addcmul(v_reset * s_reset, h.clamp(max=torch.finfo(h.dtype).max), 1 - s_reset)
-        elif reset == "soft":
-            v = h - threshold * s_reset
-        elif reset == "none":
-            v = h
-        else:
-            raise ValueError(f"reset: unknown mode {reset!r}; expected 'hard', 'soft' or 'none'")
+        v = _reset(h, s.detach() if detach_reset else s, threshold, reset, v_reset)
         spikes.append(s)
     out = torch.stack(spikes)
     return (out, v) if return_state else out
+
+
+def _reset(h, s, threshold, reset, v_reset):
+    """v[t] from h[t] and the spikes s (detached or not): hard to v_reset, soft (subtract
+    the threshold), or none."""
+    if reset == "hard":  # h capped at the largest float: h = +inf resets to v_reset, not to inf * 0
+        # (addcmul: one op for the product and sum, exact as both terms are h or 0, v_reset or 0)
+        return torch.addcmul(v_reset * s, h.clamp(max=torch.finfo(h.dtype).max), 1 - s)
+    if reset == "soft":
+        return h - threshold * s
+    if reset == "none":
+        return h
+    raise ValueError(f"reset: unknown mode {reset!r}; expected 'hard', 'soft' or 'none'")
 
 
 def if_(x: torch.Tensor, **kwargs):
@@ -102,15 +106,7 @@ def alif(
         h = decay * v + x[t]
         theta = threshold + beta * a
         s = spike(h - theta, surrogate, alpha)
-        s_reset = s.detach() if detach_reset else s
-        if reset == "hard":  # as lif: h capped at the largest float, so h = +inf resets to v_reset
-            v = torch.addcmul(v_reset * s_reset, h.clamp(max=torch.finfo(h.dtype).max), 1 - s_reset)
-        elif reset == "soft":
-            v = h - theta * s_reset
-        elif reset == "none":
-            v = h
-        else:
-            raise ValueError(f"reset: unknown mode {reset!r}; expected 'hard', 'soft' or 'none'")
+        v = _reset(h, s.detach() if detach_reset else s, theta, reset, v_reset)
         a = adapt_decay * a + s
         spikes.append(s)
     out = torch.stack(spikes)
@@ -145,15 +141,7 @@ def cuba(
         i = syn_decay * i + x[t]
         h = decay * v + i
         s = spike(h - threshold, surrogate, alpha)
-        s_reset = s.detach() if detach_reset else s
-        if reset == "hard":  # as lif: h capped at the largest float, so h = +inf resets to v_reset
-            v = torch.addcmul(v_reset * s_reset, h.clamp(max=torch.finfo(h.dtype).max), 1 - s_reset)
-        elif reset == "soft":
-            v = h - threshold * s_reset
-        elif reset == "none":
-            v = h
-        else:
-            raise ValueError(f"reset: unknown mode {reset!r}; expected 'hard', 'soft' or 'none'")
+        v = _reset(h, s.detach() if detach_reset else s, threshold, reset, v_reset)
         spikes.append(s)
     out = torch.stack(spikes)
     return (out, (v, i)) if return_state else out

@@ -17,7 +17,7 @@ import torch
 
 from .lif import _cdiv  # noqa: F401  (first: it sets TRITON_INTERPRET on GPU-less machines)
 from .launch import cached_launch
-from .spike_index import active_indices
+from .spike_index import nonzero_lines
 
 from .triton_or_stub import tl, triton  # noqa: E402
 
@@ -56,9 +56,7 @@ def _lazy_adam_kernel(p_ptr, g_ptr, m_ptr, v_ptr, rows_ptr, count_ptr, step_ptr,
 
 def nonzero_rows(grad2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(rows [R] int32, count [1] int32): the rows of grad2 [R, C] with any nonzero."""
-    flags = grad2.ne(0).any(1).view(torch.uint8)
-    rows, count = active_indices(flags.view(1, -1), max(flags.numel(), 1))
-    return rows.view(-1), count
+    return nonzero_lines(grad2, over=1)
 
 
 def lazy_adam_step(param, grad, exp_avg, exp_avg_sq, step, lr, beta1, beta2, eps):

@@ -28,7 +28,7 @@ from torch.nn import functional as F
 
 from .lif import _cdiv  # first: it sets TRITON_INTERPRET on GPU-less machines
 from .launch import cached_launch
-from .spike_index import active_indices
+from .spike_index import nonzero_lines
 from .spike_linear import _backward as dense_backward
 from .spike_pack import pack, unpack
 
@@ -122,9 +122,7 @@ def _precision(device: torch.device) -> str:
 
 def carrying_columns(gy2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(cols [OUT] int32, count [1] int32): the columns of gy2 [R, OUT] with any nonzero."""
-    flags = gy2.ne(0).any(0).view(torch.uint8)
-    cols, count = active_indices(flags.view(1, -1), max(flags.numel(), 1))
-    return cols.view(-1), count
+    return nonzero_lines(gy2, over=0)
 
 
 def sparse_backward(gy2, s2, weight, need_s: bool, need_w: bool, carry=None):

@@ -52,6 +52,14 @@ def active_indices(x: torch.Tensor, capacity: int) -> tuple[torch.Tensor, torch.
     return idx, count
 
 
+def nonzero_lines(x: torch.Tensor, over: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(idx int32, count [1] int32) of the columns (over=0) or rows (over=1) of x [R, C]
+    that hold any nonzero; idx has room for all of them, so it never overflows."""
+    flags = x.ne(0).any(over).view(torch.uint8)
+    idx, count = active_indices(flags.view(1, -1), max(flags.numel(), 1))
+    return idx.view(-1), count
+
+
 def active_indices_reference(x: torch.Tensor, capacity: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The same in plain torch, one row at a time (the oracle of the tests)."""
     idx = torch.zeros(x.shape[0], capacity, dtype=torch.int32)
