@@ -360,3 +360,62 @@ def cuba(
                           surrogate, alpha, bool(return_state))
     return reference.cuba(x, decay, syn_decay, threshold, reset, v_reset, bool(detach_reset),
                           surrogate, alpha, bool(return_state))
+
+
+# ---- recurrent LIF ----
+
+def rlif(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    decay: float = 0.5,
+    threshold: float = 1.0,
+    reset: str = "hard",
+    v_reset: float = 0.0,
+    detach_reset: bool = False,
+    surrogate: str = "rectangular",
+    alpha: float | None = None,
+    return_state: bool = False,
+    grad_threshold: float = float("-inf"),
+    backend: str = "auto",
+):
+    """Recurrent LIF over all T steps of x [T, *, N]: a LIF whose input also carries its
+    own spikes of the step before through `weight` [N, N] (the SHD/LSNN literature's
+    recurrent layer; SpikingJelly's LinearRecurrentContainer around a LIFNode):
+
+        h[t] = decay * v[t-1] + x[t] + s[t-1] @ weight.T      v[-1] = 0, s[-1] = 0
+        s[t] = 1 if h[t] >= threshold else 0
+        v[t] = reset as `lif` ("hard" to v_reset, "soft" subtracts threshold, "none")
+
+    decay: float in (0, 1]. weight: floating tensor [N, N] on x's device (gradients flow
+        to it). surrogate, alpha, detach_reset, grad_threshold: as `lif`.
+    return_state: also return v[T-1]: (spikes, v).
+    backend: "fused" (spikefuse.ops.recurrent_lif: one launch per step; on a CPU tensor
+        through the Triton interpreter), "reference" (spikefuse.reference.rlif) or "auto"
+        (fused on CUDA, else reference).
+    """
+    _check_float_x(x)
+    if isinstance(x, torch.Tensor) and x.dim() < 2:
+        raise ValueError(f"x must be [T, *, N] (2 or more dims), got shape {tuple(x.shape)}")
+    _check_recurrent_weight(weight, x)
+    decay = _alif_number("decay", decay, low_open=0.0, high=1.0)
+    threshold, v_reset, surrogate, alpha = _neuron_options(threshold, v_reset, reset, surrogate, alpha)
+    grad_threshold = _check_grad_threshold(grad_threshold)
+    if _use_fused(backend, x):
+        from .ops.recurrent_lif import rlif_fused
+        return rlif_fused(x, weight, decay, threshold, reset, v_reset, bool(detach_reset), surrogate,
+                          alpha, grad_threshold, bool(return_state))
+    return reference.rlif(x, weight.to(x.dtype), decay, threshold, reset, v_reset, bool(detach_reset),
+                          surrogate, alpha, bool(return_state), grad_threshold)
+
+
+def _check_recurrent_weight(weight, x):
+    n = x.shape[-1]
+    if not isinstance(weight, torch.Tensor):
+        raise ArgumentError(f"weight must be a tensor [{n}, {n}], got {type(weight).__name__}")
+    if weight.shape != (n, n):
+        raise ValueError(f"weight must be [N, N] = [{n}, {n}] for x of shape {tuple(x.shape)} "
+                         f"(N = x's last dim), got {tuple(weight.shape)}")
+    if not weight.is_floating_point():
+        raise ArgumentError(f"weight must be a floating-point tensor, got dtype {weight.dtype}")
+    if weight.device != x.device:
+        raise ValueError(f"weight is on {weight.device} but x is on {x.device}")

@@ -113,6 +113,38 @@ def alif(
     return (out, (v, a)) if return_state else out
 
 
+def rlif(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    decay: float = 0.5,
+    threshold: float = 1.0,
+    reset: str = "hard",
+    v_reset: float = 0.0,
+    detach_reset: bool = False,
+    surrogate: str = "rectangular",
+    alpha: float | None = None,
+    return_state: bool = False,
+    grad_threshold: float = float("-inf"),
+):
+    """Recurrent LIF: a LIF whose input also carries its own spikes of the step before
+    through `weight` [N, N] (x [T, *, N]):
+        h[t] = decay * v[t-1] + x[t] + s[t-1] @ weight.T     v[-1] = 0, s[-1] = 0
+    then fire and reset as `lif`. Returns spikes [T, *, N] (and v[T-1] if `return_state`).
+    """
+    v = torch.zeros_like(x[0])
+    sparse = grad_threshold > float("-inf")
+    spikes = []
+    for t in range(x.shape[0]):
+        h = decay * v + x[t]
+        if spikes:
+            h = h + spikes[-1] @ weight.t()
+        s = spike(h - threshold, surrogate, alpha, h < grad_threshold if sparse else None)
+        v = _reset(h, s.detach() if detach_reset else s, threshold, reset, v_reset)
+        spikes.append(s)
+    out = torch.stack(spikes)
+    return (out, v) if return_state else out
+
+
 def cuba(
     x: torch.Tensor,
     decay: float = 0.5,

@@ -17,3 +17,6 @@ __all__ += ["ALIF"]
 from .cuba import CUBA  # noqa: E402
 
 __all__ += ["CUBA"]
+from .recurrent_lif import RecurrentLIF  # noqa: E402
+
+__all__ += ["RecurrentLIF"]

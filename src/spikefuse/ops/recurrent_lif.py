@@ -1,0 +1,289 @@
+"""Fused recurrent LIF: a LIF whose input also carries its own spikes of the step before,
+through a weight W [N, N] (x [T, M, N], M the batch rows):
+
+    h[t] = decay * v[t-1] + x[t] + s[t-1] @ W^T        v[-1] = 0, s[-1] = 0
+    s[t] = 1 if h[t] >= threshold else 0, v[t] = reset(h[t], s[t])   (as spikefuse.ops.lif)
+
+Step t needs every neuron's spike of step t-1, so time cannot stay inside one program as in
+the LIF kernel (that would need a grid-wide barrier per step). Each step is instead one
+launch of a kernel that is a small matmul with the neuron in its epilogue: a program owns
+a [BLOCK_M, BLOCK_N] tile of (row, neuron), accumulates s[t-1] @ W^T for it in registers
+(W streams from L2: 4 MB at N = 1024 fp32), then charges, fires and resets in place; the
+potential v lives in a [M, N] float32 buffer between launches. T launches forward, T
+backward: cheap inside a captured step (spikefuse.train.capture), a few microseconds each
+in eager mode, against SpikingJelly's per-step module calls.
+
+Backward walks the steps in reverse, one launch each. With gh[t] = dL/dh[t]:
+    dL/ds[t] = grad_s[t] + gh[t+1] @ W      (the spike's next-step input)
+    dL/dv[t] = decay * gh[t+1]              (+ dL/dv[T-1] from the final state)
+    gh[t]    = through the surrogate and the reset as in the LIF (ops.lif.grad_h)
+so each backward launch is again a matmul (gh[t+1] @ W) with the adjoint in its epilogue.
+dL/dx = gh, and dL/dW = sum_t gh[t]^T s[t-1]: one GEMM over all T*M rows after the loop.
+Saved for backward: h[t] (float32, 4 bytes per neuron-step) and the spikes.
+
+Matmul precision follows torch's: float32 is exact (IEEE FMA, no TF32) unless
+torch.backends.cuda.matmul.allow_tf32 is set, as for nn.Linear. The spikes (0/1) are
+exact in any precision; W is read as float32.
+"""
+from __future__ import annotations
+
+import torch
+
+from .launch import cached_launch
+from .lif import EAGER, RESET_CODES, TRACED, _cdiv, f32, grad_h, reset_potential, spike_value, surrogate_grad
+from .surrogate import SURROGATES
+from .triton_or_stub import tl, triton
+
+
+@triton.jit
+def _accumulate(a_ptr, a_rows, b_ptr, stride_bk, stride_bn, cols, M, N, acc,
+                BLOCK_K: tl.constexpr, TF32: tl.constexpr):
+    """acc + A[rows, :] @ B[:, cols] over the N inner indices; A is [M, N] contiguous,
+    B is addressed through its strides."""
+    for k0 in range(0, N, BLOCK_K):
+        k = k0 + tl.arange(0, BLOCK_K)
+        a = tl.load(a_ptr + a_rows[:, None] * N + k[None, :],
+                    mask=(a_rows < M)[:, None] & (k < N)[None, :], other=0.0).to(tl.float32)
+        b = tl.load(b_ptr + k[:, None] * stride_bk + cols[None, :] * stride_bn,
+                    mask=(k < N)[:, None] & (cols < N)[None, :], other=0.0).to(tl.float32)
+        if TF32:
+            acc = tl.dot(a, b, acc, input_precision="tf32")
+        else:
+            acc = tl.dot(a, b, acc, input_precision="ieee")
+    return acc
+
+
+@cached_launch
+@triton.jit
+def _rlif_forward_step(
+    x_ptr, w_ptr, v_ptr, s_ptr, h_ptr,
+    step, decay, threshold, v_reset, M, N, stride_wn, stride_wk,
+    RESET: tl.constexpr, FIRST: tl.constexpr, SAVE_H: tl.constexpr, TF32: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """Step `step`: h = decay*v + x[t] + s[t-1] @ W^T, then fire and reset (v updated in
+    place). x, s and h are the whole [T, M, N] tensors (one buffer each for all launches)."""
+    d, threshold, v_reset = f32(decay), f32(threshold), f32(v_reset)
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = (rows < M)[:, None] & (cols < N)[None, :]
+    offs = rows[:, None] * N + cols[None, :]
+    now = tl.cast(step, tl.int64) * M * N
+    x = tl.load(x_ptr + now + offs, mask=mask, other=0.0).to(tl.float32)
+    if FIRST:  # v[-1] = 0 and s[-1] = 0
+        h = d * tl.zeros([BLOCK_M, BLOCK_N], tl.float32) + x
+    else:
+        # (s @ W^T)[m, n] = sum_k s[m, k] W[n, k]: B = W^T, B[k, n] at k*stride_wk + n*stride_wn
+        recurrent = _accumulate(s_ptr + (now - M * N), rows, w_ptr, stride_wk, stride_wn, cols, M, N,
+                                tl.zeros([BLOCK_M, BLOCK_N], tl.float32), BLOCK_K, TF32)
+        v = tl.load(v_ptr + offs, mask=mask, other=0.0)
+        h = (d * v + x) + recurrent
+    u = h - threshold
+    fired = u >= 0.0
+    tl.store(s_ptr + now + offs, spike_value(u, fired).to(s_ptr.dtype.element_ty), mask=mask)
+    tl.store(v_ptr + offs, reset_potential(h, fired, threshold, v_reset, RESET), mask=mask)
+    if SAVE_H:
+        tl.store(h_ptr + now + offs, h, mask=mask)
+
+
+@cached_launch
+@triton.jit
+def _rlif_backward_step(
+    gs_ptr, w_ptr, h_ptr, gvT_ptr, gh_ptr,
+    step, decay, threshold, v_reset, alpha, grad_floor, M, N, stride_wn, stride_wk,
+    RESET: tl.constexpr, DETACH: tl.constexpr, SURROGATE: tl.constexpr, LAST: tl.constexpr,
+    HAS_GVT: tl.constexpr, TF32: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """Reverse step `step`: gh[t] from grad_s[t], gh[t+1] (through W and the decay) and h[t]."""
+    d, threshold, v_reset = f32(decay), f32(threshold), f32(v_reset)
+    alpha, grad_floor = f32(alpha), f32(grad_floor)
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = (rows < M)[:, None] & (cols < N)[None, :]
+    offs = rows[:, None] * N + cols[None, :]
+    now = tl.cast(step, tl.int64) * M * N
+    gh_next_ptr = gh_ptr + (now + M * N)
+    gs = tl.load(gs_ptr + now + offs, mask=mask, other=0.0).to(tl.float32)
+    if LAST:  # nothing after step T-1 but the final state's gradient
+        if HAS_GVT:
+            gv = tl.load(gvT_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        else:
+            gv = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    else:
+        # (gh[t+1] @ W)[m, k] = sum_n gh[m, n] W[n, k]: B = W, B[n, k] at n*stride_wn + k*stride_wk
+        gs = _accumulate(gh_next_ptr, rows, w_ptr, stride_wn, stride_wk, cols, M, N, gs,
+                         BLOCK_K, TF32)
+        gv = d * tl.load(gh_next_ptr + offs, mask=mask, other=0.0)
+    h = tl.load(h_ptr + now + offs, mask=mask, other=0.0)
+    u = h - threshold
+    fired = u >= 0.0
+    sg = tl.where(h >= grad_floor, surrogate_grad(u, SURROGATE, alpha), 0.0)
+    tl.store(gh_ptr + now + offs, grad_h(gs, gv, h, fired, sg, threshold, v_reset, RESET, DETACH), mask=mask)
+
+
+def _tiles(M, N):
+    """(BLOCK_M, BLOCK_N, BLOCK_K, num_warps): tl.dot needs 16 or more per dimension; narrow
+    neuron tiles keep enough programs busy at small batch (M = 32, N = 1024: 64 programs)."""
+    BLOCK_M = 16 if M <= 16 else 32 if M <= 32 else 64
+    BLOCK_N = 32 if M <= 64 else 64
+    return BLOCK_M, BLOCK_N, 32, 4
+
+
+def _tf32(x):
+    return x.is_cuda and torch.backends.cuda.matmul.allow_tf32
+
+
+def _forward(x, weight, decay, threshold, reset, v_reset, save, launch=EAGER):
+    """spikes like x [T, M, N], v[T-1] [M, N] (float32) and h [T, M, N] (float32, empty
+    unless `save`). x contiguous."""
+    T, M, N = x.shape
+    spikes = torch.empty_like(x)
+    v = torch.zeros((M, N), device=x.device, dtype=torch.float32)
+    h = torch.empty((T if save else 0, M, N), device=x.device, dtype=torch.float32)
+    if x.numel() == 0:
+        return spikes, v, h
+    BLOCK_M, BLOCK_N, BLOCK_K, warps = _tiles(M, N)
+    grid = (_cdiv(M, BLOCK_M), _cdiv(N, BLOCK_N))
+    kernel = launch(_rlif_forward_step)
+    unused = launch.unused(x)
+    for t in range(T):
+        kernel[grid](
+            x, weight, v, spikes, h if save else unused, t,
+            decay, threshold, v_reset, M, N, weight.stride(0), weight.stride(1),
+            RESET=RESET_CODES[reset], FIRST=t == 0, SAVE_H=save, TF32=_tf32(x),
+            BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, num_warps=warps, enable_fp_fusion=False)
+    return spikes, v, h
+
+
+def _backward(grad_s, grad_vT, h, spikes, weight, decay, threshold, reset, v_reset, detach,
+              surrogate, alpha, grad_threshold, launch=EAGER):
+    """(dL/dx like spikes, dL/dW like weight). grad_s or grad_vT may be None."""
+    T, M, N = spikes.shape
+    if grad_s is None:
+        grad_s = torch.zeros_like(spikes)
+    gs = grad_s.contiguous()
+    gvT = grad_vT.contiguous() if grad_vT is not None else None
+    gh = torch.empty((T, M, N), device=spikes.device, dtype=torch.float32)
+    if spikes.numel() == 0:
+        return gh.to(spikes.dtype), torch.zeros_like(weight)
+    BLOCK_M, BLOCK_N, BLOCK_K, warps = _tiles(M, N)
+    grid = (_cdiv(M, BLOCK_M), _cdiv(N, BLOCK_N))
+    kernel = launch(_rlif_backward_step)
+    unused = launch.unused(gs)
+    for t in reversed(range(T)):
+        last = t == T - 1
+        kernel[grid](
+            gs, weight, h, gvT if gvT is not None else unused, gh, t,
+            decay, threshold, v_reset, alpha, grad_threshold, M, N, weight.stride(0), weight.stride(1),
+            RESET=RESET_CODES[reset], DETACH=detach, SURROGATE=SURROGATES[surrogate], LAST=last,
+            HAS_GVT=gvT is not None, TF32=_tf32(gs),
+            BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, num_warps=warps, enable_fp_fusion=False)
+    # dL/dW[n, k] = sum over t >= 1 and rows of gh[t][m, n] * s[t-1][m, k]
+    grad_w = gh[1:].reshape(-1, N).t() @ spikes[:-1].reshape(-1, N).float()
+    return gh.to(spikes.dtype), grad_w.to(weight.dtype)
+
+
+def reference_grads(x, weight, grad_s, grad_vT, options, needs):
+    """(dL/dx, dL/dW) for a backward that will itself be differentiated (create_graph=True):
+    the forward runs again through spikefuse.reference (float32) and is differentiated
+    with create_graph, so second derivatives are its."""
+    from .. import reference
+
+    decay, threshold, reset, v_reset, detach, surrogate, alpha, grad_threshold = options
+    with torch.enable_grad():
+        spikes, vT = reference.rlif(x.float(), weight.float(), decay, threshold, reset, v_reset, detach,
+                                    surrogate, alpha, True, grad_threshold)
+        pairs = [(out, g.to(out.dtype)) for out, g in ((spikes, grad_s), (vT, grad_vT)) if g is not None]
+        inputs = [t for t, need in zip((x, weight), needs) if need]
+        grads = iter(torch.autograd.grad([o for o, _ in pairs], inputs, [g for _, g in pairs],
+                                         create_graph=True, allow_unused=True))
+    out = []
+    for t, need in zip((x, weight), needs):
+        g = next(grads) if need else None
+        out.append(torch.zeros_like(t) if need and g is None else g)
+    return tuple(out)
+
+
+class RLIFFunction(torch.autograd.Function):
+    """The eager path. options: (decay, threshold, reset, v_reset, detach, surrogate, alpha,
+    grad_threshold); x [T, M, N] contiguous."""
+
+    @staticmethod
+    def forward(ctx, x, weight, options):
+        decay, threshold, reset, v_reset = options[:4]
+        save = ctx.needs_input_grad[0] or ctx.needs_input_grad[1]
+        spikes, vT, h = _forward(x, weight, decay, threshold, reset, v_reset, save)
+        ctx.set_materialize_grads(False)
+        if save:
+            ctx.save_for_backward(x, weight, h, spikes)
+            ctx.options = options
+        return spikes, vT
+
+    @staticmethod
+    def backward(ctx, grad_s, grad_vT):
+        x, weight, h, spikes = ctx.saved_tensors
+        if grad_s is None and grad_vT is None:
+            return None, None, None
+        if torch.is_grad_enabled():  # create_graph=True: this backward will be differentiated
+            return (*reference_grads(x, weight, grad_s, grad_vT, ctx.options, ctx.needs_input_grad[:2]), None)
+        gx, gw = _backward(grad_s, grad_vT, h, spikes, weight, *ctx.options)
+        return (gx if ctx.needs_input_grad[0] else None, gw if ctx.needs_input_grad[1] else None, None)
+
+
+# ---- torch.library registration: what torch.compile sees ----
+
+@torch.library.triton_op("spikefuse::rlif_forward", mutates_args=())
+def rlif_forward(x: torch.Tensor, weight: torch.Tensor, decay: float, threshold: float, reset: str,
+                 v_reset: float, detach: bool, surrogate: str, alpha: float, grad_threshold: float,
+                 save: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Spikes, v[T-1] (float32) and h (float32, empty unless `save`). detach, surrogate,
+    alpha and grad_threshold are only used by the backward."""
+    return _forward(x.contiguous(), weight, decay, threshold, reset, v_reset, save, launch=TRACED)
+
+
+@torch.library.triton_op("spikefuse::rlif_backward", mutates_args=())
+def rlif_backward(grad_s: torch.Tensor, grad_vT: torch.Tensor | None, h: torch.Tensor,
+                  spikes: torch.Tensor, weight: torch.Tensor, decay: float, threshold: float,
+                  reset: str, v_reset: float, detach: bool, surrogate: str, alpha: float,
+                  grad_threshold: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dL/dx, dL/dW)."""
+    return _backward(grad_s, grad_vT, h, spikes, weight, decay, threshold, reset, v_reset, detach,
+                     surrogate, alpha, grad_threshold, launch=TRACED)
+
+
+def _setup_context(ctx, inputs, output):
+    x, weight, *options, _save = inputs
+    ctx.save_for_backward(x, weight, output[2], output[0])
+    ctx.options = tuple(options)
+
+
+def _backward_rule(ctx, grad_s, grad_vT, _grad_h):
+    x, weight, h, spikes = ctx.saved_tensors
+    nones = (None,) * 9
+    if grad_s is None and grad_vT is None:
+        return (None, None, *nones)
+    if torch.is_grad_enabled():  # create_graph=True
+        return (*reference_grads(x, weight, grad_s, grad_vT, ctx.options, (True, True)), *nones)
+    if grad_s is None:
+        grad_s = torch.zeros_like(spikes)
+    gx, gw = rlif_backward(grad_s, grad_vT, h, spikes, weight, *ctx.options)
+    return (gx, gw, *nones)
+
+
+rlif_forward.register_autograd(_backward_rule, setup_context=_setup_context)
+
+
+def rlif_fused(x, weight, decay, threshold, reset, v_reset, detach, surrogate, alpha, grad_threshold,
+               return_state):
+    """Entry point for spikefuse.functional.rlif (arguments already checked there): x [T, *, N]."""
+    shape = x.shape
+    x3 = x.reshape(shape[0], -1, shape[-1])
+    options = (decay, threshold, reset, v_reset, detach, surrogate, alpha, grad_threshold)
+    if not torch.compiler.is_dynamo_compiling():
+        spikes, vT = RLIFFunction.apply(x3.contiguous(), weight, options)
+    else:
+        save = torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)
+        spikes, vT, _ = rlif_forward(x3, weight, *options, save)
+    spikes = spikes.reshape(shape)
+    return (spikes, vT.reshape(shape[1:])) if return_state else spikes
