@@ -1,4 +1,5 @@
 """The IPU study's dense networks: shapes, input errors, fused == reference, registry."""
+import math
 import numpy as np
 import pytest
 import torch
@@ -160,3 +161,18 @@ def test_exports_to_nir_like_the_mlp():
         logits = model(x).numpy()
     for b in range(2):
         np.testing.assert_allclose(simulate(graph, x[:, b].double().numpy(), dt), logits[b], rtol=1e-4, atol=1e-4)
+
+
+def test_recurrent_variants_train_and_refuse_the_unfused_baseline():
+    from spikefuse.nn import RecurrentLIF
+    torch.manual_seed(0)
+    model = MODELS["ipu-shd-recurrent"][0](width=0.02, backend="reference", threshold=0.3)
+    recurrent = [m for m in model.modules() if isinstance(m, RecurrentLIF)]
+    assert len(recurrent) == 2 and all(m.weight.shape == (29, 29) for m in recurrent)
+    bound = 0.5 * math.sqrt(6 / 29)
+    assert all(0.5 * bound < m.weight.abs().max() <= bound for m in recurrent), "the authors' init"
+    x = (torch.rand(12, 3, 700) < 0.05).float()
+    model(x).logsumexp(-1).sum().backward()
+    assert all(m.weight.grad.abs().sum() > 0 for m in recurrent)
+    with pytest.raises(ValueError, match="recurrent=True needs fused=True"):
+        IPUNet((700,), 20, width=0.02, fused=False, recurrent=True)

@@ -34,5 +34,9 @@ MODELS.update({
     "ipu-nmnist": (ipu.build_nmnist, "IPU study's N-MNIST net: 2x34x34-1472-1470-10 LIF (decay 0.95), T=100, mean readout"),
     "ipu-dvsgesture": (ipu.build_dvsgesture,
                        "IPU study's DVS-Gesture net: 2x48x48-1472-1470-11 LIF (decay 0.95), T=50, mean readout"),
+    "ipu-shd-recurrent": (ipu.build_shd_recurrent, "ipu-shd with recurrent hidden layers (RecurrentLIF)"),
+    "ipu-nmnist-recurrent": (ipu.build_nmnist_recurrent, "ipu-nmnist with recurrent hidden layers (RecurrentLIF)"),
+    "ipu-dvsgesture-recurrent": (ipu.build_dvsgesture_recurrent,
+                                 "ipu-dvsgesture with recurrent hidden layers (RecurrentLIF)"),
     "deep-lif": (deep_lif.build, "8 x (Linear 2048 + LIF), mean readout: the temporal pipeline's benchmark net"),
 })

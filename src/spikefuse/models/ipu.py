@@ -24,6 +24,10 @@ layers are SparseSpikingLinear (backward "auto"; or sparse="sparse"/"dense" to f
 whose backward then works on the few outputs that carry gradient. Pair it with
 spikefuse.optim.LazyAdam to skip the zero rows of their weight gradients too.
 
+recurrent=True adds the SHD literature's recurrent connection to every hidden layer: each
+hidden LIF becomes a RecurrentLIF (h = decay*v + x + s[t-1] @ W_rec^T), its weight drawn
+like the feed-forward ones (the registry's "ipu-shd-recurrent" and friends).
+
 Readout: their output layer is a third LIF layer and the loss is cross-entropy on its spike
 counts summed over time (readout="count" here). The default, readout="mean", follows the other
 spikefuse models instead: the last Linear's output averaged over the T steps (a non-spiking
@@ -41,7 +45,7 @@ from math import prod
 import torch
 from torch import nn
 
-from ..nn import LIF
+from ..nn import LIF, RecurrentLIF
 from ..nn.layers import check_frames, checked_shape, name_layers
 from ..nn.sparse_linear import BACKWARDS, SparseSpikingLinear
 from ..nn.spiking_layers import SpikingLinear
@@ -79,7 +83,7 @@ class IPUNet(nn.Module):
 
     def __init__(self, input_shape, num_classes: int, hidden=HIDDEN, width: float = 1.0,
                  readout: str = "mean", fused: bool = True, backend: str = "auto",
-                 sparse: bool | str = False, **lif):
+                 sparse: bool | str = False, recurrent: bool = False, **lif):
         super().__init__()
         self.input_shape = checked_shape(input_shape, num_classes)
         if not width > 0:
@@ -94,6 +98,8 @@ class IPUNet(nn.Module):
             raise ValueError("sparse=True needs fused=True (the unfused baseline is dense)")
         if not hidden or min(hidden) < 1:
             raise ValueError(f"hidden must list at least one positive layer size, got {hidden}")
+        if recurrent and not fused:
+            raise ValueError("recurrent=True needs fused=True (the unfused baseline has no recurrent layer)")
         self.readout = readout  # export reads this: "mean" is the time-mean of the last Linear
         self.num_classes = int(num_classes)
         self.hidden_sizes = tuple(max(1, round(h * width)) for h in hidden)
@@ -109,7 +115,9 @@ class IPUNet(nn.Module):
             last = i == len(sizes) - 2  # the readout: the loss reaches all its outputs (dense gradient)
             layer = nn.Linear if i == 0 else spike_linear if last else hidden_linear
             layers.append(layer(n_in, n_out, bias=False))
-            if not last or readout == "count":
+            if not last:
+                layers.append(RecurrentLIF(n_out, **lif) if recurrent else LIF(**lif))
+            elif readout == "count":
                 layers.append(LIF(**lif))
         self.layers = nn.Sequential(*layers)
         self.reset_parameters()
@@ -117,10 +125,11 @@ class IPUNet(nn.Module):
 
     @torch.no_grad()
     def reset_parameters(self):
-        """The authors' U(+-sqrt(6/fan_in)) times their input factor (1 - 0.95) * 10 = 0.5."""
+        """The authors' U(+-sqrt(6/fan_in)) times their input factor (1 - 0.95) * 10 = 0.5
+        (recurrent weights alike, fan_in = the layer's width)."""
         for m in self.layers:
-            if isinstance(m, nn.Linear):
-                bound = 0.5 * math.sqrt(6.0 / m.in_features)
+            if isinstance(m, (nn.Linear, RecurrentLIF)):
+                bound = 0.5 * math.sqrt(6.0 / m.weight.shape[1])
                 m.weight.uniform_(-bound, bound)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -134,14 +143,14 @@ class IPUNet(nn.Module):
         return f"input_shape={self.input_shape}, hidden={self.hidden_sizes}, readout={self.readout!r}"
 
 
-def _spec_builder(name: str, doc: str):
+def _spec_builder(name: str, doc: str, recurrent: bool = False):
     net = NETWORKS[name]
 
     def build(input_shape=net.input_shape, num_classes=net.num_classes, time_steps=net.time_steps,
               **kwargs) -> IPUNet:
-        return IPUNet(input_shape, num_classes, **kwargs)
+        return IPUNet(input_shape, num_classes, **{"recurrent": recurrent, **kwargs})
 
-    build.__name__ = build.__qualname__ = "build_" + name.removeprefix("ipu-")
+    build.__name__ = build.__qualname__ = "build_" + name.removeprefix("ipu-") + ("_recurrent" if recurrent else "")
     build.__doc__ = (f"{doc}\n\nRegistry builder; defaults: input_shape={net.input_shape}, "
                      f"num_classes={net.num_classes}, time_steps={net.time_steps} (the network does "
                      "not depend on T; NETWORKS/TIME_STEPS give the study's value).")
@@ -151,6 +160,12 @@ def _spec_builder(name: str, doc: str):
 build_shd = _spec_builder("ipu-shd", "SHD: 700 -> 1472 LIF -> 1470 LIF -> 20.")
 build_nmnist = _spec_builder("ipu-nmnist", "N-MNIST: 2x34x34 (2312) -> 1472 LIF -> 1470 LIF -> 10.")
 build_dvsgesture = _spec_builder("ipu-dvsgesture", "DVS-Gesture: 2x48x48 (4608) -> 1472 LIF -> 1470 LIF -> 11.")
+build_shd_recurrent = _spec_builder("ipu-shd", "SHD, recurrent: 700 -> 1472 RLIF -> 1470 RLIF -> 20.", True)
+build_nmnist_recurrent = _spec_builder("ipu-nmnist", "N-MNIST, recurrent: 2x34x34 -> 1472 RLIF -> 1470 RLIF -> 10.",
+                                       True)
+build_dvsgesture_recurrent = _spec_builder("ipu-dvsgesture",
+                                           "DVS-Gesture, recurrent: 2x48x48 -> 1472 RLIF -> 1470 RLIF -> 11.", True)
 
 __all__ = ["IPUNet", "IPUNetwork", "NETWORKS", "TIME_STEPS", "LIF_DEFAULTS", "build_shd",
-           "build_nmnist", "build_dvsgesture"]
+           "build_nmnist", "build_dvsgesture", "build_shd_recurrent", "build_nmnist_recurrent",
+           "build_dvsgesture_recurrent"]
