@@ -156,7 +156,8 @@ def test_double_backward_matches_reference():
     for backend in ("fused", "reference"):
         xi, wi = x.clone().requires_grad_(True), w.clone().requires_grad_(True)
         s = F.rlif(xi, wi, backend=backend, surrogate="sigmoid", **PARAMS)
-        gx, gw = torch.autograd.grad((s * torch.linspace(-1, 1, s.shape[-1])).sum(), [xi, wi], create_graph=True)
+        gx, gw = torch.autograd.grad((s * torch.linspace(-1, 1, s.shape[-1], device=DEVICE)).sum(), [xi, wi],
+                                      create_graph=True)
         penalties.append(torch.autograd.grad(gx.pow(2).sum() + gw.pow(2).sum(), [xi, wi]))
     assert all(rel_err(a, b) < 1e-5 for a, b in zip(*penalties))
 
