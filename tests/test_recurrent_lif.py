@@ -237,3 +237,80 @@ def test_compile_uses_the_fused_ops():
     (o1, gx1, gw1), (o2, gx2, gw2) = results
     assert torch.equal(o1, o2) and rel_err(gx2, gx1) < 1e-6 and rel_err(gw2, gw1) < 1e-6
     assert "spikefuse.rlif_forward.default" in targets, targets
+
+
+# ---- the sparse path (spikefuse.ops.sparse_recurrent_lif) ----
+
+def small_segments(monkeypatch):
+    """32-column list segments, so that a few dozen neurons span several."""
+    from spikefuse.ops import sparse_recurrent_lif
+    monkeypatch.setattr(sparse_recurrent_lif, "SEG", 32)
+
+
+SPARSE_CASES = [("hard", "fast_sigmoid", True, 0.6), ("soft", "rectangular", False, 0.5),
+                ("none", "atan", False, float("-inf")), ("hard", "triangle", False, 0.7)]
+
+
+@pytest.mark.parametrize("case", range(len(SPARSE_CASES)))
+def test_sparse_path_matches_reference(case, monkeypatch):
+    small_segments(monkeypatch)
+    reset, surrogate, detach, floor = SPARSE_CASES[case]
+    assert_match(rand(7, 3, 70, seed=30 + case), dyadic_weight(70, 30 + case), reset=reset, surrogate=surrogate,
+                 detach_reset=detach, grad_threshold=floor, sparse=True, return_state=case % 2 == 0, **PARAMS)
+
+
+@pytest.mark.parametrize("shape", [(1, 2, 9), (4, 37, 70), (3, 1, 40)])
+def test_sparse_path_shapes(shape, monkeypatch):
+    """T = 1, rows over several tiles, a single row (B = 1)."""
+    small_segments(monkeypatch)
+    assert_match(rand(*shape, seed=sum(shape), scale=1.5), dyadic_weight(shape[-1], 2), grad_threshold=0.5,
+                 sparse=True, return_state=True, **PARAMS)
+
+
+def test_sparse_path_equals_dense_path_bit_for_bit_on_spikes(monkeypatch):
+    small_segments(monkeypatch)
+    x, w = rand(6, 5, 50, seed=40), dyadic_weight(50, 40)
+    dense, sparse = (run(x, w, "fused", sparse=flag, grad_threshold=0.7, **PARAMS) for flag in (False, True))
+    assert torch.equal(dense[0], sparse[0])
+    assert rel_err(sparse[2], dense[2]) < 1e-6 and rel_err(sparse[3], dense[3]) < 1e-6
+
+
+def test_column_lists(monkeypatch):
+    """The per-step lists name exactly the columns that spiked / reached grad_threshold in some
+    row, in increasing order, segment by segment."""
+    small_segments(monkeypatch)
+    from spikefuse.ops import sparse_recurrent_lif as S
+    x, w = rand(5, 3, 70, seed=41), dyadic_weight(70, 41)
+    spikes, _, h, _, carry, carry_count, active_count = S.forward(x, w, 0.8, 0.9, "hard", 0.0, 0.5, True)
+    for t in range(5):
+        spiking = spikes[t].ne(0).any(0).nonzero().flatten()
+        assert active_count[t].sum() == spiking.numel()
+        carrying = (h[t] >= 0.5).any(0).nonzero().flatten().tolist()
+        listed = [carry[t, seg, j].item() for seg in range(carry.shape[1]) for j in range(carry_count[t, seg])]
+        assert listed == carrying
+
+
+def test_activity_counts_spiking_columns():
+    x, w = rand(5, 3, 20, seed=42), dyadic_weight(20, 42)
+    for sparse in (False, True):
+        activity = torch.zeros(2, dtype=torch.float64, device=DEVICE)
+        s = F.rlif(x, w, backend="fused", sparse=sparse, activity=activity, **PARAMS)
+        assert activity.tolist() == [s.ne(0).any(1).sum().item(), 5 * 20]
+    with pytest.raises(ValueError, match="activity must be"):
+        F.rlif(x, w, activity=torch.zeros(2))
+
+
+def test_module_path_dispatch():
+    from spikefuse.nn import update_dispatch
+    layer = snn.RecurrentLIF(20, threshold=0.5, grad_threshold=0.4, path="auto", sparse_below=0.3,
+                             backend="fused").to(DEVICE)
+    assert "path='auto'" in repr(layer) and not layer.sparse
+    with torch.no_grad():
+        layer(torch.full((4, 2, 20), 0.6, device=DEVICE))  # every column spikes: dense stays
+    assert update_dispatch(layer) is False and not layer.sparse
+    with torch.no_grad():
+        layer(torch.zeros(4, 2, 20, device=DEVICE))  # silent: sparse
+    assert update_dispatch(layer) is True and layer.sparse
+    assert layer.active_share() is None  # read and reset by the dispatch
+    with pytest.raises(ValueError, match="path"):
+        snn.RecurrentLIF(4, path="fast")

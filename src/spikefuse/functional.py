@@ -376,6 +376,8 @@ def rlif(
     alpha: float | None = None,
     return_state: bool = False,
     grad_threshold: float = float("-inf"),
+    sparse: bool = False,
+    activity: torch.Tensor | None = None,
     backend: str = "auto",
 ):
     """Recurrent LIF over all T steps of x [T, *, N]: a LIF whose input also carries its
@@ -389,6 +391,13 @@ def rlif(
     decay: float in (0, 1]. weight: floating tensor [N, N] on x's device (gradients flow
         to it). surrogate, alpha, detach_reset, grad_threshold: as `lif`.
     return_state: also return v[T-1]: (spikes, v).
+    sparse: the fused sparse path (spikefuse.ops.sparse_recurrent_lif: each step reads only
+        the weights of the columns that spiked, backward only those of the columns that
+        reached grad_threshold); the same results as the dense path, faster at low activity
+        (docs/sparse.md). The reference ignores it.
+    activity: None, or a float64 tensor [2] on x's device to which the fused path adds (the
+        number of columns with a spike in some row, summed over steps; steps x N), without
+        a host sync: what path dispatch reads (spikefuse.nn.RecurrentLIF, path="auto").
     backend: "fused" (spikefuse.ops.recurrent_lif: one launch per step; on a CPU tensor
         through the Triton interpreter), "reference" (spikefuse.reference.rlif) or "auto"
         (fused on CUDA, else reference).
@@ -400,10 +409,13 @@ def rlif(
     decay = _alif_number("decay", decay, low_open=0.0, high=1.0)
     threshold, v_reset, surrogate, alpha = _neuron_options(threshold, v_reset, reset, surrogate, alpha)
     grad_threshold = _check_grad_threshold(grad_threshold)
+    if activity is not None and not (isinstance(activity, torch.Tensor) and activity.shape == (2,)
+                                     and activity.dtype == torch.float64 and activity.device == x.device):
+        raise ValueError(f"activity must be None or a float64 tensor [2] on {x.device}")
     if _use_fused(backend, x):
         from .ops.recurrent_lif import rlif_fused
         return rlif_fused(x, weight, decay, threshold, reset, v_reset, bool(detach_reset), surrogate,
-                          alpha, grad_threshold, bool(return_state))
+                          alpha, grad_threshold, bool(return_state), bool(sparse), activity)
     return reference.rlif(x, weight.to(x.dtype), decay, threshold, reset, v_reset, bool(detach_reset),
                           surrogate, alpha, bool(return_state), grad_threshold)
 

@@ -1,4 +1,4 @@
-"""`spikefuse bench lif | train | steps | sparse | data`: each benchmark writes JSON + markdown results."""
+"""`spikefuse bench lif | train | steps | sparse | data | neurons`: each benchmark writes JSON + markdown results."""
 from __future__ import annotations
 
 import importlib
@@ -9,6 +9,7 @@ BENCHMARKS = {
     "steps": ("spikefuse.bench.steps", "one training step eager, captured (CUDA graph) and compiled, vs its GPU kernel time"),
     "sparse": ("spikefuse.bench.sparse", "sparse against dense training steps of the IPU-study networks: where each wins"),
     "data": ("spikefuse.bench.data", "one epoch of SHD-shaped data through four loading pipelines"),
+    "neurons": ("spikefuse.bench.neurons", "ALIF, CUBA and recurrent LIF forward+backward vs the PyTorch loop and peers"),
 }
 
 

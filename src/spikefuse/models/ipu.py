@@ -26,7 +26,8 @@ spikefuse.optim.LazyAdam to skip the zero rows of their weight gradients too.
 
 recurrent=True adds the SHD literature's recurrent connection to every hidden layer: each
 hidden LIF becomes a RecurrentLIF (h = decay*v + x + s[t-1] @ W_rec^T), its weight drawn
-like the feed-forward ones (the registry's "ipu-shd-recurrent" and friends).
+like the feed-forward ones (the registry's "ipu-shd-recurrent" and friends); with sparse,
+its recurrent matmuls take the sparse path too (path "auto", or as `sparse` names it).
 
 Readout: their output layer is a third LIF layer and the loss is cross-entropy on its spike
 counts summed over time (readout="count" here). The default, readout="mean", follows the other
@@ -116,7 +117,8 @@ class IPUNet(nn.Module):
             layer = nn.Linear if i == 0 else spike_linear if last else hidden_linear
             layers.append(layer(n_in, n_out, bias=False))
             if not last:
-                layers.append(RecurrentLIF(n_out, **lif) if recurrent else LIF(**lif))
+                path = ("auto" if sparse is True else sparse) if sparse else "dense"
+                layers.append(RecurrentLIF(n_out, path=path, **lif) if recurrent else LIF(**lif))
             elif readout == "count":
                 layers.append(LIF(**lif))
         self.layers = nn.Sequential(*layers)

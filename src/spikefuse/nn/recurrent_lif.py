@@ -12,6 +12,9 @@ from .. import functional as F
 from .layers import layer_name
 from .neuron_base import NeuronOptions
 
+PATHS = ("dense", "sparse", "auto")
+SPARSE_BELOW = 0.25  # a first guess; benchmarks/results/ has the measured map
+
 
 class RecurrentLIF(NeuronOptions):
     """h = decay*v + x + s_prev @ weight.T, fire at h >= threshold, reset v.
@@ -21,19 +24,31 @@ class RecurrentLIF(NeuronOptions):
     (uniform in +-1/sqrt(features)); put an nn.Linear before the layer for its feed-forward
     input. grad_threshold: the sparse backward's secondary threshold (see spikefuse.functional.lif).
     backend: "auto", "fused" or "reference" (see spikefuse.functional.rlif).
+    path: "dense", "sparse" (spikefuse.functional.rlif's sparse=True; same results) or "auto":
+    the layer counts the columns that spike per step on the device, and
+    spikefuse.nn.update_dispatch (between epochs) picks sparse where that share is at most
+    `sparse_below`.
     """
 
     def __init__(self, features: int, decay: float = 0.5, threshold: float = 1.0, reset: str = "hard",
                  v_reset: float = 0.0, detach_reset: bool = False, surrogate: str = "rectangular",
                  alpha: float | None = None, grad_threshold: float = float("-inf"), backend: str = "auto",
-                 device=None, dtype=None):
+                 path: str = "dense", sparse_below: float = SPARSE_BELOW, device=None, dtype=None):
         super().__init__(threshold, reset, v_reset, detach_reset, surrogate, alpha, backend)
         if isinstance(features, bool) or not isinstance(features, int) or features < 1:
             raise ValueError(f"features must be a positive int, got {features!r}")
         self.features = features
         self.decay = F._alif_number("decay", decay, low_open=0.0, high=1.0)
         self.grad_threshold = F._check_grad_threshold(grad_threshold)
+        if path not in PATHS:
+            raise ValueError(f"path: unknown {path!r}; expected one of {list(PATHS)}")
+        if not 0.0 <= sparse_below <= 1.0:
+            raise ValueError(f"sparse_below must be a share in [0, 1], got {sparse_below}")
+        self.path, self.sparse_below = path, float(sparse_below)
+        self.sparse = path == "sparse"
         self.weight = nn.Parameter(torch.empty(features, features, device=device, dtype=dtype))
+        # active columns per step, summed, and steps x features seen (path="auto")
+        self.register_buffer("activity", torch.zeros(2, dtype=torch.float64, device=device), persistent=False)
         self.reset_parameters()
 
     def reset_parameters(self):
@@ -45,10 +60,21 @@ class RecurrentLIF(NeuronOptions):
         if x.shape[-1] != self.features:
             raise ValueError(f"{layer_name(self)}: expected {self.features} features in x's last dim, "
                              f"got shape {tuple(x.shape)}")
-        return F.rlif(x, self.weight, decay=self.decay, grad_threshold=self.grad_threshold, **self.options())
+        return F.rlif(x, self.weight, decay=self.decay, grad_threshold=self.grad_threshold, sparse=self.sparse,
+                      activity=self.activity if self.path == "auto" else None, **self.options())
+
+    def active_share(self, reset: bool = True) -> float | None:
+        """Mean share of columns with a spike in some row, per step, since the last reset
+        (None before any fused call in path="auto"). Reads the device: call it between steps."""
+        active, seen = self.activity.tolist()
+        if reset:
+            self.activity.zero_()
+        return None if seen == 0 else active / seen
 
     def extra_repr(self):
         text = f"{self.features}, decay={self.decay}, " + self.options_repr()
         if self.grad_threshold > float("-inf"):
             text += f", grad_threshold={self.grad_threshold}"
+        if self.path != "dense":
+            text += f", path={self.path!r}"
         return text

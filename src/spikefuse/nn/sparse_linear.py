@@ -68,7 +68,8 @@ class NoGradientWarning(UserWarning):
 
 def update_dispatch(model: torch.nn.Module) -> bool:
     """Re-choose the backward of every backward="auto" SparseSpikingLinear in `model` from
-    the carrying share measured since the last call; True if any choice changed. Warns
+    the carrying share measured since the last call, and the path of every path="auto"
+    RecurrentLIF from its share of spiking columns; True if any choice changed. Warns
     (NoGradientWarning) when a layer got no gradient at all: with a secondary threshold a
     network silent at initialisation never learns (no potential reaches it)."""
     changed = False
@@ -80,6 +81,11 @@ def update_dispatch(model: torch.nn.Module) -> bool:
                               "neurons after it never reached their grad_threshold), so no gradient reaches "
                               "the layers before it: lower grad_threshold, or train dense until the network "
                               "is active", NoGradientWarning, stacklevel=2)
+            if share is not None and (share <= layer.sparse_below) != layer.sparse:
+                layer.sparse = not layer.sparse
+                changed = True
+        elif getattr(layer, "path", None) == "auto":  # RecurrentLIF: by the share of columns that spike
+            share = layer.active_share()
             if share is not None and (share <= layer.sparse_below) != layer.sparse:
                 layer.sparse = not layer.sparse
                 changed = True

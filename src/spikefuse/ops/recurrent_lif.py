@@ -92,10 +92,11 @@ def _rlif_backward_step(
     gs_ptr, w_ptr, h_ptr, gvT_ptr, gh_ptr,
     step, decay, threshold, v_reset, alpha, grad_floor, M, N, stride_wn, stride_wk,
     RESET: tl.constexpr, DETACH: tl.constexpr, SURROGATE: tl.constexpr, LAST: tl.constexpr,
-    HAS_GVT: tl.constexpr, TF32: tl.constexpr,
+    HAS_GVT: tl.constexpr, TF32: tl.constexpr, RECURRENT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    """Reverse step `step`: gh[t] from grad_s[t], gh[t+1] (through W and the decay) and h[t]."""
+    """Reverse step `step`: gh[t] from grad_s[t], gh[t+1] (through W and the decay) and h[t].
+    RECURRENT=False leaves out the term through W (the sparse path adds it where it matters)."""
     d, threshold, v_reset = f32(decay), f32(threshold), f32(v_reset)
     alpha, grad_floor = f32(alpha), f32(grad_floor)
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -112,8 +113,9 @@ def _rlif_backward_step(
             gv = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     else:
         # (gh[t+1] @ W)[m, k] = sum_n gh[m, n] W[n, k]: B = W, B[n, k] at n*stride_wn + k*stride_wk
-        gs = _accumulate(gh_next_ptr, rows, w_ptr, stride_wn, stride_wk, cols, M, N, gs,
-                         BLOCK_K, TF32)
+        if RECURRENT:
+            gs = _accumulate(gh_next_ptr, rows, w_ptr, stride_wn, stride_wk, cols, M, N, gs,
+                             BLOCK_K, TF32)
         gv = d * tl.load(gh_next_ptr + offs, mask=mask, other=0.0)
     h = tl.load(h_ptr + now + offs, mask=mask, other=0.0)
     u = h - threshold
@@ -177,7 +179,7 @@ def _backward(grad_s, grad_vT, h, spikes, weight, decay, threshold, reset, v_res
             gs, weight, h, gvT if gvT is not None else unused, gh, t,
             decay, threshold, v_reset, alpha, grad_threshold, M, N, weight.stride(0), weight.stride(1),
             RESET=RESET_CODES[reset], DETACH=detach, SURROGATE=SURROGATES[surrogate], LAST=last,
-            HAS_GVT=gvT is not None, TF32=_tf32(gs),
+            HAS_GVT=gvT is not None, TF32=_tf32(gs), RECURRENT=True,
             BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, num_warps=warps, enable_fp_fusion=False)
     # dL/dW[n, k] = sum over t >= 1 and rows of gh[t][m, n] * s[t-1][m, k]
     grad_w = gh[1:].reshape(-1, N).t() @ spikes[:-1].reshape(-1, N).float()
@@ -206,29 +208,52 @@ def reference_grads(x, weight, grad_s, grad_vT, options, needs):
 
 
 class RLIFFunction(torch.autograd.Function):
-    """The eager path. options: (decay, threshold, reset, v_reset, detach, surrogate, alpha,
-    grad_threshold); x [T, M, N] contiguous."""
+    """The eager path (and the captured one). options: (decay, threshold, reset, v_reset,
+    detach, surrogate, alpha, grad_threshold); x [T, M, N] contiguous. sparse: the sparse
+    path (spikefuse.ops.sparse_recurrent_lif), same results. activity (float64 [2] or None)
+    accumulates the active columns per step and the steps x N seen, on the device."""
 
     @staticmethod
-    def forward(ctx, x, weight, options):
+    def forward(ctx, x, weight, options, sparse, activity):
         decay, threshold, reset, v_reset = options[:4]
         save = ctx.needs_input_grad[0] or ctx.needs_input_grad[1]
-        spikes, vT, h = _forward(x, weight, decay, threshold, reset, v_reset, save)
         ctx.set_materialize_grads(False)
+        ctx.sparse = sparse
+        if sparse:
+            from . import sparse_recurrent_lif
+            spikes, vT, h, wt, carry, carry_count, active_count = sparse_recurrent_lif.forward(
+                x, weight, decay, threshold, reset, v_reset, options[7], save)
+            if activity is not None:
+                activity[0] += active_count.sum()
+            if save:
+                ctx.save_for_backward(x, weight, h, spikes, wt, carry, carry_count)
+        else:
+            spikes, vT, h = _forward(x, weight, decay, threshold, reset, v_reset, save)
+            if activity is not None:
+                activity[0] += spikes.ne(0).any(1).sum()
+            if save:
+                ctx.save_for_backward(x, weight, h, spikes)
+        if activity is not None:
+            activity[1] += spikes.shape[0] * spikes.shape[2]
         if save:
-            ctx.save_for_backward(x, weight, h, spikes)
             ctx.options = options
         return spikes, vT
 
     @staticmethod
     def backward(ctx, grad_s, grad_vT):
-        x, weight, h, spikes = ctx.saved_tensors
+        x, weight, h, spikes, *lists = ctx.saved_tensors
         if grad_s is None and grad_vT is None:
-            return None, None, None
+            return None, None, None, None, None
         if torch.is_grad_enabled():  # create_graph=True: this backward will be differentiated
-            return (*reference_grads(x, weight, grad_s, grad_vT, ctx.options, ctx.needs_input_grad[:2]), None)
-        gx, gw = _backward(grad_s, grad_vT, h, spikes, weight, *ctx.options)
-        return (gx if ctx.needs_input_grad[0] else None, gw if ctx.needs_input_grad[1] else None, None)
+            return (*reference_grads(x, weight, grad_s, grad_vT, ctx.options, ctx.needs_input_grad[:2]),
+                    None, None, None)
+        if ctx.sparse:
+            from . import sparse_recurrent_lif
+            gx, gw = sparse_recurrent_lif.backward(grad_s, grad_vT, h, spikes, *lists, weight, *ctx.options)
+        else:
+            gx, gw = _backward(grad_s, grad_vT, h, spikes, weight, *ctx.options)
+        return (gx if ctx.needs_input_grad[0] else None, gw if ctx.needs_input_grad[1] else None,
+                None, None, None)
 
 
 # ---- torch.library registration: what torch.compile sees ----
@@ -275,13 +300,14 @@ rlif_forward.register_autograd(_backward_rule, setup_context=_setup_context)
 
 
 def rlif_fused(x, weight, decay, threshold, reset, v_reset, detach, surrogate, alpha, grad_threshold,
-               return_state):
-    """Entry point for spikefuse.functional.rlif (arguments already checked there): x [T, *, N]."""
+               return_state, sparse=False, activity=None):
+    """Entry point for spikefuse.functional.rlif (arguments already checked there): x [T, *, N].
+    While dynamo traces, the dense op (the same results as the sparse path)."""
     shape = x.shape
     x3 = x.reshape(shape[0], -1, shape[-1])
     options = (decay, threshold, reset, v_reset, detach, surrogate, alpha, grad_threshold)
     if not torch.compiler.is_dynamo_compiling():
-        spikes, vT = RLIFFunction.apply(x3.contiguous(), weight, options)
+        spikes, vT = RLIFFunction.apply(x3.contiguous(), weight, options, sparse, activity)
     else:
         save = torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)
         spikes, vT, _ = rlif_forward(x3, weight, *options, save)

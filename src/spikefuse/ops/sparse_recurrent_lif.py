@@ -1,0 +1,218 @@
+"""The recurrent LIF's sparse path: per step, read only the recurrent weights that matter.
+
+The dense path (spikefuse.ops.recurrent_lif) reads all of W [N, N] at every step, forward
+and backward: at N = 5888 that is 139 MB per step, so a 100-step layer moves 14 GB per
+pass for a batch of 8. But with spikes at a few percent:
+- forward, s[t-1] @ W^T needs only the columns k of W where some row spiked at t-1 (the
+  step's *active* union over the batch rows);
+- backward, dL/ds[t] = gh[t+1] @ W matters only where the surrogate is nonzero, i.e. in
+  the columns k where some row's potential reached grad_threshold at t (the *carrying*
+  union; Perez-Nieves & Goodman's secondary threshold). Elsewhere gh[t] is the leak term
+  alone, computed elementwise.
+Both read whole rows of W^T (one transposed copy per call), the gathers looping to counts
+kept on the device (static launch shapes: a CUDA graph captures them).
+
+The index lists: after step t, one launch lists the active and the carrying columns of
+step t, each column block (SEG columns, one program) into its own segment, in increasing
+order (a prefix sum: deterministic, and no list overflows: a segment has room for all its
+columns). Gradients equal the dense path's (the same products, summed in another order)
+wherever the secondary threshold is the same: with grad_threshold = -inf every column
+carries and the sparse path is the dense one, slower.
+"""
+from __future__ import annotations
+
+import torch
+
+from .launch import cached_launch
+from .lif import EAGER, RESET_CODES, _cdiv, f32, grad_h, reset_potential, spike_value, surrogate_grad
+from .recurrent_lif import _rlif_backward_step, _tf32, _tiles
+from .surrogate import SURROGATES
+from .triton_or_stub import tl, triton
+
+SEG = 1024  # columns per list segment (one listing program each)
+
+
+@cached_launch
+@triton.jit
+def _list_columns(s_ptr, h_ptr, active_ptr, active_count_ptr, carry_ptr, carry_count_ptr,
+                  step, grad_floor, M, N, NSEG, CARRY: tl.constexpr, SEG: tl.constexpr):
+    """Segment `program_id` of step `step`'s lists: columns where any row spiked, and (CARRY)
+    where any row's h reached grad_floor."""
+    seg = tl.program_id(0)
+    cols = seg * SEG + tl.arange(0, SEG)
+    in_range = cols < N
+    now = tl.cast(step, tl.int64) * M * N
+    spiked = tl.zeros([SEG], tl.int32)
+    near = tl.zeros([SEG], tl.int32)
+    for m in range(0, M):
+        row = now + m * N + cols
+        spiked |= (tl.load(s_ptr + row, mask=in_range, other=0.0) != 0).to(tl.int32)
+        if CARRY:
+            near |= ((tl.load(h_ptr + row, mask=in_range, other=0.0) >= f32(grad_floor)) & in_range).to(tl.int32)
+    base = (tl.cast(step, tl.int64) * NSEG + seg) * SEG
+    tl.store(active_ptr + base + tl.cumsum(spiked, 0) - 1, cols, mask=spiked > 0)
+    tl.store(active_count_ptr + step * NSEG + seg, tl.sum(spiked, 0))
+    if CARRY:
+        tl.store(carry_ptr + base + tl.cumsum(near, 0) - 1, cols, mask=near > 0)
+        tl.store(carry_count_ptr + step * NSEG + seg, tl.sum(near, 0))
+
+
+@cached_launch
+@triton.jit
+def _sparse_forward_step(
+    x_ptr, wt_ptr, v_ptr, s_ptr, h_ptr, active_ptr, active_count_ptr,
+    step, decay, threshold, v_reset, M, N, NSEG,
+    RESET: tl.constexpr, FIRST: tl.constexpr, SAVE_H: tl.constexpr, TF32: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SEG: tl.constexpr,
+):
+    """The dense step's neuron, its recurrent input summed over step-1's active columns only:
+    sum_k s[t-1][m, k] W^T[k, n] for k in the lists (W^T rows: contiguous)."""
+    d, threshold, v_reset = f32(decay), f32(threshold), f32(v_reset)
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = (rows < M)[:, None] & (cols < N)[None, :]
+    offs = rows[:, None] * N + cols[None, :]
+    now = tl.cast(step, tl.int64) * M * N
+    x = tl.load(x_ptr + now + offs, mask=mask, other=0.0).to(tl.float32)
+    if FIRST:
+        h = d * tl.zeros([BLOCK_M, BLOCK_N], tl.float32) + x
+    else:
+        acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+        prev = now - M * N
+        for seg in range(0, NSEG):
+            base = (tl.cast(step - 1, tl.int64) * NSEG + seg) * SEG
+            count = tl.load(active_count_ptr + (step - 1) * NSEG + seg)
+            for j0 in range(0, count, BLOCK_K):
+                j = j0 + tl.arange(0, BLOCK_K)
+                k = tl.load(active_ptr + base + j, mask=j < count, other=0).to(tl.int64)
+                a = tl.load(s_ptr + prev + rows[:, None] * N + k[None, :],
+                            mask=(rows < M)[:, None] & (j < count)[None, :], other=0.0).to(tl.float32)
+                b = tl.load(wt_ptr + k[:, None] * N + cols[None, :],
+                            mask=(j < count)[:, None] & (cols < N)[None, :], other=0.0).to(tl.float32)
+                if TF32:
+                    acc = tl.dot(a, b, acc, input_precision="tf32")
+                else:
+                    acc = tl.dot(a, b, acc, input_precision="ieee")
+        v = tl.load(v_ptr + offs, mask=mask, other=0.0)
+        h = (d * v + x) + acc
+    u = h - threshold
+    fired = u >= 0.0
+    tl.store(s_ptr + now + offs, spike_value(u, fired).to(s_ptr.dtype.element_ty), mask=mask)
+    tl.store(v_ptr + offs, reset_potential(h, fired, threshold, v_reset, RESET), mask=mask)
+    if SAVE_H:
+        tl.store(h_ptr + now + offs, h, mask=mask)
+
+
+@cached_launch
+@triton.jit
+def _sparse_backward_step(
+    gs_ptr, wt_ptr, h_ptr, gh_ptr, carry_ptr, carry_count_ptr,
+    step, decay, threshold, v_reset, alpha, grad_floor, M, N, NSEG,
+    RESET: tl.constexpr, DETACH: tl.constexpr, SURROGATE: tl.constexpr, TF32: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_I: tl.constexpr, SEG: tl.constexpr,
+):
+    """gh[t] at step t's carrying columns, with the recurrent term gh[t+1] @ W (over
+    every n: gh[t+1] is dense through the leak), overwriting the elementwise pass's values
+    there. Program (row block, list block) over the concatenated segments."""
+    d, threshold, v_reset = f32(decay), f32(threshold), f32(v_reset)
+    alpha, grad_floor = f32(alpha), f32(grad_floor)
+    per_seg: tl.constexpr = SEG // BLOCK_K
+    seg = tl.program_id(1) // per_seg
+    j = (tl.program_id(1) % per_seg) * BLOCK_K + tl.arange(0, BLOCK_K)
+    count = tl.load(carry_count_ptr + step * NSEG + seg)
+    if (tl.program_id(1) % per_seg) * BLOCK_K < count:
+        rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+        base = (tl.cast(step, tl.int64) * NSEG + seg) * SEG
+        k = tl.load(carry_ptr + base + j, mask=j < count, other=0).to(tl.int64)
+        now = tl.cast(step, tl.int64) * M * N
+        nxt = now + M * N
+        acc = tl.zeros([BLOCK_M, BLOCK_K], tl.float32)
+        for i0 in range(0, N, BLOCK_I):
+            i = i0 + tl.arange(0, BLOCK_I)
+            a = tl.load(gh_ptr + nxt + rows[:, None] * N + i[None, :],
+                        mask=(rows < M)[:, None] & (i < N)[None, :], other=0.0)
+            b = tl.load(wt_ptr + k[None, :] * N + i[:, None],
+                        mask=(i < N)[:, None] & (j < count)[None, :], other=0.0).to(tl.float32)
+            if TF32:
+                acc = tl.dot(a, b, acc, input_precision="tf32")
+            else:
+                acc = tl.dot(a, b, acc, input_precision="ieee")
+        mask = (rows < M)[:, None] & (j < count)[None, :]
+        offs = rows[:, None] * N + k[None, :]
+        gs = tl.load(gs_ptr + now + offs, mask=mask, other=0.0).to(tl.float32) + acc
+        gv = d * tl.load(gh_ptr + nxt + offs, mask=mask, other=0.0)
+        h = tl.load(h_ptr + now + offs, mask=mask, other=0.0)
+        u = h - threshold
+        fired = u >= 0.0
+        sg = tl.where(h >= grad_floor, surrogate_grad(u, SURROGATE, alpha), 0.0)
+        tl.store(gh_ptr + now + offs, grad_h(gs, gv, h, fired, sg, threshold, v_reset, RESET, DETACH), mask=mask)
+
+
+def _lists(T, N, device):
+    """(index lists [T, NSEG, SEG], counts [T, NSEG]) int32, for active or carrying columns."""
+    nseg = _cdiv(N, SEG)
+    return (torch.zeros((T, nseg, SEG), device=device, dtype=torch.int32),
+            torch.zeros((T, nseg), device=device, dtype=torch.int32))
+
+
+def forward(x, weight, decay, threshold, reset, v_reset, grad_threshold, save, launch=EAGER):
+    """spikes like x [T, M, N], v[T-1] [M, N] float32, h [T, M, N] float32 (empty unless
+    `save`), W^T and the carrying lists (for backward) and the active counts [T, NSEG]."""
+    T, M, N = x.shape
+    spikes = torch.empty_like(x)
+    v = torch.zeros((M, N), device=x.device, dtype=torch.float32)
+    h = torch.empty((T if save else 0, M, N), device=x.device, dtype=torch.float32)
+    wt = weight.t().contiguous()
+    active, active_count = _lists(T, N, x.device)
+    carry, carry_count = _lists(T if save else 0, N, x.device)
+    if x.numel() == 0:
+        return spikes, v, h, wt, carry, carry_count, active_count
+    nseg = _cdiv(N, SEG)
+    BLOCK_M, BLOCK_N, BLOCK_K, warps = _tiles(M, N)
+    grid = (_cdiv(M, BLOCK_M), _cdiv(N, BLOCK_N))
+    step_kernel, list_kernel = launch(_sparse_forward_step), launch(_list_columns)
+    unused = launch.unused(x)
+    for t in range(T):
+        step_kernel[grid](
+            x, wt, v, spikes, h if save else unused, active, active_count, t,
+            decay, threshold, v_reset, M, N, nseg,
+            RESET=RESET_CODES[reset], FIRST=t == 0, SAVE_H=save, TF32=_tf32(x),
+            BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, SEG=SEG, num_warps=warps,
+            enable_fp_fusion=False)
+        list_kernel[(nseg,)](
+            spikes, h if save else unused, active, active_count,
+            carry if save else unused, carry_count if save else unused,
+            t, grad_threshold, M, N, nseg, CARRY=save, SEG=SEG, num_warps=4)
+    return spikes, v, h, wt, carry, carry_count, active_count
+
+
+def backward(grad_s, grad_vT, h, spikes, wt, carry, carry_count, weight, decay, threshold, reset, v_reset,
+             detach, surrogate, alpha, grad_threshold, launch=EAGER):
+    """(dL/dx like spikes, dL/dW like weight)."""
+    T, M, N = spikes.shape
+    gs = torch.zeros_like(spikes) if grad_s is None else grad_s.contiguous()
+    gvT = grad_vT.contiguous() if grad_vT is not None else None
+    gh = torch.empty((T, M, N), device=spikes.device, dtype=torch.float32)
+    if spikes.numel() == 0:
+        return gh.to(spikes.dtype), torch.zeros_like(weight)
+    nseg = _cdiv(N, SEG)
+    BLOCK_M, BLOCK_N, BLOCK_K, warps = _tiles(M, N)
+    elementwise, gather = launch(_rlif_backward_step), launch(_sparse_backward_step)
+    unused = launch.unused(gs)
+    for t in reversed(range(T)):
+        last = t == T - 1
+        # every column: the surrogate and leak terms, without the recurrent input's gradient
+        elementwise[(_cdiv(M, BLOCK_M), _cdiv(N, BLOCK_N))](
+            gs, weight, h, gvT if gvT is not None else unused, gh, t,
+            decay, threshold, v_reset, alpha, grad_threshold, M, N, weight.stride(0), weight.stride(1),
+            RESET=RESET_CODES[reset], DETACH=detach, SURROGATE=SURROGATES[surrogate], LAST=last,
+            HAS_GVT=gvT is not None, TF32=False, RECURRENT=False,
+            BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, num_warps=warps, enable_fp_fusion=False)
+        if not last:  # the carrying columns again, now with gh[t+1] @ W
+            gather[(_cdiv(M, BLOCK_M), nseg * (SEG // 32))](
+                gs, wt, h, gh, carry, carry_count, t,
+                decay, threshold, v_reset, alpha, grad_threshold, M, N, nseg,
+                RESET=RESET_CODES[reset], DETACH=detach, SURROGATE=SURROGATES[surrogate], TF32=_tf32(gs),
+                BLOCK_M=BLOCK_M, BLOCK_K=32, BLOCK_I=32, SEG=SEG, num_warps=warps, enable_fp_fusion=False)
+    grad_w = gh[1:].reshape(-1, N).t() @ spikes[:-1].reshape(-1, N).float()
+    return gh.to(spikes.dtype), grad_w.to(weight.dtype)
