@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 from ..models.ipu import NETWORKS, IPUNet
+from ..nn.recurrent_lif import RecurrentLIF
 from ..nn.sparse_linear import SparseSpikingLinear, update_dispatch
 from ..optim import LazyAdam
 from ..train.capture import CapturedStep, prepare_optimizer
@@ -58,7 +59,18 @@ def default_cases():
     cases += [(net, 4, 8, 0.9) for net in ("ipu-nmnist", "ipu-dvsgesture")]
     cases += [("ipu-shd", 1, b, 0.9) for b in (1, 8, 48)] + [("ipu-shd", 4, b, 0.9) for b in (48, 256)]
     cases += [("ipu-shd", 16, 48, 0.9), ("ipu-shd", 1, 256, 0.9), ("ipu-shd", 4, 8, 0.0)]
+    cases += [("ipu-shd-recurrent", w, b, 0.9) for w in (4, 1) for b in (1, 8)]
+    cases += [("ipu-shd-recurrent", 4, b, 0.9) for b in (48, 256)]
     return cases
+
+
+def network(net):
+    """(the study's network spec, recurrent?) for a case's name: "ipu-shd" or "ipu-shd-recurrent"."""
+    base = net.removesuffix("-recurrent")
+    if base not in NETWORKS:
+        raise ValueError(f"--cases: unknown network {net!r}; expected one of {list(NETWORKS)}, "
+                         "optionally with -recurrent")
+    return NETWORKS[base], net != base
 
 
 def parse_cases(text):
@@ -67,19 +79,25 @@ def parse_cases(text):
     out = []
     for item in text.split(","):
         net, width, batch, theta = item.split(":")
-        if net not in NETWORKS:
-            raise ValueError(f"--cases: unknown network {net!r}; expected one of {list(NETWORKS)}")
+        network(net)
         out.append((net, float(width), int(batch), float(theta)))
     return out
 
 
 def build(net, width, mode, theta):
-    spec = NETWORKS[net]
+    spec, recurrent = network(net)
     if mode == "spikingjelly":
+        if recurrent:
+            raise ImportError("no SpikingJelly recurrent counterpart in this benchmark")
         return spikingjelly_mlp(net, width)
     sparse = {"dense": False, "auto": True}.get(mode, "sparse")
     lif = {} if mode == "dense" else {"grad_threshold": theta}
-    return IPUNet(spec.input_shape, spec.num_classes, width=width, sparse=sparse, **lif)
+    return IPUNet(spec.input_shape, spec.num_classes, width=width, sparse=sparse, recurrent=recurrent, **lif)
+
+
+def dispatched(model):
+    """The layers whose path dispatch chooses: sparse Linear layers and recurrent LIFs."""
+    return [m for m in model.modules() if isinstance(m, (SparseSpikingLinear, RecurrentLIF))]
 
 
 def optimizer_for(mode, model, capture, lr):
@@ -106,7 +124,7 @@ def hidden_activity(model, x):
     """Spike rate of each hidden LIF layer on x (forward only)."""
     rates = []
     hooks = [m.register_forward_hook(lambda m, i, o: rates.append(float(o.float().mean())))
-             for m in model.modules() if type(m).__name__ == "LIF"]
+             for m in model.modules() if type(m).__name__ in ("LIF", "RecurrentLIF")]
     with torch.no_grad():
         model(x)
     for h in hooks:
@@ -125,7 +143,7 @@ def measure(case, mode, args, device, template_state):
         if mode != "spikingjelly":
             model.load_state_dict(template_state)
         opt = optimizer_for(mode, model, capture and mode != "spikingjelly", args.lr)
-        spec = NETWORKS[net]
+        spec, _ = network(net)
         T = 4 if args.smoke else spec.time_steps
         gen = torch.Generator(device=device).manual_seed(1)
         inputs = [((torch.rand(T, batch, *spec.input_shape, device=device, generator=gen) < INPUT_DENSITY).float(),
@@ -135,8 +153,7 @@ def measure(case, mode, args, device, template_state):
             step(x, y)
         if mode == "auto":
             update_dispatch(model)
-            row["auto_choice"] = ["sparse" if m.sparse else "dense" for m in model.modules()
-                                  if isinstance(m, SparseSpikingLinear)]
+            row["auto_choice"] = ["sparse" if m.sparse else "dense" for m in dispatched(model)]
         if capture and mode != "spikingjelly":
             step = CapturedStep(step)
         state = {"i": 0}
@@ -148,9 +165,11 @@ def measure(case, mode, args, device, template_state):
             call()
         if capture and mode != "spikingjelly" and step.captured != 1:
             raise RuntimeError(f"not captured: {step.fallback_reason}")
-        for m in model.modules():  # count the carrying share over the timed steps only
+        for m in model.modules():  # count the shares over the timed steps only
             if isinstance(m, SparseSpikingLinear):
                 m.carrying_share(reset=True)
+            elif isinstance(m, RecurrentLIF):
+                m.active_share(reset=True)
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats()
         row["step_ms"], _ = median_ms(call, warmup=2, min_reps=3 if args.smoke else 10, max_reps=30,
@@ -160,6 +179,9 @@ def measure(case, mode, args, device, template_state):
         shares = [m.carrying_share() for m in model.modules() if isinstance(m, SparseSpikingLinear)]
         if shares:
             row["carrying_share"] = shares
+        active = [m.active_share() for m in model.modules() if isinstance(m, RecurrentLIF) and m.path == "auto"]
+        if active and None not in active:
+            row["recurrent_active_share"] = active
         if mode == "dense":
             row["spike_rate"] = hidden_activity(model, inputs[0][0])
     except Exception as e:  # noqa: BLE001  (recorded; the rest still run)
@@ -178,14 +200,14 @@ def cross_check(case, device, smoke):
     """Max relative difference of every parameter gradient: sparse backward against the dense
     backward of the same network (same cut), one step on the same batch."""
     net, width, batch, theta = case
-    spec = NETWORKS[net]
+    spec, recurrent = network(net)
     torch.manual_seed(0)
     with torch.device(device):
-        sparse = IPUNet(spec.input_shape, spec.num_classes, width=width, sparse="sparse", grad_threshold=theta)
+        sparse = IPUNet(spec.input_shape, spec.num_classes, width=width, sparse="sparse", grad_threshold=theta,
+                        recurrent=recurrent)
     dense = copy.deepcopy(sparse)
-    for m in dense.modules():
-        if isinstance(m, SparseSpikingLinear):
-            m.sparse = False
+    for m in dispatched(dense):
+        m.sparse = False
     T = 4 if smoke else spec.time_steps
     x = (torch.rand(T, batch, *spec.input_shape, device=device) < INPUT_DENSITY).float()
     y = torch.randint(0, spec.num_classes, (batch,), device=device)
@@ -269,7 +291,8 @@ def run(args) -> int:
     device = torch.device("cuda" if cuda else "cpu")
     torch.backends.cuda.matmul.allow_tf32 = True
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    cases = [("ipu-shd", 1 / 64, 2, 0.9)] if args.smoke else parse_cases(args.cases)
+    cases = ([("ipu-shd", 1 / 64, 2, 0.9), ("ipu-shd-recurrent", 1 / 64, 2, 0.9)] if args.smoke
+             else parse_cases(args.cases))
     rows, checks = [], []
 
     def save(kernel=()):  # after every case: a run cut short keeps what it measured
@@ -284,10 +307,10 @@ def run(args) -> int:
     save(kernel)
     for case in cases:
         net, width, batch, theta = case
-        spec = NETWORKS[net]
+        spec, recurrent = network(net)
         torch.manual_seed(0)
         with torch.device(device):
-            template_state = IPUNet(spec.input_shape, spec.num_classes, width=width).state_dict()
+            template_state = IPUNet(spec.input_shape, spec.num_classes, width=width, recurrent=recurrent).state_dict()
         for mode in modes:
             if mode == "spikingjelly" and (width > 4 or batch > 8 or theta != 0.9):
                 continue
@@ -311,9 +334,10 @@ def markdown(payload) -> str:
            "initial values, every update still runs). Optimizers: dense and sparse-adam torch Adam(fused=True), "
            "sparse and auto spikefuse LazyAdam.\n"]
     header = ["net", "width", "B", "theta_grad", "mode", "step ms", "x dense", "carrying share",
-              "hidden spike rates", "auto choice", "auto / best fixed", "peak MiB", "note"]
+              "recurrent active share", "hidden spike rates", "auto choice", "auto / best fixed", "peak MiB", "note"]
     rows = [[r["net"], r["width"], r["B"], r["theta_grad"], r["mode"], r.get("step_ms"), r.get("speedup_vs_dense"),
              ", ".join(f"{s:.4f}" for s in r.get("carrying_share", [])),
+             ", ".join(f"{s:.4f}" for s in r.get("recurrent_active_share", [])),
              ", ".join(f"{s:.4f}" for s in r.get("spike_rate", [])), ",".join(r.get("auto_choice", [])),
              r.get("x_best_fixed"), r.get("peak_mib"), r.get("error", "")] for r in payload["cases"]]
     out.append(table(header, rows))
