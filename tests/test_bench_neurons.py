@@ -59,3 +59,13 @@ def test_cross_check_rejects_other_equations():
 def test_unknown_names_are_usage_errors(tmp_path, capsys, flag):
     assert cli.main(["bench", "neurons", "--quick", flag, "nope", "--out", str(tmp_path)]) == 2
     assert "nope" in capsys.readouterr().err
+
+
+def test_acceptance_reads_the_recurrent_case():
+    T, B, N = neurons.ACCEPTANCE["shape"]
+    row = {"ratio_to_spikefuse": 3.5, "stream_ratio_to_spikefuse": 4.0, "check_passed": True}
+    cases = [{"neuron": "rlif", "T": T, "B": B, "N": N, "libraries": {"spikingjelly": row}}]
+    assert neurons.acceptance(cases)["met"] is True
+    slow = {"spikingjelly": {**row, "ratio_to_spikefuse": 2.9}}
+    assert neurons.acceptance([{**cases[0], "libraries": slow}])["met"] is False
+    assert neurons.acceptance([{**cases[0], "libraries": {}}]) is None  # SpikingJelly not installed

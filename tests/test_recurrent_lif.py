@@ -242,9 +242,11 @@ def test_compile_uses_the_fused_ops():
 # ---- the sparse path (spikefuse.ops.sparse_recurrent_lif) ----
 
 def small_segments(monkeypatch):
-    """32-column list segments, so that a few dozen neurons span several."""
+    """32-column list segments and 48-column backward chunks (rounded up to 64), so that a
+    few dozen neurons span several of each."""
     from spikefuse.ops import sparse_recurrent_lif
     monkeypatch.setattr(sparse_recurrent_lif, "SEG", 32)
+    monkeypatch.setattr(sparse_recurrent_lif, "CHUNK", 48)
 
 
 SPARSE_CASES = [("hard", "fast_sigmoid", True, 0.6), ("soft", "rectangular", False, 0.5),

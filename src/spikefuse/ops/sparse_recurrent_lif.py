@@ -10,7 +10,9 @@ pass for a batch of 8. But with spikes at a few percent:
   union; Perez-Nieves & Goodman's secondary threshold). Elsewhere gh[t] is the leak term
   alone, computed elementwise.
 Both read whole rows of W^T (one transposed copy per call), the gathers looping to counts
-kept on the device (static launch shapes: a CUDA graph captures them).
+kept on the device (static launch shapes: a CUDA graph captures them). Backward splits the
+sum over n into chunks of CHUNK columns, one program each, and sums the chunks' partials
+in a fixed order (deterministic; no atomics).
 
 The index lists: after step t, one launch lists the active and the carrying columns of
 step t, each column block (SEG columns, one program) into its own segment, in increasing
@@ -30,6 +32,8 @@ from .surrogate import SURROGATES
 from .triton_or_stub import tl, triton
 
 SEG = 1024  # columns per list segment (one listing program each)
+LIST_BLOCK = 32  # carrying columns per backward program
+CHUNK, MAX_CHUNKS = 256, 32  # the backward's split of the sum over n: at least CHUNK each
 
 
 @cached_launch
@@ -105,15 +109,51 @@ def _sparse_forward_step(
 
 @cached_launch
 @triton.jit
-def _sparse_backward_step(
-    gs_ptr, wt_ptr, h_ptr, gh_ptr, carry_ptr, carry_count_ptr,
-    step, decay, threshold, v_reset, alpha, grad_floor, M, N, NSEG,
-    RESET: tl.constexpr, DETACH: tl.constexpr, SURROGATE: tl.constexpr, TF32: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_I: tl.constexpr, SEG: tl.constexpr,
+def _carry_partial(
+    gh_ptr, wt_ptr, carry_ptr, carry_count_ptr, p_ptr, step, M, N, NSEG, CHUNK,
+    TF32: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_I: tl.constexpr,
+    SEG: tl.constexpr,
 ):
-    """gh[t] at step t's carrying columns, with the recurrent term gh[t+1] @ W (over
-    every n: gh[t+1] is dense through the leak), overwriting the elementwise pass's values
-    there. Program (row block, list block) over the concatenated segments."""
+    """P[c, m, k] = sum over n in chunk c of gh[t+1][m, n] * W[n, k] (= W^T[k, n]), for k in
+    step t's carrying list. Program (row block, list block, n chunk): the n sum is split over
+    programs (a few carrying columns would otherwise leave most of the GPU idle, each
+    program streaming whole W^T rows), and summed in a fixed order by _carry_finish."""
+    per_seg: tl.constexpr = SEG // BLOCK_K
+    seg = tl.program_id(1) // per_seg
+    j = (tl.program_id(1) % per_seg) * BLOCK_K + tl.arange(0, BLOCK_K)
+    count = tl.load(carry_count_ptr + step * NSEG + seg)
+    if (tl.program_id(1) % per_seg) * BLOCK_K < count:
+        rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+        k = tl.load(carry_ptr + (tl.cast(step, tl.int64) * NSEG + seg) * SEG + j, mask=j < count,
+                    other=0).to(tl.int64)
+        nxt = (tl.cast(step, tl.int64) + 1) * M * N
+        acc = tl.zeros([BLOCK_M, BLOCK_K], tl.float32)
+        first = tl.program_id(2) * CHUNK
+        end = tl.minimum(first + CHUNK, N)
+        for i0 in range(first, end, BLOCK_I):
+            i = i0 + tl.arange(0, BLOCK_I)
+            a = tl.load(gh_ptr + nxt + rows[:, None] * N + i[None, :],
+                        mask=(rows < M)[:, None] & (i < end)[None, :], other=0.0)
+            b = tl.load(wt_ptr + k[None, :] * N + i[:, None],
+                        mask=(i < end)[:, None] & (j < count)[None, :], other=0.0).to(tl.float32)
+            if TF32:
+                acc = tl.dot(a, b, acc, input_precision="tf32")
+            else:
+                acc = tl.dot(a, b, acc, input_precision="ieee")
+        offs = (tl.cast(tl.program_id(2), tl.int64) * M + rows[:, None]) * N + k[None, :]
+        tl.store(p_ptr + offs, acc, mask=(rows < M)[:, None] & (j < count)[None, :])
+
+
+@cached_launch
+@triton.jit
+def _carry_finish(
+    gs_ptr, h_ptr, gh_ptr, p_ptr, carry_ptr, carry_count_ptr,
+    step, decay, threshold, v_reset, alpha, grad_floor, M, N, NSEG, NCHUNK,
+    RESET: tl.constexpr, DETACH: tl.constexpr, SURROGATE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, SEG: tl.constexpr,
+):
+    """gh[t] at step t's carrying columns, with the recurrent term sum_c P[c] (gh[t+1] @ W),
+    overwriting the elementwise pass's values there."""
     d, threshold, v_reset = f32(decay), f32(threshold), f32(v_reset)
     alpha, grad_floor = f32(alpha), f32(grad_floor)
     per_seg: tl.constexpr = SEG // BLOCK_K
@@ -122,25 +162,16 @@ def _sparse_backward_step(
     count = tl.load(carry_count_ptr + step * NSEG + seg)
     if (tl.program_id(1) % per_seg) * BLOCK_K < count:
         rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-        base = (tl.cast(step, tl.int64) * NSEG + seg) * SEG
-        k = tl.load(carry_ptr + base + j, mask=j < count, other=0).to(tl.int64)
-        now = tl.cast(step, tl.int64) * M * N
-        nxt = now + M * N
-        acc = tl.zeros([BLOCK_M, BLOCK_K], tl.float32)
-        for i0 in range(0, N, BLOCK_I):
-            i = i0 + tl.arange(0, BLOCK_I)
-            a = tl.load(gh_ptr + nxt + rows[:, None] * N + i[None, :],
-                        mask=(rows < M)[:, None] & (i < N)[None, :], other=0.0)
-            b = tl.load(wt_ptr + k[None, :] * N + i[:, None],
-                        mask=(i < N)[:, None] & (j < count)[None, :], other=0.0).to(tl.float32)
-            if TF32:
-                acc = tl.dot(a, b, acc, input_precision="tf32")
-            else:
-                acc = tl.dot(a, b, acc, input_precision="ieee")
+        k = tl.load(carry_ptr + (tl.cast(step, tl.int64) * NSEG + seg) * SEG + j, mask=j < count,
+                    other=0).to(tl.int64)
         mask = (rows < M)[:, None] & (j < count)[None, :]
         offs = rows[:, None] * N + k[None, :]
-        gs = tl.load(gs_ptr + now + offs, mask=mask, other=0.0).to(tl.float32) + acc
-        gv = d * tl.load(gh_ptr + nxt + offs, mask=mask, other=0.0)
+        recurrent = tl.zeros([BLOCK_M, BLOCK_K], tl.float32)
+        for c in range(0, NCHUNK):
+            recurrent += tl.load(p_ptr + tl.cast(c, tl.int64) * M * N + offs, mask=mask, other=0.0)
+        now = tl.cast(step, tl.int64) * M * N
+        gs = tl.load(gs_ptr + now + offs, mask=mask, other=0.0).to(tl.float32) + recurrent
+        gv = d * tl.load(gh_ptr + now + M * N + offs, mask=mask, other=0.0)
         h = tl.load(h_ptr + now + offs, mask=mask, other=0.0)
         u = h - threshold
         fired = u >= 0.0
@@ -197,7 +228,12 @@ def backward(grad_s, grad_vT, h, spikes, wt, carry, carry_count, weight, decay, 
         return gh.to(spikes.dtype), torch.zeros_like(weight)
     nseg = _cdiv(N, SEG)
     BLOCK_M, BLOCK_N, BLOCK_K, warps = _tiles(M, N)
-    elementwise, gather = launch(_rlif_backward_step), launch(_sparse_backward_step)
+    chunk = _cdiv(max(CHUNK, _cdiv(N, MAX_CHUNKS)), 32) * 32
+    nchunk = _cdiv(N, chunk)
+    partials = torch.empty((nchunk, M, N), device=spikes.device, dtype=torch.float32)
+    lists = (_cdiv(M, BLOCK_M), nseg * (SEG // LIST_BLOCK))
+    elementwise = launch(_rlif_backward_step)
+    partial, finish = launch(_carry_partial), launch(_carry_finish)
     unused = launch.unused(gs)
     for t in reversed(range(T)):
         last = t == T - 1
@@ -209,10 +245,13 @@ def backward(grad_s, grad_vT, h, spikes, wt, carry, carry_count, weight, decay, 
             HAS_GVT=gvT is not None, TF32=False, RECURRENT=False,
             BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, num_warps=warps, enable_fp_fusion=False)
         if not last:  # the carrying columns again, now with gh[t+1] @ W
-            gather[(_cdiv(M, BLOCK_M), nseg * (SEG // 32))](
-                gs, wt, h, gh, carry, carry_count, t,
-                decay, threshold, v_reset, alpha, grad_threshold, M, N, nseg,
-                RESET=RESET_CODES[reset], DETACH=detach, SURROGATE=SURROGATES[surrogate], TF32=_tf32(gs),
-                BLOCK_M=BLOCK_M, BLOCK_K=32, BLOCK_I=32, SEG=SEG, num_warps=warps, enable_fp_fusion=False)
+            partial[(*lists, nchunk)](
+                gh, wt, carry, carry_count, partials, t, M, N, nseg, chunk, TF32=_tf32(gs),
+                BLOCK_M=BLOCK_M, BLOCK_K=LIST_BLOCK, BLOCK_I=32, SEG=SEG, num_warps=warps)
+            finish[lists](
+                gs, h, gh, partials, carry, carry_count, t,
+                decay, threshold, v_reset, alpha, grad_threshold, M, N, nseg, nchunk,
+                RESET=RESET_CODES[reset], DETACH=detach, SURROGATE=SURROGATES[surrogate],
+                BLOCK_M=BLOCK_M, BLOCK_K=LIST_BLOCK, SEG=SEG, num_warps=warps, enable_fp_fusion=False)
     grad_w = gh[1:].reshape(-1, N).t() @ spikes[:-1].reshape(-1, N).float()
     return gh.to(spikes.dtype), grad_w.to(weight.dtype)
