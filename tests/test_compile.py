@@ -33,6 +33,9 @@ CONFIGS = {
     "ipu-shd": ((20,), 3, 3, dict(hidden=(8, 8)), False),
     "ipu-nmnist": ((2, 4, 4), 3, 3, dict(hidden=(8, 8)), False),
     "ipu-dvsgesture": ((2, 4, 4), 3, 3, dict(hidden=(8, 8), readout="count"), False),
+    "ipu-shd-recurrent": ((20,), 3, 3, dict(hidden=(8, 8)), False),
+    "ipu-nmnist-recurrent": ((2, 4, 4), 3, 3, dict(hidden=(8, 8)), False),
+    "ipu-dvsgesture-recurrent": ((2, 4, 4), 3, 3, dict(hidden=(8, 8), readout="count"), False),
     "deep-lif": ((20,), 3, 3, dict(depth=2, hidden=8), False),
 }
 TAKES_BACKEND = set(CONFIGS) - {"mlp"}
@@ -41,7 +44,8 @@ NAMES = sorted(CONFIGS) + ["sequential"]
 # the graph-break test traces them whole; training them compiled too adds ~60 s of
 # interpreted kernels on CPU and no new code path. SPIKEFUSE_COMPILE_ALL=1 trains them too.
 TWINS = {"resnet34": "resnet18", "cifar-medium": "cifar-small", "cifar-large": "cifar-small",
-         "ipu-shd": "ipu-dvsgesture", "ipu-nmnist": "ipu-dvsgesture"}
+         "ipu-shd": "ipu-dvsgesture", "ipu-nmnist": "ipu-dvsgesture",
+         "ipu-nmnist-recurrent": "ipu-shd-recurrent", "ipu-dvsgesture-recurrent": "ipu-shd-recurrent"}
 TRAINED = [name if name not in TWINS or os.environ.get("SPIKEFUSE_COMPILE_ALL") == "1"
            else pytest.param(name, marks=pytest.mark.skip(
                reason=f"same blocks as {TWINS[name]} (SPIKEFUSE_COMPILE_ALL=1 runs it)"))

@@ -30,7 +30,7 @@ FUSED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 def lif(
     x: torch.Tensor,
     decay: float | torch.Tensor = 0.5,
-    threshold: float = 1.0,
+    threshold: float | torch.Tensor = 1.0,
     reset: str = "hard",
     v_reset: float = 0.0,
     detach_reset: bool = False,
@@ -40,6 +40,7 @@ def lif(
     return_state: bool = False,
     backend: str = "auto",
     grad_threshold: float = float("-inf"),
+    return_potential: bool = False,
 ):
     """Leaky integrate-and-fire neurons over all T steps of x [T, *].
 
@@ -55,7 +56,19 @@ def lif(
         spikefuse.ops.lif_loop for float32/float64 (CPU or CUDA; backend="auto") and on the
         reference otherwise; backend="fused" with a callable raises ValueError.
     v0: initial membrane potential, shaped like x[0]; default zeros.
+    threshold: a finite float, or a floating tensor (a learnable threshold: it gets a
+        gradient) that is a scalar or holds one value per channel (dim 2 of x), on x's device
+        and finite (checked on the CPU). A tensor threshold runs on spikefuse.reference on
+        every device (the fused and loop kernels take a float threshold); backend="fused"
+        or a CUDA input then warns once.
     return_state: also return the membrane potential after the last step, v[T-1].
+    return_potential: also return the pre-reset potential trace h [T, *] (h[t] = decay *
+        v[t-1] + x[t], before the spike's reset), in x's dtype (the fused kernels compute in
+        float32 and round it to x's dtype), with its graph: a loss on h (membrane-potential
+        losses) backpropagates into x, decay and v0. The return is spikes, then h if
+        return_potential, then v[T-1] if return_state: `s`, `(s, h)`, `(s, v)` or `(s, h, v)`.
+        All backends compute it (the fused one in its kernels, eagerly; under torch.compile
+        it runs on the reference).
     grad_threshold: sparse backward (Perez-Nieves & Goodman): the surrogate gradient is zeroed
         where the potential h[t] < grad_threshold (e.g. 0.9 for threshold 1); -inf: no cut.
 
@@ -76,13 +89,25 @@ def lif(
     """
     _check_x(x)
     decay_value, decay_tensor = _check_decay(decay, x)
-    threshold = _check_finite("threshold", threshold)
+    threshold, threshold_tensor = _check_threshold(threshold, x)
     v_reset = _check_finite("v_reset", v_reset)
     if reset not in RESETS:
         raise ValueError(f"reset: unknown mode {reset!r}; expected one of {list(RESETS)}")
     surrogate, alpha = _resolve_any_surrogate(surrogate, alpha)
     grad_threshold = _check_grad_threshold(grad_threshold)
     _check_v0(v0, x)
+    return_potential = bool(return_potential)
+    if threshold_tensor is not None:  # learnable threshold: the reference's autograd (see docstring)
+        if backend not in BACKENDS:
+            raise ValueError(f"backend: unknown {backend!r}; expected one of {list(BACKENDS)}")
+        if backend == "fused" or (backend == "auto" and x.is_cuda):
+            _warn_once("threshold", "spikefuse.functional.lif: a tensor threshold runs on the reference "
+                       "path (spikefuse.reference.lif; the fused kernels take a float threshold)")
+        threshold = threshold_tensor.to(x.dtype)  # spikes keep x's dtype; the gradient flows back through the cast
+        threshold = threshold.reshape(threshold.shape + (1,) * max(x.dim() - 3, 0))
+        backend = "reference"
+    elif return_potential and backend != "reference" and torch.compiler.is_dynamo_compiling():
+        backend = "reference"  # the traced custom op has no h output: the reference traces as torch ops
     if callable(surrogate):  # a user function: the loop path (any device) or the reference
         if backend not in BACKENDS:
             raise ValueError(f"backend: unknown {backend!r}; expected one of {list(BACKENDS)}")
@@ -92,17 +117,19 @@ def lif(
         if backend == "auto" and _loop_lif().usable(x, decay_tensor, v0, any_device=True):
             return _loop_lif().lif_loop(x, decay_value, decay_tensor, threshold, reset, v_reset,
                                         bool(detach_reset), surrogate, alpha, v0, bool(return_state),
-                                        grad_threshold)
+                                        grad_threshold, return_potential)
     elif _use_fused(backend, x):
         return _fused_lif()(x, decay_value, decay_tensor, threshold, reset, v_reset,
-                            bool(detach_reset), surrogate, alpha, v0, bool(return_state), grad_threshold)
+                            bool(detach_reset), surrogate, alpha, v0, bool(return_state), grad_threshold,
+                            return_potential)
     elif backend == "auto" and _loop_lif().usable(x, decay_tensor, v0):
         return _loop_lif().lif_loop(x, decay_value, decay_tensor, threshold, reset, v_reset,
-                                    bool(detach_reset), surrogate, alpha, v0, bool(return_state), grad_threshold)
+                                    bool(detach_reset), surrogate, alpha, v0, bool(return_state), grad_threshold,
+                                    return_potential)
     if decay_tensor is not None:
         decay_value = decay_tensor.reshape(decay_tensor.shape + (1,) * max(x.dim() - 3, 0))
     return reference.lif(x, decay_value, threshold, reset, v_reset, bool(detach_reset),
-                         surrogate, alpha, v0, bool(return_state), grad_threshold)
+                         surrogate, alpha, v0, bool(return_state), grad_threshold, return_potential)
 
 
 def if_(x: torch.Tensor, threshold: float = 1.0, **kwargs):
@@ -138,6 +165,35 @@ def _check_finite(name, value):
     if isinstance(value, torch.Tensor) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise TypeError(f"{name} must be a finite Python number, got {value!r}")
     return float(value)
+
+
+def _check_threshold(threshold, x):
+    """Returns (float threshold, None) or (1.0, tensor threshold of shape [1] or [C])."""
+    if not isinstance(threshold, torch.Tensor):
+        return _check_finite("threshold", threshold), None
+    if not threshold.is_floating_point():
+        raise TypeError(f"threshold must be a finite number or a floating-point tensor, got dtype {threshold.dtype}")
+    if threshold.device != x.device:
+        raise ValueError(f"threshold is on {threshold.device} but x is on {x.device}")
+    channels = x.shape[2] if x.dim() >= 3 else None
+    if threshold.numel() != 1 and (threshold.dim() != 1 or threshold.shape[0] != channels):
+        raise ValueError(
+            f"threshold must be a number, a scalar tensor or a tensor with one value per channel "
+            f"(shape [{channels}] for x of shape {tuple(x.shape)}), got shape {tuple(threshold.shape)}")
+    if threshold.device.type == "cpu" and not torch.compiler.is_dynamo_compiling():
+        if not torch.isfinite(threshold).all():  # CUDA values are not checked: it would force a sync
+            raise ValueError("threshold values must be finite")
+    return 1.0, threshold.reshape(-1)
+
+
+_WARNED: set[str] = set()
+
+
+def _warn_once(key, message):
+    if key not in _WARNED and not torch.compiler.is_dynamo_compiling():
+        _WARNED.add(key)
+        import warnings
+        warnings.warn(message, stacklevel=3)
 
 
 def _check_grad_threshold(value):

@@ -34,24 +34,33 @@ def lif(
     v0: torch.Tensor | None = None,
     return_state: bool = False,
     grad_threshold: float = float("-inf"),
+    return_potential: bool = False,
 ):
-    """Leaky integrate-and-fire over all T steps; returns spikes [T, *] (and v[T-1] if asked).
+    """Leaky integrate-and-fire over all T steps; returns spikes [T, *], then the pre-reset
+    potential h [T, *] if `return_potential`, then v[T-1] if `return_state`.
 
     `decay` is a float or a tensor broadcastable to one time step x[0] (PLIF: a scalar
-    tensor, or per channel shaped [C, 1, ..., 1] for x of shape [T, B, C, ...]).
+    tensor, or per channel shaped [C, 1, ..., 1] for x of shape [T, B, C, ...]); so is
+    `threshold` (a learnable threshold: autograd gives its gradient).
     `surrogate` is a name of spikefuse.ops.surrogate or a callable sg(u) -> tensor of u's
     shape (ds/du for u = h - threshold; `alpha` is then ignored), called in backward.
     """
     v = torch.zeros_like(x[0]) if v0 is None else v0
     sparse = grad_threshold > float("-inf")
-    spikes = []
+    spikes, potentials = [], []
     for t in range(x.shape[0]):
         h = decay * v + x[t]
         s = spike(h - threshold, surrogate, alpha, h < grad_threshold if sparse else None)
         v = _reset(h, s.detach() if detach_reset else s, threshold, reset, v_reset)
         spikes.append(s)
-    out = torch.stack(spikes)
-    return (out, v) if return_state else out
+        if return_potential:
+            potentials.append(h)
+    out = (torch.stack(spikes),)
+    if return_potential:
+        out += (torch.stack(potentials),)
+    if return_state:
+        out += (v,)
+    return out if len(out) > 1 else out[0]
 
 
 def _reset(h, s, threshold, reset, v_reset):

@@ -73,12 +73,21 @@ class LIF(nn.Module):
         with spikefuse.nn.detach_state(model) or spikefuse.nn.reset(model)).
     surrogate: a name (see spikefuse.ops.surrogate) or a callable sg(u) -> tensor of u's
         shape, ds/du for u = h - threshold (alpha is then ignored; see spikefuse.functional.lif).
+    learn_threshold: make the threshold an nn.Parameter (`self.threshold`, initialised to
+        `threshold`) that gets a gradient; threshold_channels=C learns one per channel (dim 2
+        of the input), None one for the layer. A learned threshold runs on the reference
+        path of spikefuse.functional.lif (which warns once where the fused kernels would run).
+    record_potential: after each call, `self.potential` holds the pre-reset potential trace
+        h [T, B, ...] (x's dtype) with its graph, for membrane-potential losses and plots;
+        the module still returns only the spikes. False: `self.potential` stays None.
     """
 
     def __init__(self, decay: float = 0.5, threshold: float = 1.0, reset: str = "hard",
                  v_reset: float = 0.0, detach_reset: bool = False, surrogate="rectangular",
                  alpha: float | None = None, stateful: bool = False, backend: str = "auto",
-                 grad_threshold: float = float("-inf"), detach_state: bool = True):
+                 grad_threshold: float = float("-inf"), detach_state: bool = True,
+                 learn_threshold: bool = False, threshold_channels: int | None = None,
+                 record_potential: bool = False):
         super().__init__()
         if reset not in F.RESETS:
             raise ValueError(f"reset: unknown mode {reset!r}; expected one of {list(F.RESETS)}")
@@ -89,11 +98,30 @@ class LIF(nn.Module):
         if not isinstance(decay, torch.Tensor):
             F._check_decay(decay, None)
         self.decay = decay
-        self.threshold, self.reset, self.v_reset = threshold, reset, v_reset
+        self.threshold = self._make_threshold(threshold, learn_threshold, threshold_channels)
+        self.reset, self.v_reset = reset, v_reset
+        self.record_potential = bool(record_potential)
+        self.potential: torch.Tensor | None = None  # h [T, B, ...] of the last call (record_potential)
         self.detach_reset, self.surrogate, self.alpha = detach_reset, surrogate, alpha
         self.stateful, self.backend = bool(stateful), backend
         self.detach_state = bool(detach_state)
         self.v: torch.Tensor | None = None  # the carried state v[T-1] (stateful only)
+
+    @staticmethod
+    def _make_threshold(threshold, learn, channels):
+        if channels is not None and not learn:
+            raise ValueError("threshold_channels is only meaningful with learn_threshold=True")
+        if not learn:
+            return threshold
+        if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not math.isfinite(threshold):
+            raise ValueError(f"threshold must be a finite number with learn_threshold=True, got {threshold!r}")
+        if channels is not None and (isinstance(channels, bool) or not isinstance(channels, int) or channels < 1):
+            raise ValueError(f"threshold_channels must be a positive int or None, got {channels!r}")
+        return nn.Parameter(torch.full(() if channels is None else (channels,), float(threshold)))
+
+    def _threshold_repr(self):
+        t = self.threshold
+        return f"learned{list(t.shape)}" if isinstance(t, torch.Tensor) else f"{t}"
 
     def decay_value(self):
         return self.decay
@@ -108,11 +136,18 @@ class LIF(nn.Module):
                        v_reset=self.v_reset, detach_reset=self.detach_reset,
                        surrogate=self.surrogate, alpha=self.alpha, backend=self.backend,
                        grad_threshold=self.grad_threshold)
+        if self.record_potential:
+            options["return_potential"] = True
         if not self.stateful:
-            return F.lif(x, **options)
+            out = F.lif(x, **options)
+            if self.record_potential:
+                out, self.potential = out
+            return out
         if isinstance(x, torch.Tensor):
             self._check_state(x)
-        spikes, v = F.lif(x, v0=self.v, return_state=True, **options)
+        spikes, *h, v = F.lif(x, v0=self.v, return_state=True, **options)
+        if self.record_potential:
+            self.potential = h[0]
         self.v = v.detach() if self.detach_state else v
         return spikes
 
@@ -139,7 +174,7 @@ class LIF(nn.Module):
             self.v = self.v.detach()
 
     def extra_repr(self):
-        return (f"decay={self.decay}, threshold={self.threshold}, reset={self.reset!r}, "
+        return (f"decay={self.decay}, threshold={self._threshold_repr()}, reset={self.reset!r}, "
                 f"surrogate={self._surrogate_repr()}{self._options_repr()}")
 
     def _surrogate_repr(self):
@@ -162,7 +197,7 @@ class IF(LIF):
         super().__init__(decay=1.0, threshold=threshold, **kwargs)
 
     def extra_repr(self):
-        return (f"threshold={self.threshold}, reset={self.reset!r}, surrogate={self._surrogate_repr()}"
+        return (f"threshold={self._threshold_repr()}, reset={self.reset!r}, surrogate={self._surrogate_repr()}"
                 f"{self._options_repr()}")
 
 
@@ -185,5 +220,5 @@ class PLIF(LIF):
         return torch.sigmoid(self.w)
 
     def extra_repr(self):
-        return (f"channels={self.channels}, threshold={self.threshold}, reset={self.reset!r}, "
+        return (f"channels={self.channels}, threshold={self._threshold_repr()}, reset={self.reset!r}, "
                 f"surrogate={self._surrogate_repr()}{self._options_repr()}")

@@ -221,13 +221,16 @@ def store_chunk(ptr, t0, offs, k, n_mask, T, N, value, EVEN_N: tl.constexpr):
 
 
 @triton.jit
-def forward_chunk(X, v, d, t0, T, threshold, v_reset, RESET: tl.constexpr, TAIL: tl.constexpr):
-    """Run K steps from potential v over chunk X: (spikes [K, BLOCK] float32, v after).
+def forward_chunk(X, v, d, t0, T, threshold, v_reset, RESET: tl.constexpr, TAIL: tl.constexpr,
+                  STORE_H: tl.constexpr):
+    """Run K steps from potential v over chunk X: (spikes [K, BLOCK] float32, pre-reset
+    potentials h [K, BLOCK] float32 (zeros unless STORE_H), v after).
     TAIL: the chunk crosses T, and v must stop at step T-1."""
     K: tl.constexpr = X.shape[0]
     k = tl.arange(0, K)
     Xf = X.to(tl.float32)
     S = tl.zeros(X.shape, tl.float32)
+    H = tl.zeros(X.shape, tl.float32)
     for j in tl.static_range(K):
         sel = (k == j)[:, None]
         h = d * v + row(Xf, sel)
@@ -236,17 +239,19 @@ def forward_chunk(X, v, d, t0, T, threshold, v_reset, RESET: tl.constexpr, TAIL:
         v_next = reset_potential(h, fired, threshold, v_reset, RESET)
         v = tl.where(t0 + j < T, v_next, v) if TAIL else v_next
         S = tl.where(sel, spike_value(u, fired)[None, :], S)
-    return S, v
+        if STORE_H:
+            H = tl.where(sel, h[None, :], H)
+    return S, H, v
 
 
 @cached_launch
 @triton.jit
 def _lif_forward_kernel(
-    x_ptr, s_ptr, ckpt_ptr, v0_ptr, vT_ptr, decay_ptr,
+    x_ptr, s_ptr, ckpt_ptr, v0_ptr, vT_ptr, decay_ptr, h_ptr,
     decay, threshold, v_reset, T, N, inner, C,
     RESET: tl.constexpr, DECAY: tl.constexpr, HAS_V0: tl.constexpr,
-    SAVE_CKPT: tl.constexpr, STORE_VT: tl.constexpr, BLOCK: tl.constexpr, K: tl.constexpr,
-    EVEN_N: tl.constexpr,
+    SAVE_CKPT: tl.constexpr, STORE_VT: tl.constexpr, STORE_H: tl.constexpr, BLOCK: tl.constexpr,
+    K: tl.constexpr, EVEN_N: tl.constexpr,
 ):
     decay, threshold, v_reset = f32(decay), f32(threshold), f32(v_reset)
     n = program_neurons(BLOCK)
@@ -265,14 +270,18 @@ def _lif_forward_kernel(
         X_next = load_chunk(x_ptr, t0 + K, offs, k, n_mask, T, N, EVEN_N)  # prefetch
         if SAVE_CKPT:
             tl.store(ckpt_ptr + tl.cast(c, tl.int64) * N + n, v, mask=n_mask)
-        S, v = forward_chunk(X, v, d, t0, T, threshold, v_reset, RESET, False)
+        S, H, v = forward_chunk(X, v, d, t0, T, threshold, v_reset, RESET, False, STORE_H)
         store_chunk(s_ptr, t0, offs, k, n_mask, T, N, S, EVEN_N)
+        if STORE_H:  # the pre-reset potential trace, when asked for (return_potential)
+            store_chunk(h_ptr, t0, offs, k, n_mask, T, N, H, EVEN_N)
         X = X_next
     if full * K < T:  # the last, partial chunk
         if SAVE_CKPT:
             tl.store(ckpt_ptr + tl.cast(full, tl.int64) * N + n, v, mask=n_mask)
-        S, v = forward_chunk(X, v, d, full * K, T, threshold, v_reset, RESET, True)
+        S, H, v = forward_chunk(X, v, d, full * K, T, threshold, v_reset, RESET, True, STORE_H)
         store_chunk(s_ptr, full * K, offs, k, n_mask, T, N, S, EVEN_N)
+        if STORE_H:
+            store_chunk(h_ptr, full * K, offs, k, n_mask, T, N, H, EVEN_N)
     if STORE_VT:
         tl.store(vT_ptr + n, v, mask=n_mask)
 
@@ -280,9 +289,10 @@ def _lif_forward_kernel(
 @triton.jit
 def backward_chunk(X, GS, v, gv, gd, d, t0, T, threshold, v_reset, alpha, grad_floor,
                    RESET: tl.constexpr, DETACH: tl.constexpr, SURROGATE: tl.constexpr,
-                   NEED_GD: tl.constexpr, TAIL: tl.constexpr):
+                   NEED_GD: tl.constexpr, TAIL: tl.constexpr, GH, HAS_GH: tl.constexpr):
     """Recompute the chunk forward from its checkpoint v (h[t] and v[t-1] into registers),
-    then run the gradient recurrence backward through it: (dL/dx chunk, dL/dv, dL/d decay)."""
+    then run the gradient recurrence backward through it: (dL/dx chunk, dL/dv, dL/d decay).
+    HAS_GH: GH is the chunk of dL/dh from a loss on the returned potential, added to dL/dh[t]."""
     K: tl.constexpr = X.shape[0]
     k = tl.arange(0, K)
     Xf = X.to(tl.float32)
@@ -304,6 +314,8 @@ def backward_chunk(X, GS, v, gv, gd, d, t0, T, threshold, v_reset, alpha, grad_f
         u = h - threshold
         sg = tl.where(h < grad_floor, 0.0, surrogate_grad(u, SURROGATE, alpha))  # NaN h keeps its NaN
         gh = grad_h(row(GSf, sel), gv, h, u >= 0.0, sg, threshold, v_reset, RESET, DETACH)
+        if HAS_GH:
+            gh += row(GH.to(tl.float32), sel)
         if TAIL:  # steps past T carry no gradient
             gh = tl.where(t0 + j < T, gh, 0.0)
             gv = tl.where(t0 + j < T, gh * d, gv)
@@ -318,10 +330,10 @@ def backward_chunk(X, GS, v, gv, gd, d, t0, T, threshold, v_reset, alpha, grad_f
 @cached_launch
 @triton.jit
 def _lif_backward_kernel(
-    gs_ptr, x_ptr, ckpt_ptr, gvT_ptr, gx_ptr, gv0_ptr, gd_ptr, decay_ptr,
+    gs_ptr, x_ptr, ckpt_ptr, gvT_ptr, gx_ptr, gv0_ptr, gd_ptr, decay_ptr, gh_ptr,
     decay, threshold, v_reset, alpha, grad_floor, T, N, inner, C,
     RESET: tl.constexpr, DETACH: tl.constexpr, SURROGATE: tl.constexpr, DECAY: tl.constexpr,
-    HAS_GVT: tl.constexpr, NEED_GV0: tl.constexpr, NEED_GD: tl.constexpr,
+    HAS_GVT: tl.constexpr, NEED_GV0: tl.constexpr, NEED_GD: tl.constexpr, HAS_GH: tl.constexpr,
     BLOCK: tl.constexpr, K: tl.constexpr, EVEN_N: tl.constexpr,
 ):
     decay, threshold, v_reset, alpha = f32(decay), f32(threshold), f32(v_reset), f32(alpha)
@@ -340,26 +352,35 @@ def _lif_backward_kernel(
     last = tl.cdiv(T, K) - 1
     X = load_chunk(x_ptr, last * K, offs, k, n_mask, T, N, EVEN_N)
     GS = load_chunk(gs_ptr, last * K, offs, k, n_mask, T, N, EVEN_N)
+    GH = GS  # stands in (unread) unless HAS_GH
+    if HAS_GH:
+        GH = load_chunk(gh_ptr, last * K, offs, k, n_mask, T, N, EVEN_N)
     v = tl.load(ckpt_ptr + tl.cast(last, tl.int64) * N + n, mask=n_mask, other=0.0)
     if full * K < T:  # the partial chunk first
         X_prev = load_earlier_chunk(x_ptr, (last - 1) * K, offs, n_mask, N, EVEN_N)
         GS_prev = load_earlier_chunk(gs_ptr, (last - 1) * K, offs, n_mask, N, EVEN_N)
+        GH_prev = GS_prev
+        if HAS_GH:
+            GH_prev = load_earlier_chunk(gh_ptr, (last - 1) * K, offs, n_mask, N, EVEN_N)
         v_prev = tl.load(ckpt_ptr + tl.cast(tl.maximum(last - 1, 0), tl.int64) * N + n, mask=n_mask, other=0.0)
         GX, gv, gd = backward_chunk(X, GS, v, gv, gd, d, last * K, T, threshold, v_reset, alpha,
-                                    grad_floor, RESET, DETACH, SURROGATE, NEED_GD, True)
+                                    grad_floor, RESET, DETACH, SURROGATE, NEED_GD, True, GH, HAS_GH)
         store_chunk(gx_ptr, last * K, offs, k, n_mask, T, N, GX, EVEN_N)
-        X, GS, v = X_prev, GS_prev, v_prev
+        X, GS, GH, v = X_prev, GS_prev, GH_prev, v_prev
     for i in range(0, full):
         c = full - 1 - i
         t0 = c * K
         # prefetch the chunk before (nothing is read when c == 0)
         X_prev = load_earlier_chunk(x_ptr, t0 - K, offs, n_mask, N, EVEN_N)
         GS_prev = load_earlier_chunk(gs_ptr, t0 - K, offs, n_mask, N, EVEN_N)
+        GH_prev = GS_prev
+        if HAS_GH:
+            GH_prev = load_earlier_chunk(gh_ptr, t0 - K, offs, n_mask, N, EVEN_N)
         v_prev = tl.load(ckpt_ptr + tl.cast(tl.maximum(c - 1, 0), tl.int64) * N + n, mask=n_mask, other=0.0)
         GX, gv, gd = backward_chunk(X, GS, v, gv, gd, d, t0, T, threshold, v_reset, alpha,
-                                    grad_floor, RESET, DETACH, SURROGATE, NEED_GD, False)
+                                    grad_floor, RESET, DETACH, SURROGATE, NEED_GD, False, GH, HAS_GH)
         store_chunk(gx_ptr, t0, offs, k, n_mask, T, N, GX, EVEN_N)
-        X, GS, v = X_prev, GS_prev, v_prev
+        X, GS, GH, v = X_prev, GS_prev, GH_prev, v_prev
     if NEED_GV0:
         tl.store(gv0_ptr + n, gv, mask=n_mask)
     if NEED_GD:
@@ -423,9 +444,10 @@ def _decay_mode(decay_tensor, shape):
 # contiguous memory as [T, N]).
 
 def _forward(x, decay, decay_tensor, v0, threshold, reset, v_reset, save, want_state=True,
-             launch=EAGER):
+             launch=EAGER, want_h=False):
     """spikes like x, v[T-1] (float32, None unless `want_state`) and, if `save`,
-    (contiguous x, checkpoints) for backward."""
+    (contiguous x, checkpoints) for backward; with `want_h` the pre-reset potential trace
+    h (x's dtype) follows as a fifth value."""
     if not x.is_contiguous():
         x = x.contiguous()
     T = x.shape[0]
@@ -435,22 +457,27 @@ def _forward(x, decay, decay_tensor, v0, threshold, reset, v_reset, save, want_s
     vT = x.new_empty(x.shape[1:], dtype=torch.float32) if want_state else None
     ckpt = torch.empty((_cdiv(T, K) if save else 0, N), device=x.device, dtype=torch.float32)
     mode, C, inner = _decay_mode(decay_tensor, x.shape)
+    h = torch.empty_like(x) if want_h else None
     if N > 0:
         unused = launch.unused(x)
         launch(_lif_forward_kernel)[(_cdiv(N, BLOCK),)](
             x, spikes, ckpt, v0.contiguous() if v0 is not None else unused, vT if want_state else unused,
-            decay_tensor if decay_tensor is not None else unused,
+            decay_tensor if decay_tensor is not None else unused, h if want_h else unused,
             decay, threshold, v_reset, T, N, inner, C,
             RESET=RESET_CODES[reset], DECAY=mode, HAS_V0=v0 is not None, SAVE_CKPT=save,
-            STORE_VT=want_state, BLOCK=BLOCK, K=K, EVEN_N=N % BLOCK == 0, num_warps=warps, enable_fp_fusion=False)
+            STORE_VT=want_state, STORE_H=want_h, BLOCK=BLOCK, K=K, EVEN_N=N % BLOCK == 0, num_warps=warps,
+            enable_fp_fusion=False)
+    if want_h:
+        return spikes, vT, x, ckpt, h
     return spikes, vT, x, ckpt
 
 
 def _backward(grad_s, grad_vT, x, ckpt, decay, decay_tensor, threshold, reset,
               v_reset, detach, surrogate, alpha, need_gv0, need_gd, grad_threshold=float("-inf"),
-              launch=EAGER):
+              launch=EAGER, grad_h=None):
     """grad_x like x, and float32 dL/dv0 (shaped like x[0]) and per-neuron dL/d(decay)
-    partial sums, or None. x is the contiguous input saved by _forward."""
+    partial sums, or None. x is the contiguous input saved by _forward. grad_h: None, or
+    dL/dh for the returned potential trace (shaped like x), added to the recurrence's dL/dh."""
     T = x.shape[0]
     N = x.numel() // T
     gs = grad_s if grad_s.is_contiguous() else grad_s.contiguous()
@@ -458,6 +485,7 @@ def _backward(grad_s, grad_vT, x, ckpt, decay, decay_tensor, threshold, reset,
     gv0 = torch.empty(x.shape[1:], device=x.device, dtype=torch.float32) if need_gv0 else None
     gd = torch.empty(N, device=x.device, dtype=torch.float32) if need_gd else None
     gvT = grad_vT.contiguous() if grad_vT is not None else None
+    gh = grad_h.contiguous() if grad_h is not None else None
     mode, C, inner = _decay_mode(decay_tensor, x.shape)
     BLOCK, K, warps = _launch_config(N, x.dtype)
     if N > 0:
@@ -465,10 +493,10 @@ def _backward(grad_s, grad_vT, x, ckpt, decay, decay_tensor, threshold, reset,
         launch(_lif_backward_kernel)[(_cdiv(N, BLOCK),)](
             gs, x, ckpt, gvT if gvT is not None else unused, grad_x,
             gv0 if gv0 is not None else unused, gd if gd is not None else unused,
-            decay_tensor if decay_tensor is not None else unused,
+            decay_tensor if decay_tensor is not None else unused, gh if gh is not None else unused,
             decay, threshold, v_reset, alpha, grad_threshold, T, N, inner, C,
             RESET=RESET_CODES[reset], DETACH=detach, SURROGATE=SURROGATES[surrogate],
-            DECAY=mode, HAS_GVT=gvT is not None, NEED_GV0=need_gv0, NEED_GD=need_gd,
+            DECAY=mode, HAS_GVT=gvT is not None, NEED_GV0=need_gv0, NEED_GD=need_gd, HAS_GH=gh is not None,
             BLOCK=BLOCK, K=K, EVEN_N=N % BLOCK == 0, num_warps=warps, enable_fp_fusion=False)
     return grad_x, gv0, gd
 
@@ -484,30 +512,36 @@ class LIFFunction(torch.autograd.Function):
     """The eager path: a plain autograd.Function costs ~20 us of Python per call, against
     ~125 us for a torch.library custom op, which matters next to kernels of ~100 us. The
     non-tensor options travel as one tuple (autograd handles every input of apply on each
-    call), and v[T-1] is an output only when asked for (options[-1])."""
+    call), and v[T-1] and the potential trace h are outputs only when asked for
+    (options[-2:]: return_state, return_potential; the outputs are spikes, [h], [v[T-1]])."""
 
     @staticmethod
     def forward(ctx, x, decay_tensor, v0, options):
-        decay, threshold, reset, v_reset, detach, surrogate, alpha, _, want_state = options
+        decay, threshold, reset, v_reset, detach, surrogate, alpha, _, want_state, want_h = options
         save = any(ctx.needs_input_grad)
-        spikes, vT, x, ckpt = _forward(x, decay, decay_tensor, v0, threshold, reset, v_reset, save,
-                                       want_state)
+        spikes, vT, x, ckpt, *h = _forward(x, decay, decay_tensor, v0, threshold, reset, v_reset, save,
+                                           want_state, want_h=want_h)
         if save:
             ctx.save_for_backward(x, ckpt, decay_tensor, v0)
-            ctx.options = options[:-1]
-        return (spikes, vT) if want_state else spikes
+            ctx.options = options[:-2]
+            ctx.want = (want_h, want_state)
+        out = (spikes, *h) + ((vT,) if want_state else ())
+        return out if len(out) > 1 else spikes
 
     @staticmethod
-    def backward(ctx, grad_s, grad_vT=None):
+    def backward(ctx, grad_s, *grads):
         x, ckpt, decay_tensor, v0 = ctx.saved_tensors
         decay, *options, grad_threshold = ctx.options
+        grads = iter(grads)
+        grad_h = next(grads) if ctx.want[0] else None
+        grad_vT = next(grads) if ctx.want[1] else None
         if torch.is_grad_enabled():  # create_graph=True: this backward will be differentiated
             return (*reference_grads(x, decay, decay_tensor, v0, grad_s, grad_vT, options,
-                                     ctx.needs_input_grad, grad_threshold), None)
+                                     ctx.needs_input_grad, grad_threshold, grad_h), None)
 
         def run(grad_s, need_gv0, need_gd):
             return _backward(grad_s, grad_vT, x, ckpt, decay, decay_tensor, *options, need_gv0, need_gd,
-                             grad_threshold)
+                             grad_threshold, grad_h=grad_h)
         _, decay_needs_grad, v0_needs_grad, _ = ctx.needs_input_grad
         return (*_input_grads(run, grad_s, x, decay_tensor, v0, decay_needs_grad, v0_needs_grad), None)
 
@@ -526,7 +560,7 @@ def _input_grads(run_backward, grad_s, x, decay_tensor, v0, decay_needs_grad, v0
 
 
 def reference_grads(x, decay, decay_tensor, v0, grad_s, grad_vT, options, needs,
-                    grad_threshold=float("-inf")):
+                    grad_threshold=float("-inf"), grad_h=None):
     """(grad_x, grad_decay, grad_v0) for a backward that will itself be differentiated
     (create_graph=True): the backward kernel's output carries no graph, so the forward is
     run again through spikefuse.reference (in float32, spike for spike the kernel's) from
@@ -539,10 +573,11 @@ def reference_grads(x, decay, decay_tensor, v0, grad_s, grad_vT, options, needs,
     if decay_tensor is not None:  # [1] or [C] -> broadcastable to x[0] ([B, C, *])
         decay = decay_tensor.reshape((-1,) + (1,) * max(x.dim() - 3, 0)) if decay_tensor.numel() > 1 else decay_tensor
     with torch.enable_grad():
-        spikes, vT = reference.lif(x.float(), decay, threshold, reset, v_reset, detach, surrogate, alpha,
-                                   None if v0 is None else v0.float(), return_state=True,
-                                   grad_threshold=grad_threshold)
-        outputs = [(out, g.to(out.dtype)) for out, g in ((spikes, grad_s), (vT, grad_vT)) if g is not None]
+        spikes, h, vT = reference.lif(x.float(), decay, threshold, reset, v_reset, detach, surrogate, alpha,
+                                      None if v0 is None else v0.float(), return_state=True,
+                                      grad_threshold=grad_threshold, return_potential=True)
+        outputs = [(out, g.to(out.dtype)) for out, g in ((spikes, grad_s), (h, grad_h), (vT, grad_vT))
+                   if g is not None]
         grads = iter(torch.autograd.grad([o for o, _ in outputs], [t for t in wanted if t is not None],
                                          [g for _, g in outputs], create_graph=True, allow_unused=True))
     return tuple(next(grads) if t is not None else None for t in wanted)
@@ -609,12 +644,15 @@ lif_forward.register_autograd(_backward_rule, setup_context=_setup_context)
 
 
 def lif_fused(x, decay, decay_tensor, threshold, reset, v_reset, detach, surrogate, alpha,
-              v0, return_state, grad_threshold=float("-inf")):
-    """Entry point for spikefuse.functional (arguments already checked there)."""
+              v0, return_state, grad_threshold=float("-inf"), return_potential=False):
+    """Entry point for spikefuse.functional (arguments already checked there).
+    return_potential (eager only: spikefuse.functional sends it to the reference while dynamo
+    traces): the forward kernel also writes h, and the backward adds dL/dh into its recurrence."""
     if decay_tensor is not None:
         decay_tensor = decay_tensor.float()
     if not torch.compiler.is_dynamo_compiling():
-        options = (decay, threshold, reset, v_reset, detach, surrogate, alpha, grad_threshold, return_state)
+        options = (decay, threshold, reset, v_reset, detach, surrogate, alpha, grad_threshold, return_state,
+                   bool(return_potential))
         if not x.is_contiguous():  # copied here, not inside: the x saved for backward keeps its graph
             x = x.contiguous()     # (a double backward differentiates through it)
         return LIFFunction.apply(x, decay_tensor, v0, options)

@@ -102,7 +102,7 @@ def _surrogate_(u, name, alpha):
 
 
 def _backward(H, grad_s, grad_vT, d, v0, threshold, reset, v_reset, detach, surrogate, alpha,
-              grad_threshold, need_gd, need_gv0):
+              grad_threshold, need_gd, need_gv0, grad_h=None):
     T = H.shape[0]
     direct = torch.lt(H, threshold, out=torch.empty_like(H)) if reset == "hard" else None  # 1 - s; 0 at NaN
     sg = _surrogate_(H - threshold, surrogate, alpha)
@@ -122,6 +122,8 @@ def _backward(H, grad_s, grad_vT, d, v0, threshold, reset, v_reset, detach, surr
         GX = sg.mul_(grad_s)
     else:
         GX = torch.mul(grad_s, sg)
+    if grad_h is not None:  # a loss on the returned potential: dL/dh[t] gets it directly
+        GX.add_(grad_h)
     # GX holds B; the loop turns each B[t] into dL/dh[t] = dL/dx[t] in place
     gv = grad_vT.clone() if grad_vT is not None else torch.zeros_like(H[0])
     for t in range(T - 1, -1, -1):
@@ -151,30 +153,34 @@ def _backward(H, grad_s, grad_vT, d, v0, threshold, reset, v_reset, detach, surr
 class LIFLoopFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, decay_tensor, v0, options):
-        decay, threshold, reset, v_reset, detach, surrogate, alpha, grad_threshold, want_state = options
+        decay, threshold, reset, v_reset, detach, surrogate, alpha, grad_threshold, want_state = options[:9]
+        want_h = len(options) > 9 and options[9]
         save = any(ctx.needs_input_grad[:3])
         d = _broadcast_decay(decay, decay_tensor, x)
-        spikes, vT, H = _forward(x, d, v0, threshold, reset, v_reset, save)
+        spikes, vT, H = _forward(x, d, v0, threshold, reset, v_reset, save or want_h)
         if save:
             ctx.save_for_backward(x, H, decay_tensor, v0)
-            ctx.options = options
-        if want_state:
-            return spikes, vT
-        return spikes
+            ctx.options = options[:9]
+            ctx.want = (want_h, want_state)
+        out = (spikes,) + ((H.clone(),) if want_h else ()) + ((vT,) if want_state else ())
+        return out if len(out) > 1 else spikes
 
     @staticmethod
-    def backward(ctx, grad_s, grad_vT=None):
+    def backward(ctx, grad_s, *grads):
         x, H, decay_tensor, v0 = ctx.saved_tensors
         decay, threshold, reset, v_reset, detach, surrogate, alpha, grad_threshold, _ = ctx.options
+        grads = iter(grads)
+        grad_h = next(grads) if ctx.want[0] else None
+        grad_vT = next(grads) if ctx.want[1] else None
         need_x, need_decay, need_v0, _ = ctx.needs_input_grad
         if torch.is_grad_enabled():  # create_graph=True: this backward will be differentiated
             return (*_reference_grads(x, decay, decay_tensor, v0, grad_s, grad_vT, ctx.options,
-                                      (need_x, need_decay, need_v0)), None)
+                                      (need_x, need_decay, need_v0), grad_h), None)
         need_gd = decay_tensor is not None and need_decay
         need_gv0 = v0 is not None and need_v0
         d = _broadcast_decay(decay, decay_tensor, x)
         gx, prod, gv0 = _backward(H, grad_s, grad_vT, d, v0, threshold, reset, v_reset, detach,
-                                  surrogate, alpha, grad_threshold, need_gd, need_gv0)
+                                  surrogate, alpha, grad_threshold, need_gd, need_gv0, grad_h)
         grad_decay = None
         if need_gd:  # dL/d decay = sum over t of dL/dh[t] * v[t-1], summed to the decay's shape
             if decay_tensor.numel() == 1:
@@ -185,7 +191,7 @@ class LIFLoopFunction(torch.autograd.Function):
         return gx if need_x else None, grad_decay, gv0, None
 
 
-def _reference_grads(x, decay, decay_tensor, v0, grad_s, grad_vT, options, needs):
+def _reference_grads(x, decay, decay_tensor, v0, grad_s, grad_vT, options, needs, grad_h=None):
     """(grad_x, grad_decay, grad_v0) through spikefuse.reference with create_graph, for a
     backward that will itself be differentiated: second derivatives are the reference's."""
     from .. import reference
@@ -194,9 +200,9 @@ def _reference_grads(x, decay, decay_tensor, v0, grad_s, grad_vT, options, needs
     wanted = [t if need and t is not None else None for t, need in zip((x, decay_tensor, v0), needs)]
     d = _broadcast_decay(decay, decay_tensor, x)
     with torch.enable_grad():
-        spikes, vT = reference.lif(x, d, threshold, reset, v_reset, detach, surrogate, alpha, v0,
-                                   return_state=True, grad_threshold=grad_threshold)
-        outputs = [(out, g) for out, g in ((spikes, grad_s), (vT, grad_vT)) if g is not None]
+        spikes, h, vT = reference.lif(x, d, threshold, reset, v_reset, detach, surrogate, alpha, v0,
+                                      return_state=True, grad_threshold=grad_threshold, return_potential=True)
+        outputs = [(out, g) for out, g in ((spikes, grad_s), (h, grad_h), (vT, grad_vT)) if g is not None]
         inputs = [t for t in wanted if t is not None]
         grads = iter(torch.autograd.grad([o for o, _ in outputs], inputs, [g for _, g in outputs],
                                          create_graph=True, allow_unused=True))
@@ -221,9 +227,12 @@ def usable(x, decay_tensor, v0, any_device=False) -> bool:
 
 
 def lif_loop(x, decay, decay_tensor, threshold, reset, v_reset, detach, surrogate, alpha,
-             v0, return_state, grad_threshold=float("-inf")):
+             v0, return_state, grad_threshold=float("-inf"), return_potential=False):
     """Entry point for spikefuse.functional (arguments already checked there; see `usable`).
     decay_tensor: None, or the PLIF decay as [1] or [C] (C = x.shape[2]).
-    surrogate: a name, or a callable sg(u) -> tensor (then alpha is ignored)."""
-    options = (decay, threshold, reset, v_reset, detach, surrogate, alpha, grad_threshold, return_state)
+    surrogate: a name, or a callable sg(u) -> tensor (then alpha is ignored).
+    return_potential: also return H, the pre-reset potential (a copy of what backward saves);
+    the return is spikes, then H if asked, then v[T-1] if return_state."""
+    options = (decay, threshold, reset, v_reset, detach, surrogate, alpha, grad_threshold, return_state,
+               bool(return_potential))
     return LIFLoopFunction.apply(x, decay_tensor, v0, options)
