@@ -125,11 +125,13 @@ def _rlif_backward_step(
 
 
 def _tiles(M, N):
-    """(BLOCK_M, BLOCK_N, BLOCK_K, num_warps): tl.dot needs 16 or more per dimension; narrow
-    neuron tiles keep enough programs busy at small batch (M = 32, N = 1024: 64 programs)."""
-    BLOCK_M = 16 if M <= 16 else 32 if M <= 32 else 64
-    BLOCK_N = 32 if M <= 64 else 64
-    return BLOCK_M, BLOCK_N, 32, 4
+    """(BLOCK_M, BLOCK_N, BLOCK_K, num_warps): tl.dot needs 16 or more per dimension. Small
+    tiles keep enough programs busy at small batch (M = 32, N = 1024: 128 programs); on an
+    H100 16 x 16 was the best or within 5 % of it at B = 1-32, N = 1024-5888
+    (benchmarks/results/tune-rlif-*.txt)."""
+    if M <= 64:
+        return 16, 16, 32, 4
+    return 64, 64, 32, 4
 
 
 def _tf32(x):
