@@ -78,6 +78,13 @@ def _rlif_forward_step(
                                 tl.zeros([BLOCK_M, BLOCK_N], tl.float32), BLOCK_K, TF32)
         v = tl.load(v_ptr + offs, mask=mask, other=0.0)
         h = (d * v + x) + recurrent
+    fire_and_store(h, s_ptr, v_ptr, h_ptr, now, offs, mask, threshold, v_reset, RESET, SAVE_H)
+
+
+@triton.jit
+def fire_and_store(h, s_ptr, v_ptr, h_ptr, now, offs, mask, threshold, v_reset, RESET: tl.constexpr,
+                   SAVE_H: tl.constexpr):
+    """A step's epilogue: spikes and reset potential from h, stored (and h, if SAVE_H)."""
     u = h - threshold
     fired = u >= 0.0
     tl.store(s_ptr + now + offs, spike_value(u, fired).to(s_ptr.dtype.element_ty), mask=mask)

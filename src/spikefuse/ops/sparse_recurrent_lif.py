@@ -26,8 +26,8 @@ from __future__ import annotations
 import torch
 
 from .launch import cached_launch
-from .lif import EAGER, RESET_CODES, _cdiv, f32, grad_h, reset_potential, spike_value, surrogate_grad
-from .recurrent_lif import _rlif_backward_step, _tf32, _tiles
+from .lif import EAGER, RESET_CODES, _cdiv, f32, grad_h, surrogate_grad
+from .recurrent_lif import _rlif_backward_step, _tf32, _tiles, fire_and_store
 from .surrogate import SURROGATES
 from .triton_or_stub import tl, triton
 
@@ -99,12 +99,19 @@ def _sparse_forward_step(
                     acc = tl.dot(a, b, acc, input_precision="ieee")
         v = tl.load(v_ptr + offs, mask=mask, other=0.0)
         h = (d * v + x) + acc
-    u = h - threshold
-    fired = u >= 0.0
-    tl.store(s_ptr + now + offs, spike_value(u, fired).to(s_ptr.dtype.element_ty), mask=mask)
-    tl.store(v_ptr + offs, reset_potential(h, fired, threshold, v_reset, RESET), mask=mask)
-    if SAVE_H:
-        tl.store(h_ptr + now + offs, h, mask=mask)
+    fire_and_store(h, s_ptr, v_ptr, h_ptr, now, offs, mask, threshold, v_reset, RESET, SAVE_H)
+
+
+@triton.jit
+def carrying_block(carry_ptr, carry_count_ptr, step, NSEG, BLOCK_K: tl.constexpr, SEG: tl.constexpr):
+    """This program's block of step `step`'s carrying list (axis 1 walks the segments'
+    blocks): list positions j, the segment's count, the columns k (int64; 0 past the count)."""
+    per_seg: tl.constexpr = SEG // BLOCK_K
+    seg = tl.program_id(1) // per_seg
+    j = (tl.program_id(1) % per_seg) * BLOCK_K + tl.arange(0, BLOCK_K)
+    count = tl.load(carry_count_ptr + step * NSEG + seg)
+    k = tl.load(carry_ptr + (tl.cast(step, tl.int64) * NSEG + seg) * SEG + j, mask=j < count, other=0)
+    return j, count, k.to(tl.int64)
 
 
 @cached_launch
@@ -118,14 +125,9 @@ def _carry_partial(
     step t's carrying list. Program (row block, list block, n chunk): the n sum is split over
     programs (a few carrying columns would otherwise leave most of the GPU idle, each
     program streaming whole W^T rows), and summed in a fixed order by _carry_finish."""
-    per_seg: tl.constexpr = SEG // BLOCK_K
-    seg = tl.program_id(1) // per_seg
-    j = (tl.program_id(1) % per_seg) * BLOCK_K + tl.arange(0, BLOCK_K)
-    count = tl.load(carry_count_ptr + step * NSEG + seg)
-    if (tl.program_id(1) % per_seg) * BLOCK_K < count:
+    j, count, k = carrying_block(carry_ptr, carry_count_ptr, step, NSEG, BLOCK_K, SEG)
+    if tl.min(j, 0) < count:  # a block with a listed column
         rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-        k = tl.load(carry_ptr + (tl.cast(step, tl.int64) * NSEG + seg) * SEG + j, mask=j < count,
-                    other=0).to(tl.int64)
         nxt = (tl.cast(step, tl.int64) + 1) * M * N
         acc = tl.zeros([BLOCK_M, BLOCK_K], tl.float32)
         first = tl.program_id(2) * CHUNK
@@ -156,14 +158,9 @@ def _carry_finish(
     overwriting the elementwise pass's values there."""
     d, threshold, v_reset = f32(decay), f32(threshold), f32(v_reset)
     alpha, grad_floor = f32(alpha), f32(grad_floor)
-    per_seg: tl.constexpr = SEG // BLOCK_K
-    seg = tl.program_id(1) // per_seg
-    j = (tl.program_id(1) % per_seg) * BLOCK_K + tl.arange(0, BLOCK_K)
-    count = tl.load(carry_count_ptr + step * NSEG + seg)
-    if (tl.program_id(1) % per_seg) * BLOCK_K < count:
+    j, count, k = carrying_block(carry_ptr, carry_count_ptr, step, NSEG, BLOCK_K, SEG)
+    if tl.min(j, 0) < count:  # a block with a listed column
         rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-        k = tl.load(carry_ptr + (tl.cast(step, tl.int64) * NSEG + seg) * SEG + j, mask=j < count,
-                    other=0).to(tl.int64)
         mask = (rows < M)[:, None] & (j < count)[None, :]
         offs = rows[:, None] * N + k[None, :]
         recurrent = tl.zeros([BLOCK_M, BLOCK_K], tl.float32)
