@@ -27,7 +27,7 @@ import torch
 
 from .launch import cached_launch
 from .lif import EAGER, RESET_CODES, _cdiv, f32, grad_h, surrogate_grad
-from .recurrent_lif import _rlif_backward_step, _tf32, _tiles, fire_and_store
+from .recurrent_lif import _rlif_backward_step, _tf32, fire_and_store
 from .surrogate import SURROGATES
 from .triton_or_stub import tl, triton
 
@@ -176,6 +176,14 @@ def _carry_finish(
         tl.store(gh_ptr + now + offs, grad_h(gs, gv, h, fired, sg, threshold, v_reset, RESET, DETACH), mask=mask)
 
 
+def _sparse_tiles(M):
+    """(BLOCK_M, BLOCK_N, BLOCK_K, num_warps) of the sparse steps. At natural activity on an
+    H100 these beat the dense path's 16 x 16 tiles (ipu-shd-recurrent x4: 6.8 / 10.0 ms at
+    B = 1 / 8 against 7.3 / 11.1 ms; benchmarks/results/sparse-recurrent-*.md)."""
+    BLOCK_M = 16 if M <= 16 else 32 if M <= 32 else 64
+    return BLOCK_M, 32 if M <= 64 else 64, 32, 4
+
+
 def _lists(T, N, device):
     """(index lists [T, NSEG, SEG], counts [T, NSEG]) int32, for active or carrying columns."""
     nseg = _cdiv(N, SEG)
@@ -196,8 +204,7 @@ def forward(x, weight, decay, threshold, reset, v_reset, grad_threshold, save, l
     if x.numel() == 0:
         return spikes, v, h, wt, carry, carry_count, active_count
     nseg = _cdiv(N, SEG)
-    BLOCK_M, BLOCK_N, BLOCK_K, warps = _tiles(M, N)
-    warps = 2 if BLOCK_M * BLOCK_N <= 256 else warps  # 16 x 16 tiles: 2 warps measured best here
+    BLOCK_M, BLOCK_N, BLOCK_K, warps = _sparse_tiles(M)
     grid = (_cdiv(M, BLOCK_M), _cdiv(N, BLOCK_N))
     step_kernel, list_kernel = launch(_sparse_forward_step), launch(_list_columns)
     unused = launch.unused(x)
@@ -225,8 +232,7 @@ def backward(grad_s, grad_vT, h, spikes, wt, carry, carry_count, weight, decay, 
     if spikes.numel() == 0:
         return gh.to(spikes.dtype), torch.zeros_like(weight)
     nseg = _cdiv(N, SEG)
-    BLOCK_M, BLOCK_N, BLOCK_K, warps = _tiles(M, N)
-    warps = 2 if BLOCK_M * BLOCK_N <= 256 else warps  # 16 x 16 tiles: 2 warps measured best here
+    BLOCK_M, BLOCK_N, BLOCK_K, warps = _sparse_tiles(M)
     chunk = _cdiv(max(CHUNK, _cdiv(N, MAX_CHUNKS)), 32) * 32
     nchunk = _cdiv(N, chunk)
     partials = torch.empty((nchunk, M, N), device=spikes.device, dtype=torch.float32)
