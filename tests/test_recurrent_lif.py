@@ -316,3 +316,25 @@ def test_module_path_dispatch():
     assert layer.active_share() is None  # read and reset by the dispatch
     with pytest.raises(ValueError, match="path"):
         snn.RecurrentLIF(4, path="fast")
+
+
+@pytest.mark.parametrize("sparse", [False, True])
+def test_potential_trace(sparse, monkeypatch):
+    """return_potential: h equals the reference's, and a loss on h (with and without one on
+    the spikes and the final state) gives the reference's gradients."""
+    small_segments(monkeypatch)
+    x, w = rand(6, 3, 40, seed=50), dyadic_weight(40, 50)
+    gh = torch.randn(6, 3, 40, generator=torch.Generator().manual_seed(2)).to(DEVICE)
+    results = []
+    for backend in ("fused", "reference"):
+        xi, wi = x.clone().requires_grad_(True), w.clone().requires_grad_(True)
+        s, h, v = F.rlif(xi, wi, backend=backend, sparse=sparse, return_potential=True, return_state=True,
+                         grad_threshold=0.5, surrogate="fast_sigmoid", **PARAMS)
+        grads_h = torch.autograd.grad((h * gh).sum(), [xi, wi], retain_graph=True)
+        grads_all = torch.autograd.grad((h * gh).sum() + s.sum() + v.sum(), [xi, wi])
+        results.append((s, h, grads_h, grads_all))
+    (s1, h1, gh1, ga1), (s2, h2, gh2, ga2) = results
+    assert torch.equal(s1, s2) and torch.equal(h1, h2)
+    assert all(rel_err(a, b) < 1e-5 for a, b in zip(gh1 + ga1, gh2 + ga2))
+    only = F.rlif(x, w, backend="fused", return_potential=True, **PARAMS)
+    assert isinstance(only, tuple) and len(only) == 2 and torch.equal(only[1], h2.detach())

@@ -434,6 +434,7 @@ def rlif(
     grad_threshold: float = float("-inf"),
     sparse: bool = False,
     activity: torch.Tensor | None = None,
+    return_potential: bool = False,
     backend: str = "auto",
 ):
     """Recurrent LIF over all T steps of x [T, *, N]: a LIF whose input also carries its
@@ -446,7 +447,8 @@ def rlif(
 
     decay: float in (0, 1]. weight: floating tensor [N, N] on x's device (gradients flow
         to it). surrogate, alpha, detach_reset, grad_threshold: as `lif`.
-    return_state: also return v[T-1]: (spikes, v).
+    return_state, return_potential: as `lif`: spikes, then the pre-reset potential trace h
+        [T, *, N] (differentiable) if return_potential, then v[T-1] if return_state.
     sparse: the fused sparse path (spikefuse.ops.sparse_recurrent_lif: each step reads only
         the weights of the columns that spiked, backward only those of the columns that
         reached grad_threshold); the same results as the dense path, faster at low activity
@@ -468,12 +470,15 @@ def rlif(
     if activity is not None and not (isinstance(activity, torch.Tensor) and activity.shape == (2,)
                                      and activity.dtype == torch.float64 and activity.device == x.device):
         raise ValueError(f"activity must be None or a float64 tensor [2] on {x.device}")
+    return_potential = bool(return_potential)
+    if return_potential and torch.compiler.is_dynamo_compiling():
+        backend = "reference"  # the traced op has no differentiable h output
     if _use_fused(backend, x):
         from .ops.recurrent_lif import rlif_fused
         return rlif_fused(x, weight, decay, threshold, reset, v_reset, bool(detach_reset), surrogate,
-                          alpha, grad_threshold, bool(return_state), bool(sparse), activity)
+                          alpha, grad_threshold, bool(return_state), bool(sparse), activity, return_potential)
     return reference.rlif(x, weight.to(x.dtype), decay, threshold, reset, v_reset, bool(detach_reset),
-                          surrogate, alpha, bool(return_state), grad_threshold)
+                          surrogate, alpha, bool(return_state), grad_threshold, return_potential)
 
 
 def _check_recurrent_weight(weight, x):

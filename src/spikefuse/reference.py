@@ -134,15 +134,17 @@ def rlif(
     alpha: float | None = None,
     return_state: bool = False,
     grad_threshold: float = float("-inf"),
+    return_potential: bool = False,
 ):
     """Recurrent LIF: a LIF whose input also carries its own spikes of the step before
     through `weight` [N, N] (x [T, *, N]):
         h[t] = decay * v[t-1] + x[t] + s[t-1] @ weight.T     v[-1] = 0, s[-1] = 0
-    then fire and reset as `lif`. Returns spikes [T, *, N] (and v[T-1] if `return_state`).
+    then fire and reset as `lif`. Returns spikes [T, *, N], then the pre-reset potential h
+    [T, *, N] if `return_potential`, then v[T-1] if `return_state` (as `lif`).
     """
     v = torch.zeros_like(x[0])
     sparse = grad_threshold > float("-inf")
-    spikes = []
+    spikes, potentials = [], []
     for t in range(x.shape[0]):
         h = decay * v + x[t]
         if spikes:
@@ -150,8 +152,13 @@ def rlif(
         s = spike(h - threshold, surrogate, alpha, h < grad_threshold if sparse else None)
         v = _reset(h, s.detach() if detach_reset else s, threshold, reset, v_reset)
         spikes.append(s)
-    out = torch.stack(spikes)
-    return (out, v) if return_state else out
+        potentials.append(h)
+    out = [torch.stack(spikes)]
+    if return_potential:
+        out.append(torch.stack(potentials))
+    if return_state:
+        out.append(v)
+    return tuple(out) if len(out) > 1 else out[0]
 
 
 def cuba(

@@ -96,14 +96,15 @@ def fire_and_store(h, s_ptr, v_ptr, h_ptr, now, offs, mask, threshold, v_reset, 
 @cached_launch
 @triton.jit
 def _rlif_backward_step(
-    gs_ptr, w_ptr, h_ptr, gvT_ptr, gh_ptr,
+    gs_ptr, w_ptr, h_ptr, gvT_ptr, gh_ptr, ghx_ptr,
     step, decay, threshold, v_reset, alpha, grad_floor, M, N, stride_wn, stride_wk,
     RESET: tl.constexpr, DETACH: tl.constexpr, SURROGATE: tl.constexpr, LAST: tl.constexpr,
-    HAS_GVT: tl.constexpr, TF32: tl.constexpr, RECURRENT: tl.constexpr,
+    HAS_GVT: tl.constexpr, TF32: tl.constexpr, RECURRENT: tl.constexpr, HAS_GHX: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     """Reverse step `step`: gh[t] from grad_s[t], gh[t+1] (through W and the decay) and h[t].
-    RECURRENT=False leaves out the term through W (the sparse path adds it where it matters)."""
+    RECURRENT=False leaves out the term through W (the sparse path adds it where it matters).
+    HAS_GHX: a loss on the returned potential trace adds its gradient ghx[t] to gh[t]."""
     d, threshold, v_reset = f32(decay), f32(threshold), f32(v_reset)
     alpha, grad_floor = f32(alpha), f32(grad_floor)
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -128,7 +129,10 @@ def _rlif_backward_step(
     u = h - threshold
     fired = u >= 0.0
     sg = tl.where(h >= grad_floor, surrogate_grad(u, SURROGATE, alpha), 0.0)
-    tl.store(gh_ptr + now + offs, grad_h(gs, gv, h, fired, sg, threshold, v_reset, RESET, DETACH), mask=mask)
+    gh = grad_h(gs, gv, h, fired, sg, threshold, v_reset, RESET, DETACH)
+    if HAS_GHX:
+        gh += tl.load(ghx_ptr + now + offs, mask=mask, other=0.0).to(tl.float32)
+    tl.store(gh_ptr + now + offs, gh, mask=mask)
 
 
 def _tiles(M, N):
@@ -168,8 +172,9 @@ def _forward(x, weight, decay, threshold, reset, v_reset, save, launch=EAGER):
 
 
 def _backward(grad_s, grad_vT, h, spikes, weight, decay, threshold, reset, v_reset, detach,
-              surrogate, alpha, grad_threshold, launch=EAGER):
-    """(dL/dx like spikes, dL/dW like weight). grad_s or grad_vT may be None."""
+              surrogate, alpha, grad_threshold, launch=EAGER, grad_h=None):
+    """(dL/dx like spikes, dL/dW like weight). grad_s, grad_vT or grad_h (of the returned
+    potential trace) may be None."""
     T, M, N = spikes.shape
     if grad_s is None:
         grad_s = torch.zeros_like(spikes)
@@ -182,20 +187,21 @@ def _backward(grad_s, grad_vT, h, spikes, weight, decay, threshold, reset, v_res
     grid = (_cdiv(M, BLOCK_M), _cdiv(N, BLOCK_N))
     kernel = launch(_rlif_backward_step)
     unused = launch.unused(gs)
+    ghx = grad_h.contiguous() if grad_h is not None else None
     for t in reversed(range(T)):
         last = t == T - 1
         kernel[grid](
-            gs, weight, h, gvT if gvT is not None else unused, gh, t,
+            gs, weight, h, gvT if gvT is not None else unused, gh, ghx if ghx is not None else unused, t,
             decay, threshold, v_reset, alpha, grad_threshold, M, N, weight.stride(0), weight.stride(1),
             RESET=RESET_CODES[reset], DETACH=detach, SURROGATE=SURROGATES[surrogate], LAST=last,
-            HAS_GVT=gvT is not None, TF32=_tf32(gs), RECURRENT=True,
+            HAS_GVT=gvT is not None, TF32=_tf32(gs), RECURRENT=True, HAS_GHX=ghx is not None,
             BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, num_warps=warps, enable_fp_fusion=False)
     # dL/dW[n, k] = sum over t >= 1 and rows of gh[t][m, n] * s[t-1][m, k]
     grad_w = gh[1:].reshape(-1, N).t() @ spikes[:-1].reshape(-1, N).float()
     return gh.to(spikes.dtype), grad_w.to(weight.dtype)
 
 
-def reference_grads(x, weight, grad_s, grad_vT, options, needs):
+def reference_grads(x, weight, grad_s, grad_vT, options, needs, grad_h=None):
     """(dL/dx, dL/dW) for a backward that will itself be differentiated (create_graph=True):
     the forward runs again through spikefuse.reference (float32) and is differentiated
     with create_graph, so second derivatives are its."""
@@ -203,9 +209,10 @@ def reference_grads(x, weight, grad_s, grad_vT, options, needs):
 
     decay, threshold, reset, v_reset, detach, surrogate, alpha, grad_threshold = options
     with torch.enable_grad():
-        spikes, vT = reference.rlif(x.float(), weight.float(), decay, threshold, reset, v_reset, detach,
-                                    surrogate, alpha, True, grad_threshold)
-        pairs = [(out, g.to(out.dtype)) for out, g in ((spikes, grad_s), (vT, grad_vT)) if g is not None]
+        spikes, h, vT = reference.rlif(x.float(), weight.float(), decay, threshold, reset, v_reset, detach,
+                                       surrogate, alpha, True, grad_threshold, True)
+        pairs = [(out, g.to(out.dtype)) for out, g in ((spikes, grad_s), (vT, grad_vT), (h, grad_h))
+                 if g is not None]
         inputs = [t for t, need in zip((x, weight), needs) if need]
         grads = iter(torch.autograd.grad([o for o, _ in pairs], inputs, [g for _, g in pairs],
                                          create_graph=True, allow_unused=True))
@@ -220,10 +227,11 @@ class RLIFFunction(torch.autograd.Function):
     """The eager path (and the captured one). options: (decay, threshold, reset, v_reset,
     detach, surrogate, alpha, grad_threshold); x [T, M, N] contiguous. sparse: the sparse
     path (spikefuse.ops.sparse_recurrent_lif), same results. activity (float64 [2] or None)
-    accumulates the active columns per step and the steps x N seen, on the device."""
+    accumulates the active columns per step and the steps x N seen, on the device.
+    want_h: also return the pre-reset potential trace h (float32), differentiable."""
 
     @staticmethod
-    def forward(ctx, x, weight, options, sparse, activity):
+    def forward(ctx, x, weight, options, sparse, activity, want_h):
         decay, threshold, reset, v_reset = options[:4]
         save = ctx.needs_input_grad[0] or ctx.needs_input_grad[1]
         ctx.set_materialize_grads(False)
@@ -231,13 +239,13 @@ class RLIFFunction(torch.autograd.Function):
         if sparse:
             from . import sparse_recurrent_lif
             spikes, vT, h, wt, carry, carry_count, active_count = sparse_recurrent_lif.forward(
-                x, weight, decay, threshold, reset, v_reset, options[7], save)
+                x, weight, decay, threshold, reset, v_reset, options[7], save or want_h)
             if activity is not None:
                 activity[0] += active_count.sum()
             if save:
                 ctx.save_for_backward(x, weight, h, spikes, wt, carry, carry_count)
         else:
-            spikes, vT, h = _forward(x, weight, decay, threshold, reset, v_reset, save)
+            spikes, vT, h = _forward(x, weight, decay, threshold, reset, v_reset, save or want_h)
             if activity is not None:
                 activity[0] += spikes.ne(0).any(1).sum()
             if save:
@@ -246,23 +254,24 @@ class RLIFFunction(torch.autograd.Function):
             activity[1] += spikes.shape[0] * spikes.shape[2]
         if save:
             ctx.options = options
-        return spikes, vT
+        return (spikes, vT, h) if want_h else (spikes, vT)
 
     @staticmethod
-    def backward(ctx, grad_s, grad_vT):
+    def backward(ctx, grad_s, grad_vT, grad_h=None):
         x, weight, h, spikes, *lists = ctx.saved_tensors
-        if grad_s is None and grad_vT is None:
-            return None, None, None, None, None
+        nones = (None, None, None, None)
+        if grad_s is None and grad_vT is None and grad_h is None:
+            return None, None, *nones
         if torch.is_grad_enabled():  # create_graph=True: this backward will be differentiated
-            return (*reference_grads(x, weight, grad_s, grad_vT, ctx.options, ctx.needs_input_grad[:2]),
-                    None, None, None)
+            return (*reference_grads(x, weight, grad_s, grad_vT, ctx.options, ctx.needs_input_grad[:2], grad_h),
+                    *nones)
         if ctx.sparse:
             from . import sparse_recurrent_lif
-            gx, gw = sparse_recurrent_lif.backward(grad_s, grad_vT, h, spikes, *lists, weight, *ctx.options)
+            gx, gw = sparse_recurrent_lif.backward(grad_s, grad_vT, h, spikes, *lists, weight, *ctx.options,
+                                                   grad_h=grad_h)
         else:
-            gx, gw = _backward(grad_s, grad_vT, h, spikes, weight, *ctx.options)
-        return (gx if ctx.needs_input_grad[0] else None, gw if ctx.needs_input_grad[1] else None,
-                None, None, None)
+            gx, gw = _backward(grad_s, grad_vT, h, spikes, weight, *ctx.options, grad_h=grad_h)
+        return (gx if ctx.needs_input_grad[0] else None, gw if ctx.needs_input_grad[1] else None, *nones)
 
 
 # ---- torch.library registration: what torch.compile sees ----
@@ -309,16 +318,25 @@ rlif_forward.register_autograd(_backward_rule, setup_context=_setup_context)
 
 
 def rlif_fused(x, weight, decay, threshold, reset, v_reset, detach, surrogate, alpha, grad_threshold,
-               return_state, sparse=False, activity=None):
+               return_state, sparse=False, activity=None, return_potential=False):
     """Entry point for spikefuse.functional.rlif (arguments already checked there): x [T, *, N].
-    While dynamo traces, the dense op (the same results as the sparse path)."""
+    While dynamo traces, the dense op (the same results as the sparse path; functional.rlif
+    sends return_potential to the reference there)."""
     shape = x.shape
     x3 = x.reshape(shape[0], -1, shape[-1])
     options = (decay, threshold, reset, v_reset, detach, surrogate, alpha, grad_threshold)
+    h = None
     if not torch.compiler.is_dynamo_compiling():
-        spikes, vT = RLIFFunction.apply(x3.contiguous(), weight, options, sparse, activity)
+        out = RLIFFunction.apply(x3.contiguous(), weight, options, sparse, activity, return_potential)
+        spikes, vT = out[:2]
+        if return_potential:
+            h = out[2].to(x.dtype).reshape(shape)
     else:
         save = torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)
         spikes, vT, _ = rlif_forward(x3, weight, *options, save)
-    spikes = spikes.reshape(shape)
-    return (spikes, vT.reshape(shape[1:])) if return_state else spikes
+    out = [spikes.reshape(shape)]
+    if return_potential:
+        out.append(h)
+    if return_state:
+        out.append(vT.reshape(shape[1:]))
+    return tuple(out) if len(out) > 1 else out[0]

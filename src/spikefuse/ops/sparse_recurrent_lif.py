@@ -149,9 +149,9 @@ def _carry_partial(
 @cached_launch
 @triton.jit
 def _carry_finish(
-    gs_ptr, h_ptr, gh_ptr, p_ptr, carry_ptr, carry_count_ptr,
+    gs_ptr, h_ptr, gh_ptr, ghx_ptr, p_ptr, carry_ptr, carry_count_ptr,
     step, decay, threshold, v_reset, alpha, grad_floor, M, N, NSEG, NCHUNK,
-    RESET: tl.constexpr, DETACH: tl.constexpr, SURROGATE: tl.constexpr,
+    RESET: tl.constexpr, DETACH: tl.constexpr, SURROGATE: tl.constexpr, HAS_GHX: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, SEG: tl.constexpr,
 ):
     """gh[t] at step t's carrying columns, with the recurrent term sum_c P[c] (gh[t+1] @ W),
@@ -173,7 +173,10 @@ def _carry_finish(
         u = h - threshold
         fired = u >= 0.0
         sg = tl.where(h >= grad_floor, surrogate_grad(u, SURROGATE, alpha), 0.0)
-        tl.store(gh_ptr + now + offs, grad_h(gs, gv, h, fired, sg, threshold, v_reset, RESET, DETACH), mask=mask)
+        gh = grad_h(gs, gv, h, fired, sg, threshold, v_reset, RESET, DETACH)
+        if HAS_GHX:  # a loss on the returned potential trace
+            gh += tl.load(ghx_ptr + now + offs, mask=mask, other=0.0).to(tl.float32)
+        tl.store(gh_ptr + now + offs, gh, mask=mask)
 
 
 def _sparse_tiles(M):
@@ -223,8 +226,8 @@ def forward(x, weight, decay, threshold, reset, v_reset, grad_threshold, save, l
 
 
 def backward(grad_s, grad_vT, h, spikes, wt, carry, carry_count, weight, decay, threshold, reset, v_reset,
-             detach, surrogate, alpha, grad_threshold, launch=EAGER):
-    """(dL/dx like spikes, dL/dW like weight)."""
+             detach, surrogate, alpha, grad_threshold, launch=EAGER, grad_h=None):
+    """(dL/dx like spikes, dL/dW like weight); grad_h: of the returned potential trace, or None."""
     T, M, N = spikes.shape
     gs = torch.zeros_like(spikes) if grad_s is None else grad_s.contiguous()
     gvT = grad_vT.contiguous() if grad_vT is not None else None
@@ -240,23 +243,25 @@ def backward(grad_s, grad_vT, h, spikes, wt, carry, carry_count, weight, decay, 
     elementwise = launch(_rlif_backward_step)
     partial, finish = launch(_carry_partial), launch(_carry_finish)
     unused = launch.unused(gs)
+    ghx = grad_h.contiguous() if grad_h is not None else None
+    ghx_arg = ghx if ghx is not None else unused
     for t in reversed(range(T)):
         last = t == T - 1
         # every column: the surrogate and leak terms, without the recurrent input's gradient
         elementwise[(_cdiv(M, BLOCK_M), _cdiv(N, BLOCK_N))](
-            gs, weight, h, gvT if gvT is not None else unused, gh, t,
+            gs, weight, h, gvT if gvT is not None else unused, gh, ghx_arg, t,
             decay, threshold, v_reset, alpha, grad_threshold, M, N, weight.stride(0), weight.stride(1),
             RESET=RESET_CODES[reset], DETACH=detach, SURROGATE=SURROGATES[surrogate], LAST=last,
-            HAS_GVT=gvT is not None, TF32=False, RECURRENT=False,
+            HAS_GVT=gvT is not None, TF32=False, RECURRENT=False, HAS_GHX=ghx is not None,
             BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, num_warps=warps, enable_fp_fusion=False)
         if not last:  # the carrying columns again, now with gh[t+1] @ W
             partial[(*lists, nchunk)](
                 gh, wt, carry, carry_count, partials, t, M, N, nseg, chunk, TF32=_tf32(gs),
                 BLOCK_M=BLOCK_M, BLOCK_K=LIST_BLOCK, BLOCK_I=32, SEG=SEG, num_warps=warps)
             finish[lists](
-                gs, h, gh, partials, carry, carry_count, t,
+                gs, h, gh, ghx_arg, partials, carry, carry_count, t,
                 decay, threshold, v_reset, alpha, grad_threshold, M, N, nseg, nchunk,
                 RESET=RESET_CODES[reset], DETACH=detach, SURROGATE=SURROGATES[surrogate],
-                BLOCK_M=BLOCK_M, BLOCK_K=LIST_BLOCK, SEG=SEG, num_warps=warps, enable_fp_fusion=False)
+                HAS_GHX=ghx is not None, BLOCK_M=BLOCK_M, BLOCK_K=LIST_BLOCK, SEG=SEG, num_warps=warps, enable_fp_fusion=False)
     grad_w = gh[1:].reshape(-1, N).t() @ spikes[:-1].reshape(-1, N).float()
     return gh.to(spikes.dtype), grad_w.to(weight.dtype)
