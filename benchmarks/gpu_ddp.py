@@ -158,7 +158,7 @@ def run(args) -> int:
     def save():  # after every case: a run cut short keeps what it measured
         if dp is None or dp.is_main:
             atomic_write(os.path.join(args.out, f"ddp-{world}gpu.json"), json.dumps(payload, indent=2) + "\n")
-    for precision in PRECISIONS:
+    for precision in args.precisions.split(","):
         for mode in modes:
             payload["cases"].append(measure(mode, precision, device, dp))
             save()
@@ -227,6 +227,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="benchmarks/results")
     parser.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, of {', '.join(MODES)}")
+    parser.add_argument("--precisions", default=",".join(PRECISIONS), help="comma-separated, of fp32, bf16")
     parser.add_argument("--no-check", action="store_true", help="skip the captured-vs-eager check")
     parser.add_argument("--merge", action="store_true", help="merge ddp-*gpu.json in --out into one table")
     args = parser.parse_args(argv)

@@ -24,11 +24,13 @@ Harder tasks (the defaults; every knob is an option):
   shd-synthetic: 60% background events (noise 0.6), 400 events per second, 1000 training and
       4000 test samples, T = 100 (the named set: 10% noise, 3000 events, 8156/2264 samples;
       dense reaches 99.9% in a few epochs).
-  randman: 30 units, 20 classes, 3-D manifolds, 250 samples per class of which 80% are held
+  randman: 20 units, 20 classes, 3-D manifolds, 250 samples per class of which 80% are held
       out: 1000 training and 4000 test samples, T = 50 (the named set: 100 units, 10 classes,
       1-D manifolds; dense reaches 100% in 3 epochs).
   30 epochs at lr 3e-3, batch 64: both tasks are then generalisation-limited (training accuracy
-  reaches 100%, test accuracy has about plateaued).
+  reaches 100%, test accuracy has plateaued). Measured on a CPU at width 1 (sigma_u 1, seed 0):
+  dense plateaus at 93.5-93.9% on shd-synthetic (from epoch 6) and 85.3-85.6% on randman (from
+  epoch 20); randman with 30 units reaches 95.05% at width 1 (90.7% at width 0.25).
 
 Variants (--variants, comma-separated, or "all"; each one more run per data set, at the first
 sigma_u only):
@@ -97,7 +99,7 @@ def options(argv=None):
     g.add_argument("--shd-test", type=int, default=4000, help="test samples")
     g.add_argument("--shd-steps", type=int, default=100, help="time steps (1 s windows)")
     g = p.add_argument_group("randman (spikefuse.data.embedded.randman)")
-    g.add_argument("--rm-units", type=int, default=30)
+    g.add_argument("--rm-units", type=int, default=20)
     g.add_argument("--rm-classes", type=int, default=20)
     g.add_argument("--rm-dim", type=int, default=3, help="manifold dimension")
     g.add_argument("--rm-alpha", type=float, default=2.0, help="smoothness")
