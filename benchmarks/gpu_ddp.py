@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import gc
 import json
 import os
 import traceback
@@ -51,6 +52,9 @@ def build(mode: str, device, dp):
     return convert_sync_batchnorm(model, dp.group) if dp is not None and "local-bn" not in mode else model
 
 
+BUCKET_MB = None  # --bucket-mb: DDP's bucket size for spikefuse's modes (None: DDP's 25 MB)
+
+
 def make_step(mode: str, precision: str, device, dp):
     """(step(x, y) -> loss, the model): forward, loss, backward, SGD step; captured modes
     return a CapturedStep."""
@@ -63,7 +67,7 @@ def make_step(mode: str, precision: str, device, dp):
     forward = model
     if dp is not None:
         if ours:
-            forward = dp.wrap(model, side_stream=captured)
+            forward = dp.wrap(model, side_stream=captured, bucket_cap_mb=BUCKET_MB)
         else:  # as a SpikingJelly user would
             forward = nn.parallel.DistributedDataParallel(model, device_ids=[device.index])
     bucket_views = dp is not None and ours  # dp.wrap's gradients live in DDP's buckets
@@ -153,11 +157,12 @@ def run(args) -> int:
     torch.cuda.set_device(device)
     world = dp.world_size if dp is not None else 1
     modes = [m for m in args.modes.split(",") if m and (world > 1 or m not in ONE_GPU_ALIAS)]
-    payload = {"gpus": world, "environment": environment(), "cases": [], "capture_check": None}
+    payload = {"gpus": world, "environment": environment(), "cases": [], "capture_check": None,
+               "bucket_cap_mb": BUCKET_MB}
 
     def save():  # after every case: a run cut short keeps what it measured
         if dp is None or dp.is_main:
-            atomic_write(os.path.join(args.out, f"ddp-{world}gpu.json"), json.dumps(payload, indent=2) + "\n")
+            atomic_write(os.path.join(args.out, f"ddp-{world}gpu{args.tag}.json"), json.dumps(payload, indent=2) + "\n")
     for precision in args.precisions.split(","):
         for mode in modes:
             payload["cases"].append(measure(mode, precision, device, dp))
@@ -171,6 +176,8 @@ def run(args) -> int:
         if dp.is_main:
             print("captured vs eager (DDP + SyncBN):", payload["capture_check"], flush=True)
     if dp is not None:
+        gc.collect()  # CUDA graphs holding NCCL work first, or destroying the group hangs (pytorch#115388)
+        torch.cuda.synchronize()
         torch.distributed.destroy_process_group()
     return 0
 
@@ -228,9 +235,13 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default="benchmarks/results")
     parser.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, of {', '.join(MODES)}")
     parser.add_argument("--precisions", default=",".join(PRECISIONS), help="comma-separated, of fp32, bf16")
+    parser.add_argument("--bucket-mb", type=float, help="DDP bucket size in MB for spikefuse's modes")
+    parser.add_argument("--tag", default="", help="suffix of the output file (runs --merge leaves alone)")
     parser.add_argument("--no-check", action="store_true", help="skip the captured-vs-eager check")
     parser.add_argument("--merge", action="store_true", help="merge ddp-*gpu.json in --out into one table")
     args = parser.parse_args(argv)
+    global BUCKET_MB
+    BUCKET_MB = args.bucket_mb
     os.makedirs(args.out, exist_ok=True)
     return merge(args) if args.merge else run(args)
 

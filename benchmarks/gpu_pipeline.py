@@ -6,9 +6,15 @@ deep-lif (8 x Linear(2048)+LIF, mean readout), B=16, for each T: the single-GPU 
 (forward+backward, on rank 0), then the 2-stage pipeline (spikefuse.parallel.pipeline) at a few
 chunk counts and at the planner's choice; speedup, the planner's predicted speedup at the same
 chunk count, and peak memory per GPU (torch.cuda.max_memory_allocated, everything the process
-holds on its GPU). Times: medians after warm-up, each step bracketed by a barrier and
-torch.cuda.synchronize on both ranks, the slower rank's time. At the smallest T it also checks
-that the pipeline's loss and gradients match one GPU's (strict fp32, fused kernels).
+holds on its GPU). Both the single-GPU step and the pipeline's run captured in CUDA graphs
+(CapturedStep, PipelineTrainer.captured: the hand-offs are NCCL point-to-point ops inside the
+graph); --eager also times the pipeline issued from Python at the planner's chunk count.
+Times: medians after warm-up, each step bracketed by a host barrier (gloo) and
+torch.cuda.synchronize on both ranks, the slower rank's time. While rank 0 plans and times one
+GPU, rank 1 waits on the host (gloo), not in an NCCL kernel that would share GPU 1.
+At the smallest T it checks the pipeline's loss and gradients (strict fp32) against one GPU
+running the same chunks (chunked_step: the same sums) and against the unchunked step (whose
+GEMMs sum in another order: a spike that flips there changes the gradients more).
 Matmuls run on TF32 (as `spikefuse train` does) unless --no-tf32.
 Writes pipeline-<device>.json and .md into --out (device, torch/triton versions, date).
 --device cpu (gloo, with --width 0.01) runs the same flow on a CPU, to check the script.
@@ -28,8 +34,9 @@ from torch import nn
 
 from spikefuse.bench.report import environment, table, write_results
 from spikefuse.models import build_model
-from spikefuse.parallel.pipeline import PipelineTrainer
+from spikefuse.parallel.pipeline import PipelineTrainer, chunked_step
 from spikefuse.parallel.planner import format_plan, plan
+from spikefuse.train.capture import CapturedStep
 
 MODEL, FEATURES, CLASSES = "deep-lif", 2048, 10
 REPS = {256: 20, 1024: 10, 4096: 5, 16384: 3}  # timed steps per T: the whole run stays under ~6 minutes
@@ -40,12 +47,13 @@ def parse_args(argv=None):
     p.add_argument("--out", required=True, help="folder for pipeline-<device>.json and .md")
     p.add_argument("--time-steps", type=int, nargs="+", default=[256, 1024, 4096, 16384], metavar="T")
     p.add_argument("--batch", type=int, default=16)
-    p.add_argument("--chunks", type=int, nargs="+", default=[4, 8, 16, 32, 64], metavar="C",
+    p.add_argument("--chunks", type=int, nargs="+", default=[8, 16, 32, 64], metavar="C",
                    help="chunk counts to time (those <= T), besides the planner's choice")
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--width", type=float, default=1.0, help="scale deep-lif's 2048 units (CPU checks)")
     p.add_argument("--no-tf32", action="store_true", help="strict fp32 matmuls")
     p.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
+    p.add_argument("--eager", action="store_true", help="also time the eager pipeline at the planner's chunks")
     return p.parse_args(argv)
 
 
@@ -80,6 +88,9 @@ def peak(device):
     return torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
 
 
+HOST = None  # a gloo group: barriers and object exchanges that leave the GPUs alone
+
+
 def timed(step, reps, warmup, device, together):
     """Median seconds of step(); with `together`, every rank times each step between a
     barrier and a synchronize, and the slowest rank's time counts."""
@@ -89,14 +100,14 @@ def timed(step, reps, warmup, device, together):
     for _ in range(reps):
         sync(device)
         if together:
-            dist.barrier()
+            dist.barrier(group=HOST)
         start = time.perf_counter()
         step()
         sync(device)
         times.append(time.perf_counter() - start)
     if together:
-        t = torch.tensor(times, dtype=torch.float64, device=device)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        t = torch.tensor(times, dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=HOST)
         times = t.tolist()
     return statistics.median(times)
 
@@ -107,55 +118,69 @@ def single_gpu(T, args, device, reps):
     x, y = (t.to(device) for t in batch(T, args))
     free(device)
 
-    def step():
+    def run(x, y):
         layers.zero_grad(set_to_none=True)
         rate_cross_entropy(layers(x), y).backward()
-    seconds = timed(step, reps, args.warmup, device, together=False)
+    captured = CapturedStep(run, enabled=device.type == "cuda", name="one-GPU step")
+    seconds = timed(lambda: captured(x, y), reps, args.warmup + captured.warmup + 1, device, together=False)
     result = seconds, peak(device)
-    del layers, x, y
+    del layers, x, y, captured
     free(device)
     return result
 
 
-def pipelined(T, chunks, cut, args, device, rank, world, reps):
-    """Both ranks: the pipeline's step, stages as `cut`; (seconds, peak bytes of each rank)."""
+def pipelined(T, chunks, cut, args, device, rank, world, reps, eager=False):
+    """Both ranks: the pipeline's step (captured unless `eager`), stages as `cut`;
+    (seconds, peak bytes of each rank, whether it was captured)."""
     trainer = PipelineTrainer(fresh_layers(args), rate_cross_entropy, chunks, cut=cut, device=device)
     x, y = batch(T, args)
-    x = x.to(device) if rank == 0 else None
+    x = x.to(device) if rank == 0 else T
     y = y.to(device) if trainer.is_last else None
     free(device)
-
-    def step():
-        for p in trainer.parameters():
-            p.grad = None
-        trainer.step(x, y)
-    seconds = timed(step, reps, args.warmup, device, together=True)
+    if eager:
+        def step(x, y):
+            for p in trainer.parameters():
+                p.grad = None
+            trainer.step(x if rank == 0 else None, y)
+        warmup = args.warmup
+    else:
+        step = trainer.captured()
+        warmup = args.warmup + step.graphs.warmup + 1
+    seconds = timed(lambda: step(x, y), reps, warmup, device, together=True)
+    captured = bool(getattr(step, "graphs", None) and step.graphs.captured)
     peaks = [None] * world
-    dist.all_gather_object(peaks, peak(device))
-    del trainer, x, y
+    dist.all_gather_object(peaks, peak(device), group=HOST)
+    del trainer, x, y, step
     free(device)
-    return seconds, peaks
+    return seconds, peaks, captured
 
 
 def check_exactness(T, args, device, rank, world, chunks=4):
-    """Strict fp32: the pipeline's loss and this rank's gradients against one device's
-    (each rank runs the whole network once on its own GPU)."""
+    """Strict fp32: the pipeline's loss and this rank's gradients against one device running
+    the same chunks (chunked_step) and the whole sequence at once (each rank runs them on its
+    own GPU). Largest |difference| / largest |gradient| over all parameters."""
     precision = torch.get_float32_matmul_precision()
     torch.set_float32_matmul_precision("highest")
     try:
         x, y = (t.to(device) for t in batch(T, args))
-        layers = fresh_layers(args).to(device)
-        loss_ref = rate_cross_entropy(layers(x), y)
-        loss_ref.backward()
-        reference = {n: p.grad for n, p in layers.named_parameters()}
+        references = {}
+        for name, run in (("unchunked", lambda layers: rate_cross_entropy(layers(x), y)),
+                          ("chunked", lambda layers: chunked_step(list(layers), x, y, rate_cross_entropy, chunks))):
+            layers = fresh_layers(args).to(device)
+            loss = run(layers)
+            if name == "unchunked":
+                loss.backward()
+            references[name] = loss.item(), {n: p.grad for n, p in layers.named_parameters()}
         trainer = PipelineTrainer(fresh_layers(args), rate_cross_entropy, chunks, device=device)
         loss = trainer.step(x if rank == 0 else None, y)
-        errors = [((p.grad - reference[n]).abs().max() / reference[n].abs().max().clamp_min(1e-30)).item()
-                  for n, p in trainer.named_parameters()]
-        worst = torch.tensor(max(errors), device=device, dtype=torch.float64)
-        dist.all_reduce(worst, op=dist.ReduceOp.MAX)
-        return {"T": T, "chunks": chunks, "loss_single": loss_ref.item(), "loss_pipeline": loss.item(),
-                "max_relative_grad_error": worst.item()}
+        result = {"T": T, "chunks": chunks, "loss_pipeline": loss.item()}
+        for name, (loss_ref, grads) in references.items():
+            error = max(((p.grad - grads[n]).abs().max() / grads[n].abs().max().clamp_min(1e-30)).item()
+                        for n, p in trainer.named_parameters())
+            worst = torch.tensor(error, dtype=torch.float64)
+            dist.all_reduce(worst, op=dist.ReduceOp.MAX, group=HOST)
+            result[f"loss_{name}"], result[f"max_relative_grad_error_vs_{name}"] = loss_ref, worst.item()
+        return result
     finally:
         torch.set_float32_matmul_precision(precision)
         free(device)
@@ -168,17 +193,22 @@ def run_one_T(T, args, device, rank, world):
         planned = [plan(MODEL, T, args.batch, gpus=world, device=device, input_shape=(FEATURES,),
                         num_classes=CLASSES, width=args.width)]
         free(device)
-    dist.broadcast_object_list(planned, src=0)
+    dist.broadcast_object_list(planned, src=0, group=HOST)
     the_plan = planned[0]
     single = single_gpu(T, args, device, reps) if rank == 0 else (None, None)
-    dist.barrier()
+    dist.barrier(group=HOST)
     counts = sorted({c for c in args.chunks if c <= T} | {the_plan.chosen.chunks})
     runs = []
     for chunks in counts:
-        seconds, peaks = pipelined(T, chunks, the_plan.chosen.cut, args, device, rank, world, reps)
-        runs.append({"chunks": chunks, "seconds": seconds, "peak_bytes": peaks,
+        seconds, peaks, captured = pipelined(T, chunks, the_plan.chosen.cut, args, device, rank, world, reps)
+        runs.append({"chunks": chunks, "seconds": seconds, "peak_bytes": peaks, "captured": captured,
                      "predicted_speedup": the_plan.at(world, chunks).predicted_speedup,
                      "planner_choice": chunks == the_plan.chosen.chunks})
+    if args.eager:
+        chunks = the_plan.chosen.chunks
+        seconds, peaks, _ = pipelined(T, chunks, the_plan.chosen.cut, args, device, rank, world, reps, eager=True)
+        runs.append({"chunks": chunks, "seconds": seconds, "peak_bytes": peaks, "captured": False, "eager": True,
+                     "predicted_speedup": the_plan.at(world, chunks).predicted_speedup, "planner_choice": False})
     return the_plan, single, runs
 
 
@@ -203,7 +233,9 @@ def report(args, results, exactness, world, elapsed):
             entry["pipeline"].append({**run, "speedup": speedup,
                                       "measured_over_predicted": speedup / run["predicted_speedup"],
                                       "peak_ratio_to_single": worst_peak / single_peak if worst_peak else None})
-            rows.append([T, run["chunks"] if not run["planner_choice"] else f"{run['chunks']} (planner)",
+            label = f"{run['chunks']} (planner)" if run["planner_choice"] else \
+                f"{run['chunks']} (eager)" if run.get("eager") else run["chunks"]
+            rows.append([T, label,
                          single_s * 1e3, run["seconds"] * 1e3, speedup, run["predicted_speedup"],
                          speedup / run["predicted_speedup"],
                          single_peak / 2**30 if single_peak else None,
@@ -217,10 +249,11 @@ def report(args, results, exactness, world, elapsed):
                 f"{env['date']}; TF32 {'on' if payload['tf32'] else 'off'}; run took {elapsed:.0f} s.\n\n"
                 + table(["T", "chunks", "1 GPU ms", "pipeline ms", "speedup", "predicted", "measured/predicted",
                          "1 GPU peak GiB", "peak GiB per GPU", "peak ratio"], rows)
-                + (f"\nExactness (strict fp32, T={exactness['T']}, {exactness['chunks']} chunks): loss "
-                   f"{exactness['loss_single']:.9g} (one GPU) vs {exactness['loss_pipeline']:.9g} (pipeline), "
-                   f"largest gradient difference {exactness['max_relative_grad_error']:.3g} of the largest "
-                   "gradient.\n" if exactness else "")
+                + (f"\nExactness (strict fp32, T={exactness['T']}, {exactness['chunks']} chunks): pipeline loss "
+                   f"{exactness['loss_pipeline']:.9g}; one GPU, same chunks {exactness['loss_chunked']:.9g} "
+                   f"(largest gradient difference {exactness['max_relative_grad_error_vs_chunked']:.3g} of the "
+                   f"largest gradient); one GPU, unchunked {exactness['loss_unchunked']:.9g} "
+                   f"({exactness['max_relative_grad_error_vs_unchunked']:.3g}).\n" if exactness else "")
                 + "\n## The planner's output\n\n" + "\n".join(plans))
     return write_results("pipeline", payload, markdown, args.out)
 
@@ -240,6 +273,8 @@ def main(argv=None):
     else:
         device = torch.device("cpu")
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=datetime.timedelta(minutes=10))
+    global HOST
+    HOST = dist.new_group(backend="gloo")
     start = time.perf_counter()
     exactness = check_exactness(min(args.time_steps), args, device, rank, world)
     results = {}
@@ -250,11 +285,13 @@ def main(argv=None):
             best = max(runs, key=lambda r: single_s / r["seconds"])
             print(f"T={T}: one GPU {single_s * 1e3:.1f} ms; pipeline best {best['seconds'] * 1e3:.1f} ms at "
                   f"{best['chunks']} chunks ({single_s / best['seconds']:.2f}x, predicted "
-                  f"{best['predicted_speedup']:.2f}x)", flush=True)
+                  f"{best['predicted_speedup']:.2f}x, captured {best['captured']})", flush=True)
     if rank == 0:
         for path in report(args, results, exactness, world, time.perf_counter() - start):
             print("wrote", path)
-    dist.barrier()
+    dist.barrier(group=HOST)
+    gc.collect()  # CUDA graphs holding NCCL work first, or destroying the group hangs (pytorch#115388)
+    sync(device)
     dist.destroy_process_group()
 
 

@@ -176,6 +176,13 @@ def run_cases(rank, world, cases):
         loss = trainer.step(x if trainer.stage_index == 0 else None, y if trainer.is_last else None)
         grads = {n: p.grad.clone() for n, p in trainer.named_parameters()}
         results[name] = (loss, trainer.outputs, grads, [list(r) for r in trainer.cut])
+    case = CASES["hard C=3 (7 steps: uneven chunks)"]  # two steps with an optimizer, as a captured step
+    trainer = PipelineTrainer(case.build(), case.loss_fn(), case.chunks, timeout=20)
+    step = trainer.captured(torch.optim.SGD(trainer.parameters(), lr=0.5))
+    x, y = data()
+    losses = [step(x if trainer.stage_index == 0 else T, y if trainer.is_last else None) for _ in range(2)]
+    results["captured"] = (losses, {n: p.detach().clone() for n, p in trainer.named_parameters()},
+                           {n: p.grad.clone() for n, p in trainer.named_parameters()})
     case = CASES["spiking readout, hard C=3"]  # under an initialized group, chunked_step stays on this rank
     layers = case.build()
     loss, out = chunked_step(layers, *data(), case.loss_fn(), case.chunks, return_outputs=True)
@@ -243,6 +250,32 @@ def test_chunked_step_ignores_the_group(pipelined):
     _, ranks = pipelined
     for r in ranks:
         assert_matches(ranks[r]["chunked_step"], single_device(CASES["spiking readout, hard C=3"]), spikes=True)
+
+
+def test_captured_step_with_an_optimizer_equals_single_device_training(pipelined):
+    """PipelineTrainer.captured (eager on the CPU): two SGD steps, as one process trains."""
+    _, ranks = pipelined
+    case = CASES["hard C=3 (7 steps: uneven chunks)"]
+    layers = case.build()
+    optimizer = torch.optim.SGD(layers.parameters(), lr=0.5)
+    x, y = data()
+    losses = []
+    for _ in range(2):
+        optimizer.zero_grad()
+        losses.append(case.loss_fn()(layers(x), y))
+        losses[-1].backward()
+        optimizer.step()
+    params, grads = {}, {}
+    for r in ranks:
+        for loss, want in zip(ranks[r]["captured"][0], losses):
+            torch.testing.assert_close(loss, want.detach(), rtol=RTOL, atol=ATOL)
+        params.update(ranks[r]["captured"][1])
+        grads.update(ranks[r]["captured"][2])
+    assert params.keys() == dict(layers.named_parameters()).keys()
+    for n, p in layers.named_parameters():
+        torch.testing.assert_close(params[n], p.detach(), rtol=RTOL, atol=ATOL, msg=n)
+        torch.testing.assert_close(grads[n], p.grad, rtol=RTOL, atol=ATOL, msg=n)
+    assert not torch.equal(losses[0], losses[1])  # the optimizer did step
 
 
 def test_world_size_mismatch_and_too_few_layers_are_named(pipelined):

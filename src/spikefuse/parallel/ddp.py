@@ -59,18 +59,22 @@ class DataParallel:
         """Rank 0: the one that logs and writes the run directory."""
         return self.rank == 0
 
-    def wrap(self, model: nn.Module, *, side_stream: bool = False, static_graph: bool = True):
+    def wrap(self, model: nn.Module, *, side_stream: bool = False, static_graph: bool = True,
+             bucket_cap_mb: float | None = None):
         """`model` in DistributedDataParallel: gradients all-reduced bucket by bucket while
         backward still runs, written straight into the buckets (gradient_as_bucket_view).
         static_graph: the model uses the same parameters at every step (DDP then skips its
         per-step search for unused ones). Buffers are broadcast from rank 0 at every forward
         unless every module holding buffers is a synchronised BN layer (equal on all ranks).
         side_stream: construct on a side stream, as a CUDA graph capture of the step needs
-        (DDP's gradient hooks run on the stream they were made on)."""
+        (DDP's gradient hooks run on the stream they were made on). bucket_cap_mb: DDP's
+        bucket size (None: its default, 25 MB)."""
         from torch.nn.parallel import DistributedDataParallel
 
         options = dict(device_ids=[self.device.index] if self.device.type == "cuda" else None,
                        process_group=self.group, gradient_as_bucket_view=True, static_graph=static_graph)
+        if bucket_cap_mb is not None:
+            options["bucket_cap_mb"] = bucket_cap_mb
         if not _local_buffers(model):  # torch 2.13 renamed the option
             sync = inspect.signature(DistributedDataParallel).parameters
             options["forward_sync_buffers" if "forward_sync_buffers" in sync else "broadcast_buffers"] = False

@@ -201,6 +201,59 @@ class PipelineTrainer:
                                    self.pack_spikes)
         return loss
 
+    def captured(self, optimizer: torch.optim.Optimizer | None = None, *, warmup: int = 3) -> Callable:
+        """This stage's training step as CUDA-graph replays: step(x, target) -> loss runs
+        forward, backward and, if given, optimizer.step(), with the chunk hand-offs (NCCL
+        point-to-point) inside the graph, so the host issues one launch per step instead of
+        a few hundred per chunk (spikefuse.train.capture.CapturedStep: `warmup` eager steps
+        per input shape, then one capture; every rank captures the same step and all replay
+        or, if capturing fails anywhere, all run eagerly with a CaptureFallback warning).
+
+        Call it on every rank at the same steps, as step(): x [T, B, ...] on the first stage,
+        elsewhere x or just T (an int); the target on the last stage (ignored elsewhere).
+        After each call every parameter's .grad holds that step's gradient (set, not
+        accumulated); the optimizer must be capturable (prepare_optimizer is applied to it).
+        On the CPU (gloo) the same function runs eagerly."""
+        from ..train.capture import CapturedStep, prepare_optimizer
+
+        device = next(iter(self.parameters()), torch.empty(0)).device
+        if optimizer is not None and device.type == "cuda":
+            why = prepare_optimizer(optimizer)
+            if why is not None:
+                raise ValueError(f"optimizer: {why}")
+        params = list(self.parameters())
+        first, last = self.peers.first, self.peers.last
+
+        def run(x, target):  # grads set to None: the graph's backward makes them in its pool
+            for p in params:
+                p.grad = None
+            loss = self.step(x if first else None, target if last else None)
+            if optimizer is not None:
+                optimizer.step()
+            return loss, [p.grad for p in params]
+        graphs = CapturedStep(run, warmup=warmup, enabled=device.type == "cuda", name="pipeline step",
+                              agree_across=self.peers.group)
+        clocks = {}  # T -> a tensor [T]: the input that stands for x or the target on other stages
+
+        def clock(T):
+            if T not in clocks:
+                clocks[T] = torch.empty(T, device=device)
+            return clocks[T]
+
+        def step(x, target=None):
+            T = x if isinstance(x, int) and not isinstance(x, bool) else getattr(x, "shape", (None,))[0]
+            if not (isinstance(T, int) and T >= 1) or (first and isinstance(x, int)):
+                raise ValueError(f"x: expected the input [T, B, ...]{'' if first else ' or its length T'}, "
+                                 f"got {x!r:.80}")
+            if last and not isinstance(target, torch.Tensor):
+                raise ValueError(f"target: the last stage needs the target as a tensor, got {type(target).__name__}")
+            loss, grads = graphs(x if first else clock(T), target if last else clock(T))
+            for p, g in zip(params, grads):  # the graph's gradients, whatever .grad was set to since
+                p.grad = g
+            return loss
+        step.graphs = graphs
+        return step
+
 
 def pipeline_step(stage: nn.Sequential, x: torch.Tensor | None, target, loss_fn: Callable, chunks: int,
                   group=None, *, batch_norm: str = "refuse", pack_spikes: bool = True,
@@ -424,6 +477,10 @@ class _Peers:
         self.device = torch.device("cpu")  # where buffers are made; set per step
         self.pending = []  # sends in flight, with the buffers they read
         self.meta = None  # (trailing shape, dtype, packed) of the chunks coming in
+        # the last step's header, each way: a step being captured in a CUDA graph cannot read
+        # one on the host, so it reuses these (its eager warm-up steps had the same shapes)
+        self.header_sent: list | None = None
+        self.header_received: tuple | None = None
 
     def _global(self, index):
         return dist.get_global_rank(self.group, index)
@@ -460,8 +517,11 @@ class _Peers:
             raise PipelinePeerError(f"pipeline stage {self.index} (rank {dist.get_rank()}): not every "
                                     f"stage came up ({one_line(e)})") from e
 
+    def capturing(self) -> bool:
+        return self.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+
     def _send(self, tensor, peer, tag, what):
-        while self.pending and self.pending[0][0].is_completed():  # their buffers may go now
+        while not self.capturing() and self.pending and self.pending[0][0].is_completed():  # buffers may go
             work, _, what_before, peer_before = self.pending.pop(0)
             self.wait(work, what_before, peer_before)  # (raises if it failed)
         with self._guard(what, peer):
@@ -486,16 +546,29 @@ class _Peers:
             if len(shape) > _HEADER_WORDS - 5:
                 raise ValueError(f"a stage output of shape {tuple(y.shape)} has too many dims to hand over")
             words = [T, chunks, _DTYPES.index(y.dtype), int(pack), len(shape), *shape]
-            header = torch.tensor(words + [0] * (_HEADER_WORDS - len(words)), dtype=torch.int64)
-            self._send(header.to(self.device), self.next, _HEADER_TAG, "sending the step's header")
+            if self.capturing():  # the receiver reuses the header of the eager step before
+                if words != self.header_sent:
+                    raise RuntimeError(f"a captured pipeline step sends chunks {words} unlike the eager step "
+                                       f"before it ({self.header_sent}); capture after an eager step of the "
+                                       "same shapes")
+            else:
+                header = torch.tensor(words + [0] * (_HEADER_WORDS - len(words)), dtype=torch.int64)
+                self._send(header.to(self.device), self.next, _HEADER_TAG, "sending the step's header")
+                self.header_sent = words
         payload = spike_pack.pack(y) if pack else y.contiguous()
         self._send(payload, self.next, 1 + 2 * c, f"sending output chunk {c}")
 
     def receive_header(self, chunks):
-        """T, and the receive of chunk 0 posted, once the step's header is in."""
-        header = torch.zeros(_HEADER_WORDS, dtype=torch.int64, device=self.device)
-        self._recv(header, self.prev, _HEADER_TAG, lambda b: b, "receiving the step's header").result()
-        T, sent_chunks, dtype, packed, ndim, *shape = header.tolist()
+        """T, and the receive of chunk 0 posted, once the step's header is in (while capturing:
+        the header of the eager step before)."""
+        if self.capturing():
+            if self.header_received is None:
+                raise RuntimeError("a pipeline step can only be captured after an eager step of the same shapes")
+            T, sent_chunks, dtype, packed, ndim, *shape = self.header_received
+        else:
+            header = torch.zeros(_HEADER_WORDS, dtype=torch.int64, device=self.device)
+            self._recv(header, self.prev, _HEADER_TAG, lambda b: b, "receiving the step's header").result()
+            self.header_received = T, sent_chunks, dtype, packed, ndim, *shape = header.tolist()
         if sent_chunks != chunks:
             raise ValueError(f"chunks: this stage has chunks={chunks}, the previous stage chunks={sent_chunks}; "
                              "every rank must use the same")

@@ -21,7 +21,9 @@ N hand-offs where the pipeline has N-1 boundaries).
 What `plan` measures, instead of assuming balance, free chunks and a fixed Tc:
 - Ts, the ordinary single-device step, and the same step on one device cut into C chunks
   (spikefuse.parallel.pipeline.chunked_step: every per-chunk cost of a stage but the
-  hand-offs: launches, smaller GEMMs, one backward call per chunk), for C = 1, 2, 4, ...;
+  hand-offs: smaller GEMMs, more launches), for C = 1, 2, 4, ...; on CUDA both are captured
+  in a CUDA graph, as PipelineTrainer.captured runs the pipeline (issued eagerly, a chunk of
+  deep-lif cost ~4 ms of host time on an H200 machine whatever its length);
 - each layer's forward+backward time: the stage cut balances those (split_stages), and
   t = (the slowest stage's share of the layer time) * (the C-chunk step) / C;
 - the link between two GPUs (latency and bandwidth of device-to-device copies, or given):
@@ -163,6 +165,23 @@ def _seconds_of(fn, device, reps: int) -> float:
     return statistics.median(times)
 
 
+def _step_seconds_of(run, x: torch.Tensor, reps: int) -> float:
+    """Median seconds of the training step run(x); on CUDA captured in one CUDA graph (as the
+    pipeline's and every spikefuse training step runs), so that it is the GPU's time and not
+    the host's issuing of a few hundred launches per chunk."""
+    if x.device.type != "cuda":
+        return _seconds_of(lambda: run(x), x.device, reps)
+    from ..train.capture import CapturedStep
+
+    step = CapturedStep(run, warmup=2, name="planner step")
+    for _ in range(3):  # warm-up steps, then the capture
+        step(x)
+    seconds = _seconds_of(lambda: step(x), x.device, reps)
+    del step
+    torch.cuda.empty_cache()
+    return seconds
+
+
 def _sync(device):
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -222,24 +241,24 @@ def _zero_grads(layers):
 
 
 def step_seconds(layers, x: torch.Tensor, reps: int = 3) -> float:
-    """The ordinary single-device forward+backward of the whole stack."""
+    """The ordinary single-device forward+backward of the whole stack (captured on CUDA)."""
     stack = nn.Sequential(*layers)
 
-    def run():
+    def run(x):
         _zero_grads(layers)
         out = stack(x)
         out.backward(torch.ones_like(out))
-    seconds = _seconds_of(run, x.device, reps)
+    seconds = _step_seconds_of(run, x, reps)
     _zero_grads(layers)
     return seconds
 
 
 def chunked_seconds(layers, x: torch.Tensor, chunks: int, reps: int = 3) -> float:
-    """The pipeline's step on one device, all of x in `chunks` chunks."""
-    def run():
+    """The pipeline's step on one device, all of x in `chunks` chunks (captured on CUDA)."""
+    def run(x):
         _zero_grads(layers)
         chunked_step(layers, x, None, lambda out, _: out.float().mean(), chunks)
-    seconds = _seconds_of(run, x.device, reps)
+    seconds = _step_seconds_of(run, x, reps)
     _zero_grads(layers)
     return seconds
 

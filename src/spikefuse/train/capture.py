@@ -95,10 +95,14 @@ class CapturedStep:
         at least 1, so lazy state exists before the capture).
     max_graphs: input signatures captured at most; further ones run eagerly with a warning.
     enabled: False runs every call eagerly (no warning): the --no-capture path.
+    agree_across: a torch.distributed process group whose ranks capture the same step
+        together (data parallel, the pipeline): after each capture they agree, so that all
+        replay or, if capturing failed on any rank, all run eagerly. Without it a rank that
+        replays would wait forever on a peer that runs the step eagerly.
     """
 
     def __init__(self, step_fn: Callable, *, warmup: int = 3, max_graphs: int = 4,
-                 enabled: bool = True, name: str = "training step"):
+                 enabled: bool = True, name: str = "training step", agree_across=None):
         if not callable(step_fn):
             raise TypeError(f"step_fn must be callable, got {type(step_fn).__name__}")
         if not isinstance(warmup, int) or isinstance(warmup, bool) or warmup < 1:
@@ -107,6 +111,7 @@ class CapturedStep:
             raise ValueError(f"max_graphs: expected an int >= 1, got {max_graphs!r}")
         self.step_fn, self.warmup, self.max_graphs, self.name = step_fn, warmup, max_graphs, name
         self.enabled = bool(enabled)
+        self.agree_across = agree_across
         self.fallback_reason: str | None = None  # set once capture is given up, with the warning
         self.graphs: dict[tuple, _Graph] = {}
         self._pool = None
@@ -171,12 +176,17 @@ class CapturedStep:
         graph = torch.cuda.CUDAGraph()
         torch.cuda.empty_cache()  # as capturing does first: then the growth is the pool's
         reserved = torch.cuda.memory_reserved(device)
+        failure = None
         try:
             with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
                 outputs = self.step_fn(*static)
         except Exception as e:  # the step did not run: run it eagerly, and from now on
             first_line = (str(e).strip().splitlines() or [""])[0]
-            return self._give_up(f"capturing failed: {type(e).__name__}: {first_line}", inputs)
+            failure = f"capturing failed: {type(e).__name__}: {first_line}"
+        if self.agree_across is not None:  # nothing ran yet on any rank: all replay, or all go eager
+            failure = self._agree(failure, device)
+        if failure is not None:
+            return self._give_up(failure, inputs)
         self.pool_bytes += torch.cuda.memory_reserved(device) - reserved
         # detached: the capture's autograd graph would otherwise stay alive with its
         # AccumulateGrad nodes bound to the capture stream, and later eager steps would
@@ -185,6 +195,15 @@ class CapturedStep:
         entry.graph, entry.inputs, entry.outputs = graph, static, outputs
         graph.replay()  # capturing recorded the step without running it
         return outputs
+
+    def _agree(self, failure: str | None, device) -> str | None:
+        import torch.distributed as dist
+
+        failed = torch.tensor([failure is not None], dtype=torch.int32, device=device)
+        dist.all_reduce(failed, op=dist.ReduceOp.MAX, group=self.agree_across)
+        if failed.item() and failure is None:
+            failure = "capturing failed on another rank (its warning says why)"
+        return failure
 
     def _give_up(self, reason, inputs):
         self.fallback_reason = reason

@@ -12,6 +12,7 @@ SyncBN; `--gpus N` starts those N processes itself through torch's elastic launc
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib.util
 import inspect
 import math
@@ -123,6 +124,11 @@ def run(args: argparse.Namespace) -> int:
                            "failed, been killed or hung: its own error says why") from e
         raise
     if dp is not None and code == 0:  # not after a failure: with a peer gone, tearing down could wait on it
+        # a CUDA graph that holds NCCL work makes ncclCommDestroy hang (pytorch/pytorch#115388):
+        # the trainer's captured steps go first
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
         torch.distributed.destroy_process_group()
     return code
 

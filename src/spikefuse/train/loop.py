@@ -122,8 +122,10 @@ class Trainer:
         self.forward = compiled(self.model if self.ddp is None else self.ddp)
         # evaluation runs the plain model: no collectives (ranks may evaluate unequal batch counts)
         self.eval_forward = self.forward if self.ddp is None else compiled(self.model)
-        warmup = {} if self.ddp is None else {"warmup": data_parallel.capture_warmup}
-        self._new_step = lambda: CapturedStep(self._train_step, enabled=captured, **warmup)
+        # under DDP every rank captures the same step: all replay, or all run eagerly
+        ranks = {} if self.ddp is None else {"warmup": data_parallel.capture_warmup,
+                                             "agree_across": data_parallel.group or torch.distributed.group.WORLD}
+        self._new_step = lambda: CapturedStep(self._train_step, enabled=captured, **ranks)
         self.step = self._new_step()
 
     def _capture_wanted(self, capture) -> bool:
