@@ -9,7 +9,7 @@ for ch in default 8 2; do
           16384:32 4096:16 1024:8 2>&1 | grep "NCCL_MAX\|Error\|error" ) | tee -a "$OUT/pipeline-channels.txt"
 done
 for mb in 5 100; do
-    timeout 70 python3 -m torch.distributed.run --standalone --nproc-per-node 2 benchmarks/gpu_ddp.py --out "$OUT" \
+    timeout 70 python3 -m torch.distributed.run --standalone --nproc-per-node 2 -m spikefuse.bench.parallel_ddp --out "$OUT" \
         --modes captured,captured-local-bn --precisions fp32 --bucket-mb $mb --tag -bucket$mb --no-check 2>&1 \
         | grep "GPU fp32" | sed "s/^/bucket $mb MB: /" | tee -a "$OUT/ddp-buckets.txt"
 done

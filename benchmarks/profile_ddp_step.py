@@ -7,11 +7,9 @@ import time
 
 import torch
 
-sys.path.insert(0, "benchmarks")
-from gpu_ddp import inputs, make_step  # noqa: E402
-
-from spikefuse.parallel import init_data_parallel  # noqa: E402
-from spikefuse.train.capture import CapturedStep  # noqa: E402
+from spikefuse.bench.parallel_ddp import inputs, make_step
+from spikefuse.parallel import init_data_parallel
+from spikefuse.train.capture import CapturedStep
 
 torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
 dp = init_data_parallel("cuda")

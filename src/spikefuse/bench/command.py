@@ -1,4 +1,5 @@
-"""`spikefuse bench lif | train | steps | sparse | data | neurons`: each benchmark writes JSON + markdown results."""
+"""`spikefuse bench lif | train | steps | sparse | data | neurons | parallel`: each benchmark writes
+JSON + markdown results."""
 from __future__ import annotations
 
 import importlib
@@ -10,6 +11,8 @@ BENCHMARKS = {
     "sparse": ("spikefuse.bench.sparse", "sparse against dense training steps of the IPU-study networks: where each wins"),
     "data": ("spikefuse.bench.data", "one epoch of SHD-shaped data through four loading pipelines"),
     "neurons": ("spikefuse.bench.neurons", "ALIF, CUBA and recurrent LIF forward+backward vs the PyTorch loop and peers"),
+    "parallel": ("spikefuse.bench.parallel",
+                 "multi-GPU: data-parallel scaling beside SpikingJelly, and the temporal pipeline beside the planner"),
 }
 
 

@@ -13,9 +13,9 @@ slowest rank's; samples/s = world size x 64 / step time. A check trains 15 steps
 15 eager from the same weights and inputs under DDP + SyncBN and reports the parameters'
 largest relative difference (the captured all-reduces computed what the eager ones do).
 
-    torchrun --standalone --nproc-per-node N benchmarks/gpu_ddp.py --out DIR   # DIR/ddp-<N>gpu.json
-    python benchmarks/gpu_ddp.py --merge --out DIR    # DIR/ddp-scaling-<device>.json and .md
-(benchmarks/gpu_ddp.sh runs all three.)
+    torchrun --standalone --nproc-per-node N -m spikefuse.bench.parallel_ddp --out DIR   # DIR/ddp-<N>gpu.json
+    python -m spikefuse.bench.parallel_ddp --merge --out DIR    # DIR/ddp-scaling-<device>.json and .md
+(`spikefuse bench parallel --parts ddp --gpus N` runs all three, as benchmarks/gpu_ddp.sh does.)
 """
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
 """The temporal pipeline on 2 GPUs against one GPU, beside the planner's prediction.
 
-    torchrun --nproc-per-node 2 benchmarks/gpu_pipeline.py --out benchmarks/results
+    torchrun --nproc-per-node 2 -m spikefuse.bench.parallel_pipeline --out benchmarks/results
+    spikefuse bench parallel --parts pipeline --gpus 2    # the same, through torch's launcher
 
 deep-lif (8 x Linear(2048)+LIF, mean readout), B=16, for each T: the single-GPU step
 (forward+backward, on rank 0), then the 2-stage pipeline (spikefuse.parallel.pipeline) at a few
@@ -39,15 +40,16 @@ from spikefuse.parallel.planner import format_plan, plan
 from spikefuse.train.capture import CapturedStep
 
 MODEL, FEATURES, CLASSES = "deep-lif", 2048, 10
+TIME_STEPS, CHUNKS = [256, 1024, 4096, 16384], [8, 16, 32, 64]  # defaults of --time-steps, --chunks
 REPS = {256: 20, 1024: 10, 4096: 5, 16384: 3}  # timed steps per T: the whole run stays under ~6 minutes
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", required=True, help="folder for pipeline-<device>.json and .md")
-    p.add_argument("--time-steps", type=int, nargs="+", default=[256, 1024, 4096, 16384], metavar="T")
+    p.add_argument("--time-steps", type=int, nargs="+", default=TIME_STEPS, metavar="T")
     p.add_argument("--batch", type=int, default=16)
-    p.add_argument("--chunks", type=int, nargs="+", default=[8, 16, 32, 64], metavar="C",
+    p.add_argument("--chunks", type=int, nargs="+", default=CHUNKS, metavar="C",
                    help="chunk counts to time (those <= T), besides the planner's choice")
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--width", type=float, default=1.0, help="scale deep-lif's 2048 units (CPU checks)")
@@ -261,7 +263,8 @@ def report(args, results, exactness, world, elapsed):
 def main(argv=None):
     args = parse_args(argv)
     if "RANK" not in os.environ:
-        raise SystemExit("run me under torchrun: torchrun --nproc-per-node 2 benchmarks/gpu_pipeline.py --out DIR")
+        raise SystemExit("run me under torchrun: torchrun --nproc-per-node 2 -m spikefuse.bench.parallel_pipeline "
+                         "--out DIR (or: spikefuse bench parallel --parts pipeline)")
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     if args.device == "cuda":
         if torch.cuda.device_count() < world:
@@ -293,7 +296,8 @@ def main(argv=None):
     gc.collect()  # CUDA graphs holding NCCL work first, or destroying the group hangs (pytorch#115388)
     sync(device)
     dist.destroy_process_group()
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

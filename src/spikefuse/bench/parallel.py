@@ -1,0 +1,112 @@
+"""`spikefuse bench parallel`: the multi-GPU benchmarks, each run in processes of its own.
+
+    ddp       data-parallel CIFAR-medium beside SpikingJelly (spikefuse.bench.parallel_ddp):
+              1 process, then --gpus processes, then the merge:
+              ddp-1gpu.json, ddp-<N>gpu.json, ddp-scaling-<device>.json and .md
+    pipeline  the temporal pipeline on --gpus processes beside the planner
+              (spikefuse.bench.parallel_pipeline): pipeline-<device>.json and .md
+
+Every run is `python -m torch.distributed.run --standalone --nproc-per-node N -m MODULE ...`,
+what torchrun does, started as a subprocess: fresh processes for each run (a run's CUDA
+graphs, NCCL communicators and GPU memory go with it), this environment inherited (NCCL_*
+settings reach the workers), and each worker's output printed as it comes.
+"""
+from __future__ import annotations
+
+import argparse
+import shlex
+import subprocess
+import sys
+
+import torch
+
+from spikefuse.errors import RunError, UsageError
+
+from . import parallel_pipeline
+
+PARTS = ("ddp", "pipeline")
+NEEDS_TWO = {"ddp": "it compares 1 GPU with N", "pipeline": "one stage on each process"}
+LAUNCHER = (sys.executable, "-m", "torch.distributed.run", "--standalone")
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--gpus", type=int, metavar="N",
+                        help="processes of the multi-process runs, one per GPU (default: every visible CUDA GPU)")
+    parser.add_argument("--out", default="benchmarks/results", help="folder for JSON + markdown")
+    parser.add_argument("--parts", default=",".join(PARTS), help="comma-separated subset of " + ",".join(PARTS))
+    pipeline = parser.add_argument_group("passed on to the pipeline")
+    pipeline.add_argument("--time-steps", type=int, nargs="+", metavar="T",
+                          help=f"sequence lengths (default: {' '.join(map(str, parallel_pipeline.TIME_STEPS))})")
+    pipeline.add_argument("--chunks", type=int, nargs="+", metavar="C",
+                          help="chunk counts to time besides the planner's choice "
+                               f"(default: {' '.join(map(str, parallel_pipeline.CHUNKS))})")
+    pipeline.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
+                          help="cpu: gloo processes on the CPU, to check the flow (the pipeline part only)")
+    pipeline.add_argument("--width", type=float, help="scale deep-lif's 2048 units (default 1; 0.01 on a CPU)")
+
+
+def run(args) -> int:
+    parts = [p for p in args.parts.split(",") if p]
+    gpus = check(args, parts)
+    failed = []
+    if "ddp" in parts:
+        failed += run_ddp(gpus, args.out)
+    if "pipeline" in parts:
+        failed += run_pipeline(gpus, args)
+    if failed:
+        raise RunError(f"{', '.join(failed)} failed; the output above says why")
+    return 0
+
+
+def check(args, parts: list[str]) -> int:
+    """The number of processes for the multi-process runs; UsageError when they cannot run."""
+    unknown = sorted(set(parts) - set(PARTS))
+    if unknown or not parts:
+        raise UsageError(f"--parts {args.parts}: pick from {', '.join(PARTS)}")
+    if args.device == "cpu" and "ddp" in parts:
+        raise UsageError("the ddp part needs CUDA GPUs (its steps run in CUDA graphs); "
+                         "on the CPU pass --parts pipeline")
+    available = torch.cuda.device_count() if args.device == "cuda" and torch.cuda.is_available() else 0
+    gpus = available if args.gpus is None else args.gpus
+    if args.device == "cuda" and gpus > available:
+        raise UsageError(f"--gpus {gpus}: this machine has {available} CUDA GPU{'' if available == 1 else 's'}")
+    if gpus < 2:
+        part = "pipeline" if "pipeline" in parts else "ddp"
+        why = NEEDS_TWO[part]
+        if args.gpus is not None:
+            raise UsageError(f"--gpus {gpus}: the {part} part needs 2 or more processes ({why})")
+        if args.device == "cuda":
+            raise UsageError(f"the {part} part needs 2 or more CUDA GPUs ({why}); this machine has {available}")
+        raise UsageError(f"the {part} part needs --gpus 2 or more on the CPU ({why}; "
+                         "--gpus defaults to the number of CUDA GPUs)")
+    return gpus
+
+
+def run_ddp(gpus: int, out: str) -> list[str]:
+    """One process, then `gpus`, then the table of both; what failed."""
+    from . import parallel_ddp
+
+    for n in (1, gpus):  # the 1-GPU run under the launcher too, as benchmarks/gpu_ddp.sh runs it
+        if launch(n, "spikefuse.bench.parallel_ddp", ["--out", out]) != 0:
+            return [f"ddp on {n} GPU{'' if n == 1 else 's'}"]
+    return [] if parallel_ddp.main(["--merge", "--out", out]) == 0 else ["the ddp merge"]
+
+
+def run_pipeline(gpus: int, args) -> list[str]:
+    argv = ["--out", args.out, "--device", args.device]
+    if args.time_steps:
+        argv += ["--time-steps", *map(str, args.time_steps)]
+    if args.chunks:
+        argv += ["--chunks", *map(str, args.chunks)]
+    if args.width is not None:
+        argv += ["--width", str(args.width)]
+    return [] if launch(gpus, "spikefuse.bench.parallel_pipeline", argv) == 0 else ["the pipeline"]
+
+
+def launch(nproc: int, module: str, argv: list[str]) -> int:
+    """`python -m module *argv` on `nproc` processes of this machine through torch's elastic
+    launcher; their exit code. (spikefuse.parallel.ddp.launch runs `python -m spikefuse` only,
+    inside this process: these runs are other modules, each wanting processes of its own.)"""
+    command = [*LAUNCHER, f"--nproc-per-node={nproc}", "-m", module, *argv]
+    print("$", shlex.join(["torchrun", *command[3:]]), flush=True)  # what is run, for the log
+    return subprocess.run(command).returncode

@@ -1,0 +1,77 @@
+"""`spikefuse bench parallel` on the CPU: the pipeline part run for real on 2 gloo processes
+(through torch's launcher, as on GPUs); the order of the runs and the usage errors with the
+launcher replaced (no GPUs here)."""
+import json
+import subprocess
+
+import pytest
+import torch
+
+from spikefuse import cli
+from spikefuse.bench import parallel, parallel_ddp
+
+
+def test_pipeline_on_two_cpu_processes_matches_one_process_exactly(tmp_path, capfd):
+    out = tmp_path / "results"
+    assert cli.main(["bench", "parallel", "--parts", "pipeline", "--device", "cpu", "--gpus", "2",
+                     "--width", "0.005", "--time-steps", "8", "--chunks", "2", "--out", str(out)]) == 0
+    (path,) = out.glob("pipeline-*.json")  # pipeline-cpu.json where the CPU has no name
+    assert path.with_suffix(".md").exists()
+    payload = json.loads(path.read_text())
+    assert payload["gpus"] == 2 and payload["width"] == 0.005
+    assert payload["exactness"]["max_relative_grad_error_vs_chunked"] == 0  # the same sums, in the same order
+    (result,) = payload["results"]
+    assert result["T"] == 8 and 2 in {run["chunks"] for run in result["pipeline"]}
+    assert capfd.readouterr().out.count("wrote ") == 2  # rank 0 writes, once
+
+
+@pytest.fixture
+def gpus(monkeypatch):
+    """A machine with `count` CUDA GPUs, whose launcher only records what it is asked to run."""
+    launched = []
+
+    def machine(count: int):
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: count > 0)
+        monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
+        monkeypatch.setattr(parallel, "launch", lambda n, module, argv: launched.append((n, module, argv)) or 0)
+        monkeypatch.setattr(parallel_ddp, "main", lambda argv: launched.append(("merge", argv)) or 0)
+        return launched
+    return machine
+
+
+def test_ddp_runs_one_process_then_all_then_the_merge(gpus):
+    launched = gpus(4)
+    assert cli.main(["bench", "parallel", "--out", "R", "--time-steps", "256", "--width", "0.5"]) == 0
+    assert launched == [(1, "spikefuse.bench.parallel_ddp", ["--out", "R"]),
+                        (4, "spikefuse.bench.parallel_ddp", ["--out", "R"]),
+                        ("merge", ["--merge", "--out", "R"]),
+                        (4, "spikefuse.bench.parallel_pipeline",
+                         ["--out", "R", "--device", "cuda", "--time-steps", "256", "--width", "0.5"])]
+
+
+def test_a_failed_run_is_one_line_and_exit_code_1(monkeypatch, capsys):
+    monkeypatch.setattr(subprocess, "run", lambda command: subprocess.CompletedProcess(command, 1))
+    assert cli.main(["bench", "parallel", "--parts", "pipeline", "--device", "cpu", "--gpus", "2"]) == 1
+    err = capsys.readouterr().err
+    assert err == "spikefuse bench: error: the pipeline failed; the output above says why\n"
+
+
+@pytest.mark.parametrize("machine, argv, expected", [
+    (0, ["--parts", "ddp", "--device", "cpu", "--gpus", "2"], "the ddp part needs CUDA GPUs"),
+    (0, ["--parts", "pipeline", "--device", "cpu", "--gpus", "1"],
+     "--gpus 1: the pipeline part needs 2 or more processes"),
+    (0, ["--parts", "pipeline", "--device", "cpu"], "the pipeline part needs --gpus 2 or more on the CPU"),
+    (1, ["--parts", "pipeline"], "the pipeline part needs 2 or more CUDA GPUs (one stage on each process); "
+                                 "this machine has 1"),
+    (1, ["--parts", "ddp"], "the ddp part needs 2 or more CUDA GPUs (it compares 1 GPU with N); this machine has 1"),
+    (4, ["--gpus", "1"], "--gpus 1: the pipeline part needs 2 or more processes"),
+    (2, ["--gpus", "3"], "--gpus 3: this machine has 2 CUDA GPUs"),
+    (0, ["--parts", "pipeline", "--gpus", "2"], "--gpus 2: this machine has 0 CUDA GPUs"),
+    (2, ["--parts", "ddp,nccl"], "--parts ddp,nccl: pick from ddp, pipeline"),
+])
+def test_usage_errors_are_one_line_before_anything_runs(gpus, machine, argv, expected, capsys):
+    launched = gpus(machine)
+    assert cli.main(["bench", "parallel", *argv]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and expected in err, err
+    assert not launched
