@@ -9,6 +9,7 @@ import torch
 from spikefuse.models.ipu import IPUNet
 from spikefuse.nn import LIF
 from spikefuse.nn.sparse_linear import SparseSpikingLinear, update_dispatch
+from spikefuse.ops import grad_rows
 from spikefuse.ops.lazy_adam import nonzero_rows
 from spikefuse.ops.sparse_linear import carrying_columns, sparse_spike_linear
 from spikefuse.ops.spike_index import active_indices, active_indices_reference
@@ -157,6 +158,67 @@ def test_lazy_adam_is_adam_where_every_row_has_gradient_and_skips_zero_rows():
     assert torch.equal(p1.detach()[[1, 4]], before[[1, 4]])
     assert torch.equal(lazy.state[p1]["exp_avg"][[1, 4]], moments[[1, 4]])
     assert (p1.detach()[[0, 2, 3]] != before[[0, 2, 3]]).all()
+
+
+def _sparse_net(seed):
+    torch.manual_seed(seed)
+    return IPUNet((20,), 4, hidden=(40, 30), backend="fused", sparse="sparse", grad_threshold=0.9).to(DEVICE)
+
+
+def test_lazy_adam_on_the_backwards_note_equals_lazy_adam_searching_the_gradient():
+    """The sparse backward notes the rows it wrote; LazyAdam reads only those, and the
+    result is bit for bit the search's over every row."""
+    noted, searched = _sparse_net(3), _sparse_net(3)
+    opt_noted, opt_searched = LazyAdam(noted.parameters(), lr=1e-2), LazyAdam(searched.parameters(), lr=1e-2)
+    x = (torch.rand(8, 3, 20) < 0.4).float().to(DEVICE) * 4
+    y = torch.tensor([0, 1, 3], device=DEVICE)
+    for _ in range(3):
+        for model, opt in ((noted, opt_noted), (searched, opt_searched)):
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+        layers = [m for m in noted.modules() if isinstance(m, SparseSpikingLinear)]
+        assert all(getattr(m.weight, grad_rows.ATTRIBUTE) is not None for m in layers)
+        for m in searched.modules():
+            if isinstance(m, SparseSpikingLinear):
+                grad_rows.clear(m.weight)
+        opt_noted.step()
+        opt_searched.step()
+        assert all(getattr(m.weight, grad_rows.ATTRIBUTE) is None for m in layers)  # one use
+    for (name, a), b in zip(noted.named_parameters(), searched.parameters()):
+        assert torch.equal(a, b), name
+
+
+def test_a_note_is_trusted_only_while_it_describes_the_gradient():
+    layer = SparseSpikingLinear(6, 5, bias=False, backward="sparse").to(DEVICE)
+    silent = torch.zeros(3, 2, 6, device=DEVICE)  # no input spike: every row of dW is zero
+    layer(silent).sum().backward()
+    assert grad_rows.take(layer.weight) is not None
+    layer(silent).sum().backward()  # accumulated in place into the same tensor
+    assert grad_rows.take(layer.weight) is None
+    layer.weight.grad = None
+    layer(silent).sum().backward()
+    layer.weight.grad.add_(1.0)  # edited in place after the backward
+    assert grad_rows.take(layer.weight) is None
+    opt = LazyAdam(layer.parameters(), lr=1e-2)
+    layer.weight.grad = None
+    layer(silent).sum().backward()
+    opt.zero_grad()
+    assert getattr(layer.weight, grad_rows.ATTRIBUTE) is None
+    layer(silent).sum().backward()
+    layer.sparse = False  # a dense backward clears the note its sparse one left
+    layer.weight.grad = None
+    layer(silent).sum().backward()
+    assert getattr(layer.weight, grad_rows.ATTRIBUTE) is None
+
+
+def test_lazy_adam_skips_noted_rows_whose_gradient_is_zero():
+    layer = SparseSpikingLinear(6, 5, bias=False, backward="sparse").to(DEVICE)
+    before = layer.weight.detach().clone()
+    opt = LazyAdam(layer.parameters(), lr=1e-2)
+    layer(torch.zeros(3, 2, 6, device=DEVICE)).sum().backward()  # every output carries, dW = 0
+    opt.step()
+    assert torch.equal(layer.weight.detach(), before)
+    assert not opt.state[layer.weight]["exp_avg"].any()
 
 
 def test_lazy_adam_takes_a_tensor_learning_rate_and_rejects_bad_arguments():

@@ -6,7 +6,8 @@ gradient has a nonzero, leaving the other rows' parameters and moments as they a
 sparse backward of spikefuse.nn.SparseSpikingLinear, where most rows of a wide layer's
 weight gradient are zero, it skips most of the optimizer's memory traffic. It is not
 torch.optim.Adam: a row that gets no gradient keeps its momentum instead of coasting on
-it; where every row has gradient it is Adam (amsgrad off, no weight decay).
+it; where every row has gradient it is Adam (amsgrad off, no weight decay). Where the
+sparse backward noted which rows it wrote (spikefuse.ops.grad_rows), only those are read.
 
 Capturable: the step counters live on the parameters' device and the learning rate may
 be a device tensor (spikefuse.train.capture.prepare_optimizer makes it one), so a
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import torch
 
+from .ops import grad_rows
 from .ops.lazy_adam import lazy_adam_step
 
 
@@ -52,9 +54,16 @@ class LazyAdam(torch.optim.Optimizer):
                 if not p.is_contiguous():
                     raise ValueError("LazyAdam needs contiguous parameters")
                 grad = p.grad if p.grad.is_contiguous() else p.grad.contiguous()
+                candidates = grad_rows.take(p)  # None where it does not describe p.grad
                 lazy_adam_step(p, grad, state["exp_avg"], state["exp_avg_sq"], state["step"],
-                               group["lr"], beta1, beta2, group["eps"])
+                               group["lr"], beta1, beta2, group["eps"], candidates)
         return loss
+
+    def zero_grad(self, set_to_none: bool = True):
+        for group in self.param_groups:  # a note must not outlive the gradient it describes
+            for p in group["params"]:
+                grad_rows.clear(p)
+        super().zero_grad(set_to_none)
 
 
 __all__ = ["LazyAdam"]

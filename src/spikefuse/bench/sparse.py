@@ -8,11 +8,13 @@ every step captured in one CUDA graph (the dense baseline is the captured dense 
 - sparse:       the same network with spikefuse.optim.LazyAdam (zero gradient rows skipped);
 - auto:         IPUNet(sparse=True): backward chosen by update_dispatch after warm-up, LazyAdam;
 - spikingjelly: SpikingJelly 2.0's dense network, eager (small cases only).
-Activity is the network's own at initialisation ("natural": random weights, 5 % input
-events), held there by a learning rate of 0 (--lr): every update still runs, but the
-weights, and so the activity, stay put (at 1e-3 the random-label steps drive the hidden
-rates to 10-40 % within the warm-up). theta_grad sets the share of neurons that carry
-gradient (reported per case).
+Activity (--activity): "natural" is the network's own at initialisation (random weights,
+5 % input events), held there by a learning rate of 0 (--lr): every update still runs, but
+the weights, and so the activity, stay put (at 1e-3 the random-label steps drive the hidden
+rates to 10-40 % within the warm-up); theta_grad then sets the share of neurons that carry
+gradient (reported per case). A number p is the IPU study's "fixed activity": in every
+hidden layer the same p of the neurons fire at every step and carry gradient, the rest stay
+silent (force_activity).
 Also the weight-gradient kernel alone against cuBLAS at 1-5 % carrying outputs.
 Cross-checks: the sparse step's gradients against the dense backward's with the same cut.
 
@@ -29,6 +31,7 @@ import torch
 from torch import nn
 
 from ..models.ipu import NETWORKS, IPUNet
+from ..nn import LIF
 from ..nn.recurrent_lif import RecurrentLIF
 from ..nn.sparse_linear import SparseSpikingLinear, update_dispatch
 from ..optim import LazyAdam
@@ -48,7 +51,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lr", type=float, default=0.0,
                         help="learning rate of the timed steps; 0 (default) keeps the weights, and so the "
                              "activity, at their random initial values while every update still runs")
+    parser.add_argument("--activity", default="natural",
+                        help="comma-separated: 'natural' and/or fixed spike shares, e.g. natural,0.01,0.025,0.05,0.1 "
+                             "(every case runs at each)")
     parser.add_argument("--no-kernel", action="store_true", help="skip the weight-gradient kernel comparison")
+    parser.add_argument("--chart", action="store_true", help="also draw the map (sparse-<device>.png; needs matplotlib)")
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, eager, runs on the CPU (tests)")
 
 
@@ -82,6 +89,54 @@ def parse_cases(text):
         network(net)
         out.append((net, float(width), int(batch), float(theta)))
     return out
+
+
+def parse_activities(text):
+    """'natural,0.01' -> ["natural", 0.01]; a share must lie in (0, 1]."""
+    out = []
+    for item in (i.strip() for i in text.split(",") if i.strip()):
+        if item == "natural":
+            out.append(item)
+            continue
+        try:
+            share = float(item)
+        except ValueError:
+            share = float("nan")
+        if not 0.0 < share <= 1.0:
+            raise ValueError(f"--activity: expected 'natural' or a spike share in (0, 1], got {item!r}")
+        out.append(share)
+    if not out:
+        raise ValueError("--activity: expected 'natural' or spike shares in (0, 1]")
+    return out
+
+
+FORCED_MARGIN = 0.2   # the chosen neurons' potential sits this far above threshold ...
+SILENT_DRIVE = -1.0   # ... the others' this low (below any secondary threshold >= -1)
+WEIGHT_SWING = 0.05   # the most the weights may move a potential, whatever spikes arrive
+
+
+@torch.no_grad()
+def force_activity(model, share, generator):
+    """Fixed activity: in every hidden LIF layer of an IPUNet the same round(share x N)
+    randomly chosen neurons fire at every step and carry gradient; the rest never come near
+    threshold. A constant drive added to each LIF's input does it (threshold +
+    FORCED_MARGIN on the chosen neurons, SILENT_DRIVE elsewhere), and the weights feeding a
+    LIF (recurrent ones too) shrink to |W s| <= WEIGHT_SWING, so the drive alone decides
+    while gradient still flows down through them. Timing is unchanged by the weights'
+    values (dense GEMMs); the drive costs one elementwise add per layer, in every mode."""
+    layers = list(model.layers)
+    for feeder, lif in zip(layers, layers[1:]):
+        if not isinstance(lif, (LIF, RecurrentLIF)) or not isinstance(feeder, nn.Linear):
+            continue
+        n = feeder.out_features
+        feeder.weight.uniform_(-WEIGHT_SWING / feeder.in_features, WEIGHT_SWING / feeder.in_features,
+                               generator=generator)
+        if isinstance(lif, RecurrentLIF):
+            lif.weight.uniform_(-WEIGHT_SWING / n, WEIGHT_SWING / n, generator=generator)
+        chosen = torch.randperm(n, generator=generator, device=generator.device)[:round(share * n)]
+        drive = torch.full((n,), SILENT_DRIVE, device=feeder.weight.device, dtype=feeder.weight.dtype)
+        drive[chosen] = lif.threshold + FORCED_MARGIN
+        lif.register_forward_pre_hook(lambda module, args, drive=drive: (args[0] + drive, *args[1:]))
 
 
 def build(net, width, mode, theta):
@@ -132,9 +187,9 @@ def hidden_activity(model, x):
     return rates
 
 
-def measure(case, mode, args, device, template_state):
+def measure(case, mode, args, device, template_state, activity="natural"):
     net, width, batch, theta = case
-    row = {"net": net, "width": width, "B": batch, "theta_grad": theta, "mode": mode}
+    row = {"net": net, "width": width, "B": batch, "theta_grad": theta, "mode": mode, "activity": activity}
     capture = device.type == "cuda"
     try:
         torch.manual_seed(0)
@@ -142,6 +197,10 @@ def measure(case, mode, args, device, template_state):
             model = build(net, width, mode, theta)
         if mode != "spikingjelly":
             model.load_state_dict(template_state)
+            if activity != "natural":
+                force_activity(model, activity, torch.Generator(device=device).manual_seed(2))
+        elif activity != "natural":
+            raise ImportError("fixed activity is not set up for the SpikingJelly network")
         opt = optimizer_for(mode, model, capture and mode != "spikingjelly", args.lr)
         spec, _ = network(net)
         T = 4 if args.smoke else spec.time_steps
@@ -263,20 +322,26 @@ def weight_grad_kernel(device, smoke):
 
 
 def summary_line(row):
-    head = f"{row['net']} x{row['width']:g} B={row['B']} theta={row['theta_grad']:g} {row['mode']}:"
+    activity = row.get("activity", "natural")
+    activity = activity if activity == "natural" else f"fixed {activity:g}"
+    head = f"{row['net']} x{row['width']:g} B={row['B']} theta={row['theta_grad']:g} {activity} {row['mode']}:"
     if "error" in row:
         return f"{head} skipped ({row['error']})"
     extra = f", carrying {row['carrying_share']}" if "carrying_share" in row else ""
     return f"{head} step {row['step_ms']:.3f} ms{extra}"
 
 
+def case_key(r):
+    return r["net"], r["width"], r["B"], r["theta_grad"], r.get("activity", "natural")
+
+
 def add_ratios(rows):
-    by = {(r["net"], r["width"], r["B"], r["theta_grad"], r["mode"]): r for r in rows}
+    by = {(*case_key(r), r["mode"]): r for r in rows}
     for r in rows:
-        dense = by.get((r["net"], r["width"], r["B"], r["theta_grad"], "dense"), {})
+        dense = by.get((*case_key(r), "dense"), {})
         if "step_ms" in r and "step_ms" in dense:
             r["speedup_vs_dense"] = dense["step_ms"] / r["step_ms"]
-    for key in {k[:4] for k in by}:  # dispatch against the better of the fixed choices
+    for key in {k[:5] for k in by}:  # dispatch against the better of the fixed choices
         auto, best = by.get((*key, "auto"), {}), [by.get((*key, m), {}).get("step_ms") for m in ("dense", "sparse")]
         best = [b for b in best if b is not None]
         if "step_ms" in auto and best:
@@ -291,6 +356,7 @@ def run(args) -> int:
     device = torch.device("cuda" if cuda else "cpu")
     torch.backends.cuda.matmul.allow_tf32 = True
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    activities = parse_activities(args.activity)
     cases = ([("ipu-shd", 1 / 64, 2, 0.9), ("ipu-shd-recurrent", 1 / 64, 2, 0.9)] if args.smoke
              else parse_cases(args.cases))
     rows, checks = [], []
@@ -311,17 +377,20 @@ def run(args) -> int:
         torch.manual_seed(0)
         with torch.device(device):
             template_state = IPUNet(spec.input_shape, spec.num_classes, width=width, recurrent=recurrent).state_dict()
-        for mode in modes:
-            if mode == "spikingjelly" and (width > 4 or batch > 8 or theta != 0.9):
-                continue
-            rows.append(measure(case, mode, args, device, template_state))
+        for activity in activities:
+            for mode in modes:
+                if mode == "spikingjelly" and (width > 4 or batch > 8 or theta != 0.9 or activity != "natural"):
+                    continue
+                rows.append(measure(case, mode, args, device, template_state, activity))
         try:
             checks.append({"case": case, "max_rel_grad_diff": cross_check(case, device, args.smoke)})
             print(f"cross-check {case}: sparse vs dense backward, max rel grad diff {checks[-1]['max_rel_grad_diff']:.2e}")
         except Exception as e:  # noqa: BLE001
             checks.append({"case": case, "error": str(e)[:200]})
         paths = save(kernel)
-    print("wrote", *paths)
+    if args.chart:
+        paths = (*paths, chart(rows, paths[0].removesuffix(".json") + ".png"))
+    print("wrote", *[p for p in paths if p])
     return 1 if any("error" in r and r["mode"] != "spikingjelly" for r in rows) else 0
 
 
@@ -329,13 +398,14 @@ def markdown(payload) -> str:
     env = payload["environment"]
     out = ["# Sparse vs dense training steps (IPU-study networks)\n",
            f"{env['device']}, {env['date']}, versions {env['versions']}\n",
-           f"{payload['timing']}. Inputs: binary frames, {payload['input_density']:.0%} ones; natural "
-           f"activity (random initial weights), learning rate {payload['lr']:g} (0: the weights stay at their "
+           f"{payload['timing']}. Inputs: binary frames, {payload['input_density']:.0%} ones; activity "
+           "natural (random initial weights) or fixed (a share p of each hidden layer's neurons forced to fire "
+           "at every step and carry gradient, the rest silent), learning rate {payload['lr']:g} (0: the weights stay at their "
            "initial values, every update still runs). Optimizers: dense and sparse-adam torch Adam(fused=True), "
            "sparse and auto spikefuse LazyAdam.\n"]
-    header = ["net", "width", "B", "theta_grad", "mode", "step ms", "x dense", "carrying share",
+    header = ["net", "width", "B", "theta_grad", "activity", "mode", "step ms", "x dense", "carrying share",
               "recurrent active share", "hidden spike rates", "auto choice", "auto / best fixed", "peak MiB", "note"]
-    rows = [[r["net"], r["width"], r["B"], r["theta_grad"], r["mode"], r.get("step_ms"), r.get("speedup_vs_dense"),
+    rows = [[r["net"], r["width"], r["B"], r["theta_grad"], r.get("activity", "natural"), r["mode"], r.get("step_ms"), r.get("speedup_vs_dense"),
              ", ".join(f"{s:.4f}" for s in r.get("carrying_share", [])),
              ", ".join(f"{s:.4f}" for s in r.get("recurrent_active_share", [])),
              ", ".join(f"{s:.4f}" for s in r.get("spike_rate", [])), ",".join(r.get("auto_choice", [])),
@@ -352,6 +422,45 @@ def markdown(payload) -> str:
                            k["sparse_dense_output_ms"], k["speedup_dense_output"], k["sparse_row_sparse_ms"],
                            k["speedup_row_sparse"], k["matches_dense"]] for k in payload["weight_grad_kernel"]]))
     return "\n".join(out)
+
+
+def chart(rows, path):
+    """The map as a picture: per network and activity, sparse's speedup over the captured
+    dense step on a width x batch grid (green: sparse wins, red: dense wins); the path, or
+    None without matplotlib or without sparse/dense pairs."""
+    pairs = [r for r in rows if r["mode"] == "sparse" and "speedup_vs_dense" in r]
+    if not pairs:
+        return None
+    try:
+        from matplotlib.colors import LogNorm
+    except ImportError:
+        print("spikefuse bench sparse: no chart (matplotlib is not installed: pip install 'spikefuse[plot]')")
+        return None
+    from ..train.plots import _figure, _save
+    panels = sorted({(r["net"], str(r.get("activity", "natural")), r["theta_grad"]) for r in pairs})
+    fig = _figure(figsize=(4.2 * len(panels), 3.6))
+    axes = fig.subplots(1, len(panels), squeeze=False)[0]
+    for ax, (net, activity, theta) in zip(axes, panels):
+        mine = [r for r in pairs if (r["net"], str(r.get("activity", "natural")), r["theta_grad"]) == (net, activity, theta)]
+        widths, batches = sorted({r["width"] for r in mine}), sorted({r["B"] for r in mine})
+        grid = [[float("nan")] * len(batches) for _ in widths]
+        for r in mine:
+            grid[widths.index(r["width"])][batches.index(r["B"])] = r["speedup_vs_dense"]
+        image = ax.imshow(grid, cmap="RdYlGn", norm=LogNorm(vmin=0.25, vmax=4.0), origin="lower")
+        for i, row in enumerate(grid):
+            for j, v in enumerate(row):
+                if v == v:
+                    ax.text(j, i, f"{v:.2f}x", ha="center", va="center", fontsize=9)
+        ax.set_xticks(range(len(batches)), [str(b) for b in batches])
+        ax.set_yticks(range(len(widths)), [f"x{w:g}" for w in widths])
+        ax.set_xlabel("batch")
+        ax.set_ylabel("width")
+        kind = activity if activity == "natural" else f"fixed {activity}"
+        ax.set_title(f"{net}, {kind} activity, theta_grad {theta:g}", fontsize=9)
+    bar = fig.colorbar(image, ax=list(axes), label="speedup: dense step time / sparse step time")
+    bar.set_ticks([0.25, 0.5, 1, 2, 4], labels=["0.25x", "0.5x", "1x", "2x", "4x"])
+    bar.minorticks_off()
+    return str(_save(fig, path))
 
 
 def main(argv=None) -> int:

@@ -3,7 +3,8 @@ a dense gradient): rows whose gradient is all zero keep their parameters and mom
 
 A sparse backward (spikefuse.ops.sparse_linear) leaves most rows of a large weight's
 gradient zero; dense Adam still reads and writes 7 floats per parameter. Here the nonzero
-rows are listed on the device (spikefuse.ops.spike_index) and one launch updates just them,
+rows are listed on the device (spikefuse.ops.spike_index; or taken from the sparse
+backward's note of the rows it wrote, spikefuse.ops.grad_rows) and one launch updates just them,
 its loop running to the device-side count, so a CUDA graph captures it. The step counter
 and the learning rate may be device tensors (capturable, like torch's Adam).
 
@@ -27,7 +28,10 @@ PROGRAMS = 1024  # each walks every PROGRAMS-th listed row
 @cached_launch
 @triton.jit
 def _lazy_adam_kernel(p_ptr, g_ptr, m_ptr, v_ptr, rows_ptr, count_ptr, step_ptr, lr_ptr, lr,
-                      beta1, beta2, eps, COLS, STRIDE, LR_TENSOR: tl.constexpr, BLOCK: tl.constexpr):
+                      beta1, beta2, eps, COLS, STRIDE, LR_TENSOR: tl.constexpr, CHECK_ROWS: tl.constexpr,
+                      BLOCK: tl.constexpr):
+    """Update rows[k] for k < count. CHECK_ROWS: the list may hold rows whose gradient is
+    all zero (a backward's candidates): read each row's gradient once more and skip those."""
     beta1, beta2, eps = tl.cast(beta1, tl.float32), tl.cast(beta2, tl.float32), tl.cast(eps, tl.float32)
     step = tl.load(step_ptr)
     if LR_TENSOR:
@@ -39,19 +43,27 @@ def _lazy_adam_kernel(p_ptr, g_ptr, m_ptr, v_ptr, rows_ptr, count_ptr, step_ptr,
     n = tl.load(count_ptr)
     for k in range(tl.program_id(0), n, STRIDE):
         base = tl.load(rows_ptr + k).to(tl.int64) * COLS
-        for c0 in range(0, COLS, BLOCK):
-            offs = base + c0 + tl.arange(0, BLOCK)
-            mask = c0 + tl.arange(0, BLOCK) < COLS
-            g = tl.load(g_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-            m = tl.load(m_ptr + offs, mask=mask, other=0.0)
-            v = tl.load(v_ptr + offs, mask=mask, other=0.0)
-            p = tl.load(p_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-            m = m + (1.0 - beta1) * (g - m)  # torch's lerp
-            v = beta2 * v + (1.0 - beta2) * g * g
-            p = p - step_size * m / (tl.sqrt(v) / bias2_sqrt + eps)
-            tl.store(m_ptr + offs, m, mask=mask)
-            tl.store(v_ptr + offs, v, mask=mask)
-            tl.store(p_ptr + offs, p.to(p_ptr.dtype.element_ty), mask=mask)
+        nonzeros = 1
+        if CHECK_ROWS:
+            nonzeros = 0
+            for c0 in range(0, COLS, BLOCK):
+                mask = c0 + tl.arange(0, BLOCK) < COLS
+                g = tl.load(g_ptr + base + c0 + tl.arange(0, BLOCK), mask=mask, other=0.0)
+                nonzeros += tl.sum((g != 0).to(tl.int32), 0)  # NaN counts, as in nonzero_rows
+        if nonzeros > 0:
+            for c0 in range(0, COLS, BLOCK):
+                offs = base + c0 + tl.arange(0, BLOCK)
+                mask = c0 + tl.arange(0, BLOCK) < COLS
+                g = tl.load(g_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+                m = tl.load(m_ptr + offs, mask=mask, other=0.0)
+                v = tl.load(v_ptr + offs, mask=mask, other=0.0)
+                p = tl.load(p_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+                m = m + (1.0 - beta1) * (g - m)  # torch's lerp
+                v = beta2 * v + (1.0 - beta2) * g * g
+                p = p - step_size * m / (tl.sqrt(v) / bias2_sqrt + eps)
+                tl.store(m_ptr + offs, m, mask=mask)
+                tl.store(v_ptr + offs, v, mask=mask)
+                tl.store(p_ptr + offs, p.to(p_ptr.dtype.element_ty), mask=mask)
 
 
 def nonzero_rows(grad2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -59,12 +71,14 @@ def nonzero_rows(grad2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return nonzero_lines(grad2, over=1)
 
 
-def lazy_adam_step(param, grad, exp_avg, exp_avg_sq, step, lr, beta1, beta2, eps):
+def lazy_adam_step(param, grad, exp_avg, exp_avg_sq, step, lr, beta1, beta2, eps, candidates=None):
     """One lazy Adam update in place; all tensors contiguous, `step` a float32 device
-    tensor already counting this step, `lr` a float or a device tensor."""
+    tensor already counting this step, `lr` a float or a device tensor. candidates:
+    (rows, count), a list that holds every nonzero row of grad (spikefuse.ops.grad_rows),
+    instead of searching grad for them."""
     p2 = param.view(param.shape[0], -1) if param.dim() > 1 else param.view(1, -1)
     g2 = grad.view(p2.shape)
-    rows, count = nonzero_rows(g2)
+    rows, count = nonzero_rows(g2) if candidates is None else candidates
     R, C = p2.shape
     if R == 0 or C == 0:
         return
@@ -73,4 +87,4 @@ def lazy_adam_step(param, grad, exp_avg, exp_avg_sq, step, lr, beta1, beta2, eps
     _lazy_adam_kernel[(programs,)](p2, g2, exp_avg, exp_avg_sq, rows, count, step,
                                    lr if lr_tensor else step, 0.0 if lr_tensor else float(lr),
                                    beta1, beta2, eps, C, programs, LR_TENSOR=lr_tensor,
-                                   BLOCK=min(1024, triton.next_power_of_2(C)))
+                                   CHECK_ROWS=candidates is not None, BLOCK=min(1024, triton.next_power_of_2(C)))

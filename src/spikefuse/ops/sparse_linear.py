@@ -11,8 +11,9 @@ block, and then
 - weight gradient gw[U, :] = gy[:, U]^T @ s   (|U| rows computed; the rest is zero),
 each a Triton matmul whose loop runs to the device-side count, so the launch shapes are
 static and a CUDA graph captures them. The weight gradient is returned dense (zero
-outside U: any optimizer reads it as usual; spikefuse.optim.LazyAdam updates only its
-nonzero rows). Forward stays cuBLAS's dense matmul: at the IPU networks' sizes (T x B
+outside U: any optimizer reads it as usual) with a note of U on the weight
+(spikefuse.ops.grad_rows), so that spikefuse.optim.LazyAdam updates only those rows
+without searching the whole gradient for them. Forward stays cuBLAS's dense matmul: at the IPU networks' sizes (T x B
 >= 100 rows, 1-2 % activity) summing the active rows of W per row reads about as many
 bytes as the dense matmul reads W once (docs/sparse.md).
 
@@ -27,6 +28,7 @@ import torch
 from torch.nn import functional as F
 
 from .lif import _cdiv  # first: it sets TRITON_INTERPRET on GPU-less machines
+from . import grad_rows
 from .launch import cached_launch
 from .spike_index import nonzero_lines
 from .spike_linear import _backward as dense_backward
@@ -127,7 +129,8 @@ def carrying_columns(gy2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def sparse_backward(gy2, s2, weight, need_s: bool, need_w: bool, carry=None):
     """(gs [R, IN] or None, gw [OUT, IN] or None) for gy2 [R, OUT] (contiguous) and the
-    spikes s2 [R, IN] (float, contiguous; only read for gw)."""
+    spikes s2 [R, IN] (float, contiguous; only read for gw). gw's rows that can be nonzero
+    are noted on `weight` (grad_rows)."""
     R, OUT = gy2.shape
     IN = weight.shape[1]
     cols, count = carrying_columns(gy2)
@@ -148,6 +151,7 @@ def sparse_backward(gy2, s2, weight, need_s: bool, need_w: bool, carry=None):
     if need_w:
         gw = torch.zeros_like(weight, memory_format=torch.contiguous_format)
         weight_grad(gyu, s2, cols, count, gw, precision)
+        grad_rows.note(weight, gw, cols, count)
     return gs, gw
 
 
@@ -167,6 +171,7 @@ class SparseSpikeLinearFunction(torch.autograd.Function):
         need_s, need_w, need_b = ctx.needs_input_grad[:3]
         need_b = need_b and ctx.has_bias
         if not ctx.sparse:
+            grad_rows.clear(weight)
             if ctx.carry is not None:
                 ctx.carry[0] += gy.reshape(-1, gy.shape[-1]).ne(0).any(0).sum()
                 ctx.carry[1] += 1

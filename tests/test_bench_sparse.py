@@ -1,0 +1,54 @@
+"""spikefuse bench sparse on the CPU: the fixed-activity mode does what it says, and the
+smoke run writes its results (the figures themselves come from a GPU)."""
+import json
+import os
+
+import pytest
+import torch
+
+from spikefuse.bench import sparse as bench
+from spikefuse.cli import main
+from spikefuse.models.ipu import IPUNet
+from spikefuse.nn import LIF
+from spikefuse.nn.sparse_linear import SparseSpikingLinear
+
+DEVICE = os.environ.get("SPIKEFUSE_TEST_DEVICE", "cpu")
+
+
+@pytest.mark.parametrize("recurrent", [False, True])
+def test_fixed_activity_fires_and_carries_exactly_the_chosen_share(recurrent):
+    torch.manual_seed(0)
+    model = IPUNet((30,), 4, hidden=(40, 50), sparse="sparse", recurrent=recurrent, backend="fused").to(DEVICE)
+    bench.force_activity(model, 0.1, torch.Generator(device=DEVICE).manual_seed(2))
+    rates = []
+    hooks = [m.register_forward_hook(lambda m, i, o: rates.append(o.detach().mean(dim=(0, 1))))
+             for m in model.modules() if type(m).__name__ in ("LIF", "RecurrentLIF")]
+    x = (torch.rand(6, 3, 30, device=DEVICE) < 0.5).float()
+    torch.nn.functional.cross_entropy(model(x), torch.tensor([0, 1, 2], device=DEVICE)).backward()
+    for h in hooks:
+        h.remove()
+    for per_neuron, n in zip(rates, (40, 50)):  # the chosen neurons fire at every step, the rest never
+        assert sorted(set(per_neuron.tolist())) == [0.0, 1.0] and int(per_neuron.sum()) == round(0.1 * n)
+    if not recurrent:
+        shares = [m.carrying_share() for m in model.modules() if isinstance(m, SparseSpikingLinear)]
+        assert shares == [5 / 50]  # the layer feeding the second LIF: its chosen outputs carry gradient
+    grads = [p.grad for p in model.parameters()]
+    assert all(g is not None and g.abs().sum() > 0 for g in grads)  # gradient still reaches every layer
+
+
+def test_activity_list_is_checked():
+    assert bench.parse_activities("natural, 0.01,0.1") == ["natural", 0.01, 0.1]
+    for bad in ("0", "1.5", "dense", ""):
+        with pytest.raises(ValueError, match="--activity"):
+            bench.parse_activities(bad)
+
+
+def test_smoke_run_writes_both_activities(tmp_path, capsys):
+    code = main(["bench", "sparse", "--smoke", "--no-kernel", "--modes", "dense,sparse",
+                 "--activity", "natural,0.1", "--out", str(tmp_path)])
+    assert code == 0
+    payload = json.loads(next(tmp_path.glob("sparse-smoke-*.json")).read_text())
+    seen = {(r["net"], r["activity"], r["mode"]) for r in payload["cases"]}
+    assert ("ipu-shd", 0.1, "sparse") in seen and ("ipu-shd-recurrent", "natural", "dense") in seen
+    assert all("step_ms" in r for r in payload["cases"])
+    assert "fixed 0.1" in capsys.readouterr().out
