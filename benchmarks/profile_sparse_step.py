@@ -1,7 +1,9 @@
 """Where the GPU time of a training step goes (torch.profiler, kernel totals per name): the
 IPU-SHD network at width x4, batch 1, dense and sparse (natural activity, lr 0), and the
 recurrent LIF alone at T=100, B=32, N=1024. Eager steps (the same kernels a captured step
-replays).    python3 benchmarks/profile_sparse_step.py"""
+replays).    python3 benchmarks/profile_sparse_step.py [BATCH ...] [--no-rlif]"""
+import sys
+
 import torch
 from torch import nn
 from torch.profiler import ProfilerActivity, profile
@@ -27,14 +29,15 @@ def top(prof, title, steps, n=14):
         print(f"  {t / steps / 1e3:8.4f} ms  {c // steps:5d}x  {k}")
 
 
-for mode in ("dense", "sparse"):
+batches = [int(a) for a in sys.argv[1:] if a.isdigit()] or [1]
+for batch, mode in [(b, m) for b in batches for m in ("dense", "sparse")]:
     torch.manual_seed(0)
     with torch.device(dev):
         model = IPUNet((700,), 20, width=4, sparse=mode == "sparse", **({"grad_threshold": 0.9} if mode == "sparse" else {}))
     opt = (LazyAdam(model.parameters(), lr=0.0) if mode == "sparse"
            else torch.optim.Adam(model.parameters(), lr=0.0, fused=True))
-    x = (torch.rand(100, 1, 700, device=dev) < 0.05).float()
-    y = torch.randint(0, 20, (1,), device=dev)
+    x = (torch.rand(100, batch, 700, device=dev) < 0.05).float()
+    y = torch.randint(0, 20, (batch,), device=dev)
 
     def step():
         loss = nn.functional.cross_entropy(model(x), y)
@@ -48,7 +51,10 @@ for mode in ("dense", "sparse"):
         for _ in range(5):
             step()
         torch.cuda.synchronize()
-    top(prof, f"ipu-shd x4 B=1 {mode}", 5)
+    top(prof, f"ipu-shd x4 B={batch} {mode}", 5)
+
+if "--no-rlif" in sys.argv:
+    raise SystemExit(0)
 
 x = torch.randn(100, 32, 1024, device=dev) * 0.5 + 0.3
 w = (torch.randn(1024, 1024, device=dev) / 32 * 0.5).requires_grad_(True)

@@ -242,3 +242,61 @@ def test_compile_uses_the_fused_ops():
     assert torch.equal(o1, o2) and rel_err(g2, g1) < 1e-6
     assert math.isfinite(o1.item())
     assert "spikefuse.alif_forward.default" in targets, targets
+
+
+# ---- return_potential / record_potential ----
+
+def run_potential(x, backend, **kw):
+    """Spikes, h, and dL/dx for a loss on the spikes, on h and on the final state."""
+    xi = x.detach().clone().requires_grad_(True)
+    s, h, (v, a) = F.alif(xi, backend=backend, return_potential=True, return_state=True, **kw)
+    g = torch.Generator().manual_seed(1)
+    loss = (s * torch.randn(s.shape, generator=g).to(DEVICE)).sum() + 0.1 * (h ** 2).sum()
+    loss = loss + (h * torch.randn(h.shape, generator=g).to(DEVICE)).sum() + v.sum() - a.sum()
+    return s, h, torch.autograd.grad(loss, xi)[0]
+
+
+@pytest.mark.parametrize("reset,detach", list(itertools.product(["hard", "soft", "none"], [False, True])))
+def test_potential_matches_reference(reset, detach, monkeypatch):
+    small_chunks(monkeypatch)
+    x = rand(9, 2, 37, seed=len(reset) + detach)
+    (s1, h1, g1), (s2, h2, g2) = (run_potential(x, b, reset=reset, detach_reset=detach, surrogate="atan", **PARAMS)
+                                  for b in ("fused", "reference"))
+    assert torch.equal(s1, s2) and 0 < s2.mean() < 1
+    assert h1.dtype == x.dtype and torch.equal(h1, h2), "fused h must be the reference's exactly"
+    assert rel_err(g1, g2) < 1e-5, rel_err(g1, g2)
+
+
+@pytest.mark.parametrize("make_x", [lambda: rand(1, 3, 7, seed=21),
+                                    lambda: rand(6, 9, 4, 5, seed=22).transpose(1, 3)[..., ::2]],
+                         ids=["T=1", "non-contiguous"])
+def test_potential_t1_and_non_contiguous(make_x):
+    x = make_x()
+    (s1, h1, g1), (s2, h2, g2) = (run_potential(x, b, reset="soft", **PARAMS) for b in ("fused", "reference"))
+    assert torch.equal(s1, s2) and torch.equal(h1, h2) and rel_err(g1, g2) < 1e-5
+
+
+def test_potential_only_and_double_backward():
+    """dL/dh alone reaches x; a penalty on that gradient (create_graph) matches the reference."""
+    x = rand(7, 2, 9, seed=23)
+    grads, penalties = [], []
+    for backend in ("fused", "reference"):
+        xi = x.clone().requires_grad_(True)
+        spikes, h = F.alif(xi, backend=backend, return_potential=True, surrogate="sigmoid", **PARAMS)
+        (g,) = torch.autograd.grad(h.pow(2).sum() + spikes.sum(), xi, create_graph=True)
+        grads.append(g.detach())
+        penalties.append(torch.autograd.grad(g.pow(2).sum(), xi)[0])
+    assert rel_err(*grads) < 1e-5 and rel_err(*penalties) < 1e-5
+
+
+def test_module_record_potential():
+    x = rand(8, 3, 4, 2, seed=24)
+    assert snn.ALIF(**PARAMS).potential is None
+    outs = []
+    for backend in ("fused", "reference"):
+        layer = snn.ALIF(backend=backend, record_potential=True, **PARAMS)
+        s = layer(x)
+        assert isinstance(s, torch.Tensor) and layer.potential.shape == x.shape
+        outs.append((s, layer.potential))
+    assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
+    assert torch.equal(outs[0][0], F.alif(x, **PARAMS))

@@ -16,10 +16,10 @@ def test_neurons_benchmark_quick(tmp_path):
     assert {"device", "versions", "date"} <= set(payload["environment"])
     assert {"torch", "triton", "snntorch", "norse", "spikingjelly"} <= set(payload["environment"]["versions"])
     assert payload["all_checks_passed"] is True
-    assert set(payload["equations"]) == {"alif", "cuba", "rlif"}
+    assert set(payload["equations"]) == {"alif", "cuba", "rlif", "ralif"}
 
     rlif_missing = neurons.rlif_missing()
-    expected = {"alif", "cuba"} | (set() if rlif_missing else {"rlif"})
+    expected = {"alif", "cuba", "ralif"} | (set() if rlif_missing else {"rlif"})
     assert {c["neuron"] for c in payload["cases"]} == expected
     if rlif_missing:
         assert "rlif" in payload["skipped_neurons"]
@@ -31,7 +31,7 @@ def test_neurons_benchmark_quick(tmp_path):
         assert {"spikefuse", "pytorch-loop"} <= set(libs)
         for name in neurons.ADAPTERS[case["neuron"]]:  # run, or skipped with the reason
             assert name in libs or name in payload["skipped_libraries"][case["neuron"]]
-        grads = {"x", "weight"} if case["neuron"] == "rlif" else {"x"}
+        grads = {"x", "weight"} if case["neuron"] in ("rlif", "ralif") else {"x"}
         for r in libs.values():
             assert r["check_passed"] is True
             assert r["spike_mismatch"] == 0.0
@@ -41,6 +41,7 @@ def test_neurons_benchmark_quick(tmp_path):
         assert libs["spikefuse"]["ratio_to_spikefuse"] == 1.0
     md = (out / path.name.replace(".json", ".md")).read_text()
     assert "| alif | 4 | 2 | 8 | pytorch-loop |" in md and "Not measured" in md
+    assert "| ralif | 4 | 2 | 8 | pytorch-loop |" in md and "ralif, norse: LSNNRecurrent" in md
 
 
 def test_cross_check_rejects_other_equations():

@@ -52,3 +52,5 @@ def test_smoke_run_writes_both_activities(tmp_path, capsys):
     assert ("ipu-shd", 0.1, "sparse") in seen and ("ipu-shd-recurrent", "natural", "dense") in seen
     assert all("step_ms" in r for r in payload["cases"])
     assert "fixed 0.1" in capsys.readouterr().out
+    markdown = next(tmp_path.glob("sparse-smoke-*.md")).read_text()
+    assert "payload[" not in markdown and "learning rate 0 " in markdown

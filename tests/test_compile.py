@@ -200,6 +200,36 @@ def test_first_fused_call_under_compile_does_not_recompile(monkeypatch):
     assert compiled_frames() == 1
 
 
+@pytest.mark.parametrize("channels", [None, 4])
+def test_learnable_threshold_lif_compiles_fused(channels):
+    """A learned threshold (one, or one per channel) traces into the fused op, not the
+    reference: one graph, no breaks, eager's spikes and gradients (the threshold's from the
+    backward kernel)."""
+    torch.manual_seed(0)
+    eager = nn.Sequential(nn.Linear(3, 4), snn.LIF(decay=0.6, threshold=0.5, learn_threshold=True,
+                                                   threshold_channels=channels, reset="soft", backend="fused"))
+    model = copy.deepcopy(eager)
+    x = torch.rand(5, 2, 4, 3)  # [T, B, C=4, 3]: the LIF's channels are dim 2
+    explained = torch._dynamo.explain(model)(x)
+    assert explained.graph_break_count == 0 and explained.graph_count == 1
+    torch._dynamo.reset()
+    targets = []
+
+    def aot_eager_recording(gm, example_inputs):
+        targets.extend(str(node.target) for node in gm.graph.nodes if node.op == "call_function")
+        return torch._dynamo.lookup_backend("aot_eager")(gm, example_inputs)
+    out = torch.compile(model, backend=aot_eager_recording, fullgraph=True)(x)
+    out_e = eager(x)
+    assert "spikefuse.lif_forward.default" in targets, targets
+    torch.testing.assert_close(out, out_e, rtol=0, atol=0)
+    weights = torch.linspace(-1, 1, out.numel()).view(out.shape)
+    (out * weights).sum().backward()
+    (out_e * weights).sum().backward()
+    for p, q in zip(model.parameters(), eager.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-6)
+    assert model[1].threshold.grad.abs().sum() > 0
+
+
 def test_inductor_on_mlp():
     """The default backend (inductor: C++ on CPU) around the ops, one training step. Here
     the ops stay whole (decompose_custom_triton_ops off: inductor cannot build Triton

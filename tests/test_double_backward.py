@@ -87,6 +87,19 @@ def test_plif_penalty_and_hessian_vector_product(per_channel):
     assert_same(*results)
 
 
+def test_learnable_threshold_penalty_and_hessian_vector_product():
+    """A per-channel tensor threshold (fused since it runs on the kernels) next to a learned decay."""
+    x = randn(7, 2, 3, 5, seed=5)
+    results = []
+    for backend in ("fused", "reference"):
+        decay = torch.tensor(0.6, device=DEVICE).requires_grad_()
+        threshold = torch.linspace(0.6, 1.0, 3).to(DEVICE).requires_grad_()
+        forward = lambda x: F.plif(x, decay, threshold=threshold, reset="soft", surrogate="atan",  # noqa: E731
+                                   backend=backend)
+        results.append(penalty_and_hvp(forward, x, [decay, threshold]))
+    assert_same(*results)
+
+
 def test_lif_half_precision_input():
     """bfloat16 x: the fused backward differentiates the float32 reference; gradients come back in bf16."""
     x = randn(6, 3, 11, seed=4).bfloat16()

@@ -19,7 +19,7 @@ import warnings
 
 COMMANDS = {
     "train": ("spikefuse.train.command", "train a network (default: embedded digits, no download)"),
-    "bench": ("spikefuse.bench.command", "run a benchmark (lif | train | steps | sparse | data | neurons | parallel) and write results"),
+    "bench": ("spikefuse.bench.command", "run a benchmark (lif | train | steps | sparse | data | neurons | parallel | on | all) and write results"),
     "data": ("spikefuse.data.command", "inspect, download or cache an event data set"),
     "export": ("spikefuse.train.export", "export a trained run as a NIR graph"),
     "plan": ("spikefuse.parallel.planner", "predict the temporal pipeline on N GPUs: speedup, stage cut, chunks, memory"),

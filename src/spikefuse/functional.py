@@ -58,9 +58,11 @@ def lif(
     v0: initial membrane potential, shaped like x[0]; default zeros.
     threshold: a finite float, or a floating tensor (a learnable threshold: it gets a
         gradient) that is a scalar or holds one value per channel (dim 2 of x), on x's device
-        and finite (checked on the CPU). A tensor threshold runs on spikefuse.reference on
-        every device (the fused and loop kernels take a float threshold); backend="fused"
-        or a CUDA input then warns once.
+        and finite (checked on the CPU). A tensor threshold runs fused wherever a float one
+        would (the kernels read it per channel; the backward kernel sums its gradient over
+        time, torch over the batch and spatial dims: deterministic), torch.compile included;
+        where a float threshold would take the loop path (CPU, or a callable surrogate) it
+        runs on spikefuse.reference (the loop kernels take a float threshold).
     return_state: also return the membrane potential after the last step, v[T-1].
     return_potential: also return the pre-reset potential trace h [T, *] (h[t] = decay *
         v[t-1] + x[t], before the spike's reset), in x's dtype (the fused kernels compute in
@@ -97,17 +99,15 @@ def lif(
     grad_threshold = _check_grad_threshold(grad_threshold)
     _check_v0(v0, x)
     return_potential = bool(return_potential)
-    if threshold_tensor is not None:  # learnable threshold: the reference's autograd (see docstring)
-        if backend not in BACKENDS:
-            raise ValueError(f"backend: unknown {backend!r}; expected one of {list(BACKENDS)}")
-        if backend == "fused" or (backend == "auto" and x.is_cuda):
-            _warn_once("threshold", "spikefuse.functional.lif: a tensor threshold runs on the reference "
-                       "path (spikefuse.reference.lif; the fused kernels take a float threshold)")
+    if return_potential and backend != "reference" and torch.compiler.is_dynamo_compiling():
+        backend = "reference"  # the traced custom op has no h output: the reference traces as torch ops
+    if threshold_tensor is not None and (callable(surrogate) or not _use_fused(backend, x)):
+        # a learnable threshold off the fused kernels: the loop kernels take a float, so the reference
         threshold = threshold_tensor.to(x.dtype)  # spikes keep x's dtype; the gradient flows back through the cast
         threshold = threshold.reshape(threshold.shape + (1,) * max(x.dim() - 3, 0))
-        backend = "reference"
-    elif return_potential and backend != "reference" and torch.compiler.is_dynamo_compiling():
-        backend = "reference"  # the traced custom op has no h output: the reference traces as torch ops
+        threshold_tensor = None
+        if backend == "auto":
+            backend = "reference"
     if callable(surrogate):  # a user function: the loop path (any device) or the reference
         if backend not in BACKENDS:
             raise ValueError(f"backend: unknown {backend!r}; expected one of {list(BACKENDS)}")
@@ -121,7 +121,7 @@ def lif(
     elif _use_fused(backend, x):
         return _fused_lif()(x, decay_value, decay_tensor, threshold, reset, v_reset,
                             bool(detach_reset), surrogate, alpha, v0, bool(return_state), grad_threshold,
-                            return_potential)
+                            return_potential, threshold_tensor)
     elif backend == "auto" and _loop_lif().usable(x, decay_tensor, v0):
         return _loop_lif().lif_loop(x, decay_value, decay_tensor, threshold, reset, v_reset,
                                     bool(detach_reset), surrogate, alpha, v0, bool(return_state), grad_threshold,
@@ -184,16 +184,6 @@ def _check_threshold(threshold, x):
         if not torch.isfinite(threshold).all():  # CUDA values are not checked: it would force a sync
             raise ValueError("threshold values must be finite")
     return 1.0, threshold.reshape(-1)
-
-
-_WARNED: set[str] = set()
-
-
-def _warn_once(key, message):
-    if key not in _WARNED and not torch.compiler.is_dynamo_compiling():
-        _WARNED.add(key)
-        import warnings
-        warnings.warn(message, stacklevel=3)
 
 
 def _check_grad_threshold(value):
@@ -312,6 +302,7 @@ def alif(
     alpha: float | None = None,
     return_state: bool = False,
     backend: str = "auto",
+    return_potential: bool = False,
 ):
     """Adaptive-threshold LIF (ALIF / LSNN, Bellec et al. 2018) over all T steps of x [T, *]:
 
@@ -325,20 +316,24 @@ def alif(
     surrogate, alpha: backward ds/dh = sg(h - theta), also through theta (ds/da[t-1] =
         -beta * sg). detach_reset cuts the reset of v from s (not a's update).
     return_state: also return the final state (v[T-1], a[T-1]): (spikes, (v, a)).
+    return_potential: also return the pre-reset potential trace h [T, *] (as `lif`: x's
+        dtype, differentiable): spikes, then h, then (v, a) if return_state.
     backend: "fused" (spikefuse.ops.alif; on a CPU tensor through the Triton interpreter),
         "reference" (spikefuse.reference.alif) or "auto" (fused on CUDA, else reference).
+        Under torch.compile, return_potential runs on the reference.
     """
     _check_float_x(x)
     decay = _alif_number("decay", decay, low_open=0.0, high=1.0)
     adapt_decay = _alif_number("adapt_decay", adapt_decay, low_open=0.0, high=1.0)
     beta = _alif_number("beta", beta, low=0.0)
     threshold, v_reset, surrogate, alpha = _neuron_options(threshold, v_reset, reset, surrogate, alpha)
-    if _use_fused(backend, x):
+    return_potential = bool(return_potential)
+    if _use_fused(backend, x) and not (return_potential and torch.compiler.is_dynamo_compiling()):
         from .ops.alif import alif_fused
         return alif_fused(x, decay, adapt_decay, beta, threshold, reset, v_reset, bool(detach_reset),
-                          surrogate, alpha, bool(return_state))
+                          surrogate, alpha, bool(return_state), return_potential)
     return reference.alif(x, decay, adapt_decay, beta, threshold, reset, v_reset, bool(detach_reset),
-                          surrogate, alpha, bool(return_state))
+                          surrogate, alpha, bool(return_state), return_potential)
 
 
 def _check_float_x(x):
@@ -389,6 +384,7 @@ def cuba(
     alpha: float | None = None,
     return_state: bool = False,
     backend: str = "auto",
+    return_potential: bool = False,
 ):
     """Current-based synaptic LIF (CUBA; snnTorch `Synaptic`, Norse's LIF with a synaptic
     current) over all T steps of x [T, *]:
@@ -403,19 +399,24 @@ def cuba(
     surrogate, alpha: backward ds/dh = sg(h - threshold). detach_reset cuts the reset of v
         from s.
     return_state: also return the final state (v[T-1], i[T-1]): (spikes, (v, i)).
+    return_potential: also return the membrane's pre-reset potential trace h [T, *] (h[t] =
+        decay * v[t-1] + i[t]; not the current i), as `lif`: x's dtype, differentiable;
+        spikes, then h, then (v, i) if return_state.
     backend: "fused" (spikefuse.ops.cuba; on a CPU tensor through the Triton interpreter),
         "reference" (spikefuse.reference.cuba) or "auto" (fused on CUDA, else reference).
+        Under torch.compile, return_potential runs on the reference.
     """
     _check_float_x(x)
     decay = _alif_number("decay", decay, low_open=0.0, high=1.0)
     syn_decay = _alif_number("syn_decay", syn_decay, low=0.0, high=1.0)
     threshold, v_reset, surrogate, alpha = _neuron_options(threshold, v_reset, reset, surrogate, alpha)
-    if _use_fused(backend, x):
+    return_potential = bool(return_potential)
+    if _use_fused(backend, x) and not (return_potential and torch.compiler.is_dynamo_compiling()):
         from .ops.cuba import cuba_fused
         return cuba_fused(x, decay, syn_decay, threshold, reset, v_reset, bool(detach_reset),
-                          surrogate, alpha, bool(return_state))
+                          surrogate, alpha, bool(return_state), return_potential)
     return reference.cuba(x, decay, syn_decay, threshold, reset, v_reset, bool(detach_reset),
-                          surrogate, alpha, bool(return_state))
+                          surrogate, alpha, bool(return_state), return_potential)
 
 
 # ---- recurrent LIF ----
@@ -492,3 +493,55 @@ def _check_recurrent_weight(weight, x):
         raise ArgumentError(f"weight must be a floating-point tensor, got dtype {weight.dtype}")
     if weight.device != x.device:
         raise ValueError(f"weight is on {weight.device} but x is on {x.device}")
+
+
+# ---- recurrent adaptive LIF (LSNN) ----
+
+def ralif(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    decay: float = 0.5,
+    adapt_decay: float = 0.9,
+    beta: float = 0.5,
+    threshold: float = 1.0,
+    reset: str = "hard",
+    v_reset: float = 0.0,
+    detach_reset: bool = False,
+    surrogate: str = "rectangular",
+    alpha: float | None = None,
+    return_state: bool = False,
+    grad_threshold: float = float("-inf"),
+    backend: str = "auto",
+):
+    """Recurrent adaptive LIF (the LSNN of Bellec et al. 2018 with a recurrent weight) over all
+    T steps of x [T, *, N]: `alif`'s adaptive threshold on `rlif`'s recurrent input:
+
+        h[t] = decay * v[t-1] + x[t] + s[t-1] @ weight.T      v[-1] = 0, s[-1] = 0
+        theta[t] = threshold + beta * a[t-1]                  a[-1] = 0
+        s[t] = 1 if h[t] >= theta[t] else 0
+        v[t] = reset as `alif` ("hard" to v_reset, "soft" subtracts theta[t], "none")
+        a[t] = adapt_decay * a[t-1] + s[t]
+
+    decay, adapt_decay: floats in (0, 1]. beta: float >= 0 (0 gives `rlif` exactly).
+    weight: floating tensor [N, N] on x's device (gradients flow to it).
+    surrogate, alpha, detach_reset: as `alif`; grad_threshold: as `lif`.
+    return_state: also return the final state (v[T-1], a[T-1]): (spikes, (v, a)).
+    backend: "fused" (spikefuse.ops.recurrent_alif: one launch per step; on a CPU tensor
+        through the Triton interpreter), "reference" (spikefuse.reference.ralif) or "auto"
+        (fused on CUDA, else reference).
+    """
+    _check_float_x(x)
+    if x.dim() < 2:
+        raise ValueError(f"x must be [T, *, N] (2 or more dims), got shape {tuple(x.shape)}")
+    _check_recurrent_weight(weight, x)
+    decay = _alif_number("decay", decay, low_open=0.0, high=1.0)
+    adapt_decay = _alif_number("adapt_decay", adapt_decay, low_open=0.0, high=1.0)
+    beta = _alif_number("beta", beta, low=0.0)
+    threshold, v_reset, surrogate, alpha = _neuron_options(threshold, v_reset, reset, surrogate, alpha)
+    grad_threshold = _check_grad_threshold(grad_threshold)
+    if _use_fused(backend, x):
+        from .ops.recurrent_alif import ralif_fused
+        return ralif_fused(x, weight, decay, adapt_decay, beta, threshold, reset, v_reset, bool(detach_reset),
+                           surrogate, alpha, grad_threshold, bool(return_state))
+    return reference.ralif(x, weight.to(x.dtype), decay, adapt_decay, beta, threshold, reset, v_reset,
+                           bool(detach_reset), surrogate, alpha, bool(return_state), grad_threshold)

@@ -98,6 +98,7 @@ def alif(
     surrogate: str = "rectangular",
     alpha: float | None = None,
     return_state: bool = False,
+    return_potential: bool = False,
 ):
     """Adaptive-threshold LIF (ALIF / LSNN, Bellec et al. 2018) over all T steps of x [T, *]:
         h[t] = decay * v[t-1] + x[t]                 v[-1] = 0
@@ -106,11 +107,12 @@ def alif(
         v[t] = hard: v_reset where s, else h / soft: h - theta[t]*s / none: h
         a[t] = adapt_decay * a[t-1] + s[t]
     `detach_reset` cuts the reset of v from s; a[t] keeps s's gradient, and the threshold
-    (hence a) keeps its own. Returns spikes [T, *], and (v[T-1], a[T-1]) if `return_state`.
+    (hence a) keeps its own. Returns spikes [T, *], then the pre-reset potential h [T, *] if
+    `return_potential`, then (v[T-1], a[T-1]) if `return_state`.
     """
     v = torch.zeros_like(x[0])
     a = torch.zeros_like(x[0])
-    spikes = []
+    spikes, potentials = [], []
     for t in range(x.shape[0]):
         h = decay * v + x[t]
         theta = threshold + beta * a
@@ -118,8 +120,18 @@ def alif(
         v = _reset(h, s.detach() if detach_reset else s, theta, reset, v_reset)
         a = adapt_decay * a + s
         spikes.append(s)
-    out = torch.stack(spikes)
-    return (out, (v, a)) if return_state else out
+        potentials.append(h)
+    return _outputs(spikes, potentials if return_potential else None, (v, a) if return_state else None)
+
+
+def _outputs(spikes, potentials, state):
+    """spikes [T, *], then h [T, *] unless potentials is None, then the state unless None."""
+    out = (torch.stack(spikes),)
+    if potentials is not None:
+        out += (torch.stack(potentials),)
+    if state is not None:
+        out += (state,)
+    return out if len(out) > 1 else out[0]
 
 
 def rlif(
@@ -161,6 +173,44 @@ def rlif(
     return tuple(out) if len(out) > 1 else out[0]
 
 
+def ralif(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    decay: float = 0.5,
+    adapt_decay: float = 0.9,
+    beta: float = 0.5,
+    threshold: float = 1.0,
+    reset: str = "hard",
+    v_reset: float = 0.0,
+    detach_reset: bool = False,
+    surrogate: str = "rectangular",
+    alpha: float | None = None,
+    return_state: bool = False,
+    grad_threshold: float = float("-inf"),
+):
+    """Recurrent ALIF (LSNN with a recurrent weight): `alif` whose input also carries its own
+    spikes of the step before through `weight` [N, N] (x [T, *, N]):
+        h[t] = decay * v[t-1] + x[t] + s[t-1] @ weight.T     v[-1] = 0, s[-1] = 0
+    then theta, fire, reset and a as `alif`; grad_threshold as `lif`. Returns spikes
+    [T, *, N], and (v[T-1], a[T-1]) if `return_state`.
+    """
+    v = torch.zeros_like(x[0])
+    a = torch.zeros_like(x[0])
+    sparse = grad_threshold > float("-inf")
+    spikes = []
+    for t in range(x.shape[0]):
+        h = decay * v + x[t]
+        if spikes:
+            h = h + spikes[-1] @ weight.t()
+        theta = threshold + beta * a
+        s = spike(h - theta, surrogate, alpha, h < grad_threshold if sparse else None)
+        v = _reset(h, s.detach() if detach_reset else s, theta, reset, v_reset)
+        a = adapt_decay * a + s
+        spikes.append(s)
+    out = torch.stack(spikes)
+    return (out, (v, a)) if return_state else out
+
+
 def cuba(
     x: torch.Tensor,
     decay: float = 0.5,
@@ -172,6 +222,7 @@ def cuba(
     surrogate: str = "rectangular",
     alpha: float | None = None,
     return_state: bool = False,
+    return_potential: bool = False,
 ):
     """Current-based synaptic LIF (CUBA; snnTorch `Synaptic`, Norse LIF with a synaptic
     current) over all T steps of x [T, *]:
@@ -180,16 +231,17 @@ def cuba(
         s[t] = 1 if h[t] >= threshold else 0         (surrogate sg(h - threshold) in backward)
         v[t] = hard: v_reset where s, else h / soft: h - threshold*s / none: h
     `detach_reset` cuts the reset of v from s. syn_decay = 0 is `lif` exactly.
-    Returns spikes [T, *], and (v[T-1], i[T-1]) if `return_state`.
+    Returns spikes [T, *], then the membrane's pre-reset potential h [T, *] (not the current
+    i) if `return_potential`, then (v[T-1], i[T-1]) if `return_state`.
     """
     v = torch.zeros_like(x[0])
     i = torch.zeros_like(x[0])
-    spikes = []
+    spikes, potentials = [], []
     for t in range(x.shape[0]):
         i = syn_decay * i + x[t]
         h = decay * v + i
         s = spike(h - threshold, surrogate, alpha)
         v = _reset(h, s.detach() if detach_reset else s, threshold, reset, v_reset)
         spikes.append(s)
-    out = torch.stack(spikes)
-    return (out, (v, i)) if return_state else out
+        potentials.append(h)
+    return _outputs(spikes, potentials if return_potential else None, (v, i) if return_state else None)

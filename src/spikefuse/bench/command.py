@@ -1,5 +1,5 @@
-"""`spikefuse bench lif | train | steps | sparse | data | neurons | parallel`: each benchmark writes
-JSON + markdown results."""
+"""`spikefuse bench lif | train | steps | sparse | data | neurons | parallel | on | all`: each benchmark
+writes JSON + markdown results; `all` runs every other one."""
 from __future__ import annotations
 
 import importlib
@@ -13,6 +13,9 @@ BENCHMARKS = {
     "neurons": ("spikefuse.bench.neurons", "ALIF, CUBA and recurrent LIF forward+backward vs the PyTorch loop and peers"),
     "parallel": ("spikefuse.bench.parallel",
                  "multi-GPU: data-parallel scaling beside SpikingJelly, and the temporal pipeline beside the planner"),
+    "on": ("spikefuse.bench.on", "the Open Neuromorphic benchmark, corrected: Linear(N, N) + LIF in every library, "
+                                 "same equations, synchronised timing, beside the matmul and bandwidth floors"),
+    "all": ("spikefuse.bench.all", "run every benchmark above (or --only some) into one folder, with a summary"),
 }
 
 

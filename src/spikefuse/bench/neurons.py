@@ -1,9 +1,10 @@
-"""`spikefuse bench neurons`: ALIF, CUBA and recurrent LIF forward+backward against their peers.
+"""`spikefuse bench neurons`: ALIF, CUBA, recurrent LIF and recurrent ALIF forward+backward against
+their peers.
 
 Each neuron runs in spikefuse's fused kernels and in every library that can be set to the
 same equations (spikefuse.reference; the plain PyTorch loop is that reference with
 autograd). One call is a forward and a backward: loss = sum(spikes * g) for a fixed random
-g, gradients with respect to x, and to the recurrent weight W for the recurrent LIF.
+g, gradients with respect to x, and to the recurrent weight W for the recurrent neurons.
 Before a library is timed, its spikes and gradients are compared with spikefuse's (the
 figures go into the results); one outside the tolerances is marked failed but still
 timed, so that a GPU run is never wasted.
@@ -37,6 +38,7 @@ SURROGATE, ALPHA = "fast_sigmoid", 1.0
 ALIF = {"decay": 0.5, "adapt_decay": 0.9, "beta": 0.5, "threshold": 1.0}
 CUBA = {"decay": 0.5, "syn_decay": 0.5, "threshold": 1.0}
 RLIF = {"decay": 0.5, "threshold": 1.0}
+RALIF = dict(ALIF)  # ALIF's neuron with rlif's recurrent input
 EQUATIONS = {
     "alif": "h = decay v + x; theta = threshold + beta a; s = h >= theta; v = 0 where s; "
             "a = adapt_decay a + s (" + ", ".join(f"{k} {v}" for k, v in ALIF.items()) + ")",
@@ -44,14 +46,17 @@ EQUATIONS = {
             + ", ".join(f"{k} {v}" for k, v in CUBA.items()) + ")",
     "rlif": "h = decay v + x + s[t-1] @ W^T; s = h >= threshold; v = 0 where s ("
             + ", ".join(f"{k} {v}" for k, v in RLIF.items()) + ")",
+    "ralif": "h = decay v + x + s[t-1] @ W^T; theta = threshold + beta a; s = h >= theta; v = 0 where s; "
+             "a = adapt_decay a + s (" + ", ".join(f"{k} {v}" for k, v in RALIF.items()) + ")",
 }
 
 SHAPES = {  # (T, B, N)
     "alif": [(100, 32, 1024), (100, 128, 4096)],
     "cuba": [(100, 32, 1024), (100, 128, 4096)],
     "rlif": [(100, 32, 1024), (100, 8, 1024), (100, 32, 2048)],
+    "ralif": [(100, 32, 1024), (100, 32, 2048)],
 }
-QUICK_SHAPES = {"alif": [(4, 2, 8)], "cuba": [(4, 2, 8)], "rlif": [(4, 2, 8)]}  # CPU smoke test
+QUICK_SHAPES = {"alif": [(4, 2, 8)], "cuba": [(4, 2, 8)], "rlif": [(4, 2, 8)], "ralif": [(4, 2, 8)]}  # CPU smoke test
 # the figure the recurrent kernel is held to: forward+backward at least 3x SpikingJelly's
 ACCEPTANCE = {"neuron": "rlif", "shape": (100, 32, 1024), "peer": "spikingjelly", "min_ratio": 3.0}
 
@@ -71,6 +76,16 @@ EXCLUDED = {
         "norse": "LIFRecurrentCell detaches the reset from the spike (other gradients) and always "
                  "applies input weights",
     },
+    # so the recurrent ALIF is measured against the PyTorch loop only
+    "ralif": {
+        "norse": "LSNNRecurrent (lsnn_step) adds the recurrent spikes to the synaptic current after the "
+                 "voltage update, so s[t-1] reaches v two steps after it fired, not one (the shift that "
+                 "matches the alif case moves x only); it also detaches both the reset and the threshold "
+                 "jump from the spike (other gradients)",
+        "snntorch": "no adaptive-threshold neuron (RLeaky and RSynaptic have fixed thresholds)",
+        "spikingjelly": "no adaptive-threshold neuron in 2.0 (AdaptBaseNode/IzhikevichNode adapt a "
+                        "current w fed into v, not the threshold)",
+    },
 }
 
 
@@ -79,7 +94,7 @@ class Problem:
     """One case's tensors, shared by every library."""
     x: torch.Tensor  # [T, B, N] input, a leaf that requires grad
     g: torch.Tensor  # [T, B, N] fixed weights of the loss sum(spikes * g)
-    weight: torch.Tensor | None = None  # [N, N] recurrent weight (rlif), a leaf that requires grad
+    weight: torch.Tensor | None = None  # [N, N] recurrent weight (rlif, ralif), a leaf that requires grad
 
     @property
     def wrt(self) -> list[torch.Tensor]:
@@ -95,7 +110,7 @@ def make_problem(neuron: str, T: int, B: int, N: int, device: str, seed: int = 0
     x = on_grid(torch.randn(T, B, N, generator=gen, device=device) * 0.6 + 0.3, 2**-10) + 2**-11
     g = torch.randn(T, B, N, generator=gen, device=device)
     weight = None
-    if neuron == "rlif":
+    if neuron in ("rlif", "ralif"):
         weight = on_grid(torch.randn(N, N, generator=gen, device=device) * (0.5 / N**0.5), 2**-10)
         weight.requires_grad_(True)
     return Problem(x.requires_grad_(True), g, weight)
@@ -247,12 +262,23 @@ def rlif_snntorch(p):
     return call
 
 
+def ralif_spikefuse(p):
+    import spikefuse.functional as F
+    return lambda: loss_grads(F.ralif(p.x, p.weight, **RALIF, surrogate=SURROGATE, alpha=ALPHA, backend="fused"), p)
+
+
+def ralif_loop(p):
+    from spikefuse import reference
+    return lambda: loss_grads(reference.ralif(p.x, p.weight, **RALIF, surrogate=SURROGATE, alpha=ALPHA), p)
+
+
 ADAPTERS = {  # spikefuse first: the others are checked against it
     "alif": {"spikefuse": alif_spikefuse, "pytorch-loop": alif_loop, "norse": alif_norse},
     "cuba": {"spikefuse": cuba_spikefuse, "pytorch-loop": cuba_loop, "snntorch": cuba_snntorch,
              "norse": cuba_norse, "spikingjelly": cuba_spikingjelly},
     "rlif": {"spikefuse": rlif_spikefuse, "pytorch-loop": rlif_loop, "spikingjelly": rlif_spikingjelly,
              "snntorch": rlif_snntorch},
+    "ralif": {"spikefuse": ralif_spikefuse, "pytorch-loop": ralif_loop},
 }
 LIBRARIES = ("spikefuse", "pytorch-loop", "snntorch", "norse", "spikingjelly")
 
@@ -397,12 +423,12 @@ def summary_line(case) -> str:
 
 def markdown(payload) -> str:
     env = payload["environment"]
-    out = [f"# Neurons forward+backward: ALIF, CUBA, recurrent LIF\n\n{env['device']}, {env['date']}, "
+    out = [f"# Neurons forward+backward: ALIF, CUBA, recurrent LIF, recurrent ALIF\n\n{env['device']}, {env['date']}, "
            f"versions {env['versions']}\n"]
     out.append("Equations (float32):\n")
     out += [f"- {name}: {eq}" for name, eq in payload["equations"].items()]
     out.append(f"\nReset {payload['reset']}; surrogate {payload['surrogate']}. Inputs: {payload['inputs']}. "
-               "One call is the forward and the backward (gradients of x, and of W for rlif). "
+               "One call is the forward and the backward (gradients of x, and of W for rlif and ralif). "
                "*call*: the median of one call timed alone; *streamed*: calls queued back to back, "
                f"per call ({BACK_TO_BACK} for spikefuse, 2 for the loop libraries), as in `bench lif`. "
                "*x spikefuse*: the library's time over spikefuse's. Before timing, each library's spikes "

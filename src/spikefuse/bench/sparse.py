@@ -400,7 +400,7 @@ def markdown(payload) -> str:
            f"{env['device']}, {env['date']}, versions {env['versions']}\n",
            f"{payload['timing']}. Inputs: binary frames, {payload['input_density']:.0%} ones; activity "
            "natural (random initial weights) or fixed (a share p of each hidden layer's neurons forced to fire "
-           "at every step and carry gradient, the rest silent), learning rate {payload['lr']:g} (0: the weights stay at their "
+           f"at every step and carry gradient, the rest silent), learning rate {payload['lr']:g} (0: the weights stay at their "
            "initial values, every update still runs). Optimizers: dense and sparse-adam torch Adam(fused=True), "
            "sparse and auto spikefuse LazyAdam.\n"]
     header = ["net", "width", "B", "theta_grad", "activity", "mode", "step ms", "x dense", "carrying share",

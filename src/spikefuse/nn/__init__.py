@@ -20,3 +20,6 @@ __all__ += ["CUBA"]
 from .recurrent_lif import RecurrentLIF  # noqa: E402
 
 __all__ += ["RecurrentLIF"]
+from .recurrent_alif import RecurrentALIF  # noqa: E402
+
+__all__ += ["RecurrentALIF"]

@@ -14,20 +14,23 @@ class ALIF(NeuronOptions):
 
     x [T, B, ...] (3 or more dims) -> spikes of x's shape. Every call starts from
     v = a = 0. backend: "auto", "fused" or "reference" (see spikefuse.functional.alif).
+    record_potential: keep each call's pre-reset potential trace h in `self.potential`
+    (as spikefuse.nn.LIF).
     """
 
     def __init__(self, decay: float = 0.5, adapt_decay: float = 0.9, beta: float = 0.5,
                  threshold: float = 1.0, reset: str = "hard", v_reset: float = 0.0,
                  detach_reset: bool = False, surrogate: str = "rectangular",
-                 alpha: float | None = None, backend: str = "auto"):
-        super().__init__(threshold, reset, v_reset, detach_reset, surrogate, alpha, backend)
+                 alpha: float | None = None, backend: str = "auto", record_potential: bool = False):
+        super().__init__(threshold, reset, v_reset, detach_reset, surrogate, alpha, backend, record_potential)
         self.decay = F._alif_number("decay", decay, low_open=0.0, high=1.0)
         self.adapt_decay = F._alif_number("adapt_decay", adapt_decay, low_open=0.0, high=1.0)
         self.beta = F._alif_number("beta", beta, low=0.0)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self.check_rank(x, "alif")
-        return F.alif(x, decay=self.decay, adapt_decay=self.adapt_decay, beta=self.beta, **self.options())
+        return self.call_neuron(F.alif, x, decay=self.decay, adapt_decay=self.adapt_decay, beta=self.beta,
+                                **self.options())
 
     def extra_repr(self):
         return f"decay={self.decay}, adapt_decay={self.adapt_decay}, beta={self.beta}, " + self.options_repr()

@@ -13,19 +13,21 @@ class CUBA(NeuronOptions):
 
     x [T, B, ...] (3 or more dims) -> spikes of x's shape. Every call starts from
     v = i = 0. backend: "auto", "fused" or "reference" (see spikefuse.functional.cuba).
+    record_potential: keep each call's trace of the membrane's pre-reset potential h (not the
+    current i) in `self.potential` (as spikefuse.nn.LIF).
     """
 
     def __init__(self, decay: float = 0.5, syn_decay: float = 0.5, threshold: float = 1.0,
                  reset: str = "hard", v_reset: float = 0.0, detach_reset: bool = False,
                  surrogate: str = "rectangular", alpha: float | None = None,
-                 backend: str = "auto"):
-        super().__init__(threshold, reset, v_reset, detach_reset, surrogate, alpha, backend)
+                 backend: str = "auto", record_potential: bool = False):
+        super().__init__(threshold, reset, v_reset, detach_reset, surrogate, alpha, backend, record_potential)
         self.decay = F._alif_number("decay", decay, low_open=0.0, high=1.0)
         self.syn_decay = F._alif_number("syn_decay", syn_decay, low=0.0, high=1.0)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self.check_rank(x, "cuba")
-        return F.cuba(x, decay=self.decay, syn_decay=self.syn_decay, **self.options())
+        return self.call_neuron(F.cuba, x, decay=self.decay, syn_decay=self.syn_decay, **self.options())
 
     def extra_repr(self):
         return f"decay={self.decay}, syn_decay={self.syn_decay}, " + self.options_repr()

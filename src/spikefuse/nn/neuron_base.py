@@ -1,6 +1,7 @@
-"""What the stateless two-variable neuron modules (ALIF, CUBA) share: the options checked
-once at construction, the [T, B, ...] input check, and the common part of their repr.
-The dynamics live in spikefuse.functional."""
+"""What the neuron modules share: the membrane-potential recording of every neuron
+(LIF, IF, PLIF, ALIF, CUBA), and for the stateless ones built on NeuronOptions (ALIF, CUBA,
+the recurrent neurons) the options checked once at construction, the [T, B, ...] input
+check, and the common part of their repr. The dynamics live in spikefuse.functional."""
 from __future__ import annotations
 
 import torch
@@ -10,9 +11,29 @@ from .. import functional as F
 from .layers import layer_name
 
 
-class NeuronOptions(nn.Module):
-    def __init__(self, threshold, reset, v_reset, detach_reset, surrogate, alpha, backend):
+class RecordsPotential(nn.Module):
+    """record_potential: after each call, `self.potential` holds the pre-reset potential
+    trace h [T, B, ...] (x's dtype) with its graph, for membrane-potential losses and plots;
+    the module still returns only the spikes. False: `self.potential` stays None."""
+
+    def __init__(self, record_potential: bool = False):
         super().__init__()
+        self.record_potential = bool(record_potential)
+        self.potential: torch.Tensor | None = None  # h of the last call (record_potential)
+
+    def call_neuron(self, function, x, **kwargs):
+        """function(x, **kwargs) (a spikefuse.functional neuron); with record_potential it
+        is asked for h too, which is kept in self.potential and left out of the return."""
+        if not self.record_potential:
+            return function(x, **kwargs)
+        spikes, self.potential, *state = function(x, return_potential=True, **kwargs)
+        return (spikes, *state) if state else spikes
+
+
+class NeuronOptions(RecordsPotential):
+    def __init__(self, threshold, reset, v_reset, detach_reset, surrogate, alpha, backend,
+                 record_potential=False):
+        super().__init__(record_potential)
         self.threshold, self.v_reset, _, _ = F._neuron_options(threshold, v_reset, reset, surrogate, alpha)
         if backend not in F.BACKENDS:
             raise ValueError(f"backend: unknown {backend!r}; expected one of {list(F.BACKENDS)}")

@@ -36,6 +36,7 @@ from .. import functional as F
 from ..ops.surrogate import resolve_any as resolve_surrogate
 from ..ops.surrogate import surrogate_name
 from .layers import layer_name
+from .neuron_base import RecordsPotential
 
 
 def reset(model: nn.Module) -> nn.Module:
@@ -61,7 +62,7 @@ def detach_state(model: nn.Module) -> nn.Module:
     return model
 
 
-class LIF(nn.Module):
+class LIF(RecordsPotential):
     """Leaky integrate-and-fire: h = decay*v + x, fire at h >= threshold, then reset.
 
     x [T, B, ...] (3 or more dims) -> spikes of x's shape.
@@ -75,11 +76,12 @@ class LIF(nn.Module):
         shape, ds/du for u = h - threshold (alpha is then ignored; see spikefuse.functional.lif).
     learn_threshold: make the threshold an nn.Parameter (`self.threshold`, initialised to
         `threshold`) that gets a gradient; threshold_channels=C learns one per channel (dim 2
-        of the input), None one for the layer. A learned threshold runs on the reference
-        path of spikefuse.functional.lif (which warns once where the fused kernels would run).
+        of the input), None one for the layer. It runs fused where a float threshold would
+        (its gradient from the backward kernel; see spikefuse.functional.lif).
     record_potential: after each call, `self.potential` holds the pre-reset potential trace
         h [T, B, ...] (x's dtype) with its graph, for membrane-potential losses and plots;
         the module still returns only the spikes. False: `self.potential` stays None.
+        (spikefuse.nn.neuron_base.RecordsPotential, shared with ALIF and CUBA.)
     """
 
     def __init__(self, decay: float = 0.5, threshold: float = 1.0, reset: str = "hard",
@@ -88,7 +90,7 @@ class LIF(nn.Module):
                  grad_threshold: float = float("-inf"), detach_state: bool = True,
                  learn_threshold: bool = False, threshold_channels: int | None = None,
                  record_potential: bool = False):
-        super().__init__()
+        super().__init__(record_potential)
         if reset not in F.RESETS:
             raise ValueError(f"reset: unknown mode {reset!r}; expected one of {list(F.RESETS)}")
         if backend not in F.BACKENDS:
@@ -100,8 +102,6 @@ class LIF(nn.Module):
         self.decay = decay
         self.threshold = self._make_threshold(threshold, learn_threshold, threshold_channels)
         self.reset, self.v_reset = reset, v_reset
-        self.record_potential = bool(record_potential)
-        self.potential: torch.Tensor | None = None  # h [T, B, ...] of the last call (record_potential)
         self.detach_reset, self.surrogate, self.alpha = detach_reset, surrogate, alpha
         self.stateful, self.backend = bool(stateful), backend
         self.detach_state = bool(detach_state)
@@ -136,18 +136,11 @@ class LIF(nn.Module):
                        v_reset=self.v_reset, detach_reset=self.detach_reset,
                        surrogate=self.surrogate, alpha=self.alpha, backend=self.backend,
                        grad_threshold=self.grad_threshold)
-        if self.record_potential:
-            options["return_potential"] = True
         if not self.stateful:
-            out = F.lif(x, **options)
-            if self.record_potential:
-                out, self.potential = out
-            return out
+            return self.call_neuron(F.lif, x, **options)
         if isinstance(x, torch.Tensor):
             self._check_state(x)
-        spikes, *h, v = F.lif(x, v0=self.v, return_state=True, **options)
-        if self.record_potential:
-            self.potential = h[0]
+        spikes, v = self.call_neuron(F.lif, x, v0=self.v, return_state=True, **options)
         self.v = v.detach() if self.detach_state else v
         return spikes
 

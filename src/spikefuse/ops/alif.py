@@ -40,13 +40,15 @@ from .triton_or_stub import tl, triton  # noqa: E402, F401
 
 @triton.jit
 def alif_forward_chunk(X, v, a, d, ad, beta, t0, T, threshold, v_reset,
-                       RESET: tl.constexpr, TAIL: tl.constexpr):
-    """Run K steps from state (v, a) over chunk X: (spikes [K, BLOCK] float32, v, a after).
+                       RESET: tl.constexpr, TAIL: tl.constexpr, STORE_H: tl.constexpr):
+    """Run K steps from state (v, a) over chunk X: (spikes [K, BLOCK] float32, pre-reset
+    potentials h [K, BLOCK] float32 (zeros unless STORE_H), v, a after).
     TAIL: the chunk crosses T, and the state must stop at step T-1."""
     K: tl.constexpr = X.shape[0]
     k = tl.arange(0, K)
     Xf = X.to(tl.float32)
     S = tl.zeros(X.shape, tl.float32)
+    H = tl.zeros(X.shape, tl.float32)
     for j in tl.static_range(K):
         sel = (k == j)[:, None]
         h = d * v + row(Xf, sel)
@@ -63,15 +65,17 @@ def alif_forward_chunk(X, v, a, d, ad, beta, t0, T, threshold, v_reset,
             v = v_next
             a = a_next
         S = tl.where(sel, s[None, :], S)
-    return S, v, a
+        if STORE_H:
+            H = tl.where(sel, h[None, :], H)
+    return S, H, v, a
 
 
 @cached_launch
 @triton.jit
 def _alif_forward_kernel(
-    x_ptr, s_ptr, ckpt_ptr, vT_ptr, aT_ptr,
+    x_ptr, s_ptr, ckpt_ptr, vT_ptr, aT_ptr, h_ptr,
     decay, adapt_decay, beta, threshold, v_reset, T, N,
-    RESET: tl.constexpr, SAVE_CKPT: tl.constexpr, STORE_STATE: tl.constexpr,
+    RESET: tl.constexpr, SAVE_CKPT: tl.constexpr, STORE_STATE: tl.constexpr, STORE_H: tl.constexpr,
     BLOCK: tl.constexpr, K: tl.constexpr, EVEN_N: tl.constexpr,
 ):
     d, ad, beta = f32(decay), f32(adapt_decay), f32(beta)
@@ -91,15 +95,21 @@ def _alif_forward_kernel(
         if SAVE_CKPT:
             tl.store(ckpt_ptr + tl.cast(c, tl.int64) * N + n, v, mask=n_mask)
             tl.store(a_ckpt_ptr + tl.cast(c, tl.int64) * N + n, a, mask=n_mask)
-        S, v, a = alif_forward_chunk(X, v, a, d, ad, beta, t0, T, threshold, v_reset, RESET, False)
+        S, H, v, a = alif_forward_chunk(X, v, a, d, ad, beta, t0, T, threshold, v_reset, RESET, False,
+                                        STORE_H)
         store_chunk(s_ptr, t0, offs, k, n_mask, T, N, S, EVEN_N)
+        if STORE_H:  # the pre-reset potential trace, when asked for (return_potential)
+            store_chunk(h_ptr, t0, offs, k, n_mask, T, N, H, EVEN_N)
         X = X_next
     if full * K < T:  # the last, partial chunk
         if SAVE_CKPT:
             tl.store(ckpt_ptr + tl.cast(full, tl.int64) * N + n, v, mask=n_mask)
             tl.store(a_ckpt_ptr + tl.cast(full, tl.int64) * N + n, a, mask=n_mask)
-        S, v, a = alif_forward_chunk(X, v, a, d, ad, beta, full * K, T, threshold, v_reset, RESET, True)
+        S, H, v, a = alif_forward_chunk(X, v, a, d, ad, beta, full * K, T, threshold, v_reset, RESET, True,
+                                        STORE_H)
         store_chunk(s_ptr, full * K, offs, k, n_mask, T, N, S, EVEN_N)
+        if STORE_H:
+            store_chunk(h_ptr, full * K, offs, k, n_mask, T, N, H, EVEN_N)
     if STORE_STATE:
         tl.store(vT_ptr + n, v, mask=n_mask)
         tl.store(aT_ptr + n, a, mask=n_mask)
@@ -108,10 +118,11 @@ def _alif_forward_kernel(
 @triton.jit
 def alif_backward_chunk(X, GS, v, a, gv, ga, d, ad, beta, t0, T, threshold, v_reset, alpha,
                         RESET: tl.constexpr, DETACH: tl.constexpr, SURROGATE: tl.constexpr,
-                        TAIL: tl.constexpr):
+                        TAIL: tl.constexpr, GH, HAS_GH: tl.constexpr):
     """Recompute the chunk forward from its checkpoint (v, a) (h[t] and theta[t] into
     registers), then run the adjoint recurrence backward through it: (dL/dx chunk,
-    dL/dv, dL/da at the chunk's start)."""
+    dL/dv, dL/da at the chunk's start).
+    HAS_GH: GH is the chunk of dL/dh from a loss on the returned potential, added to dL/dh[t]."""
     K: tl.constexpr = X.shape[0]
     k = tl.arange(0, K)
     Xf = X.to(tl.float32)
@@ -152,6 +163,8 @@ def alif_backward_chunk(X, GS, v, a, gv, ga, d, ad, beta, t0, T, threshold, v_re
             through_theta = 0.0
         gu = (row(GSf, sel) + ga + gv * through_spike) * sg  # dL/du, u = h - theta
         gh = gu + gv * direct
+        if HAS_GH:
+            gh += row(GH.to(tl.float32), sel)
         gth = gv * through_theta - gu  # dL/dtheta[t]
         if TAIL:  # steps past T carry no gradient
             valid = t0 + j < T
@@ -168,10 +181,10 @@ def alif_backward_chunk(X, GS, v, a, gv, ga, d, ad, beta, t0, T, threshold, v_re
 @cached_launch
 @triton.jit
 def _alif_backward_kernel(
-    gs_ptr, x_ptr, ckpt_ptr, gvT_ptr, gaT_ptr, gx_ptr,
+    gs_ptr, x_ptr, ckpt_ptr, gvT_ptr, gaT_ptr, gx_ptr, gh_ptr,
     decay, adapt_decay, beta, threshold, v_reset, alpha, T, N,
     RESET: tl.constexpr, DETACH: tl.constexpr, SURROGATE: tl.constexpr,
-    HAS_GVT: tl.constexpr, HAS_GAT: tl.constexpr,
+    HAS_GVT: tl.constexpr, HAS_GAT: tl.constexpr, HAS_GH: tl.constexpr,
     BLOCK: tl.constexpr, K: tl.constexpr, EVEN_N: tl.constexpr,
 ):
     d, ad, beta = f32(decay), f32(adapt_decay), f32(beta)
@@ -193,18 +206,24 @@ def _alif_backward_kernel(
     a_ckpt_ptr = ckpt_ptr + tl.cast(last + 1, tl.int64) * N
     X = load_chunk(x_ptr, last * K, offs, k, n_mask, T, N, EVEN_N)
     GS = load_chunk(gs_ptr, last * K, offs, k, n_mask, T, N, EVEN_N)
+    GH = GS  # stands in (unread) unless HAS_GH
+    if HAS_GH:
+        GH = load_chunk(gh_ptr, last * K, offs, k, n_mask, T, N, EVEN_N)
     v = tl.load(ckpt_ptr + tl.cast(last, tl.int64) * N + n, mask=n_mask, other=0.0)
     a = tl.load(a_ckpt_ptr + tl.cast(last, tl.int64) * N + n, mask=n_mask, other=0.0)
     if full * K < T:  # the partial chunk first
         prev = tl.cast(tl.maximum(last - 1, 0), tl.int64) * N + n
         X_prev = load_earlier_chunk(x_ptr, (last - 1) * K, offs, n_mask, N, EVEN_N)
         GS_prev = load_earlier_chunk(gs_ptr, (last - 1) * K, offs, n_mask, N, EVEN_N)
+        GH_prev = GS_prev
+        if HAS_GH:
+            GH_prev = load_earlier_chunk(gh_ptr, (last - 1) * K, offs, n_mask, N, EVEN_N)
         v_prev = tl.load(ckpt_ptr + prev, mask=n_mask, other=0.0)
         a_prev = tl.load(a_ckpt_ptr + prev, mask=n_mask, other=0.0)
         GX, gv, ga = alif_backward_chunk(X, GS, v, a, gv, ga, d, ad, beta, last * K, T, threshold,
-                                         v_reset, alpha, RESET, DETACH, SURROGATE, True)
+                                         v_reset, alpha, RESET, DETACH, SURROGATE, True, GH, HAS_GH)
         store_chunk(gx_ptr, last * K, offs, k, n_mask, T, N, GX, EVEN_N)
-        X, GS, v, a = X_prev, GS_prev, v_prev, a_prev
+        X, GS, GH, v, a = X_prev, GS_prev, GH_prev, v_prev, a_prev
     for i in range(0, full):
         c = full - 1 - i
         t0 = c * K
@@ -212,18 +231,22 @@ def _alif_backward_kernel(
         prev = tl.cast(tl.maximum(c - 1, 0), tl.int64) * N + n
         X_prev = load_earlier_chunk(x_ptr, t0 - K, offs, n_mask, N, EVEN_N)
         GS_prev = load_earlier_chunk(gs_ptr, t0 - K, offs, n_mask, N, EVEN_N)
+        GH_prev = GS_prev
+        if HAS_GH:
+            GH_prev = load_earlier_chunk(gh_ptr, t0 - K, offs, n_mask, N, EVEN_N)
         v_prev = tl.load(ckpt_ptr + prev, mask=n_mask, other=0.0)
         a_prev = tl.load(a_ckpt_ptr + prev, mask=n_mask, other=0.0)
         GX, gv, ga = alif_backward_chunk(X, GS, v, a, gv, ga, d, ad, beta, t0, T, threshold,
-                                         v_reset, alpha, RESET, DETACH, SURROGATE, False)
+                                         v_reset, alpha, RESET, DETACH, SURROGATE, False, GH, HAS_GH)
         store_chunk(gx_ptr, t0, offs, k, n_mask, T, N, GX, EVEN_N)
-        X, GS, v, a = X_prev, GS_prev, v_prev, a_prev
+        X, GS, GH, v, a = X_prev, GS_prev, GH_prev, v_prev, a_prev
 
 
 def _forward(x, decay, adapt_decay, beta, threshold, reset, v_reset, save, want_state=True,
-             launch=EAGER):
+             launch=EAGER, want_h=False):
     """spikes like x, v[T-1] and a[T-1] (float32, None unless `want_state`), the contiguous
-    x and the checkpoints [2, ceil(T/K), N] (v then a; empty unless `save`)."""
+    x, the checkpoints [2, ceil(T/K), N] (v then a; empty unless `save`) and the pre-reset
+    potential trace h (x's dtype; None unless `want_h`)."""
     if not x.is_contiguous():
         x = x.contiguous()
     T = x.shape[0]
@@ -233,20 +256,22 @@ def _forward(x, decay, adapt_decay, beta, threshold, reset, v_reset, save, want_
     vT = x.new_empty(x.shape[1:], dtype=torch.float32) if want_state else None
     aT = x.new_empty(x.shape[1:], dtype=torch.float32) if want_state else None
     ckpt = torch.empty((2, _cdiv(T, K) if save else 0, N), device=x.device, dtype=torch.float32)
+    h = torch.empty_like(x) if want_h else None
     if N > 0:
         unused = launch.unused(x)
         launch(_alif_forward_kernel)[(_cdiv(N, BLOCK),)](
             x, spikes, ckpt, vT if want_state else unused, aT if want_state else unused,
-            decay, adapt_decay, beta, threshold, v_reset, T, N,
-            RESET=RESET_CODES[reset], SAVE_CKPT=save, STORE_STATE=want_state,
+            h if want_h else unused, decay, adapt_decay, beta, threshold, v_reset, T, N,
+            RESET=RESET_CODES[reset], SAVE_CKPT=save, STORE_STATE=want_state, STORE_H=want_h,
             BLOCK=BLOCK, K=K, EVEN_N=N % BLOCK == 0, num_warps=warps, enable_fp_fusion=False)
-    return spikes, vT, aT, x, ckpt
+    return spikes, vT, aT, x, ckpt, h
 
 
 def _backward(grad_s, grad_vT, grad_aT, x, ckpt, decay, adapt_decay, beta, threshold, reset,
-              v_reset, detach, surrogate, alpha, launch=EAGER):
+              v_reset, detach, surrogate, alpha, launch=EAGER, grad_h=None):
     """dL/dx like x. x is the contiguous input saved by _forward; grad_s may be None (only
-    the final state was used), grad_vT / grad_aT None when the state was not used."""
+    the final state was used), grad_vT / grad_aT None when the state was not used, grad_h
+    None or dL/dh for the returned potential trace (added to the recurrence's dL/dh)."""
     T = x.shape[0]
     N = x.numel() // T
     if grad_s is None:
@@ -254,29 +279,30 @@ def _backward(grad_s, grad_vT, grad_aT, x, ckpt, decay, adapt_decay, beta, thres
     gs = grad_s if grad_s.is_contiguous() else grad_s.contiguous()
     gvT = grad_vT.contiguous() if grad_vT is not None else None
     gaT = grad_aT.contiguous() if grad_aT is not None else None
+    gh = grad_h.contiguous() if grad_h is not None else None
     grad_x = torch.empty_like(x)
     BLOCK, K, warps = _launch_config(N, x.dtype)
     if N > 0:
         unused = launch.unused(gs)
         launch(_alif_backward_kernel)[(_cdiv(N, BLOCK),)](
             gs, x, ckpt, gvT if gvT is not None else unused, gaT if gaT is not None else unused,
-            grad_x, decay, adapt_decay, beta, threshold, v_reset, alpha, T, N,
+            grad_x, gh if gh is not None else unused, decay, adapt_decay, beta, threshold, v_reset, alpha, T, N,
             RESET=RESET_CODES[reset], DETACH=detach, SURROGATE=SURROGATES[surrogate],
-            HAS_GVT=gvT is not None, HAS_GAT=gaT is not None,
+            HAS_GVT=gvT is not None, HAS_GAT=gaT is not None, HAS_GH=gh is not None,
             BLOCK=BLOCK, K=K, EVEN_N=N % BLOCK == 0, num_warps=warps, enable_fp_fusion=False)
     return grad_x
 
 
-def reference_grad_x(x, grad_s, grad_vT, grad_aT, options):
+def reference_grad_x(x, grad_s, grad_vT, grad_aT, options, grad_h=None):
     """dL/dx for a backward that will itself be differentiated (create_graph=True): the
     forward is run again through spikefuse.reference (float32, spike for spike the
     kernel's) and differentiated with create_graph, so second derivatives are its."""
     from .. import reference
 
     with torch.enable_grad():
-        spikes, (vT, aT) = reference.alif(x.float(), *options, return_state=True)
-        pairs = [(out, g.to(out.dtype)) for out, g in ((spikes, grad_s), (vT, grad_vT), (aT, grad_aT))
-                 if g is not None]
+        spikes, h, (vT, aT) = reference.alif(x.float(), *options, return_state=True, return_potential=True)
+        pairs = [(out, g.to(out.dtype)) for out, g in
+                 ((spikes, grad_s), (h, grad_h), (vT, grad_vT), (aT, grad_aT)) if g is not None]
         (gx,) = torch.autograd.grad([o for o, _ in pairs], [x], [g for _, g in pairs],
                                     create_graph=True, allow_unused=True)
     return gx if gx is not None else torch.zeros_like(x)
@@ -285,29 +311,35 @@ def reference_grad_x(x, grad_s, grad_vT, grad_aT, options):
 class ALIFFunction(torch.autograd.Function):
     """The eager path (a plain autograd.Function: less Python per call than a custom op).
     options: (decay, adapt_decay, beta, threshold, reset, v_reset, detach, surrogate, alpha,
-    want_state); (v[T-1], a[T-1]) are outputs only when want_state."""
+    want_state, want_h); the outputs are spikes, then h if want_h, then v[T-1], a[T-1] if
+    want_state."""
 
     @staticmethod
     def forward(ctx, x, options):
-        *options, want_state = options
+        *options, want_state, want_h = options
         decay, adapt_decay, beta, threshold, reset, v_reset = options[:6]
         save = ctx.needs_input_grad[0]
-        spikes, vT, aT, x_saved, ckpt = _forward(x, decay, adapt_decay, beta, threshold, reset,
-                                                 v_reset, save, want_state)
+        spikes, vT, aT, x_saved, ckpt, h = _forward(x, decay, adapt_decay, beta, threshold, reset,
+                                                    v_reset, save, want_state, want_h=want_h)
         ctx.set_materialize_grads(False)
         if save:
             ctx.save_for_backward(x_saved, ckpt)
             ctx.options = tuple(options)
-        return (spikes, vT, aT) if want_state else spikes
+            ctx.want = (want_h, want_state)
+        out = (spikes,) + ((h,) if want_h else ()) + ((vT, aT) if want_state else ())
+        return out if len(out) > 1 else spikes
 
     @staticmethod
-    def backward(ctx, grad_s, grad_vT=None, grad_aT=None):
+    def backward(ctx, grad_s, *grads):
         x, ckpt = ctx.saved_tensors
-        if grad_s is None and grad_vT is None and grad_aT is None:
+        grads = iter(grads)
+        grad_h = next(grads) if ctx.want[0] else None
+        grad_vT, grad_aT = (next(grads), next(grads)) if ctx.want[1] else (None, None)
+        if grad_s is None and grad_h is None and grad_vT is None and grad_aT is None:
             return None, None
         if torch.is_grad_enabled():  # create_graph=True: this backward will be differentiated
-            return reference_grad_x(x, grad_s, grad_vT, grad_aT, ctx.options), None
-        return _backward(grad_s, grad_vT, grad_aT, x, ckpt, *ctx.options), None
+            return reference_grad_x(x, grad_s, grad_vT, grad_aT, ctx.options, grad_h), None
+        return _backward(grad_s, grad_vT, grad_aT, x, ckpt, *ctx.options, grad_h=grad_h), None
 
 
 # ---- torch.library registration: what torch.compile sees (an op with autograd whose
@@ -320,8 +352,8 @@ def alif_forward(x: torch.Tensor, decay: float, adapt_decay: float, beta: float,
     """Spikes, v[T-1], a[T-1] (float32) and the checkpoints (empty unless `save`).
     detach, surrogate and alpha are only used by the backward. (A triton_op's body is also
     its fake kernel: only torch ops, launches and Python on shapes.)"""
-    spikes, vT, aT, _, ckpt = _forward(x, decay, adapt_decay, beta, threshold, reset, v_reset, save,
-                                       launch=TRACED)
+    spikes, vT, aT, _, ckpt, _ = _forward(x, decay, adapt_decay, beta, threshold, reset, v_reset, save,
+                                          launch=TRACED)
     return spikes, vT, aT, ckpt
 
 
@@ -357,16 +389,21 @@ alif_forward.register_autograd(_backward_rule, setup_context=_setup_context)
 
 
 def alif_fused(x, decay, adapt_decay, beta, threshold, reset, v_reset, detach, surrogate, alpha,
-               return_state):
+               return_state, return_potential=False):
     """Entry point for spikefuse.functional.alif (arguments already checked there).
-    Returns spikes, or (spikes, (v[T-1], a[T-1])) with return_state."""
+    Returns spikes, then h if return_potential, then (v[T-1], a[T-1]) if return_state.
+    return_potential (eager only: spikefuse.functional sends it to the reference while dynamo
+    traces): the forward kernel also writes h, and the backward adds dL/dh into its recurrence."""
     if not torch.compiler.is_dynamo_compiling():
         options = (decay, adapt_decay, beta, threshold, reset, v_reset, detach, surrogate, alpha,
-                   return_state)
+                   return_state, return_potential)
         if not x.is_contiguous():  # copied here, not inside: the x saved for backward keeps its graph
             x = x.contiguous()
         out = ALIFFunction.apply(x, options)
-        return (out[0], (out[1], out[2])) if return_state else out
+        if not return_state:
+            return out
+        *head, vT, aT = out
+        return (*head, (vT, aT))
     save = torch.is_grad_enabled() and x.requires_grad
     spikes, vT, aT, _ = alif_forward(x, decay, adapt_decay, beta, threshold, reset, v_reset, detach,
                                      surrogate, alpha, save)

@@ -40,13 +40,15 @@ from .triton_or_stub import tl, triton  # noqa: E402, F401
 
 @triton.jit
 def cuba_forward_chunk(X, v, i, d, sd, t0, T, threshold, v_reset,
-                       RESET: tl.constexpr, TAIL: tl.constexpr):
-    """Run K steps from state (v, i) over chunk X: (spikes [K, BLOCK] float32, v, i after).
+                       RESET: tl.constexpr, TAIL: tl.constexpr, STORE_H: tl.constexpr):
+    """Run K steps from state (v, i) over chunk X: (spikes [K, BLOCK] float32, the membrane's
+    pre-reset potentials h [K, BLOCK] float32 (zeros unless STORE_H), v, i after).
     TAIL: the chunk crosses T, and the state must stop at step T-1."""
     K: tl.constexpr = X.shape[0]
     k = tl.arange(0, K)
     Xf = X.to(tl.float32)
     S = tl.zeros(X.shape, tl.float32)
+    H = tl.zeros(X.shape, tl.float32)
     for j in tl.static_range(K):
         sel = (k == j)[:, None]
         i_next = sd * i + row(Xf, sel)
@@ -62,15 +64,17 @@ def cuba_forward_chunk(X, v, i, d, sd, t0, T, threshold, v_reset,
             v = v_next
             i = i_next
         S = tl.where(sel, s[None, :], S)
-    return S, v, i
+        if STORE_H:
+            H = tl.where(sel, h[None, :], H)
+    return S, H, v, i
 
 
 @cached_launch
 @triton.jit
 def _cuba_forward_kernel(
-    x_ptr, s_ptr, ckpt_ptr, vT_ptr, iT_ptr,
+    x_ptr, s_ptr, ckpt_ptr, vT_ptr, iT_ptr, h_ptr,
     decay, syn_decay, threshold, v_reset, T, N,
-    RESET: tl.constexpr, SAVE_CKPT: tl.constexpr, STORE_STATE: tl.constexpr,
+    RESET: tl.constexpr, SAVE_CKPT: tl.constexpr, STORE_STATE: tl.constexpr, STORE_H: tl.constexpr,
     BLOCK: tl.constexpr, K: tl.constexpr, EVEN_N: tl.constexpr,
 ):
     d, sd = f32(decay), f32(syn_decay)
@@ -90,15 +94,20 @@ def _cuba_forward_kernel(
         if SAVE_CKPT:
             tl.store(ckpt_ptr + tl.cast(c, tl.int64) * N + n, v, mask=n_mask)
             tl.store(i_ckpt_ptr + tl.cast(c, tl.int64) * N + n, i, mask=n_mask)
-        S, v, i = cuba_forward_chunk(X, v, i, d, sd, t0, T, threshold, v_reset, RESET, False)
+        S, H, v, i = cuba_forward_chunk(X, v, i, d, sd, t0, T, threshold, v_reset, RESET, False, STORE_H)
         store_chunk(s_ptr, t0, offs, k, n_mask, T, N, S, EVEN_N)
+        if STORE_H:  # the pre-reset potential trace, when asked for (return_potential)
+            store_chunk(h_ptr, t0, offs, k, n_mask, T, N, H, EVEN_N)
         X = X_next
     if full * K < T:  # the last, partial chunk
         if SAVE_CKPT:
             tl.store(ckpt_ptr + tl.cast(full, tl.int64) * N + n, v, mask=n_mask)
             tl.store(i_ckpt_ptr + tl.cast(full, tl.int64) * N + n, i, mask=n_mask)
-        S, v, i = cuba_forward_chunk(X, v, i, d, sd, full * K, T, threshold, v_reset, RESET, True)
+        S, H, v, i = cuba_forward_chunk(X, v, i, d, sd, full * K, T, threshold, v_reset, RESET, True,
+                                        STORE_H)
         store_chunk(s_ptr, full * K, offs, k, n_mask, T, N, S, EVEN_N)
+        if STORE_H:
+            store_chunk(h_ptr, full * K, offs, k, n_mask, T, N, H, EVEN_N)
     if STORE_STATE:
         tl.store(vT_ptr + n, v, mask=n_mask)
         tl.store(iT_ptr + n, i, mask=n_mask)
@@ -107,10 +116,11 @@ def _cuba_forward_kernel(
 @triton.jit
 def cuba_backward_chunk(X, GS, v, i, gv, gi, d, sd, t0, T, threshold, v_reset, alpha,
                         RESET: tl.constexpr, DETACH: tl.constexpr, SURROGATE: tl.constexpr,
-                        TAIL: tl.constexpr):
+                        TAIL: tl.constexpr, GH, HAS_GH: tl.constexpr):
     """Recompute the chunk forward from its checkpoint (v, i) (h[t] into registers), then
     run the adjoint recurrence backward through it: (dL/dx chunk, dL/dv[t0-1], and
-    syn_decay * dL/di[t0] = the gradient reaching i[t0-1])."""
+    syn_decay * dL/di[t0] = the gradient reaching i[t0-1]).
+    HAS_GH: GH is the chunk of dL/dh from a loss on the returned potential, added to dL/dh[t]."""
     K: tl.constexpr = X.shape[0]
     k = tl.arange(0, K)
     Xf = X.to(tl.float32)
@@ -130,6 +140,8 @@ def cuba_backward_chunk(X, GS, v, i, gv, gi, d, sd, t0, T, threshold, v_reset, a
         u = h - threshold
         sg = surrogate_grad(u, SURROGATE, alpha)
         gh = grad_h(row(GSf, sel), gv, h, u >= 0.0, sg, threshold, v_reset, RESET, DETACH)
+        if HAS_GH:
+            gh += row(GH.to(tl.float32), sel)
         gx = gh + gi  # dL/di[t] = dL/dh[t] + syn_decay * dL/di[t+1]
         if TAIL:  # steps past T carry no gradient
             valid = t0 + j < T
@@ -146,10 +158,10 @@ def cuba_backward_chunk(X, GS, v, i, gv, gi, d, sd, t0, T, threshold, v_reset, a
 @cached_launch
 @triton.jit
 def _cuba_backward_kernel(
-    gs_ptr, x_ptr, ckpt_ptr, gvT_ptr, giT_ptr, gx_ptr,
+    gs_ptr, x_ptr, ckpt_ptr, gvT_ptr, giT_ptr, gx_ptr, gh_ptr,
     decay, syn_decay, threshold, v_reset, alpha, T, N,
     RESET: tl.constexpr, DETACH: tl.constexpr, SURROGATE: tl.constexpr,
-    HAS_GVT: tl.constexpr, HAS_GIT: tl.constexpr,
+    HAS_GVT: tl.constexpr, HAS_GIT: tl.constexpr, HAS_GH: tl.constexpr,
     BLOCK: tl.constexpr, K: tl.constexpr, EVEN_N: tl.constexpr,
 ):
     d, sd = f32(decay), f32(syn_decay)
@@ -171,18 +183,24 @@ def _cuba_backward_kernel(
     i_ckpt_ptr = ckpt_ptr + tl.cast(last + 1, tl.int64) * N
     X = load_chunk(x_ptr, last * K, offs, k, n_mask, T, N, EVEN_N)
     GS = load_chunk(gs_ptr, last * K, offs, k, n_mask, T, N, EVEN_N)
+    GH = GS  # stands in (unread) unless HAS_GH
+    if HAS_GH:
+        GH = load_chunk(gh_ptr, last * K, offs, k, n_mask, T, N, EVEN_N)
     v = tl.load(ckpt_ptr + tl.cast(last, tl.int64) * N + n, mask=n_mask, other=0.0)
     i = tl.load(i_ckpt_ptr + tl.cast(last, tl.int64) * N + n, mask=n_mask, other=0.0)
     if full * K < T:  # the partial chunk first
         prev = tl.cast(tl.maximum(last - 1, 0), tl.int64) * N + n
         X_prev = load_earlier_chunk(x_ptr, (last - 1) * K, offs, n_mask, N, EVEN_N)
         GS_prev = load_earlier_chunk(gs_ptr, (last - 1) * K, offs, n_mask, N, EVEN_N)
+        GH_prev = GS_prev
+        if HAS_GH:
+            GH_prev = load_earlier_chunk(gh_ptr, (last - 1) * K, offs, n_mask, N, EVEN_N)
         v_prev = tl.load(ckpt_ptr + prev, mask=n_mask, other=0.0)
         i_prev = tl.load(i_ckpt_ptr + prev, mask=n_mask, other=0.0)
         GX, gv, gi = cuba_backward_chunk(X, GS, v, i, gv, gi, d, sd, last * K, T, threshold,
-                                         v_reset, alpha, RESET, DETACH, SURROGATE, True)
+                                         v_reset, alpha, RESET, DETACH, SURROGATE, True, GH, HAS_GH)
         store_chunk(gx_ptr, last * K, offs, k, n_mask, T, N, GX, EVEN_N)
-        X, GS, v, i = X_prev, GS_prev, v_prev, i_prev
+        X, GS, GH, v, i = X_prev, GS_prev, GH_prev, v_prev, i_prev
     for c_rev in range(0, full):
         c = full - 1 - c_rev
         t0 = c * K
@@ -190,17 +208,22 @@ def _cuba_backward_kernel(
         prev = tl.cast(tl.maximum(c - 1, 0), tl.int64) * N + n
         X_prev = load_earlier_chunk(x_ptr, t0 - K, offs, n_mask, N, EVEN_N)
         GS_prev = load_earlier_chunk(gs_ptr, t0 - K, offs, n_mask, N, EVEN_N)
+        GH_prev = GS_prev
+        if HAS_GH:
+            GH_prev = load_earlier_chunk(gh_ptr, t0 - K, offs, n_mask, N, EVEN_N)
         v_prev = tl.load(ckpt_ptr + prev, mask=n_mask, other=0.0)
         i_prev = tl.load(i_ckpt_ptr + prev, mask=n_mask, other=0.0)
         GX, gv, gi = cuba_backward_chunk(X, GS, v, i, gv, gi, d, sd, t0, T, threshold,
-                                         v_reset, alpha, RESET, DETACH, SURROGATE, False)
+                                         v_reset, alpha, RESET, DETACH, SURROGATE, False, GH, HAS_GH)
         store_chunk(gx_ptr, t0, offs, k, n_mask, T, N, GX, EVEN_N)
-        X, GS, v, i = X_prev, GS_prev, v_prev, i_prev
+        X, GS, GH, v, i = X_prev, GS_prev, GH_prev, v_prev, i_prev
 
 
-def _forward(x, decay, syn_decay, threshold, reset, v_reset, save, want_state=True, launch=EAGER):
+def _forward(x, decay, syn_decay, threshold, reset, v_reset, save, want_state=True, launch=EAGER,
+             want_h=False):
     """spikes like x, v[T-1] and i[T-1] (float32, None unless `want_state`), the contiguous
-    x and the checkpoints [2, ceil(T/K), N] (v then i; empty unless `save`)."""
+    x, the checkpoints [2, ceil(T/K), N] (v then i; empty unless `save`) and the membrane's
+    pre-reset potential trace h (x's dtype; None unless `want_h`)."""
     if not x.is_contiguous():
         x = x.contiguous()
     T = x.shape[0]
@@ -210,20 +233,22 @@ def _forward(x, decay, syn_decay, threshold, reset, v_reset, save, want_state=Tr
     vT = x.new_empty(x.shape[1:], dtype=torch.float32) if want_state else None
     iT = x.new_empty(x.shape[1:], dtype=torch.float32) if want_state else None
     ckpt = torch.empty((2, _cdiv(T, K) if save else 0, N), device=x.device, dtype=torch.float32)
+    h = torch.empty_like(x) if want_h else None
     if N > 0:
         unused = launch.unused(x)
         launch(_cuba_forward_kernel)[(_cdiv(N, BLOCK),)](
             x, spikes, ckpt, vT if want_state else unused, iT if want_state else unused,
-            decay, syn_decay, threshold, v_reset, T, N,
-            RESET=RESET_CODES[reset], SAVE_CKPT=save, STORE_STATE=want_state,
+            h if want_h else unused, decay, syn_decay, threshold, v_reset, T, N,
+            RESET=RESET_CODES[reset], SAVE_CKPT=save, STORE_STATE=want_state, STORE_H=want_h,
             BLOCK=BLOCK, K=K, EVEN_N=N % BLOCK == 0, num_warps=warps, enable_fp_fusion=False)
-    return spikes, vT, iT, x, ckpt
+    return spikes, vT, iT, x, ckpt, h
 
 
 def _backward(grad_s, grad_vT, grad_iT, x, ckpt, decay, syn_decay, threshold, reset, v_reset,
-              detach, surrogate, alpha, launch=EAGER):
+              detach, surrogate, alpha, launch=EAGER, grad_h=None):
     """dL/dx like x. x is the contiguous input saved by _forward; grad_s may be None (only
-    the final state was used), grad_vT / grad_iT None when the state was not used."""
+    the final state was used), grad_vT / grad_iT None when the state was not used, grad_h
+    None or dL/dh for the returned potential trace (added to the recurrence's dL/dh)."""
     T = x.shape[0]
     N = x.numel() // T
     if grad_s is None:
@@ -231,29 +256,30 @@ def _backward(grad_s, grad_vT, grad_iT, x, ckpt, decay, syn_decay, threshold, re
     gs = grad_s if grad_s.is_contiguous() else grad_s.contiguous()
     gvT = grad_vT.contiguous() if grad_vT is not None else None
     giT = grad_iT.contiguous() if grad_iT is not None else None
+    gh = grad_h.contiguous() if grad_h is not None else None
     grad_x = torch.empty_like(x)
     BLOCK, K, warps = _launch_config(N, x.dtype)
     if N > 0:
         unused = launch.unused(gs)
         launch(_cuba_backward_kernel)[(_cdiv(N, BLOCK),)](
             gs, x, ckpt, gvT if gvT is not None else unused, giT if giT is not None else unused,
-            grad_x, decay, syn_decay, threshold, v_reset, alpha, T, N,
+            grad_x, gh if gh is not None else unused, decay, syn_decay, threshold, v_reset, alpha, T, N,
             RESET=RESET_CODES[reset], DETACH=detach, SURROGATE=SURROGATES[surrogate],
-            HAS_GVT=gvT is not None, HAS_GIT=giT is not None,
+            HAS_GVT=gvT is not None, HAS_GIT=giT is not None, HAS_GH=gh is not None,
             BLOCK=BLOCK, K=K, EVEN_N=N % BLOCK == 0, num_warps=warps, enable_fp_fusion=False)
     return grad_x
 
 
-def reference_grad_x(x, grad_s, grad_vT, grad_iT, options):
+def reference_grad_x(x, grad_s, grad_vT, grad_iT, options, grad_h=None):
     """dL/dx for a backward that will itself be differentiated (create_graph=True): the
     forward is run again through spikefuse.reference.cuba (float32) and differentiated with
     create_graph, so second derivatives are its."""
     from .. import reference
 
     with torch.enable_grad():
-        spikes, (vT, iT) = reference.cuba(x.float(), *options, return_state=True)
-        pairs = [(out, g.to(out.dtype)) for out, g in ((spikes, grad_s), (vT, grad_vT), (iT, grad_iT))
-                 if g is not None]
+        spikes, h, (vT, iT) = reference.cuba(x.float(), *options, return_state=True, return_potential=True)
+        pairs = [(out, g.to(out.dtype)) for out, g in
+                 ((spikes, grad_s), (h, grad_h), (vT, grad_vT), (iT, grad_iT)) if g is not None]
         (gx,) = torch.autograd.grad([o for o, _ in pairs], [x], [g for _, g in pairs],
                                     create_graph=True, allow_unused=True)
     return gx if gx is not None else torch.zeros_like(x)
@@ -261,29 +287,35 @@ def reference_grad_x(x, grad_s, grad_vT, grad_iT, options):
 
 class CUBAFunction(torch.autograd.Function):
     """The eager path. options: (decay, syn_decay, threshold, reset, v_reset, detach,
-    surrogate, alpha, want_state); (v[T-1], i[T-1]) are outputs only when want_state."""
+    surrogate, alpha, want_state, want_h); the outputs are spikes, then h if want_h, then
+    v[T-1], i[T-1] if want_state."""
 
     @staticmethod
     def forward(ctx, x, options):
-        *options, want_state = options
+        *options, want_state, want_h = options
         decay, syn_decay, threshold, reset, v_reset = options[:5]
         save = ctx.needs_input_grad[0]
-        spikes, vT, iT, x_saved, ckpt = _forward(x, decay, syn_decay, threshold, reset, v_reset,
-                                                 save, want_state)
+        spikes, vT, iT, x_saved, ckpt, h = _forward(x, decay, syn_decay, threshold, reset, v_reset,
+                                                    save, want_state, want_h=want_h)
         ctx.set_materialize_grads(False)
         if save:
             ctx.save_for_backward(x_saved, ckpt)
             ctx.options = tuple(options)
-        return (spikes, vT, iT) if want_state else spikes
+            ctx.want = (want_h, want_state)
+        out = (spikes,) + ((h,) if want_h else ()) + ((vT, iT) if want_state else ())
+        return out if len(out) > 1 else spikes
 
     @staticmethod
-    def backward(ctx, grad_s, grad_vT=None, grad_iT=None):
+    def backward(ctx, grad_s, *grads):
         x, ckpt = ctx.saved_tensors
-        if grad_s is None and grad_vT is None and grad_iT is None:
+        grads = iter(grads)
+        grad_h = next(grads) if ctx.want[0] else None
+        grad_vT, grad_iT = (next(grads), next(grads)) if ctx.want[1] else (None, None)
+        if grad_s is None and grad_h is None and grad_vT is None and grad_iT is None:
             return None, None
         if torch.is_grad_enabled():  # create_graph=True: this backward will be differentiated
-            return reference_grad_x(x, grad_s, grad_vT, grad_iT, ctx.options), None
-        return _backward(grad_s, grad_vT, grad_iT, x, ckpt, *ctx.options), None
+            return reference_grad_x(x, grad_s, grad_vT, grad_iT, ctx.options, grad_h), None
+        return _backward(grad_s, grad_vT, grad_iT, x, ckpt, *ctx.options, grad_h=grad_h), None
 
 
 # ---- torch.library registration: what torch.compile sees ----
@@ -294,8 +326,8 @@ def cuba_forward(x: torch.Tensor, decay: float, syn_decay: float, threshold: flo
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Spikes, v[T-1], i[T-1] (float32) and the checkpoints (empty unless `save`).
     detach, surrogate and alpha are only used by the backward."""
-    spikes, vT, iT, _, ckpt = _forward(x, decay, syn_decay, threshold, reset, v_reset, save,
-                                       launch=TRACED)
+    spikes, vT, iT, _, ckpt, _ = _forward(x, decay, syn_decay, threshold, reset, v_reset, save,
+                                          launch=TRACED)
     return spikes, vT, iT, ckpt
 
 
@@ -331,16 +363,22 @@ cuba_forward.register_autograd(_backward_rule, setup_context=_setup_context)
 
 
 def cuba_fused(x, decay, syn_decay, threshold, reset, v_reset, detach, surrogate, alpha,
-               return_state):
+               return_state, return_potential=False):
     """Entry point for spikefuse.functional.cuba (arguments already checked there).
-    Returns spikes, or (spikes, (v[T-1], i[T-1])) with return_state."""
+    Returns spikes, then the membrane's pre-reset h if return_potential, then (v[T-1], i[T-1])
+    if return_state. return_potential (eager only: spikefuse.functional sends it to the
+    reference while dynamo traces): the forward kernel also writes h, and the backward adds
+    dL/dh into its recurrence."""
     if not torch.compiler.is_dynamo_compiling():
         options = (decay, syn_decay, threshold, reset, v_reset, detach, surrogate, alpha,
-                   return_state)
+                   return_state, return_potential)
         if not x.is_contiguous():  # copied here, not inside: the x saved for backward keeps its graph
             x = x.contiguous()
         out = CUBAFunction.apply(x, options)
-        return (out[0], (out[1], out[2])) if return_state else out
+        if not return_state:
+            return out
+        *head, vT, iT = out
+        return (*head, (vT, iT))
     save = torch.is_grad_enabled() and x.requires_grad
     spikes, vT, iT, _ = cuba_forward(x, decay, syn_decay, threshold, reset, v_reset, detach,
                                      surrogate, alpha, save)

@@ -15,6 +15,10 @@ the 5 accesses of the floor, plus the checkpoints.
 
 Sparse backward (Perez-Nieves & Goodman): the surrogate gradient is zeroed where the
 potential h[t] < grad_floor (the caller's grad_threshold; -inf cuts nothing).
+
+A tensor threshold (learnable: one value, or one per channel) is read per neuron like a
+tensor decay; its gradient is summed over time in registers, one partial per neuron, and
+reduced over the batch and spatial dims by torch (no atomics: deterministic).
 """
 from __future__ import annotations
 
@@ -126,8 +130,8 @@ def spike_value(u, fired):
 
 
 @triton.jit
-def grad_h(gs, gv, h, fired, sg, threshold, v_reset, RESET: tl.constexpr, DETACH: tl.constexpr):
-    """dL/dh[t] from dL/ds[t] and dL/dv[t]: through the spike (surrogate) and the reset."""
+def reset_partials(h, fired, threshold, v_reset, RESET: tl.constexpr, DETACH: tl.constexpr):
+    """(dv[t]/dh[t] with s held, dv[t]/ds[t]) of the reset (the second 0 with detach_reset)."""
     if RESET == 0:
         direct = tl.where(fired, 0.0, 1.0)
         through_spike = 0.0 if DETACH else v_reset - h
@@ -137,18 +141,41 @@ def grad_h(gs, gv, h, fired, sg, threshold, v_reset, RESET: tl.constexpr, DETACH
     else:
         direct = 1.0
         through_spike = 0.0
+    return direct, through_spike
+
+
+@triton.jit
+def grad_h(gs, gv, h, fired, sg, threshold, v_reset, RESET: tl.constexpr, DETACH: tl.constexpr):
+    """dL/dh[t] from dL/ds[t] and dL/dv[t]: through the spike (surrogate) and the reset."""
+    direct, through_spike = reset_partials(h, fired, threshold, v_reset, RESET, DETACH)
     return (gs + gv * through_spike) * sg + gv * direct
 
 
 @triton.jit
-def load_decay(decay_ptr, decay, n, mask, inner, C, DECAY: tl.constexpr):
-    """Per-neuron decay: 0 = the float `decay`, 1 = one tensor value, 2 = per channel."""
-    if DECAY == 0:
-        return decay
-    elif DECAY == 1:
-        return tl.load(decay_ptr).to(tl.float32)
+def grad_threshold_step(gs, gv, h, fired, sg, threshold, v_reset, RESET: tl.constexpr, DETACH: tl.constexpr):
+    """dL/dthreshold at step t: s = H(h - threshold) gives -(dL/ds[t] total) * sg, and the
+    soft reset v = h - threshold*s gives -dL/dv[t] where it fired (detach_reset detaches s,
+    not the threshold)."""
+    _, through_spike = reset_partials(h, fired, threshold, v_reset, RESET, DETACH)
+    g = -(gs + gv * through_spike) * sg
+    if RESET == 1:
+        g -= tl.where(fired, gv, 0.0)
+    return g
+
+
+@triton.jit
+def load_per_neuron(ptr, value, n, mask, inner, C, MODE: tl.constexpr):
+    """A parameter per neuron (the decay or the threshold): MODE 0 = the float `value`,
+    1 = one tensor value, 2 = one per channel."""
+    if MODE == 0:
+        return value
+    elif MODE == 1:
+        return tl.load(ptr).to(tl.float32)
     else:
-        return tl.load(decay_ptr + (n // inner) % C, mask=mask, other=0.0).to(tl.float32)
+        return tl.load(ptr + (n // inner) % C, mask=mask, other=0.0).to(tl.float32)
+
+
+load_decay = load_per_neuron  # the name bn_lif.py imports
 
 
 @triton.jit
@@ -247,16 +274,17 @@ def forward_chunk(X, v, d, t0, T, threshold, v_reset, RESET: tl.constexpr, TAIL:
 @cached_launch
 @triton.jit
 def _lif_forward_kernel(
-    x_ptr, s_ptr, ckpt_ptr, v0_ptr, vT_ptr, decay_ptr, h_ptr,
+    x_ptr, s_ptr, ckpt_ptr, v0_ptr, vT_ptr, decay_ptr, h_ptr, thr_ptr,
     decay, threshold, v_reset, T, N, inner, C,
-    RESET: tl.constexpr, DECAY: tl.constexpr, HAS_V0: tl.constexpr,
+    RESET: tl.constexpr, DECAY: tl.constexpr, THRESHOLD: tl.constexpr, HAS_V0: tl.constexpr,
     SAVE_CKPT: tl.constexpr, STORE_VT: tl.constexpr, STORE_H: tl.constexpr, BLOCK: tl.constexpr,
     K: tl.constexpr, EVEN_N: tl.constexpr,
 ):
     decay, threshold, v_reset = f32(decay), f32(threshold), f32(v_reset)
     n = program_neurons(BLOCK)
     n_mask = n < N
-    d = load_decay(decay_ptr, decay, n, n_mask, inner, C, DECAY)
+    d = load_per_neuron(decay_ptr, decay, n, n_mask, inner, C, DECAY)
+    threshold = load_per_neuron(thr_ptr, threshold, n, n_mask, inner, C, THRESHOLD)
     if HAS_V0:
         v = tl.load(v0_ptr + n, mask=n_mask, other=0.0).to(tl.float32)
     else:
@@ -287,11 +315,13 @@ def _lif_forward_kernel(
 
 
 @triton.jit
-def backward_chunk(X, GS, v, gv, gd, d, t0, T, threshold, v_reset, alpha, grad_floor,
+def backward_chunk(X, GS, v, gv, gd, gthr, d, t0, T, threshold, v_reset, alpha, grad_floor,
                    RESET: tl.constexpr, DETACH: tl.constexpr, SURROGATE: tl.constexpr,
-                   NEED_GD: tl.constexpr, TAIL: tl.constexpr, GH, HAS_GH: tl.constexpr):
+                   NEED_GD: tl.constexpr, TAIL: tl.constexpr, GH, HAS_GH: tl.constexpr,
+                   NEED_GTHR: tl.constexpr):
     """Recompute the chunk forward from its checkpoint v (h[t] and v[t-1] into registers),
-    then run the gradient recurrence backward through it: (dL/dx chunk, dL/dv, dL/d decay).
+    then run the gradient recurrence backward through it: (dL/dx chunk, dL/dv, dL/d decay,
+    dL/d threshold; the last two summed over the chunk's steps onto gd, gthr).
     HAS_GH: GH is the chunk of dL/dh from a loss on the returned potential, added to dL/dh[t]."""
     K: tl.constexpr = X.shape[0]
     k = tl.arange(0, K)
@@ -313,7 +343,11 @@ def backward_chunk(X, GS, v, gv, gd, d, t0, T, threshold, v_reset, alpha, grad_f
         h = row(H, sel)
         u = h - threshold
         sg = tl.where(h < grad_floor, 0.0, surrogate_grad(u, SURROGATE, alpha))  # NaN h keeps its NaN
-        gh = grad_h(row(GSf, sel), gv, h, u >= 0.0, sg, threshold, v_reset, RESET, DETACH)
+        gs = row(GSf, sel)
+        if NEED_GTHR:  # (before gv moves on: it is dL/dv[t] here)
+            gt = grad_threshold_step(gs, gv, h, u >= 0.0, sg, threshold, v_reset, RESET, DETACH)
+            gthr += tl.where(t0 + j < T, gt, 0.0) if TAIL else gt
+        gh = grad_h(gs, gv, h, u >= 0.0, sg, threshold, v_reset, RESET, DETACH)
         if HAS_GH:
             gh += row(GH.to(tl.float32), sel)
         if TAIL:  # steps past T carry no gradient
@@ -324,28 +358,30 @@ def backward_chunk(X, GS, v, gv, gd, d, t0, T, threshold, v_reset, alpha, grad_f
         if NEED_GD:  # dL/d decay += dL/dh[t] * v[t-1]
             gd += gh * row(V_before, sel)
         GX = tl.where(sel, gh[None, :], GX)
-    return GX, gv, gd
+    return GX, gv, gd, gthr
 
 
 @cached_launch
 @triton.jit
 def _lif_backward_kernel(
-    gs_ptr, x_ptr, ckpt_ptr, gvT_ptr, gx_ptr, gv0_ptr, gd_ptr, decay_ptr, gh_ptr,
+    gs_ptr, x_ptr, ckpt_ptr, gvT_ptr, gx_ptr, gv0_ptr, gd_ptr, decay_ptr, gh_ptr, thr_ptr, gthr_ptr,
     decay, threshold, v_reset, alpha, grad_floor, T, N, inner, C,
     RESET: tl.constexpr, DETACH: tl.constexpr, SURROGATE: tl.constexpr, DECAY: tl.constexpr,
-    HAS_GVT: tl.constexpr, NEED_GV0: tl.constexpr, NEED_GD: tl.constexpr, HAS_GH: tl.constexpr,
-    BLOCK: tl.constexpr, K: tl.constexpr, EVEN_N: tl.constexpr,
+    THRESHOLD: tl.constexpr, HAS_GVT: tl.constexpr, NEED_GV0: tl.constexpr, NEED_GD: tl.constexpr,
+    HAS_GH: tl.constexpr, NEED_GTHR: tl.constexpr, BLOCK: tl.constexpr, K: tl.constexpr, EVEN_N: tl.constexpr,
 ):
     decay, threshold, v_reset, alpha = f32(decay), f32(threshold), f32(v_reset), f32(alpha)
     grad_floor = f32(grad_floor)
     n = program_neurons(BLOCK)
     n_mask = n < N
-    d = load_decay(decay_ptr, decay, n, n_mask, inner, C, DECAY)
+    d = load_per_neuron(decay_ptr, decay, n, n_mask, inner, C, DECAY)
+    threshold = load_per_neuron(thr_ptr, threshold, n, n_mask, inner, C, THRESHOLD)
     if HAS_GVT:  # dL/dv[T-1] when the final state was used downstream
         gv = tl.load(gvT_ptr + n, mask=n_mask, other=0.0).to(tl.float32)
     else:
         gv = tl.zeros([BLOCK], tl.float32)
     gd = tl.zeros([BLOCK], tl.float32)
+    gthr = tl.zeros([BLOCK], tl.float32)
     k = tl.arange(0, K)
     offs = k[:, None] * N + n[None, :]
     full = T // K
@@ -363,8 +399,9 @@ def _lif_backward_kernel(
         if HAS_GH:
             GH_prev = load_earlier_chunk(gh_ptr, (last - 1) * K, offs, n_mask, N, EVEN_N)
         v_prev = tl.load(ckpt_ptr + tl.cast(tl.maximum(last - 1, 0), tl.int64) * N + n, mask=n_mask, other=0.0)
-        GX, gv, gd = backward_chunk(X, GS, v, gv, gd, d, last * K, T, threshold, v_reset, alpha,
-                                    grad_floor, RESET, DETACH, SURROGATE, NEED_GD, True, GH, HAS_GH)
+        GX, gv, gd, gthr = backward_chunk(X, GS, v, gv, gd, gthr, d, last * K, T, threshold, v_reset, alpha,
+                                          grad_floor, RESET, DETACH, SURROGATE, NEED_GD, True, GH, HAS_GH,
+                                          NEED_GTHR)
         store_chunk(gx_ptr, last * K, offs, k, n_mask, T, N, GX, EVEN_N)
         X, GS, GH, v = X_prev, GS_prev, GH_prev, v_prev
     for i in range(0, full):
@@ -377,14 +414,17 @@ def _lif_backward_kernel(
         if HAS_GH:
             GH_prev = load_earlier_chunk(gh_ptr, t0 - K, offs, n_mask, N, EVEN_N)
         v_prev = tl.load(ckpt_ptr + tl.cast(tl.maximum(c - 1, 0), tl.int64) * N + n, mask=n_mask, other=0.0)
-        GX, gv, gd = backward_chunk(X, GS, v, gv, gd, d, t0, T, threshold, v_reset, alpha,
-                                    grad_floor, RESET, DETACH, SURROGATE, NEED_GD, False, GH, HAS_GH)
+        GX, gv, gd, gthr = backward_chunk(X, GS, v, gv, gd, gthr, d, t0, T, threshold, v_reset, alpha,
+                                          grad_floor, RESET, DETACH, SURROGATE, NEED_GD, False, GH, HAS_GH,
+                                          NEED_GTHR)
         store_chunk(gx_ptr, t0, offs, k, n_mask, T, N, GX, EVEN_N)
         X, GS, GH, v = X_prev, GS_prev, GH_prev, v_prev
     if NEED_GV0:
         tl.store(gv0_ptr + n, gv, mask=n_mask)
     if NEED_GD:
         tl.store(gd_ptr + n, gd, mask=n_mask)
+    if NEED_GTHR:
+        tl.store(gthr_ptr + n, gthr, mask=n_mask)
 
 
 _TUNING_FILE = os.path.join(os.path.dirname(__file__), "lif_tuning.json")
@@ -430,13 +470,18 @@ def _launch_config(num_neurons: int, dtype: torch.dtype) -> tuple[int, int, int]
     return BLOCK, K, warps
 
 
-def _decay_mode(decay_tensor, shape):
-    """(DECAY code, channels, elements per channel within one sample)."""
-    if decay_tensor is None:
-        return 0, 1, 1
-    if decay_tensor.numel() == 1:
-        return 1, 1, 1
-    return 2, shape[2], math.prod(shape[3:])
+def _param_mode(tensor):
+    """load_per_neuron's MODE for a decay or threshold: 0 = a float, 1 = one tensor value,
+    2 = one per channel."""
+    return 0 if tensor is None else 1 if tensor.numel() == 1 else 2
+
+
+def _channels(shape, *params):
+    """(channels, elements per channel within one sample) of x [T, B, C, ...] where one of
+    the params is per channel; else (1, 1), the kernels' launch arguments of before."""
+    if any(p is not None and p.numel() > 1 for p in params):
+        return shape[2], math.prod(shape[3:])
+    return 1, 1
 
 
 # The host side runs once per layer per step, next to kernels of ~0.1 ms, so it avoids
@@ -444,10 +489,11 @@ def _decay_mode(decay_tensor, shape):
 # contiguous memory as [T, N]).
 
 def _forward(x, decay, decay_tensor, v0, threshold, reset, v_reset, save, want_state=True,
-             launch=EAGER, want_h=False):
+             launch=EAGER, want_h=False, threshold_tensor=None):
     """spikes like x, v[T-1] (float32, None unless `want_state`) and, if `save`,
     (contiguous x, checkpoints) for backward; with `want_h` the pre-reset potential trace
-    h (x's dtype) follows as a fifth value."""
+    h (x's dtype) follows as a fifth value. threshold_tensor (float32, one value or one per
+    channel) stands in for the float threshold when given."""
     if not x.is_contiguous():
         x = x.contiguous()
     T = x.shape[0]
@@ -456,15 +502,17 @@ def _forward(x, decay, decay_tensor, v0, threshold, reset, v_reset, save, want_s
     spikes = torch.empty_like(x)
     vT = x.new_empty(x.shape[1:], dtype=torch.float32) if want_state else None
     ckpt = torch.empty((_cdiv(T, K) if save else 0, N), device=x.device, dtype=torch.float32)
-    mode, C, inner = _decay_mode(decay_tensor, x.shape)
+    C, inner = _channels(x.shape, decay_tensor, threshold_tensor)
     h = torch.empty_like(x) if want_h else None
     if N > 0:
         unused = launch.unused(x)
         launch(_lif_forward_kernel)[(_cdiv(N, BLOCK),)](
             x, spikes, ckpt, v0.contiguous() if v0 is not None else unused, vT if want_state else unused,
             decay_tensor if decay_tensor is not None else unused, h if want_h else unused,
+            threshold_tensor if threshold_tensor is not None else unused,
             decay, threshold, v_reset, T, N, inner, C,
-            RESET=RESET_CODES[reset], DECAY=mode, HAS_V0=v0 is not None, SAVE_CKPT=save,
+            RESET=RESET_CODES[reset], DECAY=_param_mode(decay_tensor), THRESHOLD=_param_mode(threshold_tensor),
+            HAS_V0=v0 is not None, SAVE_CKPT=save,
             STORE_VT=want_state, STORE_H=want_h, BLOCK=BLOCK, K=K, EVEN_N=N % BLOCK == 0, num_warps=warps,
             enable_fp_fusion=False)
     if want_h:
@@ -474,19 +522,21 @@ def _forward(x, decay, decay_tensor, v0, threshold, reset, v_reset, save, want_s
 
 def _backward(grad_s, grad_vT, x, ckpt, decay, decay_tensor, threshold, reset,
               v_reset, detach, surrogate, alpha, need_gv0, need_gd, grad_threshold=float("-inf"),
-              launch=EAGER, grad_h=None):
-    """grad_x like x, and float32 dL/dv0 (shaped like x[0]) and per-neuron dL/d(decay)
-    partial sums, or None. x is the contiguous input saved by _forward. grad_h: None, or
-    dL/dh for the returned potential trace (shaped like x), added to the recurrence's dL/dh."""
+              launch=EAGER, grad_h=None, threshold_tensor=None, need_gthr=False):
+    """grad_x like x, and float32 dL/dv0 (shaped like x[0]), per-neuron dL/d(decay) and
+    dL/d(threshold_tensor) partial sums (summed over time), or None. x is the contiguous input
+    saved by _forward. grad_h: None, or dL/dh for the returned potential trace (shaped like x),
+    added to the recurrence's dL/dh."""
     T = x.shape[0]
     N = x.numel() // T
     gs = grad_s if grad_s.is_contiguous() else grad_s.contiguous()
     grad_x = torch.empty_like(x)
     gv0 = torch.empty(x.shape[1:], device=x.device, dtype=torch.float32) if need_gv0 else None
     gd = torch.empty(N, device=x.device, dtype=torch.float32) if need_gd else None
+    gthr = torch.empty(N, device=x.device, dtype=torch.float32) if need_gthr else None
     gvT = grad_vT.contiguous() if grad_vT is not None else None
     gh = grad_h.contiguous() if grad_h is not None else None
-    mode, C, inner = _decay_mode(decay_tensor, x.shape)
+    C, inner = _channels(x.shape, decay_tensor, threshold_tensor)
     BLOCK, K, warps = _launch_config(N, x.dtype)
     if N > 0:
         unused = launch.unused(gs)
@@ -494,18 +544,20 @@ def _backward(grad_s, grad_vT, x, ckpt, decay, decay_tensor, threshold, reset,
             gs, x, ckpt, gvT if gvT is not None else unused, grad_x,
             gv0 if gv0 is not None else unused, gd if gd is not None else unused,
             decay_tensor if decay_tensor is not None else unused, gh if gh is not None else unused,
+            threshold_tensor if threshold_tensor is not None else unused, gthr if gthr is not None else unused,
             decay, threshold, v_reset, alpha, grad_threshold, T, N, inner, C,
             RESET=RESET_CODES[reset], DETACH=detach, SURROGATE=SURROGATES[surrogate],
-            DECAY=mode, HAS_GVT=gvT is not None, NEED_GV0=need_gv0, NEED_GD=need_gd, HAS_GH=gh is not None,
+            DECAY=_param_mode(decay_tensor), THRESHOLD=_param_mode(threshold_tensor), HAS_GVT=gvT is not None,
+            NEED_GV0=need_gv0, NEED_GD=need_gd, HAS_GH=gh is not None, NEED_GTHR=need_gthr,
             BLOCK=BLOCK, K=K, EVEN_N=N % BLOCK == 0, num_warps=warps, enable_fp_fusion=False)
-    return grad_x, gv0, gd
+    return grad_x, gv0, gd, gthr
 
 
-def _reduce_decay_grad(gd, x_shape, decay_tensor):
-    """Per-neuron partial sums -> the decay's shape (one value, or one per channel)."""
-    if decay_tensor.numel() == 1:
-        return gd.sum().reshape(decay_tensor.shape)
-    return gd.view(x_shape[1], x_shape[2], math.prod(x_shape[3:])).sum(dim=(0, 2))  # no -1: B may be 0
+def _reduce_per_channel(partials, x_shape, param):
+    """Per-neuron partial sums [N] -> the parameter's shape (one value, or one per channel)."""
+    if param.numel() == 1:
+        return partials.sum().reshape(param.shape)
+    return partials.view(x_shape[1], x_shape[2], math.prod(x_shape[3:])).sum(dim=(0, 2))  # no -1: B may be 0
 
 
 class LIFFunction(torch.autograd.Function):
@@ -516,13 +568,13 @@ class LIFFunction(torch.autograd.Function):
     (options[-2:]: return_state, return_potential; the outputs are spikes, [h], [v[T-1]])."""
 
     @staticmethod
-    def forward(ctx, x, decay_tensor, v0, options):
+    def forward(ctx, x, decay_tensor, v0, threshold_tensor, options):
         decay, threshold, reset, v_reset, detach, surrogate, alpha, _, want_state, want_h = options
         save = any(ctx.needs_input_grad)
         spikes, vT, x, ckpt, *h = _forward(x, decay, decay_tensor, v0, threshold, reset, v_reset, save,
-                                           want_state, want_h=want_h)
+                                           want_state, want_h=want_h, threshold_tensor=threshold_tensor)
         if save:
-            ctx.save_for_backward(x, ckpt, decay_tensor, v0)
+            ctx.save_for_backward(x, ckpt, decay_tensor, v0, threshold_tensor)
             ctx.options = options[:-2]
             ctx.want = (want_h, want_state)
         out = (spikes, *h) + ((vT,) if want_state else ())
@@ -530,48 +582,57 @@ class LIFFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_s, *grads):
-        x, ckpt, decay_tensor, v0 = ctx.saved_tensors
+        x, ckpt, decay_tensor, v0, threshold_tensor = ctx.saved_tensors
         decay, *options, grad_threshold = ctx.options
         grads = iter(grads)
         grad_h = next(grads) if ctx.want[0] else None
         grad_vT = next(grads) if ctx.want[1] else None
         if torch.is_grad_enabled():  # create_graph=True: this backward will be differentiated
             return (*reference_grads(x, decay, decay_tensor, v0, grad_s, grad_vT, options,
-                                     ctx.needs_input_grad, grad_threshold, grad_h), None)
+                                     ctx.needs_input_grad[:4], grad_threshold, grad_h, threshold_tensor), None)
 
-        def run(grad_s, need_gv0, need_gd):
+        def run(grad_s, need_gv0, need_gd, need_gthr):
             return _backward(grad_s, grad_vT, x, ckpt, decay, decay_tensor, *options, need_gv0, need_gd,
-                             grad_threshold, grad_h=grad_h)
-        _, decay_needs_grad, v0_needs_grad, _ = ctx.needs_input_grad
-        return (*_input_grads(run, grad_s, x, decay_tensor, v0, decay_needs_grad, v0_needs_grad), None)
+                             grad_threshold, grad_h=grad_h, threshold_tensor=threshold_tensor, need_gthr=need_gthr)
+        return (*_input_grads(run, grad_s, x, decay_tensor, v0, threshold_tensor, ctx.needs_input_grad[1:4]), None)
 
 
-def _input_grads(run_backward, grad_s, x, decay_tensor, v0, decay_needs_grad, v0_needs_grad):
-    """(grad_x, grad_decay, grad_v0) for either autograd path; run_backward runs the
-    backward kernel for grad_s and says which of dL/dv0, dL/d(decay) to compute."""
+def _input_grads(run_backward, grad_s, x, decay_tensor, v0, threshold_tensor, needs):
+    """(grad_x, grad_decay, grad_v0, grad_threshold) for either autograd path; run_backward
+    runs the backward kernel for grad_s and says which of dL/dv0, dL/d(decay), dL/d(threshold)
+    to compute. needs: whether decay_tensor, v0, threshold_tensor need a gradient."""
+    decay_needs_grad, v0_needs_grad, threshold_needs_grad = needs
     need_gd = decay_tensor is not None and decay_needs_grad
     need_gv0 = v0 is not None and v0_needs_grad
+    need_gthr = threshold_tensor is not None and threshold_needs_grad
     if grad_s is None:  # only the final state was used
         grad_s = torch.zeros_like(x)
-    gx, gv0, gd = run_backward(grad_s, need_gv0, need_gd)
-    grad_decay = _reduce_decay_grad(gd, x.shape, decay_tensor) if need_gd else None
+    gx, gv0, gd, gthr = run_backward(grad_s, need_gv0, need_gd, need_gthr)
+    grad_decay = _reduce_per_channel(gd, x.shape, decay_tensor) if need_gd else None
     grad_v0 = gv0.view(v0.shape).to(v0.dtype) if need_gv0 else None
-    return gx, grad_decay, grad_v0
+    grad_thr = _reduce_per_channel(gthr, x.shape, threshold_tensor) if need_gthr else None
+    return gx, grad_decay, grad_v0, grad_thr
 
 
 def reference_grads(x, decay, decay_tensor, v0, grad_s, grad_vT, options, needs,
-                    grad_threshold=float("-inf"), grad_h=None):
-    """(grad_x, grad_decay, grad_v0) for a backward that will itself be differentiated
-    (create_graph=True): the backward kernel's output carries no graph, so the forward is
-    run again through spikefuse.reference (in float32, spike for spike the kernel's) from
-    the saved inputs and differentiated with create_graph: second derivatives are the
-    reference's. needs: ctx.needs_input_grad for (x, decay_tensor, v0)."""
+                    grad_threshold=float("-inf"), grad_h=None, threshold_tensor=None):
+    """(grad_x, grad_decay, grad_v0, grad_threshold) for a backward that will itself be
+    differentiated (create_graph=True): the backward kernel's output carries no graph, so the
+    forward is run again through spikefuse.reference (in float32, spike for spike the kernel's)
+    from the saved inputs and differentiated with create_graph: second derivatives are the
+    reference's. needs: ctx.needs_input_grad for (x, decay_tensor, v0, threshold_tensor)."""
     from .. import reference
 
     threshold, reset, v_reset, detach, surrogate, alpha = options
-    wanted = [t if need and t is not None else None for t, need in zip((x, decay_tensor, v0), needs)]
-    if decay_tensor is not None:  # [1] or [C] -> broadcastable to x[0] ([B, C, *])
-        decay = decay_tensor.reshape((-1,) + (1,) * max(x.dim() - 3, 0)) if decay_tensor.numel() > 1 else decay_tensor
+    inputs = (x, decay_tensor, v0, threshold_tensor)
+    wanted = [t if need and t is not None else None for t, need in zip(inputs, needs)]
+
+    def per_channel(t):  # [1] or [C] -> broadcastable to x[0] ([B, C, *])
+        return t.reshape((-1,) + (1,) * max(x.dim() - 3, 0)) if t.numel() > 1 else t
+    if decay_tensor is not None:
+        decay = per_channel(decay_tensor)
+    if threshold_tensor is not None:
+        threshold = per_channel(threshold_tensor)
     with torch.enable_grad():
         spikes, h, vT = reference.lif(x.float(), decay, threshold, reset, v_reset, detach, surrogate, alpha,
                                       None if v0 is None else v0.float(), return_state=True,
@@ -590,14 +651,15 @@ def reference_grads(x, decay, decay_tensor, v0, grad_s, grad_vT, options, needs,
 def lif_forward(x: torch.Tensor, decay: float, decay_tensor: torch.Tensor | None,
                 v0: torch.Tensor | None, threshold: float, reset: str, v_reset: float,
                 detach: bool, surrogate: str, alpha: float, save: bool,
-                grad_threshold: float | None = None
+                grad_threshold: float | None = None, threshold_tensor: torch.Tensor | None = None
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Spikes, v[T-1] (float32) and the checkpoints (empty unless `save`).
     detach, surrogate, alpha and grad_threshold are only used by the backward; None stands
-    for -inf (no cut), which a schema default cannot spell. (A triton_op's body is also
-    its fake kernel: only torch ops, launches and Python on shapes.)"""
+    for -inf (no cut), which a schema default cannot spell. threshold_tensor (float32, one
+    value or one per channel) replaces the float threshold when given. (A triton_op's body is
+    also its fake kernel: only torch ops, launches and Python on shapes.)"""
     spikes, vT, _, ckpt = _forward(x, decay, decay_tensor, v0, threshold, reset, v_reset, save,
-                                   launch=TRACED)
+                                   launch=TRACED, threshold_tensor=threshold_tensor)
     return spikes, vT, ckpt
 
 
@@ -605,59 +667,68 @@ def lif_forward(x: torch.Tensor, decay: float, decay_tensor: torch.Tensor | None
 def lif_backward(grad_s: torch.Tensor, grad_vT: torch.Tensor | None, x: torch.Tensor,
                  ckpt: torch.Tensor, decay: float, decay_tensor: torch.Tensor | None,
                  threshold: float, reset: str, v_reset: float, detach: bool, surrogate: str,
-                 alpha: float, need_gv0: bool, need_gd: bool, grad_threshold: float | None = None
-                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """grad_x, and per-neuron dL/dv0 and dL/d(decay) partial sums (empty if not needed)."""
-    gx, gv0, gd = _backward(grad_s, grad_vT, x.contiguous(), ckpt, decay, decay_tensor, threshold,
-                            reset, v_reset, detach, surrogate, alpha, need_gv0, need_gd,
-                            float("-inf") if grad_threshold is None else grad_threshold, launch=TRACED)
+                 alpha: float, need_gv0: bool, need_gd: bool, grad_threshold: float | None = None,
+                 threshold_tensor: torch.Tensor | None = None, need_gthr: bool = False
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """grad_x, and per-neuron dL/dv0, dL/d(decay) and dL/d(threshold) partial sums (empty if
+    not needed)."""
+    gx, gv0, gd, gthr = _backward(grad_s, grad_vT, x.contiguous(), ckpt, decay, decay_tensor, threshold,
+                                  reset, v_reset, detach, surrogate, alpha, need_gv0, need_gd,
+                                  float("-inf") if grad_threshold is None else grad_threshold, launch=TRACED,
+                                  threshold_tensor=threshold_tensor, need_gthr=need_gthr)
 
     def or_empty(t):  # an op may not return None (nor one tensor twice)
         return t if t is not None else x.new_empty(0, dtype=torch.float32)
-    return gx, or_empty(gv0), or_empty(gd)
+    return gx, or_empty(gv0), or_empty(gd), or_empty(gthr)
 
 
 def _setup_context(ctx, inputs, output):
-    x, decay, decay_tensor, v0, threshold, reset, v_reset, detach, surrogate, alpha, _, grad_threshold = inputs
-    ctx.save_for_backward(x, output[2], decay_tensor, v0)
+    (x, decay, decay_tensor, v0, threshold, reset, v_reset, detach, surrogate, alpha, _, grad_threshold,
+     threshold_tensor) = inputs
+    ctx.save_for_backward(x, output[2], decay_tensor, v0, threshold_tensor)
     ctx.options = (decay, threshold, reset, v_reset, detach, surrogate, alpha,
                    float("-inf") if grad_threshold is None else grad_threshold)
 
 
 def _backward_rule(ctx, grad_s, grad_vT, _grad_ckpt):
-    x, ckpt, decay_tensor, v0 = ctx.saved_tensors
+    x, ckpt, decay_tensor, v0, threshold_tensor = ctx.saved_tensors
     decay, *options, grad_threshold = ctx.options
+    # decay_tensor, v0, threshold_tensor (a trailing default: needs_input_grad ends before it when not passed)
+    needs = (*ctx.needs_input_grad[2:4], any(ctx.needs_input_grad[12:]))
     if torch.is_grad_enabled():  # create_graph=True (AOT autograd traces backward without it)
-        gx, grad_decay, grad_v0 = reference_grads(x, decay, decay_tensor, v0, grad_s, grad_vT, options,
-                                                  (ctx.needs_input_grad[0], *ctx.needs_input_grad[2:4]),
-                                                  grad_threshold)
-        return (gx, None, grad_decay, grad_v0) + (None,) * 8
-
-    def run(grad_s, need_gv0, need_gd):
-        return lif_backward(grad_s, grad_vT, x, ckpt, decay, decay_tensor, *options, need_gv0, need_gd,
-                            grad_threshold)
-    gx, grad_decay, grad_v0 = _input_grads(run, grad_s, x, decay_tensor, v0, *ctx.needs_input_grad[2:4])
-    return (gx, None, grad_decay, grad_v0) + (None,) * 8
+        gx, grad_decay, grad_v0, grad_thr = reference_grads(
+            x, decay, decay_tensor, v0, grad_s, grad_vT, options, (ctx.needs_input_grad[0], *needs),
+            grad_threshold, threshold_tensor=threshold_tensor)
+    else:
+        def run(grad_s, need_gv0, need_gd, need_gthr):
+            return lif_backward(grad_s, grad_vT, x, ckpt, decay, decay_tensor, *options, need_gv0, need_gd,
+                                grad_threshold, threshold_tensor, need_gthr)
+        gx, grad_decay, grad_v0, grad_thr = _input_grads(run, grad_s, x, decay_tensor, v0, threshold_tensor, needs)
+    return (gx, None, grad_decay, grad_v0) + (None,) * 8 + (grad_thr,)
 
 
 lif_forward.register_autograd(_backward_rule, setup_context=_setup_context)
 
 
 def lif_fused(x, decay, decay_tensor, threshold, reset, v_reset, detach, surrogate, alpha,
-              v0, return_state, grad_threshold=float("-inf"), return_potential=False):
+              v0, return_state, grad_threshold=float("-inf"), return_potential=False, threshold_tensor=None):
     """Entry point for spikefuse.functional (arguments already checked there).
     return_potential (eager only: spikefuse.functional sends it to the reference while dynamo
-    traces): the forward kernel also writes h, and the backward adds dL/dh into its recurrence."""
+    traces): the forward kernel also writes h, and the backward adds dL/dh into its recurrence.
+    threshold_tensor: a learnable threshold ([1] or [C]; `threshold` is then ignored), read
+    per neuron by the kernels, its gradient summed over time in the backward kernel."""
     if decay_tensor is not None:
         decay_tensor = decay_tensor.float()
+    if threshold_tensor is not None:
+        threshold_tensor = threshold_tensor.float()
     if not torch.compiler.is_dynamo_compiling():
         options = (decay, threshold, reset, v_reset, detach, surrogate, alpha, grad_threshold, return_state,
                    bool(return_potential))
         if not x.is_contiguous():  # copied here, not inside: the x saved for backward keeps its graph
             x = x.contiguous()     # (a double backward differentiates through it)
-        return LIFFunction.apply(x, decay_tensor, v0, options)
+        return LIFFunction.apply(x, decay_tensor, v0, threshold_tensor, options)
     wants_grad = torch.is_grad_enabled() and any(
-        t is not None and t.requires_grad for t in (x, decay_tensor, v0))
+        t is not None and t.requires_grad for t in (x, decay_tensor, v0, threshold_tensor))
     spikes, vT, _ = lif_forward(x, decay, decay_tensor, v0, threshold, reset, v_reset, detach,
-                                surrogate, alpha, wants_grad, grad_threshold)
+                                surrogate, alpha, wants_grad, grad_threshold, threshold_tensor)
     return (spikes, vT) if return_state else spikes

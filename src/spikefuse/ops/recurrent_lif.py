@@ -24,6 +24,9 @@ Saved for backward: h[t] (float32, 4 bytes per neuron-step) and the spikes.
 Matmul precision follows torch's: float32 is exact (IEEE FMA, no TF32) unless
 torch.backends.cuda.matmul.allow_tf32 is set, as for nn.Linear. The spikes (0/1) are
 exact in any precision; W is read as float32.
+
+The step's tile, charge, epilogue and incoming gradients are helpers that the recurrent
+ALIF (spikefuse.ops.recurrent_alif) shares.
 """
 from __future__ import annotations
 
@@ -53,6 +56,34 @@ def _accumulate(a_ptr, a_rows, b_ptr, stride_bk, stride_bn, cols, M, N, acc,
     return acc
 
 
+@triton.jit
+def step_tile(step, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """This program's [BLOCK_M, BLOCK_N] tile of (row, neuron): its rows, columns, mask and
+    offsets within one step [M, N], and step `step`'s offset in a [T, M, N] tensor."""
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = (rows < M)[:, None] & (cols < N)[None, :]
+    return rows, cols, mask, rows[:, None] * N + cols[None, :], tl.cast(step, tl.int64) * M * N
+
+
+@triton.jit
+def charge(x_ptr, w_ptr, v_ptr, s_ptr, now, rows, cols, offs, mask, d, M, N, stride_wn, stride_wk,
+           FIRST: tl.constexpr, TF32: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+           BLOCK_K: tl.constexpr):
+    """h[t] = decay*v[t-1] + x[t] + s[t-1] @ W^T on this tile (v is the [M, N] buffer, x and s
+    the whole [T, M, N] tensors)."""
+    x = tl.load(x_ptr + now + offs, mask=mask, other=0.0).to(tl.float32)
+    if FIRST:  # v[-1] = 0 and s[-1] = 0
+        h = d * tl.zeros([BLOCK_M, BLOCK_N], tl.float32) + x
+    else:
+        # (s @ W^T)[m, n] = sum_k s[m, k] W[n, k]: B = W^T, B[k, n] at k*stride_wk + n*stride_wn
+        recurrent = _accumulate(s_ptr + (now - M * N), rows, w_ptr, stride_wk, stride_wn, cols, M, N,
+                                tl.zeros([BLOCK_M, BLOCK_N], tl.float32), BLOCK_K, TF32)
+        v = tl.load(v_ptr + offs, mask=mask, other=0.0)
+        h = (d * v + x) + recurrent
+    return h
+
+
 @cached_launch
 @triton.jit
 def _rlif_forward_step(
@@ -64,33 +95,47 @@ def _rlif_forward_step(
     """Step `step`: h = decay*v + x[t] + s[t-1] @ W^T, then fire and reset (v updated in
     place). x, s and h are the whole [T, M, N] tensors (one buffer each for all launches)."""
     d, threshold, v_reset = f32(decay), f32(threshold), f32(v_reset)
-    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask = (rows < M)[:, None] & (cols < N)[None, :]
-    offs = rows[:, None] * N + cols[None, :]
-    now = tl.cast(step, tl.int64) * M * N
-    x = tl.load(x_ptr + now + offs, mask=mask, other=0.0).to(tl.float32)
-    if FIRST:  # v[-1] = 0 and s[-1] = 0
-        h = d * tl.zeros([BLOCK_M, BLOCK_N], tl.float32) + x
-    else:
-        # (s @ W^T)[m, n] = sum_k s[m, k] W[n, k]: B = W^T, B[k, n] at k*stride_wk + n*stride_wn
-        recurrent = _accumulate(s_ptr + (now - M * N), rows, w_ptr, stride_wk, stride_wn, cols, M, N,
-                                tl.zeros([BLOCK_M, BLOCK_N], tl.float32), BLOCK_K, TF32)
-        v = tl.load(v_ptr + offs, mask=mask, other=0.0)
-        h = (d * v + x) + recurrent
+    rows, cols, mask, offs, now = step_tile(step, M, N, BLOCK_M, BLOCK_N)
+    h = charge(x_ptr, w_ptr, v_ptr, s_ptr, now, rows, cols, offs, mask, d, M, N, stride_wn, stride_wk,
+               FIRST, TF32, BLOCK_M, BLOCK_N, BLOCK_K)
     fire_and_store(h, s_ptr, v_ptr, h_ptr, now, offs, mask, threshold, v_reset, RESET, SAVE_H)
 
 
 @triton.jit
 def fire_and_store(h, s_ptr, v_ptr, h_ptr, now, offs, mask, threshold, v_reset, RESET: tl.constexpr,
                    SAVE_H: tl.constexpr):
-    """A step's epilogue: spikes and reset potential from h, stored (and h, if SAVE_H)."""
+    """A step's epilogue: spikes and reset potential from h, stored (and h, if SAVE_H); returns
+    the spikes (float32). threshold: a number, or a tile of them (the adaptive threshold)."""
     u = h - threshold
     fired = u >= 0.0
-    tl.store(s_ptr + now + offs, spike_value(u, fired).to(s_ptr.dtype.element_ty), mask=mask)
+    s = spike_value(u, fired)
+    tl.store(s_ptr + now + offs, s.to(s_ptr.dtype.element_ty), mask=mask)
     tl.store(v_ptr + offs, reset_potential(h, fired, threshold, v_reset, RESET), mask=mask)
     if SAVE_H:
         tl.store(h_ptr + now + offs, h, mask=mask)
+    return s
+
+
+@triton.jit
+def incoming_grads(gs_ptr, gh_ptr, w_ptr, gvT_ptr, now, rows, cols, offs, mask, d, M, N, stride_wn,
+                   stride_wk, LAST: tl.constexpr, HAS_GVT: tl.constexpr, RECURRENT: tl.constexpr,
+                   TF32: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """What reaches step t from outside and from step t+1, on this tile: (dL/ds[t] = grad_s[t]
+    + gh[t+1] @ W, dL/dv[t] = decay * gh[t+1]); at LAST the final state's gradient, if any."""
+    gh_next_ptr = gh_ptr + (now + M * N)
+    gs = tl.load(gs_ptr + now + offs, mask=mask, other=0.0).to(tl.float32)
+    if LAST:  # nothing after step T-1 but the final state's gradient
+        if HAS_GVT:
+            gv = tl.load(gvT_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        else:
+            gv = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    else:
+        # (gh[t+1] @ W)[m, k] = sum_n gh[m, n] W[n, k]: B = W, B[n, k] at n*stride_wn + k*stride_wk
+        if RECURRENT:
+            gs = _accumulate(gh_next_ptr, rows, w_ptr, stride_wn, stride_wk, cols, M, N, gs,
+                             BLOCK_K, TF32)
+        gv = d * tl.load(gh_next_ptr + offs, mask=mask, other=0.0)
+    return gs, gv
 
 
 @cached_launch
@@ -107,24 +152,9 @@ def _rlif_backward_step(
     HAS_GHX: a loss on the returned potential trace adds its gradient ghx[t] to gh[t]."""
     d, threshold, v_reset = f32(decay), f32(threshold), f32(v_reset)
     alpha, grad_floor = f32(alpha), f32(grad_floor)
-    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask = (rows < M)[:, None] & (cols < N)[None, :]
-    offs = rows[:, None] * N + cols[None, :]
-    now = tl.cast(step, tl.int64) * M * N
-    gh_next_ptr = gh_ptr + (now + M * N)
-    gs = tl.load(gs_ptr + now + offs, mask=mask, other=0.0).to(tl.float32)
-    if LAST:  # nothing after step T-1 but the final state's gradient
-        if HAS_GVT:
-            gv = tl.load(gvT_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-        else:
-            gv = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    else:
-        # (gh[t+1] @ W)[m, k] = sum_n gh[m, n] W[n, k]: B = W, B[n, k] at n*stride_wn + k*stride_wk
-        if RECURRENT:
-            gs = _accumulate(gh_next_ptr, rows, w_ptr, stride_wn, stride_wk, cols, M, N, gs,
-                             BLOCK_K, TF32)
-        gv = d * tl.load(gh_next_ptr + offs, mask=mask, other=0.0)
+    rows, cols, mask, offs, now = step_tile(step, M, N, BLOCK_M, BLOCK_N)
+    gs, gv = incoming_grads(gs_ptr, gh_ptr, w_ptr, gvT_ptr, now, rows, cols, offs, mask, d, M, N,
+                            stride_wn, stride_wk, LAST, HAS_GVT, RECURRENT, TF32, BLOCK_M, BLOCK_N, BLOCK_K)
     h = tl.load(h_ptr + now + offs, mask=mask, other=0.0)
     u = h - threshold
     fired = u >= 0.0
@@ -196,9 +226,13 @@ def _backward(grad_s, grad_vT, h, spikes, weight, decay, threshold, reset, v_res
             RESET=RESET_CODES[reset], DETACH=detach, SURROGATE=SURROGATES[surrogate], LAST=last,
             HAS_GVT=gvT is not None, TF32=_tf32(gs), RECURRENT=True, HAS_GHX=ghx is not None,
             BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, num_warps=warps, enable_fp_fusion=False)
-    # dL/dW[n, k] = sum over t >= 1 and rows of gh[t][m, n] * s[t-1][m, k]
-    grad_w = gh[1:].reshape(-1, N).t() @ spikes[:-1].reshape(-1, N).float()
-    return gh.to(spikes.dtype), grad_w.to(weight.dtype)
+    return gh.to(spikes.dtype), weight_grad(gh, spikes).to(weight.dtype)
+
+
+def weight_grad(gh, spikes):
+    """dL/dW[n, k] = sum over t >= 1 and rows of gh[t][m, n] * s[t-1][m, k]: one GEMM."""
+    N = spikes.shape[-1]
+    return gh[1:].reshape(-1, N).t() @ spikes[:-1].reshape(-1, N).float()
 
 
 def reference_grads(x, weight, grad_s, grad_vT, options, needs, grad_h=None):

@@ -1,0 +1,58 @@
+"""Recurrent adaptive LIF module (the LSNN of Bellec et al. 2018 with a recurrent weight);
+the dynamics live in spikefuse.functional.ralif."""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from .. import functional as F
+from .layers import layer_name
+from .neuron_base import NeuronOptions
+
+
+class RecurrentALIF(NeuronOptions):
+    """h = decay*v + x + s_prev @ weight.T, fire at h >= threshold + beta*a, reset v, then
+    a = adapt_decay*a + s.
+
+    x [T, B, ..., features] (3 or more dims) -> spikes of x's shape. Every call starts from
+    v = a = 0 and no spikes. `weight` [features, features] is initialised as nn.Linear's
+    (uniform in +-1/sqrt(features)); put an nn.Linear before the layer for its feed-forward
+    input. grad_threshold: the secondary threshold of the backward (see spikefuse.functional.lif).
+    backend: "auto", "fused" or "reference" (see spikefuse.functional.ralif).
+    """
+
+    def __init__(self, features: int, decay: float = 0.5, adapt_decay: float = 0.9, beta: float = 0.5,
+                 threshold: float = 1.0, reset: str = "hard", v_reset: float = 0.0, detach_reset: bool = False,
+                 surrogate: str = "rectangular", alpha: float | None = None,
+                 grad_threshold: float = float("-inf"), backend: str = "auto", device=None, dtype=None):
+        super().__init__(threshold, reset, v_reset, detach_reset, surrogate, alpha, backend)
+        if isinstance(features, bool) or not isinstance(features, int) or features < 1:
+            raise ValueError(f"features must be a positive int, got {features!r}")
+        self.features = features
+        self.decay = F._alif_number("decay", decay, low_open=0.0, high=1.0)
+        self.adapt_decay = F._alif_number("adapt_decay", adapt_decay, low_open=0.0, high=1.0)
+        self.beta = F._alif_number("beta", beta, low=0.0)
+        self.grad_threshold = F._check_grad_threshold(grad_threshold)
+        self.weight = nn.Parameter(torch.empty(features, features, device=device, dtype=dtype))
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        bound = 1 / math.sqrt(self.features)
+        nn.init.uniform_(self.weight, -bound, bound)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.check_rank(x, "ralif")
+        if x.shape[-1] != self.features:
+            raise ValueError(f"{layer_name(self)}: expected {self.features} features in x's last dim, "
+                             f"got shape {tuple(x.shape)}")
+        return F.ralif(x, self.weight, decay=self.decay, adapt_decay=self.adapt_decay, beta=self.beta,
+                       grad_threshold=self.grad_threshold, **self.options())
+
+    def extra_repr(self):
+        text = (f"{self.features}, decay={self.decay}, adapt_decay={self.adapt_decay}, beta={self.beta}, "
+                + self.options_repr())
+        if self.grad_threshold > float("-inf"):
+            text += f", grad_threshold={self.grad_threshold}"
+        return text

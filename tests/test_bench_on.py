@@ -1,0 +1,110 @@
+"""`spikefuse bench on` on the CPU at toy sizes: every installed library cross-checked against
+spikefuse (equal spikes and gradients in float32), a missing one skipped with a note, bad
+options one line with exit code 2."""
+import json
+
+import pytest
+
+from spikefuse import cli
+from spikefuse.bench import on, peers
+
+TOY = ["--sizes", "16", "24", "--time-steps", "6", "--batch", "4", "--device", "cpu"]
+
+
+def run_on(tmp_path, *extra):
+    out = tmp_path / "results"
+    assert cli.main(["bench", "on", *TOY, "--out", str(out), *extra]) == 0
+    (path,) = out.glob("on-*.json")
+    return json.loads(path.read_text()), path
+
+
+def test_toy_run_cross_checks_every_installed_library(tmp_path):
+    payload, path = run_on(tmp_path)
+    assert {"device", "versions", "date"} <= set(payload["environment"])
+    assert "sinabs" in payload["environment"]["versions"]
+    assert "not the benchmark" in payload["note"]  # CPU figures are said to be no benchmark
+    assert payload["all_checks_passed"] is True
+    assert "h[t] = 0.5 v[t-1] + y[t]" in payload["equations"]
+    assert [(c["precision"], c["N"]) for c in payload["cases"]] == [
+        ("float32", 16), ("float32", 24), ("bfloat16", 16), ("bfloat16", 24)]
+    assert "lava-dl" in payload["skipped_libraries"]  # no adapter: always a note
+    for case in payload["cases"]:
+        assert 0 < case["firing_rate"] < 1  # spikes to compare, not a silent or saturated layer
+        assert case["floor"]["matmul_ms"] > 0 and case["floor"]["forward-backward"]["matmul_ms"] > 0
+        libs = case["libraries"]
+        for name in peers.LAYERS:  # measured, or skipped with the reason
+            assert name in libs or name in payload["skipped_libraries"]
+        assert {"spikefuse", "pytorch-loop"} <= set(libs)
+        for r in libs.values():
+            assert "error" not in r
+            assert set(r["spike_agreement"]) == set(on.MODES)
+            for mode in on.MODES:
+                assert r[mode]["ms"] > 0 and r[mode]["ratio_to_spikefuse"] > 0
+            if case["precision"] == "float32":  # the same equations: the same spikes and gradients
+                assert r["check_passed"] is True
+                assert min(r["spike_agreement"].values()) == 1.0
+                assert max(r["grad_rel_err"].values()) < 1e-5
+            else:  # bf16: each library rounds its own way, reported only
+                assert r["check_passed"] is None and min(r["spike_agreement"].values()) > 0.9
+    md = path.with_suffix(".md").read_text()
+    assert "## float32, forward-backward" in md and "| 16 | pytorch-loop |" in md and "not the benchmark" in md
+    chart = path.with_suffix(".png")
+    pytest.importorskip("matplotlib")
+    assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_missing_library_is_skipped_with_a_note(tmp_path, monkeypatch):
+    def missing(weight):
+        raise ImportError("No module named 'snntorch'")
+    monkeypatch.setitem(peers.LAYERS, "snntorch", missing)
+    payload, _ = run_on(tmp_path, "--precisions", "float32", "--sizes", "16", "--libraries", "snntorch,pytorch-loop")
+    assert "No module named 'snntorch'" in payload["skipped_libraries"]["snntorch"]
+    (case,) = payload["cases"]
+    assert set(case["libraries"]) == {"spikefuse", "pytorch-loop"}
+    assert payload["all_checks_passed"] is True
+
+
+def test_a_library_that_fails_while_running_is_a_row_not_the_end(tmp_path, monkeypatch):
+    def broken(weight):
+        layer = peers.pytorch_loop_layer(weight)
+        layer.run = lambda x: (_ for _ in ()).throw(RuntimeError("kernel exploded"))
+        return layer
+    monkeypatch.setitem(peers.LAYERS, "pytorch-loop", broken)
+    payload, _ = run_on(tmp_path, "--precisions", "float32", "--sizes", "16", "--libraries", "pytorch-loop")
+    (case,) = payload["cases"]
+    assert case["libraries"]["pytorch-loop"] == {"error": "RuntimeError: kernel exploded"}
+    assert case["libraries"]["spikefuse"]["check_passed"] is True
+    assert payload["all_checks_passed"] is False
+
+
+def test_other_equations_fail_the_check(tmp_path, monkeypatch):
+    def detached(weight):  # same spikes, the reset cut from the graph: other gradients
+        from spikefuse import reference
+        linear = peers._linear(weight)
+        return peers.Layer(lambda x: reference.lif(linear(x), peers.DECAY, peers.THRESHOLD, "hard",
+                                                   detach_reset=True, surrogate="fast_sigmoid", alpha=1.0),
+                           linear.weight)
+    monkeypatch.setitem(peers.LAYERS, "pytorch-loop", detached)
+    payload, _ = run_on(tmp_path, "--precisions", "float32", "--sizes", "16", "--libraries", "pytorch-loop")
+    row = payload["cases"][0]["libraries"]["pytorch-loop"]
+    assert min(row["spike_agreement"].values()) == 1.0 and row["check_passed"] is False
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["--sizes", "0"], "--sizes 0: every size must be 1 or more"),
+    (["--time-steps", "0"], "--time-steps 0: must be 1 or more"),
+    (["--libraries", "nope"], "--libraries nope: pick from spikefuse"),
+    (["--modes", "sideways"], "--modes sideways: pick from forward, forward-backward"),
+    (["--precisions", "float8"], "--precisions float8: pick from float32, bfloat16"),
+])
+def test_bad_options_are_one_line_with_exit_code_2(tmp_path, capsys, argv, expected):
+    assert cli.main(["bench", "on", *TOY, "--out", str(tmp_path), *argv]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and expected in err and "Traceback" not in err, err
+    assert not list(tmp_path.glob("on-*"))
+
+
+def test_cuda_asked_for_where_there_is_none(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(on.torch.cuda, "is_available", lambda: False)
+    assert cli.main(["bench", "on", "--device", "cuda", "--out", str(tmp_path)]) == 2
+    assert "--device cuda: no CUDA device is available here" in capsys.readouterr().err
