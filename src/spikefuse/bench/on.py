@@ -38,7 +38,6 @@ import importlib.util
 import io
 import os
 import statistics
-import tempfile
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -48,7 +47,7 @@ import torch
 from spikefuse.errors import UsageError, one_line
 
 from . import peers
-from .report import environment, table, write_results
+from .report import atomic_write, environment, table, write_results
 from .timing import copy_bandwidth_gbs, median_ms, peak_extra_mib
 
 SIZES = [4096, 8192, 16384]
@@ -453,21 +452,8 @@ def write_chart(payload, path: str) -> str:
                  + (" (CPU: not the benchmark)" if payload["note"] else ""))
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=110)
-    atomic_write_bytes(path, buffer.getvalue())
+    atomic_write(path, buffer.getvalue())
     return path
-
-
-def atomic_write_bytes(path: str, data: bytes) -> None:
-    """As report.atomic_write, for bytes: a temporary file in the same folder, then a rename."""
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), prefix=".tmp-")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.chmod(tmp, 0o644)  # mkstemp makes 0600 files: a picture others may read
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
 
 
 if __name__ == "__main__":

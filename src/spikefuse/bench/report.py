@@ -26,16 +26,18 @@ def environment() -> dict:
             "versions": versions, "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
 
 
-def atomic_write(path: str, text: str) -> None:
-    """Write to a temporary file in the same folder, then rename: never a half-written file."""
+def atomic_write(path: str, content: str | bytes) -> None:
+    """Write text or bytes to a temporary file in the same folder, then rename: never a
+    half-written file."""
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-")
     try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb" if isinstance(content, bytes) else "w") as f:
+            f.write(content)
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)  # mkstemp makes 0600 files: results others may read
         os.replace(tmp, path)
     except BaseException:
         os.unlink(tmp)
@@ -43,12 +45,18 @@ def atomic_write(path: str, text: str) -> None:
 
 
 def write_results(name: str, payload: dict, markdown: str, out_dir: str) -> tuple[str, str]:
-    """benchmarks/results/<name>-<device>.json and .md; returns both paths."""
+    """benchmarks/results/<name>-<device>.json and .md, and the chart (.png) where
+    spikefuse.bench.charts draws this benchmark; returns the JSON and markdown paths."""
     device = payload.get("environment", {}).get("device", "cpu")
     tag = "".join(c if c.isalnum() else "-" for c in device).strip("-").lower() or "cpu"
     base = os.path.join(out_dir, f"{name}-{tag}")
     atomic_write(base + ".json", json.dumps(payload, indent=2) + "\n")
     atomic_write(base + ".md", markdown)
+    from . import charts
+    try:
+        charts.draw(payload, base + ".png")
+    except Exception as e:  # noqa: BLE001  (the results are written; a picture must not lose them)
+        print(f"no chart for {base}.json: {type(e).__name__}: {e}")
     return base + ".json", base + ".md"
 
 

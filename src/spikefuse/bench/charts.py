@@ -1,0 +1,151 @@
+"""PNG charts of benchmark results, drawn from a results file's JSON payload alone, so that a
+committed result can be drawn again on any machine:
+
+    spikefuse bench chart benchmarks/results/lif-nvidia-h200.json [...]
+
+One picture per file (lif, neurons, steps, train, data: grouped bars; sparse and on keep
+the charts their benchmarks draw). Times are on a log axis, because the entries span one to
+several hundred times spikefuse's; where the run measured a floor (bandwidth, FLOPs, the
+step's own GPU kernel time) it is drawn as a black bar mark over its group.
+"""
+from __future__ import annotations
+
+import io
+import json
+import os
+
+from .report import atomic_write
+
+
+def draw(payload: dict, path: str) -> str | None:
+    """The chart of `payload` written to `path` (PNG, atomically); None, with a note on
+    stdout, where there is none (no matplotlib, a benchmark without a chart here, no data)."""
+    drawer = DRAWERS.get(payload.get("benchmark"))
+    if drawer is None:
+        return None
+    try:
+        from matplotlib.figure import Figure
+    except ImportError:
+        print("no chart: matplotlib is not installed (pip install 'spikefuse[plot]')")
+        return None
+    fig = Figure(figsize=(11, 4.6), layout="constrained")
+    if not drawer(fig.subplots(), payload):
+        return None
+    env = payload.get("environment", {})
+    fig.suptitle(f"{TITLES[payload['benchmark']]}: {env.get('device', '?')}, {str(env.get('date', ''))[:10]}")
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=110)
+    atomic_write(path, buffer.getvalue())
+    return path
+
+
+def redraw(json_paths: list[str]) -> list[str]:
+    """Charts next to results files (x.json -> x.png); the paths written."""
+    written = []
+    for json_path in json_paths:
+        with open(json_path) as f:
+            payload = json.load(f)
+        png = draw(payload, os.path.splitext(json_path)[0] + ".png")
+        if png:
+            written.append(png)
+        else:
+            print(f"{json_path}: no chart for benchmark {payload.get('benchmark')!r}")
+    return written
+
+
+def grouped_bars(ax, groups, series, floors=None, ylabel="ms (log scale)", floor_label="floor"):
+    """One cluster of bars per group, one bar per series (None: not measured); floors: one
+    value (or None) per group, marked across its cluster."""
+    names = [name for name, values in series.items() if any(v is not None for v in values)]
+    if not names or not groups:
+        return False
+    width = 0.8 / len(names)
+    for k, name in enumerate(names):
+        xs = [g - 0.4 + (k + 0.5) * width for g, v in enumerate(series[name]) if v is not None]
+        ax.bar(xs, [v for v in series[name] if v is not None], width, label=name)
+    for g, floor in enumerate(floors or []):
+        if floor is not None:
+            ax.hlines(floor, g - 0.42, g + 0.42, colors="black", linewidths=2.2,
+                      label=floor_label if g == next(i for i, f in enumerate(floors) if f is not None) else None)
+    ax.set_yscale("log")
+    plain_log_ticks(ax)
+    ax.set_ylabel(ylabel)
+    ax.set_xticks(range(len(groups)), groups, fontsize=8)
+    ax.grid(True, axis="y", which="both", alpha=0.3)
+    ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.0, 1.0))  # beside the bars, never on them
+    return True
+
+
+def plain_log_ticks(ax):
+    """Tick labels as plain numbers (0.3, 2, 50), minor ticks labelled at 2 and 5 only."""
+    from matplotlib.ticker import FuncFormatter
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.yaxis.set_minor_formatter(FuncFormatter(lambda v, _: f"{v:g}" if f"{v:.0e}"[0] in "25" else ""))
+
+
+def _by_library(cases, key):
+    names = dict.fromkeys(n for c in cases for n in c["libraries"])
+    return {n: [c["libraries"].get(n, {}).get(key) for c in cases] for n in names}
+
+
+def _lif(ax, payload):
+    cases = payload["cases"]
+    groups = [f"T={c['T']} B={c['B']}\nN={c['N']} {c['dtype']}" for c in cases]
+    return grouped_bars(ax, groups, _by_library(cases, "stream_ms"), [c.get("floor_ms") for c in cases],
+                        "ms per forward+backward, steady state (log scale)", "bandwidth floor")
+
+
+def _neurons(ax, payload):
+    cases = payload["cases"]
+    groups = [f"{c['neuron']} T={c['T']}\nB={c['B']} N={c['N']}" for c in cases]
+    return grouped_bars(ax, groups, _by_library(cases, "ms"), None, "ms per forward+backward (log scale)")
+
+
+def _steps(ax, payload):
+    keys = list(dict.fromkeys((c["net"], c["precision"], c["B"]) for c in payload["cases"]))
+    modes = list(dict.fromkeys(c["mode"] for c in payload["cases"]))
+    row = {(c["net"], c["precision"], c["B"], c["mode"]): c for c in payload["cases"]}
+    series = {m: [row.get((*k, m), {}).get("step_ms") for k in keys] for m in modes}
+    kernels = [row.get((*k, "captured"), {}).get("kernel_ms") or row.get((*k, "eager"), {}).get("kernel_ms")
+               for k in keys]
+    groups = [f"{net} {precision}\nB={b}" for net, precision, b in keys]
+    return grouped_bars(ax, groups, series, kernels, "ms per training step (log scale)", "GPU kernel time")
+
+
+def _train(ax, payload):
+    keys = list(dict.fromkeys((c["net"], c["precision"]) for c in payload["cases"]))
+    impls = list(dict.fromkeys(c["impl"] for c in payload["cases"]))
+    row = {(c["net"], c["precision"], c["impl"]): c for c in payload["cases"]}
+    series = {i: [row.get((*k, i), {}).get("ms") for k in keys] for i in impls}
+    floors = [next((row[(*k, i)].get("floor_ms") for i in impls if (*k, i) in row), None) for k in keys]
+    return grouped_bars(ax, [f"{net} {precision}" for net, precision in keys], series, floors,
+                        "ms per training step (log scale)", "floor (bytes + FLOPs)")
+
+
+def _data(ax, payload):
+    results = payload["results"]
+    series = {r["pipeline"]: [r.get("epoch_s")] for r in results.values()}
+    return grouped_bars(ax, ["one epoch"], series, None, "s per epoch (log scale)")
+
+
+DRAWERS = {"lif": _lif, "neurons": _neurons, "steps": _steps, "train": _train, "data": _data}
+TITLES = {"lif": "LIF forward+backward", "neurons": "ALIF, CUBA, recurrent neurons",
+          "steps": "whole training steps", "train": "training steps of the CIFAR networks",
+          "data": "one epoch of SHD-shaped data"}
+
+
+def configure(parser) -> None:
+    parser.add_argument("results", nargs="+", metavar="FILE.json", help="results files written by spikefuse bench")
+
+
+def run(args) -> int:
+    from ..errors import UsageError
+    for path in args.results:
+        if not os.path.isfile(path):
+            raise UsageError(f"{path}: no such results file")
+    try:
+        written = redraw(args.results)
+    except (json.JSONDecodeError, KeyError, TypeError) as e:
+        raise UsageError(f"not a spikefuse results file ({type(e).__name__}: {e})") from None
+    print("wrote", *written) if written else None
+    return 0
