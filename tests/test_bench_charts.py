@@ -11,7 +11,8 @@ from spikefuse.cli import main
 
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
 FILES = ["lif-nvidia-h200.json", "neurons-nvidia-h100-80gb-hbm3.json", "steps-ipu-shd-nvidia-h200.json",
-         "train-nvidia-h200.json", "data-nvidia-h200.json"]
+         "train-nvidia-h200.json", "data-nvidia-h200.json", "on-nvidia-h100-80gb-hbm3.json",
+         "sparse-notes-nvidia-h100-80gb-hbm3.json"]
 pytest.importorskip("matplotlib")
 
 

@@ -3,8 +3,8 @@ committed result can be drawn again on any machine:
 
     spikefuse bench chart benchmarks/results/lif-nvidia-h200.json [...]
 
-One picture per file (lif, neurons, steps, train, data: grouped bars; sparse and on keep
-the charts their benchmarks draw). Times are on a log axis, because the entries span one to
+One picture per file (lif, neurons, steps, train, data: grouped bars drawn here; sparse and
+on: the charts their benchmarks draw). Times are on a log axis, because the entries span one to
 several hundred times spikefuse's; where the run measured a floor (bandwidth, FLOPs, the
 step's own GPU kernel time) it is drawn as a black bar mark over its group.
 """
@@ -45,7 +45,16 @@ def redraw(json_paths: list[str]) -> list[str]:
     for json_path in json_paths:
         with open(json_path) as f:
             payload = json.load(f)
-        png = draw(payload, os.path.splitext(json_path)[0] + ".png")
+        png_path = os.path.splitext(json_path)[0] + ".png"
+        if payload.get("benchmark") == "on":  # the benchmarks that draw their own
+            from .on import write_chart
+            png = write_chart(payload, png_path)
+            png = png if png.endswith(".png") else None
+        elif payload.get("benchmark") == "sparse":
+            from .sparse import chart
+            png = chart(payload["cases"], png_path)
+        else:
+            png = draw(payload, png_path)
         if png:
             written.append(png)
         else:
