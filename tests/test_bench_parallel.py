@@ -68,6 +68,9 @@ def test_a_failed_run_is_one_line_and_exit_code_1(monkeypatch, capsys):
     (2, ["--gpus", "3"], "--gpus 3: this machine has 2 CUDA GPUs"),
     (0, ["--parts", "pipeline", "--gpus", "2"], "--gpus 2: this machine has 0 CUDA GPUs"),
     (2, ["--parts", "ddp,nccl"], "--parts ddp,nccl: pick from ddp, pipeline"),
+    (2, ["--parts", "pipeline", "--time-steps", "0"], "--time-steps: expected whole numbers >= 1, got 0"),
+    (2, ["--parts", "pipeline", "--chunks", "4", "-1"], "--chunks: expected whole numbers >= 1, got 4 -1"),
+    (2, ["--parts", "pipeline", "--width", "0"], "--width: expected a number > 0, got 0.0"),
 ])
 def test_usage_errors_are_one_line_before_anything_runs(gpus, machine, argv, expected, capsys):
     launched = gpus(machine)

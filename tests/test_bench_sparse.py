@@ -54,3 +54,13 @@ def test_smoke_run_writes_both_activities(tmp_path, capsys):
     assert "fixed 0.1" in capsys.readouterr().out
     markdown = next(tmp_path.glob("sparse-smoke-*.md")).read_text()
     assert "payload[" not in markdown and "learning rate 0 " in markdown
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--modes", "dense,bogus"], "--modes"), (["--activity", "2"], "--activity"),
+    (["--cases", "ipu-shd:4:1"], "--cases"), (["--cases", "ipu-shd:4:0:0.9"], "--cases"),
+    (["--cases", "nope:4:1:0.9"], "--cases")])
+def test_bad_arguments_are_one_line_errors(argv, message, tmp_path, capsys):
+    assert main(["bench", "sparse", "--out", str(tmp_path), *argv]) == 2  # checked before the device
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err and not list(tmp_path.iterdir())

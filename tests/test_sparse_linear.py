@@ -205,6 +205,10 @@ def test_a_note_is_trusted_only_while_it_describes_the_gradient():
     opt.zero_grad()
     assert getattr(layer.weight, grad_rows.ATTRIBUTE) is None
     layer(silent).sum().backward()
+    x = torch.zeros(3, 2, 6, device=DEVICE, requires_grad=True)
+    torch.autograd.grad(layer(x).sum(), x)  # the weight's gradient is made, noted, and thrown away
+    layer.weight.grad = torch.zeros_like(layer.weight)  # a new gradient, perhaps in the freed memory
+    assert grad_rows.take(layer.weight) is None
     layer.sparse = False  # a dense backward clears the note its sparse one left
     layer.weight.grad = None
     layer(silent).sum().backward()

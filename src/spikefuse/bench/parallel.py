@@ -63,6 +63,11 @@ def check(args, parts: list[str]) -> int:
     unknown = sorted(set(parts) - set(PARTS))
     if unknown or not parts:
         raise UsageError(f"--parts {args.parts}: pick from {', '.join(PARTS)}")
+    for option, values in (("--time-steps", args.time_steps), ("--chunks", args.chunks)):
+        if values and min(values) < 1:
+            raise UsageError(f"{option}: expected whole numbers >= 1, got {' '.join(map(str, values))}")
+    if args.width is not None and not 0 < args.width < float("inf"):
+        raise UsageError(f"--width: expected a number > 0, got {args.width}")
     if args.device == "cpu" and "ddp" in parts:
         raise UsageError("the ddp part needs CUDA GPUs (its steps run in CUDA graphs); "
                          "on the CPU pass --parts pipeline")

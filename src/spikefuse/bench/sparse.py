@@ -35,6 +35,7 @@ from ..nn import LIF
 from ..nn.recurrent_lif import RecurrentLIF
 from ..nn.sparse_linear import SparseSpikingLinear, update_dispatch
 from ..optim import LazyAdam
+from ..errors import UsageError
 from ..train.capture import CapturedStep, prepare_optimizer
 from .report import environment, table, write_results
 from .steps import INPUT_DENSITY, spikingjelly_mlp
@@ -85,9 +86,15 @@ def parse_cases(text):
         return default_cases()
     out = []
     for item in text.split(","):
-        net, width, batch, theta = item.split(":")
+        try:
+            net, width, batch, theta = item.split(":")
+            case = (net, float(width), int(batch), float(theta))
+        except ValueError:
+            raise ValueError(f"--cases: expected net:width:batch:theta_grad items, got {item!r}") from None
         network(net)
-        out.append((net, float(width), int(batch), float(theta)))
+        if not (case[1] > 0 and case[2] >= 1):
+            raise ValueError(f"--cases: width must be > 0 and batch >= 1, got {item!r}")
+        out.append(case)
     return out
 
 
@@ -349,16 +356,20 @@ def add_ratios(rows):
 
 
 def run(args) -> int:
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    if not modes or set(modes) - set(MODES):
+        raise UsageError(f"--modes {args.modes}: pick from {', '.join(MODES)}")
+    try:
+        activities = parse_activities(args.activity)
+        cases = ([("ipu-shd", 1 / 64, 2, 0.9), ("ipu-shd-recurrent", 1 / 64, 2, 0.9)] if args.smoke
+                 else parse_cases(args.cases))
+    except ValueError as e:
+        raise UsageError(str(e)) from None
     cuda = torch.cuda.is_available()
     if not cuda and not args.smoke:
-        print("spikefuse bench sparse: needs a CUDA device (or --smoke)")
-        return 2
+        raise UsageError("spikefuse bench sparse needs a CUDA device (or --smoke, tiny sizes on the CPU)")
     device = torch.device("cuda" if cuda else "cpu")
     torch.backends.cuda.matmul.allow_tf32 = True
-    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    activities = parse_activities(args.activity)
-    cases = ([("ipu-shd", 1 / 64, 2, 0.9), ("ipu-shd-recurrent", 1 / 64, 2, 0.9)] if args.smoke
-             else parse_cases(args.cases))
     rows, checks = [], []
 
     def save(kernel=()):  # after every case: a run cut short keeps what it measured
