@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# What the 2026-11-25 session built but could not run on a GPU (its device time ran out),
+# in two calls of under 10 minutes each:
+#   bash benchmarks/gpu_next.sh tests   compiled-kernel tests of the changed kernels (the fused
+#                                       threshold gradient, ALIF/CUBA potential traces and initial
+#                                       state, the Triton-written surrogate, recurrent ALIF, the
+#                                       RLIF helper refactor) and inductor/capture on them
+#   bash benchmarks/gpu_next.sh speed   the LIF kernels' speed after those changes (against
+#                                       lif-nvidia-h200.md), bench neurons (recurrent ALIF), bench
+#                                       on with the per-GEMM floor, bench sparse at x4 B=8 and in
+#                                       fixed activity
+# Logs and results under $OUT; copy them into benchmarks/results/.
+set -uo pipefail
+source "$(dirname "$0")/gpu_env.sh"
+tag=$(python3 -c "import torch; print(torch.cuda.get_device_name().lower().replace(' ', '-'))")
+case "${1:-tests}" in
+tests)
+    for group in "test_potential_threshold test_alif test_cuba test_state test_surrogate_callable" \
+                 "test_recurrent_alif test_recurrent_lif test_kernels_gpu" \
+                 "test_lif test_bn_lif test_compile_gpu test_capture_gpu"; do
+        files=$(for f in $group; do echo "tests/$f.py"; done)
+        SPIKEFUSE_TEST_DEVICE=cuda timeout ${TEST_S:-170} python3 -m pytest -q --tb=short -p no:cacheprovider $files \
+            2>&1 | grep -v "warn" | tail -30 | tee -a "$OUT/gpu-tests-next-$tag.txt"
+    done ;;
+speed)
+    mkdir -p "$OUT/lif" "$OUT/neurons" "$OUT/on" "$OUT/sparse"
+    timeout 120 python3 -m spikefuse.cli bench lif --out "$OUT/lif" --no-sweep 2>&1 | grep -v Warning | tail -15
+    timeout 90 python3 -m spikefuse.cli bench neurons --out "$OUT/neurons" 2>&1 | grep -v Warning | tail -12
+    timeout 200 python3 -m spikefuse.cli bench on --out "$OUT/on" 2>&1 | grep -v Warning | tail -8
+    timeout 120 python3 -m spikefuse.cli bench sparse --out "$OUT/sparse" --modes dense,sparse,auto --no-kernel --chart \
+        --cases ipu-shd:4:1:0.9,ipu-shd:4:8:0.9 --activity natural,0.01,0.05 2>&1 | grep -v Warning | tail -14 ;;
+*)
+    echo "usage: bash benchmarks/gpu_next.sh tests|speed" >&2; exit 2 ;;
+esac
