@@ -19,6 +19,7 @@ from pathlib import Path
 
 MODULES = [
     "spikefuse.functional",
+    "spikefuse.surrogates",
     "spikefuse.reference",
     "spikefuse.nn",
     "spikefuse.nn.spiking_layers",

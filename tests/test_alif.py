@@ -300,3 +300,118 @@ def test_module_record_potential():
         outs.append((s, layer.potential))
     assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
     assert torch.equal(outs[0][0], F.alif(x, **PARAMS))
+
+
+# ---- initial state (state0 = (v0, a0)) ----
+
+def run_from_state(x, state0, backend, **kw):
+    """Spikes, h, final (v, a), and the gradients of x and of each given state0 tensor for a
+    fixed random loss on the spikes, h and the final state."""
+    xi = x.detach().clone().requires_grad_(True)
+    state = [None if t is None else t.detach().clone().requires_grad_(True) for t in state0]
+    s, h, (v, a) = F.alif(xi, backend=backend, state0=tuple(state), return_state=True, return_potential=True, **kw)
+    g = torch.Generator().manual_seed(2)
+    weights = [torch.randn(t.shape, generator=g).to(DEVICE) for t in (s, h, v, a)]
+    loss = (s * weights[0]).sum() + (h * weights[1]).sum() + (v * weights[2]).sum() - (a * weights[3]).sum()
+    inputs = [xi] + [t for t in state if t is not None]
+    return s, h, (v, a), torch.autograd.grad(loss, inputs)
+
+
+def assert_state_match(x, state0, **kw):
+    (s1, h1, st1, g1), (s2, h2, st2, g2) = (run_from_state(x, state0, b, **kw) for b in ("fused", "reference"))
+    assert torch.equal(s1, s2) and 0 < s2.mean() < 1
+    assert torch.equal(h1, h2)
+    for fused, ref in zip(st1, st2):
+        torch.testing.assert_close(fused, ref, rtol=1e-5, atol=1e-6)
+    for name, fused, ref in zip(("x", "v0", "a0"), g1, g2):
+        assert fused.shape == ref.shape and rel_err(fused, ref) < 1e-5, f"grad {name}: {rel_err(fused, ref)}"
+
+
+def state0_for(x, seed=30):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(x.shape[1:], generator=g).to(DEVICE), torch.rand(x.shape[1:], generator=g).to(DEVICE))
+
+
+@pytest.mark.parametrize("reset,detach", list(itertools.product(["hard", "soft", "none"], [False, True])))
+def test_initial_state_matches_reference(reset, detach, monkeypatch):
+    """Nonzero (v0, a0) over several chunks and programs: spikes and h exact, dL/dx, dL/dv0, dL/da0."""
+    small_chunks(monkeypatch)
+    x = rand(9, 2, 37, seed=31 + detach)
+    assert_state_match(x, state0_for(x), reset=reset, detach_reset=detach, surrogate="atan", **PARAMS)
+
+
+@pytest.mark.parametrize("which", ["v0", "a0"])
+def test_initial_state_either_may_be_none(which, monkeypatch):
+    small_chunks(monkeypatch)
+    x = rand(6, 3, 13, seed=32)
+    v0, a0 = state0_for(x)
+    assert_state_match(x, (v0, None) if which == "v0" else (None, a0), reset="soft", **PARAMS)
+    for backend in ("fused", "reference"):  # (None, None) is no state at all
+        assert torch.equal(F.alif(x, backend=backend, state0=(None, None), **PARAMS),
+                           F.alif(x, backend=backend, **PARAMS))
+
+
+@pytest.mark.parametrize("make_x", [lambda: rand(1, 3, 7, seed=33),
+                                    lambda: rand(6, 9, 4, 5, seed=34).transpose(1, 3)[..., ::2]],
+                         ids=["T=1", "non-contiguous"])
+def test_initial_state_t1_and_non_contiguous(make_x):
+    x = make_x()
+    v0, a0 = (t.transpose(-1, -2) for t in state0_for(x.transpose(-1, -2)))
+    assert not v0.is_contiguous() and not a0.is_contiguous()
+    assert_state_match(x, (v0, a0), reset="soft", **PARAMS)
+
+
+def test_initial_state_double_backward_matches_reference():
+    x = rand(6, 2, 7, seed=35)
+    v0, a0 = state0_for(x)
+    penalties = []
+    for backend in ("fused", "reference"):
+        xi, vi, ai = (t.clone().requires_grad_(True) for t in (x, v0, a0))
+        s = F.alif(xi, backend=backend, surrogate="sigmoid", state0=(vi, ai), **PARAMS)
+        gv, ga = torch.autograd.grad((s * torch.linspace(-1, 1, s.shape[-1])).sum(), (vi, ai), create_graph=True)
+        penalties.append(torch.autograd.grad(gv.pow(2).sum() + ga.pow(2).sum(), (xi, vi, ai)))
+    for fused, ref in zip(*penalties):
+        assert rel_err(fused, ref) < 1e-5
+
+
+def test_initial_state_compiles_with_the_fused_ops():
+    """torch.compile carries (v0, a0) through the triton_ops, their gradients included."""
+    import torch._dynamo
+    torch._dynamo.reset()
+
+    def f(x, v0, a0):
+        s, (v, a) = F.alif(x, backend="fused", return_state=True, state0=(v0, a0), **PARAMS)
+        return (s * x).sum() + v.sum() - a.sum()
+
+    targets = []
+
+    def aot_eager_recording(gm, example_inputs):
+        targets.extend(str(node.target) for node in gm.graph.nodes if node.op == "call_function")
+        return torch._dynamo.lookup_backend("aot_eager")(gm, example_inputs)
+
+    x = rand(6, 2, 5, seed=36)
+    results = []
+    for fn in (f, torch.compile(f, backend=aot_eager_recording, fullgraph=True)):
+        inputs = [t.clone().requires_grad_(True) for t in (x, *state0_for(x))]
+        out = fn(*inputs)
+        results.append((out, torch.autograd.grad(out, inputs)))
+    torch._dynamo.reset()
+    (o1, g1), (o2, g2) = results
+    assert torch.equal(o1, o2)
+    for a, b in zip(g1, g2):
+        assert rel_err(b, a) < 1e-6
+    assert "spikefuse.alif_forward.default" in targets, targets
+
+
+@pytest.mark.parametrize("state0,message", [
+    (torch.zeros(2, 4), "state0 must be None or a pair"),
+    ((torch.zeros(2, 4),), "state0 must be None or a pair"),
+    ((torch.zeros(2, 5), None), r"v0 must have shape \(2, 4\)"),
+    ((None, torch.zeros(3, 2, 4)), r"a0 must have shape \(2, 4\)"),
+    ((None, [[0.0] * 4] * 2), "a0 must be a tensor"),
+    ((torch.zeros(2, 4, dtype=torch.int64), None), "v0 must be floating point"),
+    ((torch.zeros(2, 4, device="meta"), None), "v0 is on meta"),
+])
+def test_bad_initial_state_raises_value_error_naming_it(state0, message):
+    with pytest.raises(ValueError, match=message):
+        F.alif(rand(3, 2, 4), state0=state0)

@@ -164,7 +164,8 @@ def test_reset_then_a_new_batch_size_works(backend):
 
 @pytest.mark.parametrize("stateful", [False, True])
 def test_two_dim_input_is_refused_by_modules(stateful):
-    for layer in (snn.LIF(stateful=stateful), snn.IF(stateful=stateful), snn.PLIF(stateful=stateful)):
+    for layer in (snn.LIF(stateful=stateful), snn.IF(stateful=stateful), snn.PLIF(stateful=stateful),
+                  snn.ALIF(stateful=stateful), snn.CUBA(stateful=stateful)):
         with pytest.raises(ValueError, match=r"expected time-major input \[T, B, \.\.\.\].*got shape \(6, 4\)"
                                              r".*ambiguous"):
             layer(torch.randn(6, 4))
@@ -172,3 +173,71 @@ def test_two_dim_input_is_refused_by_modules(stateful):
     # the functional form documents [T, *]: a 2-D input stays valid there
     x = torch.randn(6, 4) + 0.7
     assert torch.equal(F.lif(x, backend="reference"), snn.LIF(backend="reference")(x.unsqueeze(-1)).squeeze(-1))
+
+
+# ---- ALIF and CUBA: the same state rules, (v, a) and (v, i) carried ----
+
+STATE_NEURONS = {
+    "alif": lambda **k: snn.ALIF(decay=0.8, adapt_decay=0.7, beta=0.4, threshold=0.6, surrogate="atan", **k),
+    "cuba": lambda **k: snn.CUBA(decay=0.8, syn_decay=0.6, threshold=0.7, reset="soft", surrogate="atan", **k),
+}
+
+
+def _carried(layer):
+    return [getattr(layer, name) for name in layer.STATE]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("kind", STATE_NEURONS)
+def test_alif_cuba_chunks_equal_one_call(kind, backend):
+    """Linear -> neuron, chunks [4, 1, 6] vs one call: spikes exact; with detach_state=False the
+    gradients of x and of the Linear equal too."""
+    x = torch.randn(11, 3, 4)
+    results = []
+    for stateful, chunks in ((False, [11]), (True, [4, 1, 6])):
+        torch.manual_seed(3)
+        model = torch.nn.Sequential(torch.nn.Linear(4, 5),
+                                    STATE_NEURONS[kind](backend=backend, stateful=stateful, detach_state=False))
+        xs = x.clone().requires_grad_(True)
+        out = torch.cat([model(c) for c in xs.split(chunks)])
+        (out * torch.linspace(-1, 2, out.numel()).view_as(out)).sum().backward()
+        results.append((out, xs.grad, *[p.grad for p in model.parameters()]))
+    (whole, *g_whole), (parts, *g_parts) = results
+    assert torch.equal(parts, whole) and 0 < whole.mean() < 1
+    for a, b in zip(g_parts, g_whole):
+        assert b.abs().sum() > 0
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    detached = STATE_NEURONS[kind](backend=backend, stateful=True)  # default detach_state=True: same spikes
+    assert torch.equal(torch.cat([detached(c) for c in model[0](x).split([4, 1, 6])]), whole)
+
+
+@pytest.mark.parametrize("kind", STATE_NEURONS)
+def test_alif_cuba_reset_detach_state_and_repr(kind):
+    layer = STATE_NEURONS[kind](backend="reference", stateful=True, detach_state=False)
+    assert "stateful=True, detach_state=False" in repr(layer)
+    assert "stateful" not in repr(STATE_NEURONS[kind]())
+    model = torch.nn.Sequential(layer)
+    x = torch.randn(5, 2, 3) + 0.5
+    x1 = x.clone().requires_grad_(True)
+    first = model(x1)
+    assert all(t is not None and t.requires_grad and t.shape == (2, 3) for t in _carried(layer))
+    values = [t.detach().clone() for t in _carried(layer)]
+    assert snn.detach_state(model) is model  # values kept, graph cut
+    assert all(torch.equal(t, v) and not t.requires_grad for t, v in zip(_carried(layer), values))
+    assert not model(x).requires_grad
+    assert snn.reset(model) is model and _carried(layer) == [None, None]
+    assert torch.equal(model(x), first.detach())  # starts again from zeros
+
+
+@pytest.mark.parametrize("kind", STATE_NEURONS)
+def test_alif_cuba_batch_change_raises_and_keeps_the_state(kind):
+    model = snn.name_layers(torch.nn.Sequential(torch.nn.Linear(4, 6), STATE_NEURONS[kind](stateful=True)))
+    model(torch.randn(5, 3, 4))
+    state = [t.clone() for t in _carried(model[1])]
+    message = re.escape("Sequential.1: the carried state has shape (3, 6)") + r".*\[T, 3, 6\].*" + \
+        re.escape("got shape (5, 8, 6)") + r".*" + re.escape("spikefuse.nn.reset(model)")
+    with pytest.raises(ValueError, match=message):
+        model(torch.randn(5, 8, 4))
+    assert all(torch.equal(t, s) for t, s in zip(_carried(model[1]), state))  # never dropped silently
+    snn.reset(model)
+    assert model(torch.randn(5, 8, 4)).shape == (5, 8, 6)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib.util
 import math
+import warnings
 from typing import Callable
 
 import torch
@@ -21,6 +22,8 @@ import torch
 from . import reference
 from .ops.surrogate import resolve as resolve_surrogate
 from .ops.surrogate import resolve_any as _resolve_any_surrogate
+from .ops.surrogate import surrogate_name
+from .surrogates import CustomSurrogate
 
 RESETS = ("hard", "soft", "none")
 BACKENDS = ("auto", "fused", "reference")
@@ -34,7 +37,7 @@ def lif(
     reset: str = "hard",
     v_reset: float = 0.0,
     detach_reset: bool = False,
-    surrogate: str | Callable[[torch.Tensor], torch.Tensor] = "rectangular",
+    surrogate: str | CustomSurrogate | Callable[[torch.Tensor], torch.Tensor] = "rectangular",
     alpha: float | None = None,
     v0: torch.Tensor | None = None,
     return_state: bool = False,
@@ -48,20 +51,27 @@ def lif(
         channel, channel being dim 2 of x ([T, B, C, ...]).
     reset: "hard" (to v_reset), "soft" (subtract threshold) or "none".
     surrogate, alpha: the backward ds/dh (see spikefuse.ops.surrogate); alpha=None
-        takes the surrogate's default width/slope. `surrogate` may also be a callable
-        sg(u) -> tensor giving ds/du elementwise for u = h - threshold: it receives a tensor
-        and must return one of the same shape; it is called without autograd on the loop
-        path (alpha is ignored: bind parameters with functools.partial). The fused kernels
-        compute their surrogate by name, so a callable runs on the loop path of
-        spikefuse.ops.lif_loop for float32/float64 (CPU or CUDA; backend="auto") and on the
-        reference otherwise; backend="fused" with a callable raises ValueError.
+        takes the surrogate's default width/slope. `surrogate` may also be
+        - spikefuse.surrogates.custom(triton_fn, torch_fn, alpha): your surrogate written for
+          Triton and in torch; it runs fused wherever a name would (the backward kernel calls
+          triton_fn), on the loop path or reference with torch_fn elsewhere. Under
+          torch.compile it runs on the reference with torch_fn (the traced LIF ops take no
+          Triton function; it traces without a graph break), as does double backward.
+          alpha=None takes the custom surrogate's alpha; a number overrides it.
+        - a callable sg(u) -> tensor in torch ops giving ds/du elementwise for
+          u = h - threshold: it receives a tensor and must return one of the same shape; it
+          is called without autograd on the loop path (alpha is ignored: bind parameters
+          with functools.partial). The fused kernels cannot run it: it runs on the loop path
+          of spikefuse.ops.lif_loop for float32/float64 (CPU or CUDA; backend="auto") and
+          on the reference otherwise, with a one-time warning where (on CUDA) the fused
+          kernels would have run; backend="fused" with a callable raises ValueError.
     v0: initial membrane potential, shaped like x[0]; default zeros.
     threshold: a finite float, or a floating tensor (a learnable threshold: it gets a
         gradient) that is a scalar or holds one value per channel (dim 2 of x), on x's device
         and finite (checked on the CPU). A tensor threshold runs fused wherever a float one
         would (the kernels read it per channel; the backward kernel sums its gradient over
         time, torch over the batch and spatial dims: deterministic), torch.compile included;
-        where a float threshold would take the loop path (CPU, or a callable surrogate) it
+        where a float threshold would take the loop path (CPU, or a torch-only callable) it
         runs on spikefuse.reference (the loop kernels take a float threshold).
     return_state: also return the membrane potential after the last step, v[T-1].
     return_potential: also return the pre-reset potential trace h [T, *] (h[t] = decay *
@@ -101,28 +111,32 @@ def lif(
     return_potential = bool(return_potential)
     if return_potential and backend != "reference" and torch.compiler.is_dynamo_compiling():
         backend = "reference"  # the traced custom op has no h output: the reference traces as torch ops
-    if threshold_tensor is not None and (callable(surrogate) or not _use_fused(backend, x)):
+    custom = isinstance(surrogate, CustomSurrogate)
+    if custom and torch.compiler.is_dynamo_compiling():
+        backend = "reference"  # the traced ops take no Triton function: the torch twin traces as torch ops
+    torch_only = callable(surrogate) and not custom  # a user's sg(u) in torch ops: never fused
+    if threshold_tensor is not None and (torch_only or not _use_fused(backend, x)):
         # a learnable threshold off the fused kernels: the loop kernels take a float, so the reference
         threshold = threshold_tensor.to(x.dtype)  # spikes keep x's dtype; the gradient flows back through the cast
         threshold = threshold.reshape(threshold.shape + (1,) * max(x.dim() - 3, 0))
         threshold_tensor = None
         if backend == "auto":
             backend = "reference"
-    if callable(surrogate):  # a user function: the loop path (any device) or the reference
+    if torch_only:  # the loop path (any device) or the reference
         if backend not in BACKENDS:
             raise ValueError(f"backend: unknown {backend!r}; expected one of {list(BACKENDS)}")
         if backend == "fused":
-            raise ValueError("surrogate: the fused kernels compute their surrogate by name; a callable "
-                             "runs on the loop/reference path (backend='auto' or 'reference')")
-        if backend == "auto" and _loop_lif().usable(x, decay_tensor, v0, any_device=True):
-            return _loop_lif().lif_loop(x, decay_value, decay_tensor, threshold, reset, v_reset,
-                                        bool(detach_reset), surrogate, alpha, v0, bool(return_state),
-                                        grad_threshold, return_potential)
+            raise ValueError(f"surrogate: the fused kernels cannot run the Python callable "
+                             f"{surrogate_name(surrogate)}; pass spikefuse.surrogates.custom(triton_fn, torch_fn) "
+                             f"to run it fused, or use backend='auto' or 'reference'")
+        if backend == "auto" and not torch.compiler.is_dynamo_compiling() and _use_fused(backend, x):
+            _warn_unfused_once(surrogate)
     elif _use_fused(backend, x):
         return _fused_lif()(x, decay_value, decay_tensor, threshold, reset, v_reset,
                             bool(detach_reset), surrogate, alpha, v0, bool(return_state), grad_threshold,
                             return_potential, threshold_tensor)
-    elif backend == "auto" and _loop_lif().usable(x, decay_tensor, v0):
+    # a callable (a custom surrogate's torch twin) runs on the loop path on any device, a name on the CPU
+    if backend == "auto" and _loop_lif().usable(x, decay_tensor, v0, any_device=callable(surrogate)):
         return _loop_lif().lif_loop(x, decay_value, decay_tensor, threshold, reset, v_reset,
                                     bool(detach_reset), surrogate, alpha, v0, bool(return_state), grad_threshold,
                                     return_potential)
@@ -130,6 +144,20 @@ def lif(
         decay_value = decay_tensor.reshape(decay_tensor.shape + (1,) * max(x.dim() - 3, 0))
     return reference.lif(x, decay_value, threshold, reset, v_reset, bool(detach_reset),
                          surrogate, alpha, v0, bool(return_state), grad_threshold, return_potential)
+
+
+_warned_unfused = False
+
+
+def _warn_unfused_once(surrogate):
+    """Once per process: a callable surrogate kept a CUDA LIF off the fused kernels."""
+    global _warned_unfused
+    if not _warned_unfused:
+        _warned_unfused = True
+        warnings.warn(f"surrogate {surrogate_name(surrogate)} is a Python callable, which the fused LIF "
+                      f"kernels cannot run: it runs on the slower loop/reference path. To run it fused, pass "
+                      f"spikefuse.surrogates.custom(triton_fn, torch_fn, alpha) with a @triton.jit twin "
+                      f"sg(u, alpha) (docs/concepts.md, 'Your own surrogate, fused')", stacklevel=3)
 
 
 def if_(x: torch.Tensor, threshold: float = 1.0, **kwargs):
@@ -219,16 +247,20 @@ def _check_decay(decay, x):
 
 
 def _check_v0(v0, x):
-    if v0 is None:
-        return
-    if not isinstance(v0, torch.Tensor):
-        raise TypeError(f"v0 must be a tensor shaped like x[0], got {type(v0).__name__}")
-    if v0.shape != x.shape[1:]:
-        raise ValueError(f"v0 must have shape {tuple(x.shape[1:])} (one step of x), got {tuple(v0.shape)}")
-    if v0.device != x.device:
-        raise ValueError(f"v0 is on {v0.device} but x is on {x.device}")
-    if not v0.is_floating_point():
-        raise TypeError(f"v0 must be floating point, got dtype {v0.dtype}")
+    if v0 is not None:
+        _check_initial_state(v0, x, "v0")
+
+
+def _check_initial_state(tensor, x, label):
+    """An initial state: a floating tensor shaped like x[0] on x's device; `label` names it."""
+    if not isinstance(tensor, torch.Tensor):
+        raise ArgumentError(f"{label} must be a tensor shaped like x[0], got {type(tensor).__name__}")
+    if tensor.shape != x.shape[1:]:
+        raise ValueError(f"{label} must have shape {tuple(x.shape[1:])} (one step of x), got {tuple(tensor.shape)}")
+    if tensor.device != x.device:
+        raise ValueError(f"{label} is on {tensor.device} but x is on {x.device}")
+    if not tensor.is_floating_point():
+        raise ArgumentError(f"{label} must be floating point, got dtype {tensor.dtype}")
 
 
 def _use_fused(backend, x):
@@ -303,11 +335,12 @@ def alif(
     return_state: bool = False,
     backend: str = "auto",
     return_potential: bool = False,
+    state0: tuple[torch.Tensor | None, torch.Tensor | None] | None = None,
 ):
     """Adaptive-threshold LIF (ALIF / LSNN, Bellec et al. 2018) over all T steps of x [T, *]:
 
-        h[t] = decay * v[t-1] + x[t]                 v[-1] = 0
-        theta[t] = threshold + beta * a[t-1]         a[-1] = 0 (the adaptation variable)
+        h[t] = decay * v[t-1] + x[t]                 v[-1] = v0 (default 0)
+        theta[t] = threshold + beta * a[t-1]         a[-1] = a0 (default 0; the adaptation variable)
         s[t] = 1 if h[t] >= theta[t] else 0
         v[t] = reset as `lif` ("hard" to v_reset, "soft" subtracts theta[t], "none")
         a[t] = adapt_decay * a[t-1] + s[t]
@@ -318,11 +351,15 @@ def alif(
     return_state: also return the final state (v[T-1], a[T-1]): (spikes, (v, a)).
     return_potential: also return the pre-reset potential trace h [T, *] (as `lif`: x's
         dtype, differentiable): spikes, then h, then (v, a) if return_state.
+    state0: the initial state (v0, a0), each a floating tensor shaped like x[0] on x's device,
+        or None for zeros; both get gradients. A previous call's final state continues it:
+        chunks of a sequence give the spikes of one call over the whole.
     backend: "fused" (spikefuse.ops.alif; on a CPU tensor through the Triton interpreter),
         "reference" (spikefuse.reference.alif) or "auto" (fused on CUDA, else reference).
         Under torch.compile, return_potential runs on the reference.
     """
     _check_float_x(x)
+    state0 = _check_state0(state0, x, ("v0", "a0"))
     decay = _alif_number("decay", decay, low_open=0.0, high=1.0)
     adapt_decay = _alif_number("adapt_decay", adapt_decay, low_open=0.0, high=1.0)
     beta = _alif_number("beta", beta, low=0.0)
@@ -331,9 +368,9 @@ def alif(
     if _use_fused(backend, x) and not (return_potential and torch.compiler.is_dynamo_compiling()):
         from .ops.alif import alif_fused
         return alif_fused(x, decay, adapt_decay, beta, threshold, reset, v_reset, bool(detach_reset),
-                          surrogate, alpha, bool(return_state), return_potential)
+                          surrogate, alpha, bool(return_state), return_potential, state0)
     return reference.alif(x, decay, adapt_decay, beta, threshold, reset, v_reset, bool(detach_reset),
-                          surrogate, alpha, bool(return_state), return_potential)
+                          surrogate, alpha, bool(return_state), return_potential, state0)
 
 
 def _check_float_x(x):
@@ -341,6 +378,21 @@ def _check_float_x(x):
     if isinstance(x, torch.Tensor) and x.dim() >= 1 and x.shape[0] > 0 and not x.is_floating_point():
         raise ArgumentError(f"x must be a floating-point tensor, got dtype {x.dtype}")
     _check_x(x)
+
+
+def _check_state0(state0, x, names):
+    """ALIF's and CUBA's initial state: None, or a pair (named `names`, e.g. v0, a0) of
+    floating tensors shaped like x[0] on x's device, either None (zeros). Returns the pair."""
+    if state0 is None:
+        return None, None
+    pair = f"({names[0]}, {names[1]})"
+    if not isinstance(state0, (tuple, list)) or len(state0) != 2:
+        raise ArgumentError(f"state0 must be None or a pair {pair} of tensors shaped like x[0], got "
+                            f"{type(state0).__name__}")
+    for name, tensor in zip(names, state0):
+        if tensor is not None:
+            _check_initial_state(tensor, x, f"state0 {pair}: {name}")
+    return tuple(state0)
 
 
 def _neuron_options(threshold, v_reset, reset, surrogate, alpha):
@@ -385,12 +437,13 @@ def cuba(
     return_state: bool = False,
     backend: str = "auto",
     return_potential: bool = False,
+    state0: tuple[torch.Tensor | None, torch.Tensor | None] | None = None,
 ):
     """Current-based synaptic LIF (CUBA; snnTorch `Synaptic`, Norse's LIF with a synaptic
     current) over all T steps of x [T, *]:
 
-        i[t] = syn_decay * i[t-1] + x[t]             i[-1] = 0 (the synaptic current)
-        h[t] = decay * v[t-1] + i[t]                 v[-1] = 0
+        i[t] = syn_decay * i[t-1] + x[t]             i[-1] = i0 (default 0; the synaptic current)
+        h[t] = decay * v[t-1] + i[t]                 v[-1] = v0 (default 0)
         s[t] = 1 if h[t] >= threshold else 0
         v[t] = reset as `lif` ("hard" to v_reset, "soft" subtracts threshold, "none")
 
@@ -402,11 +455,14 @@ def cuba(
     return_potential: also return the membrane's pre-reset potential trace h [T, *] (h[t] =
         decay * v[t-1] + i[t]; not the current i), as `lif`: x's dtype, differentiable;
         spikes, then h, then (v, i) if return_state.
+    state0: the initial state (v0, i0), as `alif`'s (v0, a0): tensors shaped like x[0] or
+        None for zeros, both differentiable.
     backend: "fused" (spikefuse.ops.cuba; on a CPU tensor through the Triton interpreter),
         "reference" (spikefuse.reference.cuba) or "auto" (fused on CUDA, else reference).
         Under torch.compile, return_potential runs on the reference.
     """
     _check_float_x(x)
+    state0 = _check_state0(state0, x, ("v0", "i0"))
     decay = _alif_number("decay", decay, low_open=0.0, high=1.0)
     syn_decay = _alif_number("syn_decay", syn_decay, low=0.0, high=1.0)
     threshold, v_reset, surrogate, alpha = _neuron_options(threshold, v_reset, reset, surrogate, alpha)
@@ -414,9 +470,9 @@ def cuba(
     if _use_fused(backend, x) and not (return_potential and torch.compiler.is_dynamo_compiling()):
         from .ops.cuba import cuba_fused
         return cuba_fused(x, decay, syn_decay, threshold, reset, v_reset, bool(detach_reset),
-                          surrogate, alpha, bool(return_state), return_potential)
+                          surrogate, alpha, bool(return_state), return_potential, state0)
     return reference.cuba(x, decay, syn_decay, threshold, reset, v_reset, bool(detach_reset),
-                          surrogate, alpha, bool(return_state), return_potential)
+                          surrogate, alpha, bool(return_state), return_potential, state0)
 
 
 # ---- recurrent LIF ----

@@ -99,19 +99,20 @@ def alif(
     alpha: float | None = None,
     return_state: bool = False,
     return_potential: bool = False,
+    state0: tuple[torch.Tensor | None, torch.Tensor | None] | None = None,
 ):
     """Adaptive-threshold LIF (ALIF / LSNN, Bellec et al. 2018) over all T steps of x [T, *]:
-        h[t] = decay * v[t-1] + x[t]                 v[-1] = 0
-        theta[t] = threshold + beta * a[t-1]         a[-1] = 0
+        h[t] = decay * v[t-1] + x[t]                 v[-1] = v0
+        theta[t] = threshold + beta * a[t-1]         a[-1] = a0
         s[t] = 1 if h[t] >= theta[t] else 0          (surrogate sg(h - theta) in backward)
         v[t] = hard: v_reset where s, else h / soft: h - theta[t]*s / none: h
         a[t] = adapt_decay * a[t-1] + s[t]
     `detach_reset` cuts the reset of v from s; a[t] keeps s's gradient, and the threshold
     (hence a) keeps its own. Returns spikes [T, *], then the pre-reset potential h [T, *] if
-    `return_potential`, then (v[T-1], a[T-1]) if `return_state`.
+    `return_potential`, then (v[T-1], a[T-1]) if `return_state`. state0: the initial
+    (v0, a0), each shaped like x[0] or None for zeros.
     """
-    v = torch.zeros_like(x[0])
-    a = torch.zeros_like(x[0])
+    v, a = _initial_state(x, state0)
     spikes, potentials = [], []
     for t in range(x.shape[0]):
         h = decay * v + x[t]
@@ -122,6 +123,11 @@ def alif(
         spikes.append(s)
         potentials.append(h)
     return _outputs(spikes, potentials if return_potential else None, (v, a) if return_state else None)
+
+
+def _initial_state(x, state0):
+    """The two initial state tensors (ALIF's v0, a0; CUBA's v0, i0): state0's, zeros where None."""
+    return tuple(torch.zeros_like(x[0]) if t is None else t for t in (state0 or (None, None)))
 
 
 def _outputs(spikes, potentials, state):
@@ -223,19 +229,20 @@ def cuba(
     alpha: float | None = None,
     return_state: bool = False,
     return_potential: bool = False,
+    state0: tuple[torch.Tensor | None, torch.Tensor | None] | None = None,
 ):
     """Current-based synaptic LIF (CUBA; snnTorch `Synaptic`, Norse LIF with a synaptic
     current) over all T steps of x [T, *]:
-        i[t] = syn_decay * i[t-1] + x[t]             i[-1] = 0 (synaptic current)
-        h[t] = decay * v[t-1] + i[t]                 v[-1] = 0
+        i[t] = syn_decay * i[t-1] + x[t]             i[-1] = i0 (synaptic current)
+        h[t] = decay * v[t-1] + i[t]                 v[-1] = v0
         s[t] = 1 if h[t] >= threshold else 0         (surrogate sg(h - threshold) in backward)
         v[t] = hard: v_reset where s, else h / soft: h - threshold*s / none: h
     `detach_reset` cuts the reset of v from s. syn_decay = 0 is `lif` exactly.
     Returns spikes [T, *], then the membrane's pre-reset potential h [T, *] (not the current
-    i) if `return_potential`, then (v[T-1], i[T-1]) if `return_state`.
+    i) if `return_potential`, then (v[T-1], i[T-1]) if `return_state`. state0: the initial
+    (v0, i0), each shaped like x[0] or None for zeros.
     """
-    v = torch.zeros_like(x[0])
-    i = torch.zeros_like(x[0])
+    v, i = _initial_state(x, state0)
     spikes, potentials = [], []
     for t in range(x.shape[0]):
         i = syn_decay * i + x[t]

@@ -1,7 +1,8 @@
-"""What the neuron modules share: the membrane-potential recording of every neuron
-(LIF, IF, PLIF, ALIF, CUBA), and for the stateless ones built on NeuronOptions (ALIF, CUBA,
-the recurrent neurons) the options checked once at construction, the [T, B, ...] input
-check, and the common part of their repr. The dynamics live in spikefuse.functional."""
+"""What the neuron modules share: the membrane-potential recording and the carried state
+(`stateful`, `detach_state`) of LIF, IF, PLIF, ALIF and CUBA, the [T, B, ...] input check
+of every neuron, and for those built on NeuronOptions (ALIF, CUBA, the recurrent neurons)
+the options checked once at construction and the common part of their repr. The dynamics
+live in spikefuse.functional."""
 from __future__ import annotations
 
 import torch
@@ -30,6 +31,76 @@ class RecordsPotential(nn.Module):
         return (spikes, *state) if state else spikes
 
 
+def check_rank(module: nn.Module, x, function: str) -> None:
+    """Refuse input of fewer than 3 dims (ValueError naming the module and `function`, the
+    spikefuse.functional form that takes any [T, *])."""
+    if isinstance(x, torch.Tensor) and x.dim() < 3:
+        hint = ("a 2-D input is ambiguous: [T, B] or [B, N]? for one neuron per sample pass x.unsqueeze(-1); "
+                if x.dim() == 2 else "")
+        raise ValueError(f"{layer_name(module)}: expected time-major input [T, B, ...] with at least one feature "
+                         f"dim (3 or more dims), got shape {tuple(x.shape)} ({hint}spikefuse.functional.{function} "
+                         f"takes any [T, *])")
+
+
+class CarriesState:
+    """The state of a neuron module carried from call to call (a mixin for RecordsPotential
+    subclasses). `stateful=True`: the final state of a call (its functional form's
+    return_state) is the initial state of the next, kept in the attributes STATE names (LIF:
+    v; ALIF: v, a; CUBA: v, i); `detach_state` detaches it (truncated BPTT, one call long)
+    or keeps its graph (full BPTT over the calls). spikefuse.nn.reset and
+    spikefuse.nn.detach_state reach it through reset_state() and detach_state_()."""
+
+    STATE: tuple[str, ...] = ("v",)
+
+    def init_state(self, stateful: bool, detach_state: bool) -> None:
+        self.stateful, self.detach_state = bool(stateful), bool(detach_state)
+        self.reset_state()
+
+    def call_stateful(self, function, x, initial: str, **kwargs):
+        """function(x, **kwargs) through call_neuron; with stateful=True from the carried
+        state, passed as the keyword `initial` (lif's v0: a tensor; alif's and cuba's state0:
+        a pair), and keeping the final one."""
+        if not self.stateful:
+            return self.call_neuron(function, x, **kwargs)
+        if isinstance(x, torch.Tensor):
+            self._check_state(x)
+        carried = tuple(getattr(self, name) for name in self.STATE)
+        spikes, final = self.call_neuron(function, x, return_state=True,
+                                         **{initial: carried if len(carried) > 1 else carried[0]}, **kwargs)
+        for name, tensor in zip(self.STATE, final if len(self.STATE) > 1 else (final,)):
+            setattr(self, name, tensor.detach() if self.detach_state else tensor)
+        return spikes
+
+    def _check_state(self, x):
+        state = getattr(self, self.STATE[0])  # every state tensor has one step's shape
+        if state is None:
+            return
+        if state.shape != x.shape[1:]:
+            raise ValueError(
+                f"{layer_name(self)}: the carried state has shape {tuple(state.shape)} (one step of the "
+                f"previous input), so expected input [T, {', '.join(map(str, state.shape))}], got shape "
+                f"{tuple(x.shape)}; the batch size or feature shape changed between calls of a stateful "
+                f"neuron: call spikefuse.nn.reset(model) before a new sequence or batch")
+        if state.device != x.device:
+            raise ValueError(f"{layer_name(self)}: the carried state is on {state.device} but the input "
+                             f"is on {x.device}; call spikefuse.nn.reset(model) after moving the model")
+
+    def reset_state(self):
+        """Forget the carried state: the next call starts from zeros."""
+        for name in self.STATE:
+            setattr(self, name, None)
+
+    def detach_state_(self):
+        """Keep the carried state's values but cut its graph (truncated BPTT)."""
+        for name in self.STATE:
+            tensor = getattr(self, name)
+            if tensor is not None:
+                setattr(self, name, tensor.detach())
+
+    def state_repr(self) -> str:
+        return f", stateful=True, detach_state={self.detach_state}" if self.stateful else ""
+
+
 class NeuronOptions(RecordsPotential):
     def __init__(self, threshold, reset, v_reset, detach_reset, surrogate, alpha, backend,
                  record_potential=False):
@@ -47,10 +118,7 @@ class NeuronOptions(RecordsPotential):
                     backend=self.backend)
 
     def check_rank(self, x: torch.Tensor, function: str) -> None:
-        if isinstance(x, torch.Tensor) and x.dim() < 3:
-            raise ValueError(f"{layer_name(self)}: expected time-major input [T, B, ...] with at least "
-                             f"one feature dim (3 or more dims), got shape {tuple(x.shape)}; "
-                             f"spikefuse.functional.{function} takes any [T, *]")
+        check_rank(self, x, function)
 
     def options_repr(self) -> str:
         """threshold, reset and surrogate, then the options that differ from their defaults."""

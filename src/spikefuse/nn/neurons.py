@@ -24,6 +24,8 @@ in chunks gives exactly the spikes of one call over the whole sequence. Rules:
     with every call until `spikefuse.nn.reset(model)` or `spikefuse.nn.detach_state(model)`
     (keeps the values, cuts the graph: truncate where you choose).
   - `stateful=False` (the default): every call starts from v0 = 0 and nothing is kept.
+ALIF and CUBA carry their state (v, a) / (v, i) by the same rules (the code is shared:
+spikefuse.nn.neuron_base.CarriesState).
 """
 from __future__ import annotations
 
@@ -35,14 +37,13 @@ from torch import nn
 from .. import functional as F
 from ..ops.surrogate import resolve_any as resolve_surrogate
 from ..ops.surrogate import surrogate_name
-from .layers import layer_name
-from .neuron_base import RecordsPotential
+from .neuron_base import CarriesState, RecordsPotential, check_rank
 
 
 def reset(model: nn.Module) -> nn.Module:
     """Reset the state of every stateful module in `model` (itself included, nested at any
     depth): calls `reset_state()` on each module that has one (spikefuse.nn.LIF, IF, PLIF,
-    or your own module following the same protocol). Call it between independent
+    ALIF, CUBA, or your own module following the same protocol). Call it between independent
     sequences, and before a batch of another size. Returns `model`."""
     for module in model.modules():
         method = getattr(module, "reset_state", None)
@@ -62,7 +63,7 @@ def detach_state(model: nn.Module) -> nn.Module:
     return model
 
 
-class LIF(RecordsPotential):
+class LIF(RecordsPotential, CarriesState):
     """Leaky integrate-and-fire: h = decay*v + x, fire at h >= threshold, then reset.
 
     x [T, B, ...] (3 or more dims) -> spikes of x's shape.
@@ -103,9 +104,8 @@ class LIF(RecordsPotential):
         self.threshold = self._make_threshold(threshold, learn_threshold, threshold_channels)
         self.reset, self.v_reset = reset, v_reset
         self.detach_reset, self.surrogate, self.alpha = detach_reset, surrogate, alpha
-        self.stateful, self.backend = bool(stateful), backend
-        self.detach_state = bool(detach_state)
-        self.v: torch.Tensor | None = None  # the carried state v[T-1] (stateful only)
+        self.backend = backend
+        self.init_state(stateful, detach_state)  # self.v: the carried v[T-1] (stateful only)
 
     @staticmethod
     def _make_threshold(threshold, learn, channels):
@@ -127,44 +127,12 @@ class LIF(RecordsPotential):
         return self.decay
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if isinstance(x, torch.Tensor) and x.dim() < 3:
-            hint = (" (a 2-D input is ambiguous: [T, B] or [B, N]? for one neuron per sample pass "
-                    "x.unsqueeze(-1); spikefuse.functional.lif takes any [T, *])" if x.dim() == 2 else "")
-            raise ValueError(f"{layer_name(self)}: expected time-major input [T, B, ...] with at least "
-                             f"one feature dim (3 or more dims), got shape {tuple(x.shape)}{hint}")
+        check_rank(self, x, "lif")
         options = dict(decay=self.decay_value(), threshold=self.threshold, reset=self.reset,
                        v_reset=self.v_reset, detach_reset=self.detach_reset,
                        surrogate=self.surrogate, alpha=self.alpha, backend=self.backend,
                        grad_threshold=self.grad_threshold)
-        if not self.stateful:
-            return self.call_neuron(F.lif, x, **options)
-        if isinstance(x, torch.Tensor):
-            self._check_state(x)
-        spikes, v = self.call_neuron(F.lif, x, v0=self.v, return_state=True, **options)
-        self.v = v.detach() if self.detach_state else v
-        return spikes
-
-    def _check_state(self, x):
-        if self.v is None:
-            return
-        if self.v.shape != x.shape[1:]:
-            raise ValueError(
-                f"{layer_name(self)}: the carried state has shape {tuple(self.v.shape)} (one step of the "
-                f"previous input), so expected input [T, {', '.join(map(str, self.v.shape))}], got shape "
-                f"{tuple(x.shape)}; the batch size or feature shape changed between calls of a stateful "
-                f"neuron: call spikefuse.nn.reset(model) before a new sequence or batch")
-        if self.v.device != x.device:
-            raise ValueError(f"{layer_name(self)}: the carried state is on {self.v.device} but the input "
-                             f"is on {x.device}; call spikefuse.nn.reset(model) after moving the model")
-
-    def reset_state(self):
-        """Forget the carried state: the next call starts from v0 = 0."""
-        self.v = None
-
-    def detach_state_(self):
-        """Keep the carried state's values but cut its graph (truncated BPTT)."""
-        if self.v is not None:
-            self.v = self.v.detach()
+        return self.call_stateful(F.lif, x, "v0", **options)
 
     def extra_repr(self):
         return (f"decay={self.decay}, threshold={self._threshold_repr()}, reset={self.reset!r}, "
@@ -178,9 +146,7 @@ class LIF(RecordsPotential):
 
     def _options_repr(self):
         text = f", grad_threshold={self.grad_threshold}" if self.grad_threshold > float("-inf") else ""
-        if self.stateful:
-            text += f", stateful=True, detach_state={self.detach_state}"
-        return text
+        return text + self.state_repr()
 
 
 class IF(LIF):

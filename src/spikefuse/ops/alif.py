@@ -1,14 +1,16 @@
 """Fused adaptive-threshold LIF (ALIF / LSNN, Bellec et al. 2018): one Triton launch over
 all T steps forward, one reverse-time launch backward.
 
-    h[t]     = decay * v[t-1] + x[t]                    v[-1] = 0
-    theta[t] = threshold + beta * a[t-1]                a[-1] = 0 (adaptation)
+    h[t]     = decay * v[t-1] + x[t]                    v[-1] = v0 (default 0)
+    theta[t] = threshold + beta * a[t-1]                a[-1] = a0 (default 0; adaptation)
     s[t]     = 1 if h[t] >= theta[t] else 0
     v[t]     = v_reset (hard) / h - theta[t] (soft) / h (none) where s[t] = 1, else h[t]
     a[t]     = adapt_decay * a[t-1] + s[t]
 Backward: ds/dh = sg(h - theta) and ds/da[t-1] = -beta * sg (the threshold is a function
 of a). `detach_reset` cuts the reset of v from s (as for the LIF); the adaptation update
-a[t] = adapt_decay*a[t-1] + s[t] always keeps s's surrogate gradient.
+a[t] = adapt_decay*a[t-1] + s[t] always keeps s's surrogate gradient. The adjoints carried
+past step 0 are the initial state's gradients: dL/dv0 = decay * dL/dh[0] and
+dL/da0 = adapt_decay * dL/da[0] + beta * dL/dtheta[0] (written only when asked for).
 
 Layout and launches as spikefuse.ops.lif (same BLOCK/K rules, same helpers): each program
 owns BLOCK neurons, keeps v and a in registers for the whole sequence and walks time in
@@ -30,12 +32,36 @@ from __future__ import annotations
 import torch
 
 from .lif import (EAGER, RESET_CODES, TRACED, _cdiv, _launch_config, f32, load_chunk,  # noqa: F401
-                  load_earlier_chunk, program_neurons, reset_potential, row, spike_value,
-                  store_chunk, surrogate_grad)
+                  load_earlier_chunk, program_neurons, reset_partials, reset_potential, row,
+                  spike_value, store_chunk, surrogate_grad)
 from .launch import cached_launch
 from .surrogate import SURROGATES
 
 from .triton_or_stub import tl, triton  # noqa: E402, F401
+
+
+@triton.jit
+def load_or_zeros(ptr, n, n_mask, BLOCK: tl.constexpr, LOAD: tl.constexpr):
+    """A per-neuron float32 vector: loaded when LOAD (an initial state, a final state's
+    gradient), else zeros (nothing read)."""
+    if LOAD:
+        return tl.load(ptr + n, mask=n_mask, other=0.0).to(tl.float32)
+    else:
+        return tl.zeros([BLOCK], tl.float32)
+
+
+@triton.jit
+def adaptive_grads(gs, gv, h, theta, fired, sg, v_reset, RESET: tl.constexpr, DETACH: tl.constexpr):
+    """(dL/dh[t], dL/dtheta[t]) from all of dL/ds[t] and dL/dv[t], u = h - theta: through the
+    surrogate and the reset, whose soft form v = h - theta*s also reads theta directly
+    (a gradient detach_reset keeps: it detaches s, not theta)."""
+    direct, through_spike = reset_partials(h, fired, theta, v_reset, RESET, DETACH)
+    if RESET == 1:
+        through_theta = tl.where(fired, -1.0, 0.0)
+    else:
+        through_theta = 0.0
+    gu = (gs + gv * through_spike) * sg  # dL/du
+    return gu + gv * direct, gv * through_theta - gu
 
 
 @triton.jit
@@ -73,17 +99,18 @@ def alif_forward_chunk(X, v, a, d, ad, beta, t0, T, threshold, v_reset,
 @cached_launch
 @triton.jit
 def _alif_forward_kernel(
-    x_ptr, s_ptr, ckpt_ptr, vT_ptr, aT_ptr, h_ptr,
+    x_ptr, s_ptr, ckpt_ptr, v0_ptr, a0_ptr, vT_ptr, aT_ptr, h_ptr,
     decay, adapt_decay, beta, threshold, v_reset, T, N,
-    RESET: tl.constexpr, SAVE_CKPT: tl.constexpr, STORE_STATE: tl.constexpr, STORE_H: tl.constexpr,
+    RESET: tl.constexpr, HAS_V0: tl.constexpr, HAS_A0: tl.constexpr, SAVE_CKPT: tl.constexpr,
+    STORE_STATE: tl.constexpr, STORE_H: tl.constexpr,
     BLOCK: tl.constexpr, K: tl.constexpr, EVEN_N: tl.constexpr,
 ):
     d, ad, beta = f32(decay), f32(adapt_decay), f32(beta)
     threshold, v_reset = f32(threshold), f32(v_reset)
     n = program_neurons(BLOCK)
     n_mask = n < N
-    v = tl.zeros([BLOCK], tl.float32)
-    a = tl.zeros([BLOCK], tl.float32)
+    v = load_or_zeros(v0_ptr, n, n_mask, BLOCK, HAS_V0)
+    a = load_or_zeros(a0_ptr, n, n_mask, BLOCK, HAS_A0)
     k = tl.arange(0, K)
     offs = k[:, None] * N + n[None, :]
     full = T // K
@@ -149,23 +176,9 @@ def alif_backward_chunk(X, GS, v, a, gv, ga, d, ad, beta, t0, T, threshold, v_re
         fired = u >= 0.0
         sg = surrogate_grad(u, SURROGATE, alpha)
         # dL/ds[t] = external + through a[t] (= adapt_decay*a[t-1] + s[t]) + through the reset
-        if RESET == 0:  # hard: v = h*(1-s) + v_reset*s
-            direct = tl.where(fired, 0.0, 1.0)
-            through_spike = 0.0 if DETACH else v_reset - h
-            through_theta = 0.0
-        elif RESET == 1:  # soft: v = h - theta*s (theta keeps its gradient even when s is detached)
-            direct = 1.0
-            through_spike = 0.0 if DETACH else -theta
-            through_theta = tl.where(fired, -1.0, 0.0)
-        else:
-            direct = 1.0
-            through_spike = 0.0
-            through_theta = 0.0
-        gu = (row(GSf, sel) + ga + gv * through_spike) * sg  # dL/du, u = h - theta
-        gh = gu + gv * direct
+        gh, gth = adaptive_grads(row(GSf, sel) + ga, gv, h, theta, fired, sg, v_reset, RESET, DETACH)
         if HAS_GH:
             gh += row(GH.to(tl.float32), sel)
-        gth = gv * through_theta - gu  # dL/dtheta[t]
         if TAIL:  # steps past T carry no gradient
             valid = t0 + j < T
             gh = tl.where(valid, gh, 0.0)
@@ -181,24 +194,19 @@ def alif_backward_chunk(X, GS, v, a, gv, ga, d, ad, beta, t0, T, threshold, v_re
 @cached_launch
 @triton.jit
 def _alif_backward_kernel(
-    gs_ptr, x_ptr, ckpt_ptr, gvT_ptr, gaT_ptr, gx_ptr, gh_ptr,
+    gs_ptr, x_ptr, ckpt_ptr, gvT_ptr, gaT_ptr, gx_ptr, gh_ptr, gv0_ptr, ga0_ptr,
     decay, adapt_decay, beta, threshold, v_reset, alpha, T, N,
     RESET: tl.constexpr, DETACH: tl.constexpr, SURROGATE: tl.constexpr,
     HAS_GVT: tl.constexpr, HAS_GAT: tl.constexpr, HAS_GH: tl.constexpr,
-    BLOCK: tl.constexpr, K: tl.constexpr, EVEN_N: tl.constexpr,
+    NEED_GV0: tl.constexpr, NEED_GA0: tl.constexpr, BLOCK: tl.constexpr, K: tl.constexpr, EVEN_N: tl.constexpr,
 ):
     d, ad, beta = f32(decay), f32(adapt_decay), f32(beta)
     threshold, v_reset, alpha = f32(threshold), f32(v_reset), f32(alpha)
     n = program_neurons(BLOCK)
     n_mask = n < N
-    if HAS_GVT:  # dL/dv[T-1], dL/da[T-1] when the final state was used downstream
-        gv = tl.load(gvT_ptr + n, mask=n_mask, other=0.0).to(tl.float32)
-    else:
-        gv = tl.zeros([BLOCK], tl.float32)
-    if HAS_GAT:
-        ga = tl.load(gaT_ptr + n, mask=n_mask, other=0.0).to(tl.float32)
-    else:
-        ga = tl.zeros([BLOCK], tl.float32)
+    # dL/dv[T-1], dL/da[T-1] when the final state was used downstream
+    gv = load_or_zeros(gvT_ptr, n, n_mask, BLOCK, HAS_GVT)
+    ga = load_or_zeros(gaT_ptr, n, n_mask, BLOCK, HAS_GAT)
     k = tl.arange(0, K)
     offs = k[:, None] * N + n[None, :]
     full = T // K
@@ -240,13 +248,18 @@ def _alif_backward_kernel(
                                          v_reset, alpha, RESET, DETACH, SURROGATE, False, GH, HAS_GH)
         store_chunk(gx_ptr, t0, offs, k, n_mask, T, N, GX, EVEN_N)
         X, GS, GH, v, a = X_prev, GS_prev, GH_prev, v_prev, a_prev
+    if NEED_GV0:  # past step 0, gv and ga are dL/dv[-1] = dL/dv0 and dL/da[-1] = dL/da0
+        tl.store(gv0_ptr + n, gv, mask=n_mask)
+    if NEED_GA0:
+        tl.store(ga0_ptr + n, ga, mask=n_mask)
 
 
-def _forward(x, decay, adapt_decay, beta, threshold, reset, v_reset, save, want_state=True,
+def _forward(x, v0, a0, decay, adapt_decay, beta, threshold, reset, v_reset, save, want_state=True,
              launch=EAGER, want_h=False):
     """spikes like x, v[T-1] and a[T-1] (float32, None unless `want_state`), the contiguous
     x, the checkpoints [2, ceil(T/K), N] (v then a; empty unless `save`) and the pre-reset
-    potential trace h (x's dtype; None unless `want_h`)."""
+    potential trace h (x's dtype; None unless `want_h`). v0, a0: the initial state (shaped
+    like x[0]) or None for zeros."""
     if not x.is_contiguous():
         x = x.contiguous()
     T = x.shape[0]
@@ -260,70 +273,94 @@ def _forward(x, decay, adapt_decay, beta, threshold, reset, v_reset, save, want_
     if N > 0:
         unused = launch.unused(x)
         launch(_alif_forward_kernel)[(_cdiv(N, BLOCK),)](
-            x, spikes, ckpt, vT if want_state else unused, aT if want_state else unused,
-            h if want_h else unused, decay, adapt_decay, beta, threshold, v_reset, T, N,
-            RESET=RESET_CODES[reset], SAVE_CKPT=save, STORE_STATE=want_state, STORE_H=want_h,
+            x, spikes, ckpt, kernel_arg(v0, unused), kernel_arg(a0, unused), kernel_arg(vT, unused),
+            kernel_arg(aT, unused), kernel_arg(h, unused),
+            decay, adapt_decay, beta, threshold, v_reset, T, N,
+            RESET=RESET_CODES[reset], HAS_V0=v0 is not None, HAS_A0=a0 is not None, SAVE_CKPT=save,
+            STORE_STATE=want_state, STORE_H=want_h,
             BLOCK=BLOCK, K=K, EVEN_N=N % BLOCK == 0, num_warps=warps, enable_fp_fusion=False)
     return spikes, vT, aT, x, ckpt, h
 
 
+def kernel_arg(tensor, unused):
+    """A kernel's pointer argument: the tensor (made contiguous: the kernels index it as
+    [N] or [T, N]), or the filler of a pointer the kernel will not read."""
+    return unused if tensor is None else tensor.contiguous()
+
+
 def _backward(grad_s, grad_vT, grad_aT, x, ckpt, decay, adapt_decay, beta, threshold, reset,
-              v_reset, detach, surrogate, alpha, launch=EAGER, grad_h=None):
-    """dL/dx like x. x is the contiguous input saved by _forward; grad_s may be None (only
-    the final state was used), grad_vT / grad_aT None when the state was not used, grad_h
-    None or dL/dh for the returned potential trace (added to the recurrence's dL/dh)."""
+              v_reset, detach, surrogate, alpha, need_gv0=False, need_ga0=False, launch=EAGER, grad_h=None):
+    """(dL/dx like x, dL/dv0, dL/da0 (float32, shaped like x[0]; None unless needed)). x is
+    the contiguous input saved by _forward; grad_s may be None (only the final state was
+    used), grad_vT / grad_aT None when the state was not used, grad_h None or dL/dh for the
+    returned potential trace (added to the recurrence's dL/dh)."""
     T = x.shape[0]
     N = x.numel() // T
     if grad_s is None:
         grad_s = torch.zeros_like(x)
-    gs = grad_s if grad_s.is_contiguous() else grad_s.contiguous()
-    gvT = grad_vT.contiguous() if grad_vT is not None else None
-    gaT = grad_aT.contiguous() if grad_aT is not None else None
-    gh = grad_h.contiguous() if grad_h is not None else None
+    gs = grad_s.contiguous()
     grad_x = torch.empty_like(x)
+    gv0 = x.new_empty(x.shape[1:], dtype=torch.float32) if need_gv0 else None
+    ga0 = x.new_empty(x.shape[1:], dtype=torch.float32) if need_ga0 else None
     BLOCK, K, warps = _launch_config(N, x.dtype)
     if N > 0:
         unused = launch.unused(gs)
         launch(_alif_backward_kernel)[(_cdiv(N, BLOCK),)](
-            gs, x, ckpt, gvT if gvT is not None else unused, gaT if gaT is not None else unused,
-            grad_x, gh if gh is not None else unused, decay, adapt_decay, beta, threshold, v_reset, alpha, T, N,
+            gs, x, ckpt, kernel_arg(grad_vT, unused), kernel_arg(grad_aT, unused), grad_x,
+            kernel_arg(grad_h, unused), kernel_arg(gv0, unused), kernel_arg(ga0, unused),
+            decay, adapt_decay, beta, threshold, v_reset, alpha, T, N,
             RESET=RESET_CODES[reset], DETACH=detach, SURROGATE=SURROGATES[surrogate],
-            HAS_GVT=gvT is not None, HAS_GAT=gaT is not None, HAS_GH=gh is not None,
+            HAS_GVT=grad_vT is not None, HAS_GAT=grad_aT is not None, HAS_GH=grad_h is not None,
+            NEED_GV0=need_gv0, NEED_GA0=need_ga0,
             BLOCK=BLOCK, K=K, EVEN_N=N % BLOCK == 0, num_warps=warps, enable_fp_fusion=False)
-    return grad_x
+    return grad_x, gv0, ga0
 
 
-def reference_grad_x(x, grad_s, grad_vT, grad_aT, options, grad_h=None):
-    """dL/dx for a backward that will itself be differentiated (create_graph=True): the
-    forward is run again through spikefuse.reference (float32, spike for spike the
-    kernel's) and differentiated with create_graph, so second derivatives are its."""
+def reference_grads(neuron, x, state0, grad_outputs, options, needs):
+    """(dL/dx, and dL/d of each initial-state tensor; None where not `needs`) for a backward
+    that will itself be differentiated (create_graph=True): the forward is run again
+    through spikefuse.reference's `neuron` ("alif" or "cuba"; float32, spike for spike the
+    kernel's) and differentiated with create_graph, so second derivatives are its.
+    grad_outputs: dL/d(spikes, h, final state...), each None where unused; needs: whether
+    x and each of state0 need a gradient."""
     from .. import reference
 
+    inputs = (x, *state0)
     with torch.enable_grad():
-        spikes, h, (vT, aT) = reference.alif(x.float(), *options, return_state=True, return_potential=True)
-        pairs = [(out, g.to(out.dtype)) for out, g in
-                 ((spikes, grad_s), (h, grad_h), (vT, grad_vT), (aT, grad_aT)) if g is not None]
-        (gx,) = torch.autograd.grad([o for o, _ in pairs], [x], [g for _, g in pairs],
-                                    create_graph=True, allow_unused=True)
-    return gx if gx is not None else torch.zeros_like(x)
+        state0 = tuple(None if t is None else t.float() for t in state0)
+        spikes, h, state = getattr(reference, neuron)(x.float(), *options, return_state=True,
+                                                      return_potential=True, state0=state0)
+        pairs = [(out, g.to(out.dtype)) for out, g in zip((spikes, h, *state), grad_outputs) if g is not None]
+        wanted = [t for t, need in zip(inputs, needs) if need]
+        grads = iter(torch.autograd.grad([o for o, _ in pairs], wanted, [g for _, g in pairs],
+                                         create_graph=True, allow_unused=True))
+    out = []
+    for t, need in zip(inputs, needs):
+        g = next(grads) if need else None
+        out.append(torch.zeros_like(t) if need and g is None else g)
+    return tuple(out)
+
+
+def grad_like(grad, tensor, needed):
+    """A kernel's float32 gradient for an initial-state tensor, in that tensor's dtype
+    (None where not needed)."""
+    return grad.to(tensor.dtype) if needed else None
 
 
 class ALIFFunction(torch.autograd.Function):
     """The eager path (a plain autograd.Function: less Python per call than a custom op).
-    options: (decay, adapt_decay, beta, threshold, reset, v_reset, detach, surrogate, alpha,
-    want_state, want_h); the outputs are spikes, then h if want_h, then v[T-1], a[T-1] if
-    want_state."""
+    v0, a0: the initial state or None. options: (decay, adapt_decay, beta, threshold, reset,
+    v_reset, detach, surrogate, alpha, want_state, want_h); the outputs are spikes, then h
+    if want_h, then v[T-1], a[T-1] if want_state."""
 
     @staticmethod
-    def forward(ctx, x, options):
+    def forward(ctx, x, v0, a0, options):
         *options, want_state, want_h = options
-        decay, adapt_decay, beta, threshold, reset, v_reset = options[:6]
-        save = ctx.needs_input_grad[0]
-        spikes, vT, aT, x_saved, ckpt, h = _forward(x, decay, adapt_decay, beta, threshold, reset,
-                                                    v_reset, save, want_state, want_h=want_h)
+        save = any(ctx.needs_input_grad[:3])
+        spikes, vT, aT, x_saved, ckpt, h = _forward(x, v0, a0, *options[:6], save, want_state, want_h=want_h)
         ctx.set_materialize_grads(False)
         if save:
-            ctx.save_for_backward(x_saved, ckpt)
+            ctx.save_for_backward(x_saved, ckpt, v0, a0)
             ctx.options = tuple(options)
             ctx.want = (want_h, want_state)
         out = (spikes,) + ((h,) if want_h else ()) + ((vT, aT) if want_state else ())
@@ -331,28 +368,34 @@ class ALIFFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_s, *grads):
-        x, ckpt = ctx.saved_tensors
+        x, ckpt, v0, a0 = ctx.saved_tensors
         grads = iter(grads)
         grad_h = next(grads) if ctx.want[0] else None
         grad_vT, grad_aT = (next(grads), next(grads)) if ctx.want[1] else (None, None)
         if grad_s is None and grad_h is None and grad_vT is None and grad_aT is None:
-            return None, None
+            return None, None, None, None
+        needs = ctx.needs_input_grad[:3]
         if torch.is_grad_enabled():  # create_graph=True: this backward will be differentiated
-            return reference_grad_x(x, grad_s, grad_vT, grad_aT, ctx.options, grad_h), None
-        return _backward(grad_s, grad_vT, grad_aT, x, ckpt, *ctx.options, grad_h=grad_h), None
+            return (*reference_grads("alif", x, (v0, a0), (grad_s, grad_h, grad_vT, grad_aT),
+                                     ctx.options, needs), None)
+        gx, gv0, ga0 = _backward(grad_s, grad_vT, grad_aT, x, ckpt, *ctx.options, needs[1], needs[2],
+                                 grad_h=grad_h)
+        return gx, grad_like(gv0, v0, needs[1]), grad_like(ga0, a0, needs[2]), None
 
 
 # ---- torch.library registration: what torch.compile sees (an op with autograd whose
 # body launches the Triton kernels) ----
 
 @torch.library.triton_op("spikefuse::alif_forward", mutates_args=())
-def alif_forward(x: torch.Tensor, decay: float, adapt_decay: float, beta: float, threshold: float,
-                 reset: str, v_reset: float, detach: bool, surrogate: str, alpha: float, save: bool
+def alif_forward(x: torch.Tensor, v0: torch.Tensor | None, a0: torch.Tensor | None, decay: float,
+                 adapt_decay: float, beta: float, threshold: float, reset: str, v_reset: float, detach: bool,
+                 surrogate: str, alpha: float, save: bool
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Spikes, v[T-1], a[T-1] (float32) and the checkpoints (empty unless `save`).
-    detach, surrogate and alpha are only used by the backward. (A triton_op's body is also
-    its fake kernel: only torch ops, launches and Python on shapes.)"""
-    spikes, vT, aT, _, ckpt, _ = _forward(x, decay, adapt_decay, beta, threshold, reset, v_reset, save,
+    """Spikes, v[T-1], a[T-1] (float32) and the checkpoints (empty unless `save`), from the
+    initial state (v0, a0) (None: zeros). detach, surrogate and alpha are only used by the
+    backward. (A triton_op's body is also its fake kernel: only torch ops, launches and
+    Python on shapes.)"""
+    spikes, vT, aT, _, ckpt, _ = _forward(x, v0, a0, decay, adapt_decay, beta, threshold, reset, v_reset, save,
                                           launch=TRACED)
     return spikes, vT, aT, ckpt
 
@@ -361,50 +404,63 @@ def alif_forward(x: torch.Tensor, decay: float, adapt_decay: float, beta: float,
 def alif_backward(grad_s: torch.Tensor, grad_vT: torch.Tensor | None, grad_aT: torch.Tensor | None,
                   x: torch.Tensor, ckpt: torch.Tensor, decay: float, adapt_decay: float, beta: float,
                   threshold: float, reset: str, v_reset: float, detach: bool, surrogate: str,
-                  alpha: float) -> torch.Tensor:
-    """dL/dx."""
-    return _backward(grad_s, grad_vT, grad_aT, x.contiguous(), ckpt, decay, adapt_decay, beta,
-                     threshold, reset, v_reset, detach, surrogate, alpha, launch=TRACED)
+                  alpha: float, need_gv0: bool, need_ga0: bool
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """dL/dx, dL/dv0 and dL/da0 (float32; the last two empty unless needed)."""
+    gx, gv0, ga0 = _backward(grad_s, grad_vT, grad_aT, x.contiguous(), ckpt, decay, adapt_decay, beta,
+                             threshold, reset, v_reset, detach, surrogate, alpha, need_gv0, need_ga0,
+                             launch=TRACED)
+    return gx, or_empty(gv0, x), or_empty(ga0, x)
+
+
+def or_empty(t, like):
+    """t, or an empty float32 tensor: an op may not return None (nor one tensor twice)."""
+    return t if t is not None else like.new_empty(0, dtype=torch.float32)
 
 
 def _setup_context(ctx, inputs, output):
-    x, *options, _save = inputs
-    ctx.save_for_backward(x, output[3])
+    x, v0, a0, *options, _save = inputs
+    ctx.save_for_backward(x, output[3], v0, a0)
     ctx.options = tuple(options)
 
 
 def _backward_rule(ctx, grad_s, grad_vT, grad_aT, _grad_ckpt):
-    x, ckpt = ctx.saved_tensors
+    x, ckpt, v0, a0 = ctx.saved_tensors
     nones = (None,) * 10
     if grad_s is None and grad_vT is None and grad_aT is None:
-        return (None, *nones)
+        return (None, None, None, *nones)
+    needs = ctx.needs_input_grad[:3]
     if torch.is_grad_enabled():  # create_graph=True (AOT autograd traces backward without it)
-        return (reference_grad_x(x, grad_s, grad_vT, grad_aT, ctx.options), *nones)
+        return (*reference_grads("alif", x, (v0, a0), (grad_s, None, grad_vT, grad_aT), ctx.options,
+                                 needs), *nones)
     if grad_s is None:
         grad_s = torch.zeros_like(x)
-    return (alif_backward(grad_s, grad_vT, grad_aT, x, ckpt, *ctx.options), *nones)
+    gx, gv0, ga0 = alif_backward(grad_s, grad_vT, grad_aT, x, ckpt, *ctx.options, needs[1], needs[2])
+    return (gx, grad_like(gv0, v0, needs[1]), grad_like(ga0, a0, needs[2]), *nones)
 
 
 alif_forward.register_autograd(_backward_rule, setup_context=_setup_context)
 
 
 def alif_fused(x, decay, adapt_decay, beta, threshold, reset, v_reset, detach, surrogate, alpha,
-               return_state, return_potential=False):
+               return_state, return_potential=False, state0=(None, None)):
     """Entry point for spikefuse.functional.alif (arguments already checked there).
     Returns spikes, then h if return_potential, then (v[T-1], a[T-1]) if return_state.
+    state0: the initial (v0, a0), either None for zeros.
     return_potential (eager only: spikefuse.functional sends it to the reference while dynamo
     traces): the forward kernel also writes h, and the backward adds dL/dh into its recurrence."""
+    v0, a0 = state0
     if not torch.compiler.is_dynamo_compiling():
         options = (decay, adapt_decay, beta, threshold, reset, v_reset, detach, surrogate, alpha,
                    return_state, return_potential)
         if not x.is_contiguous():  # copied here, not inside: the x saved for backward keeps its graph
             x = x.contiguous()
-        out = ALIFFunction.apply(x, options)
+        out = ALIFFunction.apply(x, v0, a0, options)
         if not return_state:
             return out
         *head, vT, aT = out
         return (*head, (vT, aT))
-    save = torch.is_grad_enabled() and x.requires_grad
-    spikes, vT, aT, _ = alif_forward(x, decay, adapt_decay, beta, threshold, reset, v_reset, detach,
+    save = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, v0, a0))
+    spikes, vT, aT, _ = alif_forward(x, v0, a0, decay, adapt_decay, beta, threshold, reset, v_reset, detach,
                                      surrogate, alpha, save)
     return (spikes, (vT, aT)) if return_state else spikes

@@ -50,7 +50,7 @@ import os
 
 import torch
 
-from .lif import EAGER, RESET_CODES, TRACED, _cdiv, f32, _next_power_of_2, grad_h, load_decay, program_neurons, reset_potential, row, spike_value, surrogate_grad
+from .lif import EAGER, RESET_CODES, TRACED, _cdiv, f32, _next_power_of_2, grad_h, load_per_neuron, program_neurons, reset_potential, row, spike_value, surrogate_grad
 from .launch import cached_launch
 from .spike_pack import attach_bits
 from .surrogate import SURROGATES
@@ -302,7 +302,7 @@ def _bn_lif_forward_kernel(
     ch = (n // inner) % C
     a = tl.load(stats_ptr + 2 * C + ch, mask=n_mask, other=0.0)
     b = tl.load(stats_ptr + 3 * C + ch, mask=n_mask, other=0.0)
-    d = load_decay(decay_ptr, decay, n, n_mask, inner, C, DECAY)
+    d = load_per_neuron(decay_ptr, decay, n, n_mask, inner, C, DECAY)
     v = tl.zeros([BLOCK], tl.float32)
     k = tl.arange(0, K)
     for t0 in range(0, T, K):
@@ -345,7 +345,7 @@ def _bn_lif_backward_kernel(
     istd = tl.load(stats_ptr + C + ch, mask=n_mask, other=0.0)
     a = tl.load(stats_ptr + 2 * C + ch, mask=n_mask, other=0.0)
     b = tl.load(stats_ptr + 3 * C + ch, mask=n_mask, other=0.0)
-    d = load_decay(decay_ptr, decay, n, n_mask, inner, C, DECAY)
+    d = load_per_neuron(decay_ptr, decay, n, n_mask, inner, C, DECAY)
     gv = tl.zeros([BLOCK], tl.float32)  # dL/dv[t], flowing back from t+1
     sum_gy = tl.zeros([BLOCK], tl.float32)
     sum_gyx = tl.zeros([BLOCK], tl.float32)
@@ -435,7 +435,7 @@ def _config(num_neurons: int, dtype: torch.dtype) -> tuple[int, int]:
 
 
 def _decay_code(decay_tensor):
-    """load_decay's DECAY: 0 = float, 1 = one tensor value, 2 = one per channel."""
+    """load_per_neuron's DECAY: 0 = float, 1 = one tensor value, 2 = one per channel."""
     return 0 if decay_tensor is None else (1 if decay_tensor.numel() == 1 else 2)
 
 

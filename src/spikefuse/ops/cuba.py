@@ -2,8 +2,8 @@
 synaptic current): one Triton launch over all T steps forward, one reverse-time launch
 backward.
 
-    i[t] = syn_decay * i[t-1] + x[t]                     i[-1] = 0 (synaptic current)
-    h[t] = decay * v[t-1] + i[t]                         v[-1] = 0
+    i[t] = syn_decay * i[t-1] + x[t]                     i[-1] = i0 (default 0; synaptic current)
+    h[t] = decay * v[t-1] + i[t]                         v[-1] = v0 (default 0)
     s[t] = 1 if h[t] >= threshold else 0
     v[t] = v_reset (hard) / h - threshold (soft) / h (none) where s[t] = 1, else h[t]
 Backward: ds/dh = sg(h - threshold) as for the LIF (`detach_reset` cuts the reset of v
@@ -11,6 +11,8 @@ from s); the adjoints of v and i run backward together:
     dL/dh[t] = (dL/ds[t] + dL/dv[t] * through_spike) * sg + dL/dv[t] * direct
     dL/di[t] = dL/dh[t] + syn_decay * dL/di[t+1]         (= dL/dx[t])
     dL/dv[t-1] = decay * dL/dh[t]
+Carried past step 0 they are the initial state's gradients: dL/dv0 = decay * dL/dh[0],
+dL/di0 = syn_decay * dL/di[0] (written only when asked for).
 
 Layout and launches as spikefuse.ops.lif (same BLOCK/K rules, same helpers): each program
 owns BLOCK neurons, keeps v and i in registers for the whole sequence and walks time in
@@ -29,6 +31,7 @@ from __future__ import annotations
 
 import torch
 
+from .alif import grad_like, kernel_arg, load_or_zeros, or_empty, reference_grads
 from .lif import (EAGER, RESET_CODES, TRACED, _cdiv, _launch_config, f32, grad_h,  # noqa: F401
                   load_chunk, load_earlier_chunk, program_neurons, reset_potential, row,
                   spike_value, store_chunk, surrogate_grad)
@@ -72,17 +75,18 @@ def cuba_forward_chunk(X, v, i, d, sd, t0, T, threshold, v_reset,
 @cached_launch
 @triton.jit
 def _cuba_forward_kernel(
-    x_ptr, s_ptr, ckpt_ptr, vT_ptr, iT_ptr, h_ptr,
+    x_ptr, s_ptr, ckpt_ptr, v0_ptr, i0_ptr, vT_ptr, iT_ptr, h_ptr,
     decay, syn_decay, threshold, v_reset, T, N,
-    RESET: tl.constexpr, SAVE_CKPT: tl.constexpr, STORE_STATE: tl.constexpr, STORE_H: tl.constexpr,
+    RESET: tl.constexpr, HAS_V0: tl.constexpr, HAS_I0: tl.constexpr, SAVE_CKPT: tl.constexpr,
+    STORE_STATE: tl.constexpr, STORE_H: tl.constexpr,
     BLOCK: tl.constexpr, K: tl.constexpr, EVEN_N: tl.constexpr,
 ):
     d, sd = f32(decay), f32(syn_decay)
     threshold, v_reset = f32(threshold), f32(v_reset)
     n = program_neurons(BLOCK)
     n_mask = n < N
-    v = tl.zeros([BLOCK], tl.float32)
-    i = tl.zeros([BLOCK], tl.float32)
+    v = load_or_zeros(v0_ptr, n, n_mask, BLOCK, HAS_V0)
+    i = load_or_zeros(i0_ptr, n, n_mask, BLOCK, HAS_I0)
     k = tl.arange(0, K)
     offs = k[:, None] * N + n[None, :]
     full = T // K
@@ -158,24 +162,20 @@ def cuba_backward_chunk(X, GS, v, i, gv, gi, d, sd, t0, T, threshold, v_reset, a
 @cached_launch
 @triton.jit
 def _cuba_backward_kernel(
-    gs_ptr, x_ptr, ckpt_ptr, gvT_ptr, giT_ptr, gx_ptr, gh_ptr,
+    gs_ptr, x_ptr, ckpt_ptr, gvT_ptr, giT_ptr, gx_ptr, gh_ptr, gv0_ptr, gi0_ptr,
     decay, syn_decay, threshold, v_reset, alpha, T, N,
     RESET: tl.constexpr, DETACH: tl.constexpr, SURROGATE: tl.constexpr,
     HAS_GVT: tl.constexpr, HAS_GIT: tl.constexpr, HAS_GH: tl.constexpr,
-    BLOCK: tl.constexpr, K: tl.constexpr, EVEN_N: tl.constexpr,
+    NEED_GV0: tl.constexpr, NEED_GI0: tl.constexpr, BLOCK: tl.constexpr, K: tl.constexpr, EVEN_N: tl.constexpr,
 ):
     d, sd = f32(decay), f32(syn_decay)
     threshold, v_reset, alpha = f32(threshold), f32(v_reset), f32(alpha)
     n = program_neurons(BLOCK)
     n_mask = n < N
-    if HAS_GVT:  # dL/dv[T-1], dL/di[T-1] when the final state was used downstream
-        gv = tl.load(gvT_ptr + n, mask=n_mask, other=0.0).to(tl.float32)
-    else:
-        gv = tl.zeros([BLOCK], tl.float32)
-    if HAS_GIT:  # carried as "the gradient reaching i[T-1] from later", added to dL/dh[T-1]
-        gi = tl.load(giT_ptr + n, mask=n_mask, other=0.0).to(tl.float32)
-    else:
-        gi = tl.zeros([BLOCK], tl.float32)
+    # dL/dv[T-1], dL/di[T-1] when the final state was used downstream; dL/di[T-1] is carried as
+    # "the gradient reaching i[T-1] from later", added to dL/dh[T-1]
+    gv = load_or_zeros(gvT_ptr, n, n_mask, BLOCK, HAS_GVT)
+    gi = load_or_zeros(giT_ptr, n, n_mask, BLOCK, HAS_GIT)
     k = tl.arange(0, K)
     offs = k[:, None] * N + n[None, :]
     full = T // K
@@ -217,13 +217,18 @@ def _cuba_backward_kernel(
                                          v_reset, alpha, RESET, DETACH, SURROGATE, False, GH, HAS_GH)
         store_chunk(gx_ptr, t0, offs, k, n_mask, T, N, GX, EVEN_N)
         X, GS, GH, v, i = X_prev, GS_prev, GH_prev, v_prev, i_prev
+    if NEED_GV0:  # past step 0, gv and gi are dL/dv[-1] = dL/dv0 and dL/di[-1] = dL/di0
+        tl.store(gv0_ptr + n, gv, mask=n_mask)
+    if NEED_GI0:
+        tl.store(gi0_ptr + n, gi, mask=n_mask)
 
 
-def _forward(x, decay, syn_decay, threshold, reset, v_reset, save, want_state=True, launch=EAGER,
+def _forward(x, v0, i0, decay, syn_decay, threshold, reset, v_reset, save, want_state=True, launch=EAGER,
              want_h=False):
     """spikes like x, v[T-1] and i[T-1] (float32, None unless `want_state`), the contiguous
     x, the checkpoints [2, ceil(T/K), N] (v then i; empty unless `save`) and the membrane's
-    pre-reset potential trace h (x's dtype; None unless `want_h`)."""
+    pre-reset potential trace h (x's dtype; None unless `want_h`). v0, i0: the initial state
+    (shaped like x[0]) or None for zeros."""
     if not x.is_contiguous():
         x = x.contiguous()
     T = x.shape[0]
@@ -237,69 +242,56 @@ def _forward(x, decay, syn_decay, threshold, reset, v_reset, save, want_state=Tr
     if N > 0:
         unused = launch.unused(x)
         launch(_cuba_forward_kernel)[(_cdiv(N, BLOCK),)](
-            x, spikes, ckpt, vT if want_state else unused, iT if want_state else unused,
-            h if want_h else unused, decay, syn_decay, threshold, v_reset, T, N,
-            RESET=RESET_CODES[reset], SAVE_CKPT=save, STORE_STATE=want_state, STORE_H=want_h,
+            x, spikes, ckpt, kernel_arg(v0, unused), kernel_arg(i0, unused), kernel_arg(vT, unused),
+            kernel_arg(iT, unused), kernel_arg(h, unused),
+            decay, syn_decay, threshold, v_reset, T, N,
+            RESET=RESET_CODES[reset], HAS_V0=v0 is not None, HAS_I0=i0 is not None, SAVE_CKPT=save,
+            STORE_STATE=want_state, STORE_H=want_h,
             BLOCK=BLOCK, K=K, EVEN_N=N % BLOCK == 0, num_warps=warps, enable_fp_fusion=False)
     return spikes, vT, iT, x, ckpt, h
 
 
 def _backward(grad_s, grad_vT, grad_iT, x, ckpt, decay, syn_decay, threshold, reset, v_reset,
-              detach, surrogate, alpha, launch=EAGER, grad_h=None):
-    """dL/dx like x. x is the contiguous input saved by _forward; grad_s may be None (only
-    the final state was used), grad_vT / grad_iT None when the state was not used, grad_h
-    None or dL/dh for the returned potential trace (added to the recurrence's dL/dh)."""
+              detach, surrogate, alpha, need_gv0=False, need_gi0=False, launch=EAGER, grad_h=None):
+    """(dL/dx like x, dL/dv0, dL/di0 (float32, shaped like x[0]; None unless needed)). x is
+    the contiguous input saved by _forward; grad_s may be None (only the final state was
+    used), grad_vT / grad_iT None when the state was not used, grad_h None or dL/dh for the
+    returned potential trace (added to the recurrence's dL/dh)."""
     T = x.shape[0]
     N = x.numel() // T
     if grad_s is None:
         grad_s = torch.zeros_like(x)
-    gs = grad_s if grad_s.is_contiguous() else grad_s.contiguous()
-    gvT = grad_vT.contiguous() if grad_vT is not None else None
-    giT = grad_iT.contiguous() if grad_iT is not None else None
-    gh = grad_h.contiguous() if grad_h is not None else None
+    gs = grad_s.contiguous()
     grad_x = torch.empty_like(x)
+    gv0 = x.new_empty(x.shape[1:], dtype=torch.float32) if need_gv0 else None
+    gi0 = x.new_empty(x.shape[1:], dtype=torch.float32) if need_gi0 else None
     BLOCK, K, warps = _launch_config(N, x.dtype)
     if N > 0:
         unused = launch.unused(gs)
         launch(_cuba_backward_kernel)[(_cdiv(N, BLOCK),)](
-            gs, x, ckpt, gvT if gvT is not None else unused, giT if giT is not None else unused,
-            grad_x, gh if gh is not None else unused, decay, syn_decay, threshold, v_reset, alpha, T, N,
+            gs, x, ckpt, kernel_arg(grad_vT, unused), kernel_arg(grad_iT, unused), grad_x,
+            kernel_arg(grad_h, unused), kernel_arg(gv0, unused), kernel_arg(gi0, unused),
+            decay, syn_decay, threshold, v_reset, alpha, T, N,
             RESET=RESET_CODES[reset], DETACH=detach, SURROGATE=SURROGATES[surrogate],
-            HAS_GVT=gvT is not None, HAS_GIT=giT is not None, HAS_GH=gh is not None,
+            HAS_GVT=grad_vT is not None, HAS_GIT=grad_iT is not None, HAS_GH=grad_h is not None,
+            NEED_GV0=need_gv0, NEED_GI0=need_gi0,
             BLOCK=BLOCK, K=K, EVEN_N=N % BLOCK == 0, num_warps=warps, enable_fp_fusion=False)
-    return grad_x
-
-
-def reference_grad_x(x, grad_s, grad_vT, grad_iT, options, grad_h=None):
-    """dL/dx for a backward that will itself be differentiated (create_graph=True): the
-    forward is run again through spikefuse.reference.cuba (float32) and differentiated with
-    create_graph, so second derivatives are its."""
-    from .. import reference
-
-    with torch.enable_grad():
-        spikes, h, (vT, iT) = reference.cuba(x.float(), *options, return_state=True, return_potential=True)
-        pairs = [(out, g.to(out.dtype)) for out, g in
-                 ((spikes, grad_s), (h, grad_h), (vT, grad_vT), (iT, grad_iT)) if g is not None]
-        (gx,) = torch.autograd.grad([o for o, _ in pairs], [x], [g for _, g in pairs],
-                                    create_graph=True, allow_unused=True)
-    return gx if gx is not None else torch.zeros_like(x)
+    return grad_x, gv0, gi0
 
 
 class CUBAFunction(torch.autograd.Function):
-    """The eager path. options: (decay, syn_decay, threshold, reset, v_reset, detach,
-    surrogate, alpha, want_state, want_h); the outputs are spikes, then h if want_h, then
-    v[T-1], i[T-1] if want_state."""
+    """The eager path. v0, i0: the initial state or None. options: (decay, syn_decay,
+    threshold, reset, v_reset, detach, surrogate, alpha, want_state, want_h); the outputs are
+    spikes, then h if want_h, then v[T-1], i[T-1] if want_state."""
 
     @staticmethod
-    def forward(ctx, x, options):
+    def forward(ctx, x, v0, i0, options):
         *options, want_state, want_h = options
-        decay, syn_decay, threshold, reset, v_reset = options[:5]
-        save = ctx.needs_input_grad[0]
-        spikes, vT, iT, x_saved, ckpt, h = _forward(x, decay, syn_decay, threshold, reset, v_reset,
-                                                    save, want_state, want_h=want_h)
+        save = any(ctx.needs_input_grad[:3])
+        spikes, vT, iT, x_saved, ckpt, h = _forward(x, v0, i0, *options[:5], save, want_state, want_h=want_h)
         ctx.set_materialize_grads(False)
         if save:
-            ctx.save_for_backward(x_saved, ckpt)
+            ctx.save_for_backward(x_saved, ckpt, v0, i0)
             ctx.options = tuple(options)
             ctx.want = (want_h, want_state)
         out = (spikes,) + ((h,) if want_h else ()) + ((vT, iT) if want_state else ())
@@ -307,26 +299,32 @@ class CUBAFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_s, *grads):
-        x, ckpt = ctx.saved_tensors
+        x, ckpt, v0, i0 = ctx.saved_tensors
         grads = iter(grads)
         grad_h = next(grads) if ctx.want[0] else None
         grad_vT, grad_iT = (next(grads), next(grads)) if ctx.want[1] else (None, None)
         if grad_s is None and grad_h is None and grad_vT is None and grad_iT is None:
-            return None, None
+            return None, None, None, None
+        needs = ctx.needs_input_grad[:3]
         if torch.is_grad_enabled():  # create_graph=True: this backward will be differentiated
-            return reference_grad_x(x, grad_s, grad_vT, grad_iT, ctx.options, grad_h), None
-        return _backward(grad_s, grad_vT, grad_iT, x, ckpt, *ctx.options, grad_h=grad_h), None
+            return (*reference_grads("cuba", x, (v0, i0), (grad_s, grad_h, grad_vT, grad_iT),
+                                     ctx.options, needs), None)
+        gx, gv0, gi0 = _backward(grad_s, grad_vT, grad_iT, x, ckpt, *ctx.options, needs[1], needs[2],
+                                 grad_h=grad_h)
+        return gx, grad_like(gv0, v0, needs[1]), grad_like(gi0, i0, needs[2]), None
 
 
 # ---- torch.library registration: what torch.compile sees ----
 
 @torch.library.triton_op("spikefuse::cuba_forward", mutates_args=())
-def cuba_forward(x: torch.Tensor, decay: float, syn_decay: float, threshold: float, reset: str,
-                 v_reset: float, detach: bool, surrogate: str, alpha: float, save: bool
+def cuba_forward(x: torch.Tensor, v0: torch.Tensor | None, i0: torch.Tensor | None, decay: float,
+                 syn_decay: float, threshold: float, reset: str, v_reset: float, detach: bool, surrogate: str,
+                 alpha: float, save: bool
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Spikes, v[T-1], i[T-1] (float32) and the checkpoints (empty unless `save`).
-    detach, surrogate and alpha are only used by the backward."""
-    spikes, vT, iT, _, ckpt, _ = _forward(x, decay, syn_decay, threshold, reset, v_reset, save,
+    """Spikes, v[T-1], i[T-1] (float32) and the checkpoints (empty unless `save`), from the
+    initial state (v0, i0) (None: zeros). detach, surrogate and alpha are only used by the
+    backward."""
+    spikes, vT, iT, _, ckpt, _ = _forward(x, v0, i0, decay, syn_decay, threshold, reset, v_reset, save,
                                           launch=TRACED)
     return spikes, vT, iT, ckpt
 
@@ -335,51 +333,57 @@ def cuba_forward(x: torch.Tensor, decay: float, syn_decay: float, threshold: flo
 def cuba_backward(grad_s: torch.Tensor, grad_vT: torch.Tensor | None, grad_iT: torch.Tensor | None,
                   x: torch.Tensor, ckpt: torch.Tensor, decay: float, syn_decay: float,
                   threshold: float, reset: str, v_reset: float, detach: bool, surrogate: str,
-                  alpha: float) -> torch.Tensor:
-    """dL/dx."""
-    return _backward(grad_s, grad_vT, grad_iT, x.contiguous(), ckpt, decay, syn_decay, threshold,
-                     reset, v_reset, detach, surrogate, alpha, launch=TRACED)
+                  alpha: float, need_gv0: bool, need_gi0: bool
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """dL/dx, dL/dv0 and dL/di0 (float32; the last two empty unless needed)."""
+    gx, gv0, gi0 = _backward(grad_s, grad_vT, grad_iT, x.contiguous(), ckpt, decay, syn_decay, threshold,
+                             reset, v_reset, detach, surrogate, alpha, need_gv0, need_gi0, launch=TRACED)
+    return gx, or_empty(gv0, x), or_empty(gi0, x)
 
 
 def _setup_context(ctx, inputs, output):
-    x, *options, _save = inputs
-    ctx.save_for_backward(x, output[3])
+    x, v0, i0, *options, _save = inputs
+    ctx.save_for_backward(x, output[3], v0, i0)
     ctx.options = tuple(options)
 
 
 def _backward_rule(ctx, grad_s, grad_vT, grad_iT, _grad_ckpt):
-    x, ckpt = ctx.saved_tensors
+    x, ckpt, v0, i0 = ctx.saved_tensors
     nones = (None,) * 9
     if grad_s is None and grad_vT is None and grad_iT is None:
-        return (None, *nones)
+        return (None, None, None, *nones)
+    needs = ctx.needs_input_grad[:3]
     if torch.is_grad_enabled():  # create_graph=True (AOT autograd traces backward without it)
-        return (reference_grad_x(x, grad_s, grad_vT, grad_iT, ctx.options), *nones)
+        return (*reference_grads("cuba", x, (v0, i0), (grad_s, None, grad_vT, grad_iT), ctx.options,
+                                 needs), *nones)
     if grad_s is None:
         grad_s = torch.zeros_like(x)
-    return (cuba_backward(grad_s, grad_vT, grad_iT, x, ckpt, *ctx.options), *nones)
+    gx, gv0, gi0 = cuba_backward(grad_s, grad_vT, grad_iT, x, ckpt, *ctx.options, needs[1], needs[2])
+    return (gx, grad_like(gv0, v0, needs[1]), grad_like(gi0, i0, needs[2]), *nones)
 
 
 cuba_forward.register_autograd(_backward_rule, setup_context=_setup_context)
 
 
 def cuba_fused(x, decay, syn_decay, threshold, reset, v_reset, detach, surrogate, alpha,
-               return_state, return_potential=False):
+               return_state, return_potential=False, state0=(None, None)):
     """Entry point for spikefuse.functional.cuba (arguments already checked there).
     Returns spikes, then the membrane's pre-reset h if return_potential, then (v[T-1], i[T-1])
-    if return_state. return_potential (eager only: spikefuse.functional sends it to the
-    reference while dynamo traces): the forward kernel also writes h, and the backward adds
-    dL/dh into its recurrence."""
+    if return_state. state0: the initial (v0, i0), either None for zeros.
+    return_potential (eager only: spikefuse.functional sends it to the reference while dynamo
+    traces): the forward kernel also writes h, and the backward adds dL/dh into its recurrence."""
+    v0, i0 = state0
     if not torch.compiler.is_dynamo_compiling():
         options = (decay, syn_decay, threshold, reset, v_reset, detach, surrogate, alpha,
                    return_state, return_potential)
         if not x.is_contiguous():  # copied here, not inside: the x saved for backward keeps its graph
             x = x.contiguous()
-        out = CUBAFunction.apply(x, options)
+        out = CUBAFunction.apply(x, v0, i0, options)
         if not return_state:
             return out
         *head, vT, iT = out
         return (*head, (vT, iT))
-    save = torch.is_grad_enabled() and x.requires_grad
-    spikes, vT, iT, _ = cuba_forward(x, decay, syn_decay, threshold, reset, v_reset, detach,
+    save = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, v0, i0))
+    spikes, vT, iT, _ = cuba_forward(x, v0, i0, decay, syn_decay, threshold, reset, v_reset, detach,
                                      surrogate, alpha, save)
     return (spikes, (vT, iT)) if return_state else spikes

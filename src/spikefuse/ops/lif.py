@@ -34,7 +34,7 @@ if not torch.cuda.is_available():  # no GPU: Triton can only run through its int
 from .triton_or_stub import tl, triton  # noqa: E402
 
 from .launch import cached_launch  # noqa: E402
-from .surrogate import SURROGATES  # noqa: E402
+from .surrogate import CUSTOM, SURROGATES, CustomSurrogate  # noqa: E402
 
 RESET_CODES = {"hard": 0, "soft": 1, "none": 2}
 
@@ -112,6 +112,16 @@ def surrogate_grad(u, SURROGATE: tl.constexpr, alpha):
 
 
 @triton.jit
+def lif_surrogate_grad(u, SURROGATE: tl.constexpr, alpha, CUSTOM_FN: tl.constexpr):
+    """surrogate_grad, or for the custom code (5) the user's Triton function CUSTOM_FN(u, alpha)
+    (spikefuse.surrogates.custom; None for a built-in, whose code compiles as before)."""
+    if SURROGATE == 5:
+        return CUSTOM_FN(u, alpha)
+    else:
+        return surrogate_grad(u, SURROGATE, alpha)
+
+
+@triton.jit
 def reset_potential(h, fired, threshold, v_reset, RESET: tl.constexpr):
     """v[t] from h[t] and s[t]: hard, soft (subtract) or no reset."""
     if RESET == 0:
@@ -152,7 +162,7 @@ def grad_h(gs, gv, h, fired, sg, threshold, v_reset, RESET: tl.constexpr, DETACH
 
 
 @triton.jit
-def grad_threshold_step(gs, gv, h, fired, sg, threshold, v_reset, RESET: tl.constexpr, DETACH: tl.constexpr):
+def threshold_grad_step(gs, gv, h, fired, sg, threshold, v_reset, RESET: tl.constexpr, DETACH: tl.constexpr):
     """dL/dthreshold at step t: s = H(h - threshold) gives -(dL/ds[t] total) * sg, and the
     soft reset v = h - threshold*s gives -dL/dv[t] where it fired (detach_reset detaches s,
     not the threshold)."""
@@ -173,9 +183,6 @@ def load_per_neuron(ptr, value, n, mask, inner, C, MODE: tl.constexpr):
         return tl.load(ptr).to(tl.float32)
     else:
         return tl.load(ptr + (n // inner) % C, mask=mask, other=0.0).to(tl.float32)
-
-
-load_decay = load_per_neuron  # the name bn_lif.py imports
 
 
 @triton.jit
@@ -317,8 +324,8 @@ def _lif_forward_kernel(
 @triton.jit
 def backward_chunk(X, GS, v, gv, gd, gthr, d, t0, T, threshold, v_reset, alpha, grad_floor,
                    RESET: tl.constexpr, DETACH: tl.constexpr, SURROGATE: tl.constexpr,
-                   NEED_GD: tl.constexpr, TAIL: tl.constexpr, GH, HAS_GH: tl.constexpr,
-                   NEED_GTHR: tl.constexpr):
+                   CUSTOM_FN: tl.constexpr, NEED_GD: tl.constexpr, TAIL: tl.constexpr, GH,
+                   HAS_GH: tl.constexpr, NEED_GTHR: tl.constexpr):
     """Recompute the chunk forward from its checkpoint v (h[t] and v[t-1] into registers),
     then run the gradient recurrence backward through it: (dL/dx chunk, dL/dv, dL/d decay,
     dL/d threshold; the last two summed over the chunk's steps onto gd, gthr).
@@ -342,10 +349,10 @@ def backward_chunk(X, GS, v, gv, gd, gthr, d, t0, T, threshold, v_reset, alpha, 
         sel = (k == j)[:, None]
         h = row(H, sel)
         u = h - threshold
-        sg = tl.where(h < grad_floor, 0.0, surrogate_grad(u, SURROGATE, alpha))  # NaN h keeps its NaN
+        sg = tl.where(h < grad_floor, 0.0, lif_surrogate_grad(u, SURROGATE, alpha, CUSTOM_FN))  # NaN h keeps its NaN
         gs = row(GSf, sel)
         if NEED_GTHR:  # (before gv moves on: it is dL/dv[t] here)
-            gt = grad_threshold_step(gs, gv, h, u >= 0.0, sg, threshold, v_reset, RESET, DETACH)
+            gt = threshold_grad_step(gs, gv, h, u >= 0.0, sg, threshold, v_reset, RESET, DETACH)
             gthr += tl.where(t0 + j < T, gt, 0.0) if TAIL else gt
         gh = grad_h(gs, gv, h, u >= 0.0, sg, threshold, v_reset, RESET, DETACH)
         if HAS_GH:
@@ -366,9 +373,10 @@ def backward_chunk(X, GS, v, gv, gd, gthr, d, t0, T, threshold, v_reset, alpha, 
 def _lif_backward_kernel(
     gs_ptr, x_ptr, ckpt_ptr, gvT_ptr, gx_ptr, gv0_ptr, gd_ptr, decay_ptr, gh_ptr, thr_ptr, gthr_ptr,
     decay, threshold, v_reset, alpha, grad_floor, T, N, inner, C,
-    RESET: tl.constexpr, DETACH: tl.constexpr, SURROGATE: tl.constexpr, DECAY: tl.constexpr,
-    THRESHOLD: tl.constexpr, HAS_GVT: tl.constexpr, NEED_GV0: tl.constexpr, NEED_GD: tl.constexpr,
-    HAS_GH: tl.constexpr, NEED_GTHR: tl.constexpr, BLOCK: tl.constexpr, K: tl.constexpr, EVEN_N: tl.constexpr,
+    RESET: tl.constexpr, DETACH: tl.constexpr, SURROGATE: tl.constexpr, CUSTOM_FN: tl.constexpr,
+    DECAY: tl.constexpr, THRESHOLD: tl.constexpr, HAS_GVT: tl.constexpr, NEED_GV0: tl.constexpr,
+    NEED_GD: tl.constexpr, HAS_GH: tl.constexpr, NEED_GTHR: tl.constexpr, BLOCK: tl.constexpr, K: tl.constexpr,
+    EVEN_N: tl.constexpr,
 ):
     decay, threshold, v_reset, alpha = f32(decay), f32(threshold), f32(v_reset), f32(alpha)
     grad_floor = f32(grad_floor)
@@ -400,8 +408,8 @@ def _lif_backward_kernel(
             GH_prev = load_earlier_chunk(gh_ptr, (last - 1) * K, offs, n_mask, N, EVEN_N)
         v_prev = tl.load(ckpt_ptr + tl.cast(tl.maximum(last - 1, 0), tl.int64) * N + n, mask=n_mask, other=0.0)
         GX, gv, gd, gthr = backward_chunk(X, GS, v, gv, gd, gthr, d, last * K, T, threshold, v_reset, alpha,
-                                          grad_floor, RESET, DETACH, SURROGATE, NEED_GD, True, GH, HAS_GH,
-                                          NEED_GTHR)
+                                          grad_floor, RESET, DETACH, SURROGATE, CUSTOM_FN, NEED_GD, True, GH,
+                                          HAS_GH, NEED_GTHR)
         store_chunk(gx_ptr, last * K, offs, k, n_mask, T, N, GX, EVEN_N)
         X, GS, GH, v = X_prev, GS_prev, GH_prev, v_prev
     for i in range(0, full):
@@ -415,8 +423,8 @@ def _lif_backward_kernel(
             GH_prev = load_earlier_chunk(gh_ptr, t0 - K, offs, n_mask, N, EVEN_N)
         v_prev = tl.load(ckpt_ptr + tl.cast(tl.maximum(c - 1, 0), tl.int64) * N + n, mask=n_mask, other=0.0)
         GX, gv, gd, gthr = backward_chunk(X, GS, v, gv, gd, gthr, d, t0, T, threshold, v_reset, alpha,
-                                          grad_floor, RESET, DETACH, SURROGATE, NEED_GD, False, GH, HAS_GH,
-                                          NEED_GTHR)
+                                          grad_floor, RESET, DETACH, SURROGATE, CUSTOM_FN, NEED_GD, False, GH,
+                                          HAS_GH, NEED_GTHR)
         store_chunk(gx_ptr, t0, offs, k, n_mask, T, N, GX, EVEN_N)
         X, GS, GH, v = X_prev, GS_prev, GH_prev, v_prev
     if NEED_GV0:
@@ -538,6 +546,7 @@ def _backward(grad_s, grad_vT, x, ckpt, decay, decay_tensor, threshold, reset,
     gh = grad_h.contiguous() if grad_h is not None else None
     C, inner = _channels(x.shape, decay_tensor, threshold_tensor)
     BLOCK, K, warps = _launch_config(N, x.dtype)
+    custom = surrogate if isinstance(surrogate, CustomSurrogate) else None  # its Triton twin is a constexpr
     if N > 0:
         unused = launch.unused(gs)
         launch(_lif_backward_kernel)[(_cdiv(N, BLOCK),)](
@@ -546,7 +555,8 @@ def _backward(grad_s, grad_vT, x, ckpt, decay, decay_tensor, threshold, reset,
             decay_tensor if decay_tensor is not None else unused, gh if gh is not None else unused,
             threshold_tensor if threshold_tensor is not None else unused, gthr if gthr is not None else unused,
             decay, threshold, v_reset, alpha, grad_threshold, T, N, inner, C,
-            RESET=RESET_CODES[reset], DETACH=detach, SURROGATE=SURROGATES[surrogate],
+            RESET=RESET_CODES[reset], DETACH=detach, SURROGATE=CUSTOM if custom else SURROGATES[surrogate],
+            CUSTOM_FN=custom.triton_fn if custom else None,
             DECAY=_param_mode(decay_tensor), THRESHOLD=_param_mode(threshold_tensor), HAS_GVT=gvT is not None,
             NEED_GV0=need_gv0, NEED_GD=need_gd, HAS_GH=gh is not None, NEED_GTHR=need_gthr,
             BLOCK=BLOCK, K=K, EVEN_N=N % BLOCK == 0, num_warps=warps, enable_fp_fusion=False)
@@ -616,7 +626,7 @@ def _input_grads(run_backward, grad_s, x, decay_tensor, v0, threshold_tensor, ne
 
 def reference_grads(x, decay, decay_tensor, v0, grad_s, grad_vT, options, needs,
                     grad_threshold=float("-inf"), grad_h=None, threshold_tensor=None):
-    """(grad_x, grad_decay, grad_v0, grad_threshold) for a backward that will itself be
+    """(grad_x, grad_decay, grad_v0, the threshold tensor's gradient) for a backward that will itself be
     differentiated (create_graph=True): the backward kernel's output carries no graph, so the
     forward is run again through spikefuse.reference (in float32, spike for spike the kernel's)
     from the saved inputs and differentiated with create_graph: second derivatives are the

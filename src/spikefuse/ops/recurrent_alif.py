@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import torch
 
+from .alif import adaptive_grads
 from .launch import cached_launch
 from .lif import EAGER, RESET_CODES, TRACED, _cdiv, f32, surrogate_grad
 from .recurrent_lif import _tf32, _tiles, charge, fire_and_store, incoming_grads, step_tile, weight_grad
@@ -49,25 +50,6 @@ def _ralif_forward_step(
     tl.store(a_ptr + offs, ad * a + s, mask=mask)
     if SAVE:
         tl.store(adapt_ptr + now + offs, a, mask=mask)
-
-
-@triton.jit
-def adaptive_grads(gs, gv, h, theta, fired, sg, v_reset, RESET: tl.constexpr, DETACH: tl.constexpr):
-    """(dL/dh[t], dL/dtheta[t]) from all of dL/ds[t] and dL/dv[t], u = h - theta (as ops.alif)."""
-    if RESET == 0:  # hard: v = h*(1-s) + v_reset*s
-        direct = tl.where(fired, 0.0, 1.0)
-        through_spike = 0.0 if DETACH else v_reset - h
-        through_theta = 0.0
-    elif RESET == 1:  # soft: v = h - theta*s (theta keeps its gradient even when s is detached)
-        direct = 1.0
-        through_spike = 0.0 if DETACH else -theta
-        through_theta = tl.where(fired, -1.0, 0.0)
-    else:
-        direct = 1.0
-        through_spike = 0.0
-        through_theta = 0.0
-    gu = (gs + gv * through_spike) * sg  # dL/du
-    return gu + gv * direct, gv * through_theta - gu
 
 
 @cached_launch

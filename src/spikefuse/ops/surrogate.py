@@ -14,7 +14,9 @@ giving ds/du elementwise for u = h - threshold. It receives a tensor and must re
 tensor of the same shape; `alpha` is then ignored (bind a shape parameter with
 functools.partial). The loop path calls it without autograd, on a fresh tensor it may
 overwrite; the reference path calls it inside Heaviside's backward (so a double backward
-differentiates it). The fused Triton kernels compute their surrogate by name only.
+differentiates it). The fused Triton kernels cannot run such a callable; they run a built-in
+by its code, or a spikefuse.surrogates.custom surrogate (code CUSTOM) by calling its Triton
+twin, which is also a callable sg(u) (its torch twin) everywhere else.
 """
 from __future__ import annotations
 
@@ -22,13 +24,19 @@ import math
 
 import torch
 
+from ..surrogates import CustomSurrogate
+
 SURROGATES = {"rectangular": 0, "triangle": 1, "fast_sigmoid": 2, "sigmoid": 3, "atan": 4}
+CUSTOM = 5  # the kernels' code for a CustomSurrogate: they call its Triton twin
 DEFAULT_ALPHA = {"rectangular": 1.0, "triangle": 1.0, "fast_sigmoid": 10.0, "sigmoid": 4.0, "atan": 2.0}
 ALIASES = {"superspike": "fast_sigmoid", "rect": "rectangular", "boxcar": "rectangular"}
 
 
 def resolve(name: str, alpha: float | None) -> tuple[str, float]:
     """Canonical surrogate name and alpha; raises ValueError naming the valid choices."""
+    if isinstance(name, CustomSurrogate):
+        raise TypeError(f"surrogate: a custom surrogate ({name.name}) runs on LIF, IF and PLIF only; "
+                        f"this neuron takes a name, one of {sorted(SURROGATES)}")
     if not isinstance(name, str):
         raise TypeError(f"surrogate must be a string, got {type(name).__name__}")
     key = ALIASES.get(name.lower(), name.lower())
@@ -41,20 +49,27 @@ def resolve(name: str, alpha: float | None) -> tuple[str, float]:
 
 
 def resolve_any(surrogate, alpha: float | None):
-    """As `resolve` for a name; a callable sg(u) is returned as it is, with alpha None
-    (ignored). Anything else: ValueError naming `surrogate`."""
+    """As `resolve` for a name; a CustomSurrogate at `alpha` (None: its own) with that alpha;
+    a callable sg(u) is returned as it is, with alpha None (ignored). Anything else:
+    ValueError naming `surrogate`."""
     if isinstance(surrogate, str):
         return resolve(surrogate, alpha)
+    if isinstance(surrogate, CustomSurrogate):
+        surrogate = surrogate.with_alpha(alpha)
+        return surrogate, surrogate.alpha
     if callable(surrogate):
         return surrogate, None
-    raise ValueError(f"surrogate must be one of {sorted(SURROGATES)} or a callable sg(u) -> tensor "
-                     f"(ds/du for u = h - threshold), got {surrogate!r}")
+    raise ValueError(f"surrogate must be one of {sorted(SURROGATES)}, a spikefuse.surrogates.custom(...) "
+                     f"or a callable sg(u) -> tensor (ds/du for u = h - threshold), got {surrogate!r}")
 
 
 def surrogate_name(surrogate) -> str:
-    """A readable name: the string itself, or a callable's __name__ (through functools.partial)."""
+    """A readable name: the string itself, a custom surrogate's name, or a callable's __name__
+    (through functools.partial)."""
     if isinstance(surrogate, str):
         return surrogate
+    if isinstance(surrogate, CustomSurrogate):
+        return surrogate.name
     func = getattr(surrogate, "func", surrogate)  # functools.partial
     return getattr(func, "__name__", None) or type(func).__name__
 
