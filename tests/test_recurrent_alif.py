@@ -245,3 +245,78 @@ def test_compile_uses_the_fused_ops():
     (o1, gx1, gw1), (o2, gx2, gw2) = results
     assert torch.equal(o1, o2) and rel_err(gx2, gx1) < 1e-6 and rel_err(gw2, gw1) < 1e-6
     assert "spikefuse.ralif_forward.default" in targets, targets
+
+
+# ---- return_potential / record_potential ----
+
+def run_potential(x, w, backend, **kw):
+    """Spikes, h, and the gradients of x and W for a fixed random loss on h alone, then for one
+    on h, the spikes and the final state (dL/dx, dL/dW, dL/dx, dL/dW)."""
+    xi, wi = x.detach().clone().requires_grad_(True), w.detach().clone().requires_grad_(True)
+    s, h, (v, a) = F.ralif(xi, wi, backend=backend, return_potential=True, return_state=True, **kw)
+    g = torch.Generator().manual_seed(2)
+    loss_h = (h * torch.randn(h.shape, generator=g).to(DEVICE)).sum()
+    loss_all = loss_h + (s * torch.randn(s.shape, generator=g).to(DEVICE)).sum() + v.sum() - a.sum()
+    # materialize: with T = 1 the reference never reaches W (its gradient is zero)
+    grads_h = torch.autograd.grad(loss_h, [xi, wi], retain_graph=True, materialize_grads=True)
+    return s, h, grads_h + torch.autograd.grad(loss_all, [xi, wi], materialize_grads=True)
+
+
+def assert_potential_match(x, w, **kw):
+    (s1, h1, g1), (s2, h2, g2) = (run_potential(x, w, b, **kw) for b in ("fused", "reference"))
+    assert torch.equal(s1, s2) and 0 < s2.mean() < 1
+    assert h1.dtype == x.dtype and h1.shape == x.shape
+    assert torch.equal(h1, h2), "fused h must be the reference's exactly"
+    for name, fused, ref in zip(("x (h)", "W (h)", "x (all)", "W (all)"), g1, g2):
+        if ref.any():
+            assert rel_err(fused, ref) < 1e-5, f"grad {name}: {rel_err(fused, ref)}"
+        else:
+            assert not fused.any(), f"grad {name} should be zero"
+
+
+@pytest.mark.parametrize("reset,detach", list(itertools.product(["hard", "soft", "none"], [False, True])))
+def test_potential_matches_reference(reset, detach):
+    seed = 30 + len(reset) + detach
+    assert_potential_match(rand(7, 3, 13, seed=seed), dyadic_weight(13, seed), reset=reset, detach_reset=detach,
+                           surrogate="atan", **PARAMS)
+
+
+@pytest.mark.parametrize("make_x", [lambda: rand(1, 3, 9, seed=40, scale=1.5),
+                                    lambda: rand(6, 9, 4, seed=41).transpose(1, 2)[:, :, ::2].transpose(1, 2)],
+                         ids=["T=1", "non-contiguous"])
+def test_potential_t1_and_non_contiguous(make_x):
+    x = make_x()
+    assert_potential_match(x, dyadic_weight(x.shape[-1], 42), reset="soft", **PARAMS)
+
+
+def test_potential_only_and_double_backward():
+    """return_potential alone gives (spikes, h); a penalty on the gradients of a loss on h
+    (create_graph) matches the reference's."""
+    x, w = rand(6, 2, 9, seed=43), dyadic_weight(9, 43)
+    results = []
+    for backend in ("fused", "reference"):
+        xi, wi = x.clone().requires_grad_(True), w.clone().requires_grad_(True)
+        out = F.ralif(xi, wi, backend=backend, return_potential=True, surrogate="sigmoid", **PARAMS)
+        assert isinstance(out, tuple) and len(out) == 2
+        spikes, h = out
+        gx, gw = torch.autograd.grad(h.pow(2).sum() + spikes.sum(), [xi, wi], create_graph=True)
+        penalty = torch.autograd.grad(gx.pow(2).sum() + gw.pow(2).sum(), [xi, wi])
+        results.append((gx.detach(), gw.detach(), *penalty))
+    assert all(rel_err(a, b) < 1e-5 for a, b in zip(*results))
+
+
+def test_module_record_potential():
+    x, w = rand(6, 2, 3, 7, seed=44), dyadic_weight(7, 44)
+    assert snn.RecurrentALIF(7, device=DEVICE).potential is None
+    results = []
+    for backend in ("fused", "reference"):
+        layer = snn.RecurrentALIF(7, backend=backend, record_potential=True, device=DEVICE, **PARAMS)
+        with torch.no_grad():
+            layer.weight.copy_(w)
+        s = layer(x)
+        assert isinstance(s, torch.Tensor) and layer.potential.shape == x.shape
+        layer.potential.pow(2).sum().backward()
+        results.append((s, layer.potential.detach(), layer.weight.grad))
+    (s1, h1, gw1), (s2, h2, gw2) = results
+    assert torch.equal(s1, s2) and torch.equal(h1, h2) and rel_err(gw1, gw2) < 1e-5
+    assert torch.equal(s1, F.ralif(x, w, backend="reference", **PARAMS))

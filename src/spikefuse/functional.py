@@ -568,6 +568,7 @@ def ralif(
     return_state: bool = False,
     grad_threshold: float = float("-inf"),
     backend: str = "auto",
+    return_potential: bool = False,
 ):
     """Recurrent adaptive LIF (the LSNN of Bellec et al. 2018 with a recurrent weight) over all
     T steps of x [T, *, N]: `alif`'s adaptive threshold on `rlif`'s recurrent input:
@@ -582,9 +583,12 @@ def ralif(
     weight: floating tensor [N, N] on x's device (gradients flow to it).
     surrogate, alpha, detach_reset: as `alif`; grad_threshold: as `lif`.
     return_state: also return the final state (v[T-1], a[T-1]): (spikes, (v, a)).
+    return_potential: also return the pre-reset potential trace h [T, *, N] (as `lif`: x's
+        dtype, differentiable): spikes, then h, then (v, a) if return_state.
     backend: "fused" (spikefuse.ops.recurrent_alif: one launch per step; on a CPU tensor
         through the Triton interpreter), "reference" (spikefuse.reference.ralif) or "auto"
-        (fused on CUDA, else reference).
+        (fused on CUDA, else reference). Under torch.compile, return_potential runs on the
+        reference.
     """
     _check_float_x(x)
     if x.dim() < 2:
@@ -595,9 +599,11 @@ def ralif(
     beta = _alif_number("beta", beta, low=0.0)
     threshold, v_reset, surrogate, alpha = _neuron_options(threshold, v_reset, reset, surrogate, alpha)
     grad_threshold = _check_grad_threshold(grad_threshold)
-    if _use_fused(backend, x):
+    return_potential = bool(return_potential)
+    if _use_fused(backend, x) and not (return_potential and torch.compiler.is_dynamo_compiling()):
         from .ops.recurrent_alif import ralif_fused
         return ralif_fused(x, weight, decay, adapt_decay, beta, threshold, reset, v_reset, bool(detach_reset),
-                           surrogate, alpha, grad_threshold, bool(return_state))
+                           surrogate, alpha, grad_threshold, bool(return_state), return_potential)
     return reference.ralif(x, weight.to(x.dtype), decay, adapt_decay, beta, threshold, reset, v_reset,
-                           bool(detach_reset), surrogate, alpha, bool(return_state), grad_threshold)
+                           bool(detach_reset), surrogate, alpha, bool(return_state), grad_threshold,
+                           return_potential)

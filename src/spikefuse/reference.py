@@ -193,17 +193,19 @@ def ralif(
     alpha: float | None = None,
     return_state: bool = False,
     grad_threshold: float = float("-inf"),
+    return_potential: bool = False,
 ):
     """Recurrent ALIF (LSNN with a recurrent weight): `alif` whose input also carries its own
     spikes of the step before through `weight` [N, N] (x [T, *, N]):
         h[t] = decay * v[t-1] + x[t] + s[t-1] @ weight.T     v[-1] = 0, s[-1] = 0
     then theta, fire, reset and a as `alif`; grad_threshold as `lif`. Returns spikes
-    [T, *, N], and (v[T-1], a[T-1]) if `return_state`.
+    [T, *, N], then the pre-reset potential h [T, *, N] if `return_potential`, then
+    (v[T-1], a[T-1]) if `return_state`.
     """
     v = torch.zeros_like(x[0])
     a = torch.zeros_like(x[0])
     sparse = grad_threshold > float("-inf")
-    spikes = []
+    spikes, potentials = [], []
     for t in range(x.shape[0]):
         h = decay * v + x[t]
         if spikes:
@@ -213,8 +215,8 @@ def ralif(
         v = _reset(h, s.detach() if detach_reset else s, theta, reset, v_reset)
         a = adapt_decay * a + s
         spikes.append(s)
-    out = torch.stack(spikes)
-    return (out, (v, a)) if return_state else out
+        potentials.append(h)
+    return _outputs(spikes, potentials if return_potential else None, (v, a) if return_state else None)
 
 
 def cuba(

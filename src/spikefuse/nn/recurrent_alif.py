@@ -21,13 +21,16 @@ class RecurrentALIF(NeuronOptions):
     (uniform in +-1/sqrt(features)); put an nn.Linear before the layer for its feed-forward
     input. grad_threshold: the secondary threshold of the backward (see spikefuse.functional.lif).
     backend: "auto", "fused" or "reference" (see spikefuse.functional.ralif).
+    record_potential: keep each call's pre-reset potential trace h in `self.potential`
+    (as spikefuse.nn.LIF).
     """
 
     def __init__(self, features: int, decay: float = 0.5, adapt_decay: float = 0.9, beta: float = 0.5,
                  threshold: float = 1.0, reset: str = "hard", v_reset: float = 0.0, detach_reset: bool = False,
                  surrogate: str = "rectangular", alpha: float | None = None,
-                 grad_threshold: float = float("-inf"), backend: str = "auto", device=None, dtype=None):
-        super().__init__(threshold, reset, v_reset, detach_reset, surrogate, alpha, backend)
+                 grad_threshold: float = float("-inf"), backend: str = "auto", record_potential: bool = False,
+                 device=None, dtype=None):
+        super().__init__(threshold, reset, v_reset, detach_reset, surrogate, alpha, backend, record_potential)
         if isinstance(features, bool) or not isinstance(features, int) or features < 1:
             raise ValueError(f"features must be a positive int, got {features!r}")
         self.features = features
@@ -47,8 +50,8 @@ class RecurrentALIF(NeuronOptions):
         if x.shape[-1] != self.features:
             raise ValueError(f"{layer_name(self)}: expected {self.features} features in x's last dim, "
                              f"got shape {tuple(x.shape)}")
-        return F.ralif(x, self.weight, decay=self.decay, adapt_decay=self.adapt_decay, beta=self.beta,
-                       grad_threshold=self.grad_threshold, **self.options())
+        return self.call_neuron(F.ralif, x, weight=self.weight, decay=self.decay, adapt_decay=self.adapt_decay,
+                                beta=self.beta, grad_threshold=self.grad_threshold, **self.options())
 
     def extra_repr(self):
         text = (f"{self.features}, decay={self.decay}, adapt_decay={self.adapt_decay}, beta={self.beta}, "

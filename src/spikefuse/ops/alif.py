@@ -34,6 +34,7 @@ import torch
 from .lif import (EAGER, RESET_CODES, TRACED, _cdiv, _launch_config, f32, load_chunk,  # noqa: F401
                   load_earlier_chunk, program_neurons, reset_partials, reset_potential, row,
                   spike_value, store_chunk, surrogate_grad)
+from .double_backward import grads_with_graph
 from .launch import cached_launch
 from .surrogate import SURROGATES
 
@@ -330,15 +331,7 @@ def reference_grads(neuron, x, state0, grad_outputs, options, needs):
         state0 = tuple(None if t is None else t.float() for t in state0)
         spikes, h, state = getattr(reference, neuron)(x.float(), *options, return_state=True,
                                                       return_potential=True, state0=state0)
-        pairs = [(out, g.to(out.dtype)) for out, g in zip((spikes, h, *state), grad_outputs) if g is not None]
-        wanted = [t for t, need in zip(inputs, needs) if need]
-        grads = iter(torch.autograd.grad([o for o, _ in pairs], wanted, [g for _, g in pairs],
-                                         create_graph=True, allow_unused=True))
-    out = []
-    for t, need in zip(inputs, needs):
-        g = next(grads) if need else None
-        out.append(torch.zeros_like(t) if need and g is None else g)
-    return tuple(out)
+        return grads_with_graph((spikes, h, *state), grad_outputs, inputs, needs)
 
 
 def grad_like(grad, tensor, needed):

@@ -51,6 +51,7 @@ import os
 import torch
 
 from .lif import EAGER, RESET_CODES, TRACED, _cdiv, f32, _next_power_of_2, grad_h, load_per_neuron, program_neurons, reset_potential, row, spike_value, surrogate_grad
+from .double_backward import grads_with_graph
 from .launch import cached_launch
 from .spike_pack import attach_bits
 from .surrogate import SURROGATES
@@ -586,8 +587,7 @@ def _reference_grads(ctx, grad_s):
     x, residual, _, stats, weight, bias, decay_tensor = ctx.saved_tensors
     decay, threshold, reset, v_reset, detach, surrogate, alpha, batch_stats, time_steps = ctx.options
     need = ctx.needs_input_grad
-    wanted = [t if t is not None and need[i] else None
-              for i, t in ((0, x), (1, residual), (3, weight), (4, bias), (6, decay_tensor))]
+    inputs, needs = (x, residual, weight, bias, decay_tensor), [need[i] for i in (0, 1, 3, 4, 6)]
     with torch.enable_grad():
         xt = over_time(x, time_steps).float()
         per_channel = (-1,) + (1,) * (x.dim() - 3)
@@ -605,9 +605,7 @@ def _reference_grads(ctx, grad_s):
         if decay_tensor is not None:
             decay = decay_tensor.view(per_channel) if decay_tensor.numel() > 1 else decay_tensor
         spikes = reference.lif(y, decay, threshold, reset, v_reset, detach, surrogate, alpha)
-        grads = iter(torch.autograd.grad(spikes, [t for t in wanted if t is not None], grad_s.float(),
-                                         create_graph=True, allow_unused=True))
-    gx, gr, gw, gb, gd = (next(grads) if t is not None else None for t in wanted)
+        gx, gr, gw, gb, gd = grads_with_graph((spikes,), (grad_s.float(),), inputs, needs)
     return gx, gr, None, gw, gb, None, gd
 
 

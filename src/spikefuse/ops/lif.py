@@ -34,6 +34,7 @@ if not torch.cuda.is_available():  # no GPU: Triton can only run through its int
 from .triton_or_stub import tl, triton  # noqa: E402
 
 from .launch import cached_launch  # noqa: E402
+from .double_backward import grads_with_graph  # noqa: E402
 from .surrogate import CUSTOM, SURROGATES, CustomSurrogate  # noqa: E402
 
 RESET_CODES = {"hard": 0, "soft": 1, "none": 2}
@@ -635,7 +636,6 @@ def reference_grads(x, decay, decay_tensor, v0, grad_s, grad_vT, options, needs,
 
     threshold, reset, v_reset, detach, surrogate, alpha = options
     inputs = (x, decay_tensor, v0, threshold_tensor)
-    wanted = [t if need and t is not None else None for t, need in zip(inputs, needs)]
 
     def per_channel(t):  # [1] or [C] -> broadcastable to x[0] ([B, C, *])
         return t.reshape((-1,) + (1,) * max(x.dim() - 3, 0)) if t.numel() > 1 else t
@@ -647,11 +647,7 @@ def reference_grads(x, decay, decay_tensor, v0, grad_s, grad_vT, options, needs,
         spikes, h, vT = reference.lif(x.float(), decay, threshold, reset, v_reset, detach, surrogate, alpha,
                                       None if v0 is None else v0.float(), return_state=True,
                                       grad_threshold=grad_threshold, return_potential=True)
-        outputs = [(out, g.to(out.dtype)) for out, g in ((spikes, grad_s), (h, grad_h), (vT, grad_vT))
-                   if g is not None]
-        grads = iter(torch.autograd.grad([o for o, _ in outputs], [t for t in wanted if t is not None],
-                                         [g for _, g in outputs], create_graph=True, allow_unused=True))
-    return tuple(next(grads) if t is not None else None for t in wanted)
+        return grads_with_graph((spikes, h, vT), (grad_s, grad_h, grad_vT), inputs, needs)
 
 
 # ---- torch.library registration: what torch.compile sees (an op with autograd that

@@ -25,6 +25,7 @@ import math
 
 import torch
 
+from .double_backward import grads_with_graph
 from .surrogate import call_surrogate
 
 
@@ -197,22 +198,11 @@ def _reference_grads(x, decay, decay_tensor, v0, grad_s, grad_vT, options, needs
     from .. import reference
 
     _, threshold, reset, v_reset, detach, surrogate, alpha, grad_threshold, _ = options
-    wanted = [t if need and t is not None else None for t, need in zip((x, decay_tensor, v0), needs)]
     d = _broadcast_decay(decay, decay_tensor, x)
     with torch.enable_grad():
         spikes, h, vT = reference.lif(x, d, threshold, reset, v_reset, detach, surrogate, alpha, v0,
                                       return_state=True, grad_threshold=grad_threshold, return_potential=True)
-        outputs = [(out, g) for out, g in ((spikes, grad_s), (h, grad_h), (vT, grad_vT)) if g is not None]
-        inputs = [t for t in wanted if t is not None]
-        grads = iter(torch.autograd.grad([o for o, _ in outputs], inputs, [g for _, g in outputs],
-                                         create_graph=True, allow_unused=True))
-    result = []
-    for t in wanted:
-        g = next(grads) if t is not None else None
-        if t is not None and g is None:
-            g = torch.zeros_like(t)
-        result.append(g)
-    return tuple(result)
+        return grads_with_graph((spikes, h, vT), (grad_s, grad_h, grad_vT), (x, decay_tensor, v0), needs)
 
 
 def usable(x, decay_tensor, v0, any_device=False) -> bool:

@@ -16,13 +16,15 @@ launch per step, then one GEMM for dL/dW. The backward carries dL/da in an [M, N
 and dL/dh[t], dL/dtheta[t] through the surrogate and the reset as ops.alif's backward.
 Saved for backward: h[t] and a[t-1] (float32, 8 bytes per neuron-step) and the spikes; the
 backward recomputes theta from a[t-1] with the forward's operations, so its spikes are the
-forward's bit for bit.
+forward's bit for bit. return_potential hands out the saved h[t]; a loss on it adds its
+dL/dh[t] to the reverse step's (as the recurrent LIF's backward).
 """
 from __future__ import annotations
 
 import torch
 
 from .alif import adaptive_grads
+from .double_backward import grads_with_graph
 from .launch import cached_launch
 from .lif import EAGER, RESET_CODES, TRACED, _cdiv, f32, surrogate_grad
 from .recurrent_lif import _tf32, _tiles, charge, fire_and_store, incoming_grads, step_tile, weight_grad
@@ -55,14 +57,15 @@ def _ralif_forward_step(
 @cached_launch
 @triton.jit
 def _ralif_backward_step(
-    gs_ptr, w_ptr, h_ptr, adapt_ptr, gvT_ptr, ga_ptr, gh_ptr,
+    gs_ptr, w_ptr, h_ptr, adapt_ptr, gvT_ptr, ga_ptr, gh_ptr, ghx_ptr,
     step, decay, adapt_decay, beta, threshold, v_reset, alpha, grad_floor, M, N, stride_wn, stride_wk,
     RESET: tl.constexpr, DETACH: tl.constexpr, SURROGATE: tl.constexpr, LAST: tl.constexpr,
-    HAS_GVT: tl.constexpr, TF32: tl.constexpr,
+    HAS_GVT: tl.constexpr, TF32: tl.constexpr, HAS_GHX: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     """Reverse step `step`: gh[t] from grad_s[t], gh[t+1], dL/da[t] (the buffer ga, which
-    becomes dL/da[t-1]), h[t] and a[t-1]."""
+    becomes dL/da[t-1]), h[t] and a[t-1]. HAS_GHX: a loss on the returned potential trace
+    adds its gradient ghx[t] to gh[t]."""
     d, ad, beta = f32(decay), f32(adapt_decay), f32(beta)
     threshold, v_reset, alpha, grad_floor = f32(threshold), f32(v_reset), f32(alpha), f32(grad_floor)
     rows, cols, mask, offs, now = step_tile(step, M, N, BLOCK_M, BLOCK_N)
@@ -75,6 +78,8 @@ def _ralif_backward_step(
     fired = u >= 0.0
     sg = tl.where(h >= grad_floor, surrogate_grad(u, SURROGATE, alpha), 0.0)
     gh, gtheta = adaptive_grads(gs + ga, gv, h, theta, fired, sg, v_reset, RESET, DETACH)
+    if HAS_GHX:
+        gh += tl.load(ghx_ptr + now + offs, mask=mask, other=0.0).to(tl.float32)
     tl.store(gh_ptr + now + offs, gh, mask=mask)
     tl.store(ga_ptr + offs, ga * ad + gtheta * beta, mask=mask)
 
@@ -104,8 +109,9 @@ def _forward(x, weight, decay, adapt_decay, beta, threshold, reset, v_reset, sav
 
 
 def _backward(grad_s, grad_vT, grad_aT, h, adapt, spikes, weight, decay, adapt_decay, beta, threshold,
-              reset, v_reset, detach, surrogate, alpha, grad_threshold, launch=EAGER):
-    """(dL/dx like spikes, dL/dW like weight). grad_s, grad_vT and grad_aT may be None."""
+              reset, v_reset, detach, surrogate, alpha, grad_threshold, launch=EAGER, grad_h=None):
+    """(dL/dx like spikes, dL/dW like weight). grad_s, grad_vT, grad_aT or grad_h (of the
+    returned potential trace) may be None."""
     T, M, N = spikes.shape
     gs = torch.zeros_like(spikes) if grad_s is None else grad_s.contiguous()
     gvT = grad_vT.contiguous() if grad_vT is not None else None
@@ -120,18 +126,19 @@ def _backward(grad_s, grad_vT, grad_aT, h, adapt, spikes, weight, decay, adapt_d
     grid = (_cdiv(M, BLOCK_M), _cdiv(N, BLOCK_N))
     kernel = launch(_ralif_backward_step)
     unused = launch.unused(gs)
+    ghx = grad_h.contiguous() if grad_h is not None else None
     for t in reversed(range(T)):
         kernel[grid](
-            gs, weight, h, adapt, gvT if gvT is not None else unused, ga, gh, t,
+            gs, weight, h, adapt, gvT if gvT is not None else unused, ga, gh, ghx if ghx is not None else unused, t,
             decay, adapt_decay, beta, threshold, v_reset, alpha, grad_threshold, M, N,
             weight.stride(0), weight.stride(1),
             RESET=RESET_CODES[reset], DETACH=detach, SURROGATE=SURROGATES[surrogate], LAST=t == T - 1,
-            HAS_GVT=gvT is not None, TF32=_tf32(gs),
+            HAS_GVT=gvT is not None, TF32=_tf32(gs), HAS_GHX=ghx is not None,
             BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, num_warps=warps, enable_fp_fusion=False)
     return gh.to(spikes.dtype), weight_grad(gh, spikes).to(weight.dtype)
 
 
-def reference_grads(x, weight, grad_s, grad_vT, grad_aT, options, needs):
+def reference_grads(x, weight, grad_s, grad_vT, grad_aT, options, needs, grad_h=None):
     """(dL/dx, dL/dW) for a backward that will itself be differentiated (create_graph=True):
     the forward runs again through spikefuse.reference (float32) with create_graph, so
     second derivatives are its."""
@@ -139,44 +146,36 @@ def reference_grads(x, weight, grad_s, grad_vT, grad_aT, options, needs):
 
     decay, adapt_decay, beta, threshold, reset, v_reset, detach, surrogate, alpha, grad_threshold = options
     with torch.enable_grad():
-        spikes, (vT, aT) = reference.ralif(x.float(), weight.float(), decay, adapt_decay, beta, threshold, reset,
-                                           v_reset, detach, surrogate, alpha, True, grad_threshold)
-        pairs = [(out, g.to(out.dtype)) for out, g in ((spikes, grad_s), (vT, grad_vT), (aT, grad_aT))
-                 if g is not None]
-        inputs = [t for t, need in zip((x, weight), needs) if need]
-        grads = iter(torch.autograd.grad([o for o, _ in pairs], inputs, [g for _, g in pairs],
-                                         create_graph=True, allow_unused=True))
-    out = []
-    for t, need in zip((x, weight), needs):
-        g = next(grads) if need else None
-        out.append(torch.zeros_like(t) if need and g is None else g)
-    return tuple(out)
+        spikes, h, (vT, aT) = reference.ralif(x.float(), weight.float(), decay, adapt_decay, beta, threshold,
+                                              reset, v_reset, detach, surrogate, alpha, True, grad_threshold, True)
+        return grads_with_graph((spikes, vT, aT, h), (grad_s, grad_vT, grad_aT, grad_h), (x, weight), needs)
 
 
 class RALIFFunction(torch.autograd.Function):
     """The eager path. options: (decay, adapt_decay, beta, threshold, reset, v_reset, detach,
-    surrogate, alpha, grad_threshold); x [T, M, N] contiguous. Returns spikes, v[T-1], a[T-1]."""
+    surrogate, alpha, grad_threshold); x [T, M, N] contiguous. Returns spikes, v[T-1], a[T-1],
+    and with want_h the pre-reset potential trace h (float32), differentiable."""
 
     @staticmethod
-    def forward(ctx, x, weight, options):
+    def forward(ctx, x, weight, options, want_h):
         save = ctx.needs_input_grad[0] or ctx.needs_input_grad[1]
-        spikes, vT, aT, h, adapt = _forward(x, weight, *options[:6], save)
+        spikes, vT, aT, h, adapt = _forward(x, weight, *options[:6], save or want_h)
         ctx.set_materialize_grads(False)
         if save:
             ctx.save_for_backward(x, weight, h, adapt, spikes)
             ctx.options = options
-        return spikes, vT, aT
+        return (spikes, vT, aT, h) if want_h else (spikes, vT, aT)
 
     @staticmethod
-    def backward(ctx, grad_s, grad_vT, grad_aT):
+    def backward(ctx, grad_s, grad_vT, grad_aT, grad_h=None):
         x, weight, h, adapt, spikes = ctx.saved_tensors
-        if grad_s is None and grad_vT is None and grad_aT is None:
-            return None, None, None
+        if grad_s is None and grad_vT is None and grad_aT is None and grad_h is None:
+            return None, None, None, None
         needs = ctx.needs_input_grad[:2]
         if torch.is_grad_enabled():  # create_graph=True: this backward will be differentiated
-            return (*reference_grads(x, weight, grad_s, grad_vT, grad_aT, ctx.options, needs), None)
-        gx, gw = _backward(grad_s, grad_vT, grad_aT, h, adapt, spikes, weight, *ctx.options)
-        return gx if needs[0] else None, gw if needs[1] else None, None
+            return (*reference_grads(x, weight, grad_s, grad_vT, grad_aT, ctx.options, needs, grad_h), None, None)
+        gx, gw = _backward(grad_s, grad_vT, grad_aT, h, adapt, spikes, weight, *ctx.options, grad_h=grad_h)
+        return gx if needs[0] else None, gw if needs[1] else None, None, None
 
 
 # ---- torch.library registration: what torch.compile sees ----
@@ -226,16 +225,22 @@ ralif_forward.register_autograd(_backward_rule, setup_context=_setup_context)
 
 
 def ralif_fused(x, weight, decay, adapt_decay, beta, threshold, reset, v_reset, detach, surrogate, alpha,
-                grad_threshold, return_state):
+                grad_threshold, return_state, return_potential=False):
     """Entry point for spikefuse.functional.ralif (arguments already checked there): x [T, *, N].
-    Returns spikes, or (spikes, (v[T-1], a[T-1])) with return_state."""
+    Returns spikes, then h (x's dtype) if return_potential, then (v[T-1], a[T-1]) if
+    return_state. return_potential is eager only (spikefuse.functional sends it to the
+    reference while dynamo traces)."""
     shape = x.shape
     x3 = x.reshape(shape[0], -1, shape[-1])
     options = (decay, adapt_decay, beta, threshold, reset, v_reset, detach, surrogate, alpha, grad_threshold)
     if not torch.compiler.is_dynamo_compiling():
-        spikes, vT, aT = RALIFFunction.apply(x3.contiguous(), weight, options)
+        spikes, vT, aT, *potential = RALIFFunction.apply(x3.contiguous(), weight, options, return_potential)
     else:
         save = torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)
         spikes, vT, aT, _, _ = ralif_forward(x3, weight, *options, save)
-    spikes = spikes.reshape(shape)
-    return (spikes, (vT.reshape(shape[1:]), aT.reshape(shape[1:]))) if return_state else spikes
+    out = [spikes.reshape(shape)]
+    if return_potential:
+        out.append(potential[0].to(x.dtype).reshape(shape))
+    if return_state:
+        out.append((vT.reshape(shape[1:]), aT.reshape(shape[1:])))
+    return tuple(out) if len(out) > 1 else out[0]

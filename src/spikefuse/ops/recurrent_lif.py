@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import torch
 
+from .double_backward import grads_with_graph
 from .launch import cached_launch
 from .lif import EAGER, RESET_CODES, TRACED, _cdiv, f32, grad_h, reset_potential, spike_value, surrogate_grad
 from .surrogate import SURROGATES
@@ -245,16 +246,7 @@ def reference_grads(x, weight, grad_s, grad_vT, options, needs, grad_h=None):
     with torch.enable_grad():
         spikes, h, vT = reference.rlif(x.float(), weight.float(), decay, threshold, reset, v_reset, detach,
                                        surrogate, alpha, True, grad_threshold, True)
-        pairs = [(out, g.to(out.dtype)) for out, g in ((spikes, grad_s), (vT, grad_vT), (h, grad_h))
-                 if g is not None]
-        inputs = [t for t, need in zip((x, weight), needs) if need]
-        grads = iter(torch.autograd.grad([o for o, _ in pairs], inputs, [g for _, g in pairs],
-                                         create_graph=True, allow_unused=True))
-    out = []
-    for t, need in zip((x, weight), needs):
-        g = next(grads) if need else None
-        out.append(torch.zeros_like(t) if need and g is None else g)
-    return tuple(out)
+        return grads_with_graph((spikes, vT, h), (grad_s, grad_vT, grad_h), (x, weight), needs)
 
 
 class RLIFFunction(torch.autograd.Function):
