@@ -4,8 +4,9 @@ a dense gradient): rows whose gradient is all zero keep their parameters and mom
 A sparse backward (spikefuse.ops.sparse_linear) leaves most rows of a large weight's
 gradient zero; dense Adam still reads and writes 7 floats per parameter. Here the nonzero
 rows are listed on the device (spikefuse.ops.spike_index; or taken from the sparse
-backward's note of the rows it wrote, spikefuse.ops.grad_rows) and one launch updates just them,
-its loop running to the device-side count, so a CUDA graph captures it. The step counter
+backward's note of the rows it wrote, spikefuse.ops.grad_rows, then checked for all-zero
+rows by a short pass over just those rows) and one launch updates just them, its loop
+running to the device-side count, so a CUDA graph captures it. The step counter
 and the learning rate may be device tensors (capturable, like torch's Adam).
 
 For a row that is updated the arithmetic is torch.optim.Adam's (amsgrad off, no weight
@@ -22,16 +23,34 @@ from .spike_index import nonzero_lines
 
 from .triton_or_stub import tl, triton  # noqa: E402
 
-PROGRAMS = 1024  # each walks every PROGRAMS-th listed row
+PROGRAMS = 1024  # each walks every PROGRAMS-th work item
 
 
 @cached_launch
 @triton.jit
-def _lazy_adam_kernel(p_ptr, g_ptr, m_ptr, v_ptr, rows_ptr, count_ptr, step_ptr, lr_ptr, lr,
-                      beta1, beta2, eps, COLS, STRIDE, LR_TENSOR: tl.constexpr, CHECK_ROWS: tl.constexpr,
-                      BLOCK: tl.constexpr):
-    """Update rows[k] for k < count. CHECK_ROWS: the list may hold rows whose gradient is
-    all zero (a backward's candidates): read each row's gradient once more and skip those."""
+def _listed_rows_nonzero_kernel(g_ptr, rows_ptr, count_ptr, flags_ptr, COLS, STRIDE, BLOCK: tl.constexpr):
+    """flags[k] = 1 where the listed row rows[k] (k < count) of g holds a nonzero (a NaN counts,
+    as in nonzero_rows), else 0."""
+    n = tl.load(count_ptr)
+    for k in range(tl.program_id(0), n, STRIDE):
+        base = tl.load(rows_ptr + k).to(tl.int64) * COLS
+        nonzeros = 0
+        for c0 in range(0, COLS, BLOCK):
+            cols = c0 + tl.arange(0, BLOCK)
+            g = tl.load(g_ptr + base + cols, mask=cols < COLS, other=0.0)
+            nonzeros += tl.sum((g != 0).to(tl.int32), 0)
+        tl.store(flags_ptr + k, (nonzeros > 0).to(tl.int8))
+
+
+@cached_launch
+@triton.jit
+def _lazy_adam_kernel(p_ptr, g_ptr, m_ptr, v_ptr, rows_ptr, count_ptr, flags_ptr, step_ptr, lr_ptr, lr,
+                      beta1, beta2, eps, COLS, COL_BLOCKS, STRIDE, LR_TENSOR: tl.constexpr,
+                      CHECK_ROWS: tl.constexpr, BLOCK: tl.constexpr):
+    """Update rows[k] for k < count. A work item is one listed row's block of BLOCK columns,
+    and the programs stride over the items, so that a few listed rows of a wide layer still
+    spread over the whole GPU. CHECK_ROWS: skip the rows whose flags[k] is 0 (listed as
+    candidates, but their gradient is all zero)."""
     beta1, beta2, eps = tl.cast(beta1, tl.float32), tl.cast(beta2, tl.float32), tl.cast(eps, tl.float32)
     step = tl.load(step_ptr)
     if LR_TENSOR:
@@ -40,30 +59,24 @@ def _lazy_adam_kernel(p_ptr, g_ptr, m_ptr, v_ptr, rows_ptr, count_ptr, step_ptr,
         lr = tl.cast(lr, tl.float32)
     step_size = lr / (1.0 - tl.exp(step * tl.log(beta1)))
     bias2_sqrt = tl.sqrt(1.0 - tl.exp(step * tl.log(beta2)))
-    n = tl.load(count_ptr)
-    for k in range(tl.program_id(0), n, STRIDE):
-        base = tl.load(rows_ptr + k).to(tl.int64) * COLS
-        nonzeros = 1
+    items = tl.load(count_ptr) * COL_BLOCKS
+    for item in range(tl.program_id(0), items, STRIDE):
+        k = item // COL_BLOCKS
+        cols = (item % COL_BLOCKS) * BLOCK + tl.arange(0, BLOCK)
+        mask = cols < COLS
         if CHECK_ROWS:
-            nonzeros = 0
-            for c0 in range(0, COLS, BLOCK):
-                mask = c0 + tl.arange(0, BLOCK) < COLS
-                g = tl.load(g_ptr + base + c0 + tl.arange(0, BLOCK), mask=mask, other=0.0)
-                nonzeros += tl.sum((g != 0).to(tl.int32), 0)  # NaN counts, as in nonzero_rows
-        if nonzeros > 0:
-            for c0 in range(0, COLS, BLOCK):
-                offs = base + c0 + tl.arange(0, BLOCK)
-                mask = c0 + tl.arange(0, BLOCK) < COLS
-                g = tl.load(g_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-                m = tl.load(m_ptr + offs, mask=mask, other=0.0)
-                v = tl.load(v_ptr + offs, mask=mask, other=0.0)
-                p = tl.load(p_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-                m = m + (1.0 - beta1) * (g - m)  # torch's lerp
-                v = beta2 * v + (1.0 - beta2) * g * g
-                p = p - step_size * m / (tl.sqrt(v) / bias2_sqrt + eps)
-                tl.store(m_ptr + offs, m, mask=mask)
-                tl.store(v_ptr + offs, v, mask=mask)
-                tl.store(p_ptr + offs, p.to(p_ptr.dtype.element_ty), mask=mask)
+            mask = mask & (tl.broadcast_to(tl.load(flags_ptr + k), [BLOCK]) != 0)
+        offs = tl.load(rows_ptr + k).to(tl.int64) * COLS + cols
+        g = tl.load(g_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        m = tl.load(m_ptr + offs, mask=mask, other=0.0)
+        v = tl.load(v_ptr + offs, mask=mask, other=0.0)
+        p = tl.load(p_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        m = m + (1.0 - beta1) * (g - m)  # torch's lerp
+        v = beta2 * v + (1.0 - beta2) * g * g
+        p = p - step_size * m / (tl.sqrt(v) / bias2_sqrt + eps)
+        tl.store(m_ptr + offs, m, mask=mask)
+        tl.store(v_ptr + offs, v, mask=mask)
+        tl.store(p_ptr + offs, p.to(p_ptr.dtype.element_ty), mask=mask)
 
 
 def nonzero_rows(grad2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -83,8 +96,15 @@ def lazy_adam_step(param, grad, exp_avg, exp_avg_sq, step, lr, beta1, beta2, eps
     if R == 0 or C == 0:
         return
     lr_tensor = isinstance(lr, torch.Tensor)
-    programs = min(R, PROGRAMS)
-    _lazy_adam_kernel[(programs,)](p2, g2, exp_avg, exp_avg_sq, rows, count, step,
+    block = min(1024, triton.next_power_of_2(C))
+    col_blocks = triton.cdiv(C, block)
+    check_rows = candidates is not None
+    flags = torch.empty(rows.numel() if check_rows else 0, device=p2.device, dtype=torch.int8)
+    if check_rows:
+        programs = min(R, PROGRAMS)
+        _listed_rows_nonzero_kernel[(programs,)](g2, rows, count, flags, C, programs, BLOCK=block)
+    programs = min(R * col_blocks, PROGRAMS)
+    _lazy_adam_kernel[(programs,)](p2, g2, exp_avg, exp_avg_sq, rows, count, flags if check_rows else rows, step,
                                    lr if lr_tensor else step, 0.0 if lr_tensor else float(lr),
-                                   beta1, beta2, eps, C, programs, LR_TENSOR=lr_tensor,
-                                   CHECK_ROWS=candidates is not None, BLOCK=min(1024, triton.next_power_of_2(C)))
+                                   beta1, beta2, eps, C, col_blocks, programs, LR_TENSOR=lr_tensor,
+                                   CHECK_ROWS=check_rows, BLOCK=block)
