@@ -36,6 +36,12 @@ def test_fixed_activity_fires_and_carries_exactly_the_chosen_share(recurrent):
     assert all(g is not None and g.abs().sum() > 0 for g in grads)  # gradient still reaches every layer
 
 
+def test_the_map_preset_covers_the_grid():
+    cases = bench.parse_cases("map")
+    assert {(w, b) for net, w, b, _ in cases if net == "ipu-shd"} >= {(4, 1), (4, 8), (16, 1), (1, 256)}
+    assert any(net == "ipu-shd-recurrent" for net, *_ in cases)
+
+
 def test_activity_list_is_checked():
     assert bench.parse_activities("natural, 0.01,0.1") == ["natural", 0.01, 0.1]
     for bad in ("0", "1.5", "dense", ""):
