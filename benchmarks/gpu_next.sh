@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # What the 2026-11-25 session built but could not run on a GPU (its device time ran out),
-# in two calls of under 10 minutes each:
+# in calls of under 10 minutes each:
 #   bash benchmarks/gpu_next.sh tests   compiled-kernel tests of the changed kernels (the fused
 #                                       threshold gradient, ALIF/CUBA potential traces and initial
 #                                       state, the Triton-written surrogate, recurrent ALIF, the
@@ -9,6 +9,7 @@
 #                                       lif-nvidia-h200.md), bench neurons (recurrent ALIF), bench
 #                                       on with the per-GEMM floor, bench sparse at x4 B=8 and in
 #                                       fixed activity
+#   bash benchmarks/gpu_next.sh map     the sparse map (--cases map) at natural and fixed activity
 # Logs and results under $OUT; copy them into benchmarks/results/.
 set -uo pipefail
 source "$(dirname "$0")/gpu_env.sh"
@@ -29,6 +30,10 @@ speed)
     timeout 200 python3 -m spikefuse.cli bench on --out "$OUT/on" 2>&1 | grep -v Warning | tail -8
     timeout 120 python3 -m spikefuse.cli bench sparse --out "$OUT/sparse" --modes dense,sparse,auto --no-kernel --chart \
         --cases ipu-shd:4:1:0.9,ipu-shd:4:8:0.9 --activity natural,0.01,0.05 2>&1 | grep -v Warning | tail -14 ;;
+map)
+    mkdir -p "$OUT/map"
+    timeout 560 python3 -m spikefuse.cli bench sparse --out "$OUT/map" --cases map --modes dense,sparse --no-kernel \
+        --activity natural,0.01,0.05 --chart 2>&1 | grep -v Warning | tail -60 ;;
 *)
-    echo "usage: bash benchmarks/gpu_next.sh tests|speed" >&2; exit 2 ;;
+    echo "usage: bash benchmarks/gpu_next.sh tests|speed|map" >&2; exit 2 ;;
 esac
