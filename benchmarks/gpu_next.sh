@@ -16,7 +16,7 @@ source "$(dirname "$0")/gpu_env.sh"
 tag=$(python3 -c "import torch; print(torch.cuda.get_device_name().lower().replace(' ', '-'))")
 case "${1:-tests}" in
 tests)
-    for group in "test_potential_threshold test_alif test_cuba test_state test_surrogate_callable" \
+    for group in "test_potential_threshold test_alif test_cuba test_surrogate_callable" \
                  "test_recurrent_alif test_recurrent_lif test_kernels_gpu" \
                  "test_lif test_bn_lif test_compile_gpu test_capture_gpu"; do
         files=$(for f in $group; do echo "tests/$f.py"; done)

@@ -154,7 +154,7 @@ def test_double_backward_matches_reference():
     for backend in ("fused", "reference"):
         xi = x.clone().requires_grad_(True)
         s = F.alif(xi, backend=backend, surrogate="sigmoid", **PARAMS)
-        (gx,) = torch.autograd.grad((s * torch.linspace(-1, 1, s.shape[-1])).sum(), xi, create_graph=True)
+        (gx,) = torch.autograd.grad((s * torch.linspace(-1, 1, s.shape[-1], device=s.device)).sum(), xi, create_graph=True)
         penalties.append(torch.autograd.grad(gx.pow(2).sum(), xi)[0])
     assert rel_err(*penalties) < 1e-5
 
@@ -368,7 +368,7 @@ def test_initial_state_double_backward_matches_reference():
     for backend in ("fused", "reference"):
         xi, vi, ai = (t.clone().requires_grad_(True) for t in (x, v0, a0))
         s = F.alif(xi, backend=backend, surrogate="sigmoid", state0=(vi, ai), **PARAMS)
-        gv, ga = torch.autograd.grad((s * torch.linspace(-1, 1, s.shape[-1])).sum(), (vi, ai), create_graph=True)
+        gv, ga = torch.autograd.grad((s * torch.linspace(-1, 1, s.shape[-1], device=s.device)).sum(), (vi, ai), create_graph=True)
         penalties.append(torch.autograd.grad(gv.pow(2).sum() + ga.pow(2).sum(), (xi, vi, ai)))
     for fused, ref in zip(*penalties):
         assert rel_err(fused, ref) < 1e-5
@@ -409,7 +409,7 @@ def test_initial_state_compiles_with_the_fused_ops():
     ((torch.zeros(2, 5), None), r"v0 must have shape \(2, 4\)"),
     ((None, torch.zeros(3, 2, 4)), r"a0 must have shape \(2, 4\)"),
     ((None, [[0.0] * 4] * 2), "a0 must be a tensor"),
-    ((torch.zeros(2, 4, dtype=torch.int64), None), "v0 must be floating point"),
+    ((torch.zeros(2, 4, dtype=torch.int64, device=DEVICE), None), "v0 must be floating point"),
     ((torch.zeros(2, 4, device="meta"), None), "v0 is on meta"),
 ])
 def test_bad_initial_state_raises_value_error_naming_it(state0, message):

@@ -38,8 +38,10 @@ def test_fixed_activity_fires_and_carries_exactly_the_chosen_share(recurrent):
 
 def test_the_map_preset_covers_the_grid():
     cases = bench.parse_cases("map")
-    assert {(w, b) for net, w, b, _ in cases if net == "ipu-shd"} >= {(4, 1), (4, 8), (16, 1), (1, 256)}
-    assert any(net == "ipu-shd-recurrent" for net, *_ in cases)
+    grid = {(w, b) for w in (1, 4, 16) for b in (1, 8, 48, 256)}
+    assert {(w, b) for net, w, b, _ in cases if net == "ipu-shd"} == grid - {(16, 256)}
+    assert {(w, b) for net, w, b, _ in cases if net == "ipu-shd-recurrent"} == {(w, b) for w, b in grid if w < 16}
+    assert len(cases) == 19 and all(theta == 0.9 for *_, theta in cases)
 
 
 def test_activity_list_is_checked():

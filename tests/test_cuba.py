@@ -143,7 +143,7 @@ def test_double_backward_matches_reference():
     for backend in ("fused", "reference"):
         xi = x.clone().requires_grad_(True)
         s = F.cuba(xi, backend=backend, surrogate="sigmoid", **PARAMS)
-        (gx,) = torch.autograd.grad((s * torch.linspace(-1, 1, s.shape[-1])).sum(), xi, create_graph=True)
+        (gx,) = torch.autograd.grad((s * torch.linspace(-1, 1, s.shape[-1], device=s.device)).sum(), xi, create_graph=True)
         penalties.append(torch.autograd.grad(gx.pow(2).sum(), xi)[0])
     assert rel_err(*penalties) < 1e-5
 
@@ -364,7 +364,7 @@ def test_initial_state_double_backward_matches_reference():
     for backend in ("fused", "reference"):
         xi, vi, ii = (t.clone().requires_grad_(True) for t in (x, *state0_for(x)))
         s = F.cuba(xi, backend=backend, surrogate="sigmoid", state0=(vi, ii), **PARAMS)
-        gv, gi = torch.autograd.grad((s * torch.linspace(-1, 1, s.shape[-1])).sum(), (vi, ii), create_graph=True)
+        gv, gi = torch.autograd.grad((s * torch.linspace(-1, 1, s.shape[-1], device=s.device)).sum(), (vi, ii), create_graph=True)
         penalties.append(torch.autograd.grad(gv.pow(2).sum() + gi.pow(2).sum(), (xi, vi, ii)))
     for fused, ref in zip(*penalties):
         assert rel_err(fused, ref) < 1e-5
@@ -402,7 +402,7 @@ def test_initial_state_compiles_with_the_fused_ops():
 @pytest.mark.parametrize("state0,message", [
     ([torch.zeros(2, 4)] * 3, "state0 must be None or a pair"),
     ((None, torch.zeros(4)), r"i0 must have shape \(2, 4\)"),
-    ((torch.zeros(2, 4, dtype=torch.bool), None), "v0 must be floating point"),
+    ((torch.zeros(2, 4, dtype=torch.bool, device=DEVICE), None), "v0 must be floating point"),
     ((None, torch.zeros(2, 4, device="meta")), "i0 is on meta"),
 ])
 def test_bad_initial_state_raises_value_error_naming_it(state0, message):

@@ -374,6 +374,14 @@ def test_batch_norm_is_refused_by_default():
         check_layers([nn.Linear(2, 2)], batch_norm="whole")
 
 
+@pytest.mark.parametrize("neuron", [snn.ALIF(), snn.CUBA(), snn.RecurrentLIF(4), snn.RecurrentALIF(4)],
+                         ids=lambda m: type(m).__name__)
+def test_neurons_whose_state_is_not_carried_are_refused(neuron):
+    """Their state would restart at every chunk: a different model, never run silently."""
+    with pytest.raises(ValueError, match=rf"^layers: layer 1 \({type(neuron).__name__}\) has state"):
+        check_layers([nn.Linear(4, 4), neuron])
+
+
 def test_deep_lif_is_registered_and_keeps_firing_through_its_depth():
     torch.manual_seed(0)
     model = build_model("deep-lif", (2048,), 10, None, backend="reference")

@@ -225,6 +225,31 @@ def test_lazy_adam_skips_noted_rows_whose_gradient_is_zero():
     assert not opt.state[layer.weight]["exp_avg"].any()
 
 
+@pytest.mark.parametrize("noted", [False, True])
+def test_lazy_adam_work_items_cover_wide_rows_exactly_once(noted, monkeypatch):
+    """Rows wider than one block (2500 columns: 3 blocks of 1024) and fewer programs than
+    work items: each listed row with gradient is Adam's, a listed all-zero row and an unlisted
+    row stay as they were."""
+    from spikefuse.ops import lazy_adam
+    monkeypatch.setattr(lazy_adam, "PROGRAMS", 3)
+    torch.manual_seed(0)
+    p = torch.randn(6, 2500, device=DEVICE)
+    g = torch.randn(6, 2500, device=DEVICE)
+    g[2] = 0  # listed (when noted) but all zero
+    g[4] = 0  # never listed
+    lazy, ref = p.clone(), p.clone().requires_grad_()
+    m, v = torch.zeros_like(p), torch.zeros_like(p)
+    step = torch.ones((), device=DEVICE)
+    rows = torch.tensor([5, 0, 2, 3, 1], device=DEVICE, dtype=torch.int32)
+    candidates = (rows, torch.tensor([5], device=DEVICE, dtype=torch.int32)) if noted else None
+    lazy_adam.lazy_adam_step(lazy, g, m, v, step, 1e-2, 0.9, 0.999, 1e-8, candidates)
+    ref.grad = g.clone()
+    torch.optim.Adam([ref], lr=1e-2).step()
+    updated = [0, 1, 3, 5]
+    assert rel((lazy - p)[updated], (ref.detach() - p)[updated]) < 1e-5  # the updates themselves
+    assert torch.equal(lazy[[2, 4]], p[[2, 4]]) and not m[[2, 4]].any() and not v[[2, 4]].any()
+
+
 def test_lazy_adam_takes_a_tensor_learning_rate_and_rejects_bad_arguments():
     p = torch.randn(3, 4, device=DEVICE, requires_grad=True)
     q = p.detach().clone().requires_grad_()

@@ -2,6 +2,7 @@
 u = h - threshold) through spikefuse.functional.lif (auto: the loop path; reference),
 spikefuse.reference.lif and the nn.LIF/IF/PLIF modules."""
 import functools
+import os
 
 import pytest
 import torch
@@ -9,6 +10,13 @@ import torch
 import spikefuse.functional as F
 import spikefuse.nn as snn
 from spikefuse import reference
+
+
+DEVICE = os.environ.get("SPIKEFUSE_TEST_DEVICE", "cpu")  # where the custom surrogate's fused tests run
+
+
+def on_device(*tensors):
+    return tuple(t.to(DEVICE) for t in tensors)
 
 
 def fast_sigmoid(u, alpha=10.0):
@@ -209,10 +217,10 @@ def test_custom_is_exported_and_named():
 @pytest.mark.parametrize("reset,detach", [("hard", False), ("hard", True), ("soft", False), ("soft", True),
                                           ("none", False), ("none", True)])
 def test_custom_fused_equals_reference_with_torch_twin(reset, detach):
-    x, v0, w = data(shape=(7, 2, 3, 5))
+    x, v0, w = on_device(*data(shape=(7, 2, 3, 5)))
     x = x.transpose(1, 3)  # non-contiguous [7, 5, 3, 2]
     v0, w = v0.transpose(0, 2).contiguous(), w.transpose(1, 3)
-    decay = torch.tensor([0.3, 0.6, 0.9])  # per channel (dim 2): the PLIF path
+    decay = torch.tensor([0.3, 0.6, 0.9], device=DEVICE)  # per channel (dim 2): the PLIF path
     for xs, v0s, ws in ((x, v0, w), (x[:1], v0, w[:1])):  # and T = 1
         opts = dict(reset=reset, detach_reset=detach, decay=decay)
         s1, v1, g1 = grads(SCALED, xs, v0s, ws, backend="fused", **opts)
@@ -225,7 +233,7 @@ def test_custom_fused_equals_reference_with_torch_twin(reset, detach):
 
 def test_custom_equal_to_builtin_gives_builtin_gradients():
     sg = custom(fast_sigmoid_triton, fast_sigmoid, alpha=3.0, name="mine")
-    x, v0, w = data(shape=(9, 2, 5))
+    x, v0, w = on_device(*data(shape=(9, 2, 5)))
     _, _, g1 = grads(sg, x, v0, w, backend="fused", reset="soft")
     _, _, g2 = grads("fast_sigmoid", x, v0, w, alpha=3.0, backend="fused", reset="soft")
     for a, b in zip(g1, g2):
@@ -250,7 +258,7 @@ def test_custom_runs_on_loop_path_on_cpu_auto():
 
 
 def test_custom_double_backward_uses_torch_twin():
-    x = torch.randn(5, 2, 3) * 0.5 + 0.5
+    x = torch.randn(5, 2, 3, device=DEVICE) * 0.5 + 0.5
     out = []
     for backend in ("fused", "reference"):
         xi = x.clone().requires_grad_()
@@ -311,7 +319,7 @@ def test_other_neurons_treat_custom_like_a_callable():
 
 def test_compile_fullgraph_with_custom_matches_eager():
     torch._dynamo.reset()
-    x, v0, w = data(shape=(6, 2, 4))
+    x, v0, w = on_device(*data(shape=(6, 2, 4)))
 
     def step(x, v0):
         s, v = F.lif(x, v0=v0, surrogate=SCALED, reset="soft", return_state=True, backend="fused")
@@ -330,7 +338,7 @@ def test_compile_fullgraph_with_custom_matches_eager():
 def test_callable_warns_once_where_fused_would_run(monkeypatch):
     monkeypatch.setattr(F, "_use_fused", lambda backend, x: backend != "reference")  # as on CUDA
     monkeypatch.setattr(F, "_warned_unfused", False)
-    x = torch.randn(4, 2, 3)
+    x = torch.randn(4, 2, 3, device=DEVICE)
     with pytest.warns(UserWarning, match="custom") as record:
         F.lif(x, surrogate=gaussian)
         F.lif(x, surrogate=gaussian)

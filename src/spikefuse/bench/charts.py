@@ -45,6 +45,8 @@ def redraw(json_paths: list[str]) -> list[str]:
     for json_path in json_paths:
         with open(json_path) as f:
             payload = json.load(f)
+        if not isinstance(payload, dict):
+            raise TypeError(f"{json_path} holds a JSON {type(payload).__name__}, not a results object")
         png_path = os.path.splitext(json_path)[0] + ".png"
         if payload.get("benchmark") == "on":  # the benchmarks that draw their own
             from .on import write_chart
@@ -122,12 +124,14 @@ def _steps(ax, payload):
 
 
 def _train(ax, payload):
-    keys = list(dict.fromkeys((c["net"], c["precision"]) for c in payload["cases"]))
+    def key(c):  # one group per network, precision, time steps and batch (resnet18 runs at two T)
+        return c["net"], c["precision"], c.get("T"), c.get("B")
+    keys = list(dict.fromkeys(key(c) for c in payload["cases"]))
     impls = list(dict.fromkeys(c["impl"] for c in payload["cases"]))
-    row = {(c["net"], c["precision"], c["impl"]): c for c in payload["cases"]}
+    row = {(*key(c), c["impl"]): c for c in payload["cases"]}
     series = {i: [row.get((*k, i), {}).get("ms") for k in keys] for i in impls}
     floors = [next((row[(*k, i)].get("floor_ms") for i in impls if (*k, i) in row), None) for k in keys]
-    return grouped_bars(ax, [f"{net} {precision}" for net, precision in keys], series, floors,
+    return grouped_bars(ax, [f"{net} {precision}\nT={t} B={b}" for net, precision, t, b in keys], series, floors,
                         "ms per training step (log scale)", "floor (bytes + FLOPs)")
 
 
@@ -154,7 +158,7 @@ def run(args) -> int:
             raise UsageError(f"{path}: no such results file")
     try:
         written = redraw(args.results)
-    except (json.JSONDecodeError, KeyError, TypeError) as e:
+    except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as e:
         raise UsageError(f"not a spikefuse results file ({type(e).__name__}: {e})") from None
     print("wrote", *written) if written else None
     return 0

@@ -48,7 +48,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default="benchmarks/results", help="folder for JSON + markdown")
     parser.add_argument("--cases", default="default",
                         help="'default' (the acceptance region first, then the rest), 'map' (the IPU study's "
-                             "grid: widths x1/x4/x16 by batches 1/8/48/256, feed-forward and recurrent) or "
+                             "grid: widths x1/x4/x16 by batches 1/8/48/256, feed-forward and recurrent, less "
+                             "x16 at batch 256 and the recurrent x16) or "
                              "net:width:batch:theta,...")
     parser.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, of {', '.join(MODES)}")
     parser.add_argument("--lr", type=float, default=0.0,

@@ -46,10 +46,11 @@ from torch import nn
 
 from .. import functional as F
 from ..errors import one_line
-from ..nn import BNLIF, LIF
+from ..nn import ALIF, BNLIF, CUBA, LIF, RecurrentALIF, RecurrentLIF
 from ..ops import spike_pack
 
 BATCH_NORM = ("refuse", "per_chunk")
+CARRIES_NO_STATE_HERE = (ALIF, CUBA, RecurrentLIF, RecurrentALIF)  # neurons whose state is not handed over
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 _HEADER_WORDS = 16  # int64: T, chunks, dtype index, packed, ndim, then the trailing shape
 _HEADER_TAG = 0
@@ -124,6 +125,10 @@ def check_layers(layers: Sequence[nn.Module], batch_norm: str = "refuse") -> Non
             raise ValueError(f"batch_norm: {name} normalizes over all T steps, which a pipeline sees one "
                              "chunk at a time; use a network without batch norm, or batch_norm='per_chunk' "
                              "for statistics per chunk (not equal to single-device training)")
+        if isinstance(layer, CARRIES_NO_STATE_HERE):
+            raise ValueError(f"layers: {name} has state the pipeline does not carry between time chunks "
+                             "(it would restart at every chunk: not single-device training); the pipeline "
+                             "runs LIF, IF and PLIF neurons")
         if not isinstance(layer, LIF) and any(
                 isinstance(m, (LIF, nn.modules.batchnorm._BatchNorm)) for m in layer.modules() if m is not layer):
             raise ValueError(f"layers: {name} holds neurons or batch norm inside; pass the network's "
