@@ -199,6 +199,24 @@ def test_module():
         snn.RecurrentLIF(0)
 
 
+
+@pytest.mark.parametrize("path", ["dense", "sparse"])
+def test_module_record_potential(path):
+    x, w = rand(6, 2, 3, 7, seed=44), dyadic_weight(7, 44)
+    assert snn.RecurrentLIF(7, device=DEVICE).potential is None
+    results = []
+    for backend in ("fused", "reference"):
+        layer = snn.RecurrentLIF(7, backend=backend, path=path, record_potential=True, device=DEVICE, **PARAMS)
+        with torch.no_grad():
+            layer.weight.copy_(w)
+        s = layer(x)
+        assert isinstance(s, torch.Tensor) and layer.potential.shape == x.shape
+        layer.potential.pow(2).sum().backward()
+        results.append((s, layer.potential.detach(), layer.weight.grad))
+    (s1, h1, gw1), (s2, h2, gw2) = results
+    assert torch.equal(s1, s2) and torch.equal(h1, h2) and rel_err(gw1, gw2) < 1e-5
+    assert torch.equal(s1, F.rlif(x, w, backend="reference", **PARAMS))
+
 @pytest.mark.parametrize("backend", ["fused", "reference"])
 def test_module_trains_in_sequential(backend):
     torch.manual_seed(0)

@@ -28,13 +28,16 @@ class RecurrentLIF(NeuronOptions):
     the layer counts the columns that spike per step on the device, and
     spikefuse.nn.update_dispatch (between epochs) picks sparse where that share is at most
     `sparse_below`.
+    record_potential: keep each call's pre-reset potential trace h in `self.potential`
+    (as spikefuse.nn.LIF).
     """
 
     def __init__(self, features: int, decay: float = 0.5, threshold: float = 1.0, reset: str = "hard",
                  v_reset: float = 0.0, detach_reset: bool = False, surrogate: str = "rectangular",
                  alpha: float | None = None, grad_threshold: float = float("-inf"), backend: str = "auto",
-                 path: str = "dense", sparse_below: float = SPARSE_BELOW, device=None, dtype=None):
-        super().__init__(threshold, reset, v_reset, detach_reset, surrogate, alpha, backend)
+                 path: str = "dense", sparse_below: float = SPARSE_BELOW, device=None, dtype=None,
+                 record_potential: bool = False):
+        super().__init__(threshold, reset, v_reset, detach_reset, surrogate, alpha, backend, record_potential)
         if isinstance(features, bool) or not isinstance(features, int) or features < 1:
             raise ValueError(f"features must be a positive int, got {features!r}")
         self.features = features
@@ -60,8 +63,9 @@ class RecurrentLIF(NeuronOptions):
         if x.shape[-1] != self.features:
             raise ValueError(f"{layer_name(self)}: expected {self.features} features in x's last dim, "
                              f"got shape {tuple(x.shape)}")
-        return F.rlif(x, self.weight, decay=self.decay, grad_threshold=self.grad_threshold, sparse=self.sparse,
-                      activity=self.activity if self.path == "auto" else None, **self.options())
+        return self.call_neuron(F.rlif, x, weight=self.weight, decay=self.decay, grad_threshold=self.grad_threshold,
+                                sparse=self.sparse, activity=self.activity if self.path == "auto" else None,
+                                **self.options())
 
     def active_share(self, reset: bool = True) -> float | None:
         """Mean share of columns with a spike in some row, per step, since the last reset
