@@ -32,7 +32,7 @@ from __future__ import annotations
 import torch
 
 from .lif import (EAGER, RESET_CODES, TRACED, _cdiv, _launch_config, f32, load_chunk,  # noqa: F401
-                  load_earlier_chunk, program_neurons, reset_partials, reset_potential, row,
+                  load_earlier_chunk, or_empty, program_neurons, reset_partials, reset_potential, row,
                   spike_value, store_chunk, surrogate_grad)
 from .double_backward import grads_with_graph
 from .launch import cached_launch
@@ -404,11 +404,6 @@ def alif_backward(grad_s: torch.Tensor, grad_vT: torch.Tensor | None, grad_aT: t
                              threshold, reset, v_reset, detach, surrogate, alpha, need_gv0, need_ga0,
                              launch=TRACED)
     return gx, or_empty(gv0, x), or_empty(ga0, x)
-
-
-def or_empty(t, like):
-    """t, or an empty float32 tensor: an op may not return None (nor one tensor twice)."""
-    return t if t is not None else like.new_empty(0, dtype=torch.float32)
 
 
 def _setup_context(ctx, inputs, output):

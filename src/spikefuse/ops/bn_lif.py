@@ -50,7 +50,7 @@ import os
 
 import torch
 
-from .lif import EAGER, RESET_CODES, TRACED, _cdiv, f32, _next_power_of_2, grad_h, load_per_neuron, program_neurons, reset_potential, row, spike_value, surrogate_grad
+from .lif import EAGER, RESET_CODES, TRACED, _cdiv, f32, _next_power_of_2, grad_h, load_per_neuron, or_empty, program_neurons, reset_potential, row, spike_value, surrogate_grad
 from .double_backward import grads_with_graph
 from .launch import cached_launch
 from .spike_pack import attach_bits
@@ -553,10 +553,7 @@ def bn_lif_backward(grad_s: torch.Tensor, x: torch.Tensor, residual: torch.Tenso
     gx, gr, sums, gd = _backward(grad_s, x, residual, ckpt, stats, decay, decay_tensor,
                                  threshold, reset, v_reset, detach, surrogate, alpha,
                                  batch_stats, need_gd, time_steps, launch=TRACED)
-
-    def or_empty(t):  # an op may not return None (nor one tensor twice)
-        return t if t is not None else x.new_empty(0, dtype=torch.float32)
-    return gx, or_empty(gr), sums, or_empty(gd)
+    return gx, or_empty(gr, x), sums, or_empty(gd, x)
 
 
 def _input_grads(ctx, grad_s, backward):

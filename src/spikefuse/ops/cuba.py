@@ -31,9 +31,9 @@ from __future__ import annotations
 
 import torch
 
-from .alif import grad_like, kernel_arg, load_or_zeros, or_empty, reference_grads
+from .alif import grad_like, kernel_arg, load_or_zeros, reference_grads
 from .lif import (EAGER, RESET_CODES, TRACED, _cdiv, _launch_config, f32, grad_h,  # noqa: F401
-                  load_chunk, load_earlier_chunk, program_neurons, reset_potential, row,
+                  load_chunk, load_earlier_chunk, or_empty, program_neurons, reset_potential, row,
                   spike_value, store_chunk, surrogate_grad)
 from .launch import cached_launch
 from .surrogate import SURROGATES

@@ -682,10 +682,12 @@ def lif_backward(grad_s: torch.Tensor, grad_vT: torch.Tensor | None, x: torch.Te
                                   reset, v_reset, detach, surrogate, alpha, need_gv0, need_gd,
                                   float("-inf") if grad_threshold is None else grad_threshold, launch=TRACED,
                                   threshold_tensor=threshold_tensor, need_gthr=need_gthr)
+    return gx, or_empty(gv0, x), or_empty(gd, x), or_empty(gthr, x)
 
-    def or_empty(t):  # an op may not return None (nor one tensor twice)
-        return t if t is not None else x.new_empty(0, dtype=torch.float32)
-    return gx, or_empty(gv0), or_empty(gd), or_empty(gthr)
+
+def or_empty(t, like):
+    """t, or an empty float32 tensor: an op may not return None (nor one tensor twice)."""
+    return t if t is not None else like.new_empty(0, dtype=torch.float32)
 
 
 def _setup_context(ctx, inputs, output):
