@@ -38,7 +38,7 @@ def model_and_batches(name, batch=4):
         shape, T, classes = (2, 32, 32), 3, 11
     elif name.startswith("ipu-"):
         from spikefuse.models import ipu
-        net = ipu.NETWORKS[name]
+        net = ipu.NETWORKS[name.removesuffix("-recurrent")]
         shape, T, classes = net.input_shape, 5, net.num_classes
     elif name == "shd":
         shape, T, classes = (700,), 5, 20

@@ -279,9 +279,10 @@ def test_sparse_path_matches_reference(case, monkeypatch):
                  detach_reset=detach, grad_threshold=floor, sparse=True, return_state=case % 2 == 0, **PARAMS)
 
 
-@pytest.mark.parametrize("shape", [(1, 2, 9), (4, 37, 70), (3, 1, 40)])
+@pytest.mark.parametrize("shape", [(1, 2, 9), (4, 37, 70), (3, 1, 40), (3, 150, 40)])
 def test_sparse_path_shapes(shape, monkeypatch):
-    """T = 1, rows over several tiles, a single row (B = 1)."""
+    """T = 1, rows over several tiles, a single row (B = 1), several row blocks (whose flags
+    the lists combine)."""
     small_segments(monkeypatch)
     assert_match(rand(*shape, seed=sum(shape), scale=1.5), dyadic_weight(shape[-1], 2), grad_threshold=0.5,
                  sparse=True, return_state=True, **PARAMS)
@@ -300,9 +301,14 @@ def test_column_lists(monkeypatch):
     row, in increasing order, segment by segment."""
     small_segments(monkeypatch)
     from spikefuse.ops import sparse_recurrent_lif as S
-    x, w = rand(5, 3, 70, seed=41), dyadic_weight(70, 41)
-    spikes, _, h, _, carry, carry_count, active_count = S.forward(x, w, 0.8, 0.9, "hard", 0.0, 0.5, True)
-    for t in range(5):
+    for rows in (3, 130):  # one row block, three
+        x, w = rand(5, rows, 70, seed=41), dyadic_weight(70, 41)
+        spikes, _, h, _, carry, carry_count, active_count = S.forward(x, w, 0.8, 0.9, "hard", 0.0, 0.5, True)
+        assert_lists(spikes, h, carry, carry_count, active_count)
+
+
+def assert_lists(spikes, h, carry, carry_count, active_count):
+    for t in range(spikes.shape[0]):
         spiking = spikes[t].ne(0).any(0).nonzero().flatten()
         assert active_count[t].sum() == spiking.numel()
         carrying = (h[t] >= 0.5).any(0).nonzero().flatten().tolist()

@@ -48,7 +48,7 @@ def grads(surrogate, x, v0, w, decay=0.7, **options):
         decay = decay.clone().requires_grad_()
         leaves.append(decay)
     s, v = F.lif(xi, decay=decay, v0=vi, surrogate=surrogate, return_state=True, **options)
-    loss = (s * w).sum() + (v * torch.linspace(-1, 1, v.numel(), dtype=v.dtype).view(v.shape)).sum()
+    loss = (s * w).sum() + (v * torch.linspace(-1, 1, v.numel(), dtype=v.dtype, device=v.device).view(v.shape)).sum()
     return s, v, torch.autograd.grad(loss, leaves)
 
 

@@ -14,8 +14,9 @@ kept on the device (static launch shapes: a CUDA graph captures them). Backward 
 sum over n into chunks of CHUNK columns, one program each, and sums the chunks' partials
 in a fixed order (deterministic; no atomics).
 
-The index lists: after step t, one launch lists the active and the carrying columns of
-step t, each column block (SEG columns, one program) into its own segment, in increasing
+The index lists: the step kernel flags, per row block and column, a spike (and a potential
+at grad_threshold or above); then one launch lists the active and the carrying columns of
+step t from those flags, each column block (SEG columns, one program) into its own segment, in increasing
 order (a prefix sum: deterministic, and no list overflows: a segment has room for all its
 columns). Gradients equal the dense path's (the same products, summed in another order)
 wherever the secondary threshold is the same: with grad_threshold = -inf every column
@@ -38,21 +39,22 @@ CHUNK, MAX_CHUNKS = 256, 32  # the backward's split of the sum over n: at least 
 
 @cached_launch
 @triton.jit
-def _list_columns(s_ptr, h_ptr, active_ptr, active_count_ptr, carry_ptr, carry_count_ptr,
-                  step, grad_floor, M, N, NSEG, CARRY: tl.constexpr, SEG: tl.constexpr):
+def _list_columns(spiked_ptr, near_ptr, active_ptr, active_count_ptr, carry_ptr, carry_count_ptr,
+                  step, RB, N, NSEG, CARRY: tl.constexpr, SEG: tl.constexpr):
     """Segment `program_id` of step `step`'s lists: columns where any row spiked, and (CARRY)
-    where any row's h reached grad_floor."""
+    where any row's h reached grad_floor, from the step kernel's per-row-block flags (a
+    loop over RB row blocks, not over the batch: a serial walk of 256 rows per step cost
+    more than the dense step)."""
     seg = tl.program_id(0)
     cols = seg * SEG + tl.arange(0, SEG)
     in_range = cols < N
-    now = tl.cast(step, tl.int64) * M * N
     spiked = tl.zeros([SEG], tl.int32)
     near = tl.zeros([SEG], tl.int32)
-    for m in range(0, M):
-        row = now + m * N + cols
-        spiked |= (tl.load(s_ptr + row, mask=in_range, other=0.0) != 0).to(tl.int32)
+    for rb in range(0, RB):
+        flags = (tl.cast(step, tl.int64) * RB + rb) * N + cols
+        spiked |= tl.load(spiked_ptr + flags, mask=in_range, other=0).to(tl.int32)
         if CARRY:
-            near |= ((tl.load(h_ptr + row, mask=in_range, other=0.0) >= f32(grad_floor)) & in_range).to(tl.int32)
+            near |= tl.load(near_ptr + flags, mask=in_range, other=0).to(tl.int32)
     base = (tl.cast(step, tl.int64) * NSEG + seg) * SEG
     tl.store(active_ptr + base + tl.cumsum(spiked, 0) - 1, cols, mask=spiked > 0)
     tl.store(active_count_ptr + step * NSEG + seg, tl.sum(spiked, 0))
@@ -64,13 +66,15 @@ def _list_columns(s_ptr, h_ptr, active_ptr, active_count_ptr, carry_ptr, carry_c
 @cached_launch
 @triton.jit
 def _sparse_forward_step(
-    x_ptr, wt_ptr, v_ptr, s_ptr, h_ptr, active_ptr, active_count_ptr,
-    step, decay, threshold, v_reset, M, N, NSEG,
-    RESET: tl.constexpr, FIRST: tl.constexpr, SAVE_H: tl.constexpr, TF32: tl.constexpr,
+    x_ptr, wt_ptr, v_ptr, s_ptr, h_ptr, active_ptr, active_count_ptr, spiked_ptr, near_ptr,
+    step, decay, threshold, v_reset, grad_floor, M, N, NSEG,
+    RESET: tl.constexpr, FIRST: tl.constexpr, SAVE_H: tl.constexpr, CARRY: tl.constexpr, TF32: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SEG: tl.constexpr,
 ):
     """The dense step's neuron, its recurrent input summed over step-1's active columns only:
-    sum_k s[t-1][m, k] W^T[k, n] for k in the lists (W^T rows: contiguous)."""
+    sum_k s[t-1][m, k] W^T[k, n] for k in the lists (W^T rows: contiguous). Flags, per row
+    block and column, whether a row spiked (and, CARRY, whether h reached grad_floor): the
+    lists are built from these."""
     d, threshold, v_reset = f32(decay), f32(threshold), f32(v_reset)
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -99,7 +103,11 @@ def _sparse_forward_step(
                     acc = tl.dot(a, b, acc, input_precision="ieee")
         v = tl.load(v_ptr + offs, mask=mask, other=0.0)
         h = (d * v + x) + acc
-    fire_and_store(h, s_ptr, v_ptr, h_ptr, now, offs, mask, threshold, v_reset, RESET, SAVE_H)
+    s = fire_and_store(h, s_ptr, v_ptr, h_ptr, now, offs, mask, threshold, v_reset, RESET, SAVE_H)
+    flags = (tl.cast(step, tl.int64) * tl.num_programs(0) + tl.program_id(0)) * N + cols
+    tl.store(spiked_ptr + flags, tl.max(((s != 0.0) & mask).to(tl.int32), axis=0), mask=cols < N)
+    if CARRY:
+        tl.store(near_ptr + flags, tl.max(((h >= f32(grad_floor)) & mask).to(tl.int32), axis=0), mask=cols < N)
 
 
 @triton.jit
@@ -209,19 +217,22 @@ def forward(x, weight, decay, threshold, reset, v_reset, grad_threshold, save, l
     nseg = _cdiv(N, SEG)
     BLOCK_M, BLOCK_N, BLOCK_K, warps = _sparse_tiles(M)
     grid = (_cdiv(M, BLOCK_M), _cdiv(N, BLOCK_N))
+    row_blocks = grid[0]
+    spiked = torch.empty((T, row_blocks, N), device=x.device, dtype=torch.int8)
+    near = torch.empty((T if save else 0, row_blocks, N), device=x.device, dtype=torch.int8)
     step_kernel, list_kernel = launch(_sparse_forward_step), launch(_list_columns)
     unused = launch.unused(x)
     for t in range(T):
         step_kernel[grid](
-            x, wt, v, spikes, h if save else unused, active, active_count, t,
-            decay, threshold, v_reset, M, N, nseg,
-            RESET=RESET_CODES[reset], FIRST=t == 0, SAVE_H=save, TF32=_tf32(x),
+            x, wt, v, spikes, h if save else unused, active, active_count, spiked, near if save else unused,
+            t, decay, threshold, v_reset, grad_threshold, M, N, nseg,
+            RESET=RESET_CODES[reset], FIRST=t == 0, SAVE_H=save, CARRY=save, TF32=_tf32(x),
             BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, SEG=SEG, num_warps=warps,
             enable_fp_fusion=False)
         list_kernel[(nseg,)](
-            spikes, h if save else unused, active, active_count,
+            spiked, near if save else unused, active, active_count,
             carry if save else unused, carry_count if save else unused,
-            t, grad_threshold, M, N, nseg, CARRY=save, SEG=SEG, num_warps=4)
+            t, row_blocks, N, nseg, CARRY=save, SEG=SEG, num_warps=4)
     return spikes, v, h, wt, carry, carry_count, active_count
 
 
