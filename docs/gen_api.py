@@ -21,6 +21,7 @@ MODULES = [
     "spikefuse.functional",
     "spikefuse.surrogates",
     "spikefuse.reference",
+    "spikefuse.traces",
     "spikefuse.nn",
     "spikefuse.nn.spiking_layers",
     "spikefuse.encode",
