@@ -16,10 +16,10 @@ def test_neurons_benchmark_quick(tmp_path):
     assert {"device", "versions", "date"} <= set(payload["environment"])
     assert {"torch", "triton", "snntorch", "norse", "spikingjelly"} <= set(payload["environment"]["versions"])
     assert payload["all_checks_passed"] is True
-    assert set(payload["equations"]) == {"alif", "cuba", "rlif", "ralif"}
+    assert set(payload["equations"]) == {"alif", "cuba", "rlif", "ralif", "plif"}
 
     rlif_missing = neurons.rlif_missing()
-    expected = {"alif", "cuba", "ralif"} | (set() if rlif_missing else {"rlif"})
+    expected = {"alif", "cuba", "ralif", "plif"} | (set() if rlif_missing else {"rlif"})
     assert {c["neuron"] for c in payload["cases"]} == expected
     if rlif_missing:
         assert "rlif" in payload["skipped_neurons"]
@@ -31,7 +31,8 @@ def test_neurons_benchmark_quick(tmp_path):
         assert {"spikefuse", "pytorch-loop"} <= set(libs)
         for name in neurons.ADAPTERS[case["neuron"]]:  # run, or skipped with the reason
             assert name in libs or name in payload["skipped_libraries"][case["neuron"]]
-        grads = {"x", "weight"} if case["neuron"] in ("rlif", "ralif") else {"x"}
+        grads = ({"x", "weight"} if case["neuron"] in ("rlif", "ralif") else
+                 {"x", "decay", "threshold"} if case["neuron"] == "plif" else {"x"})
         for r in libs.values():
             assert r["check_passed"] is True
             assert r["spike_mismatch"] == 0.0

@@ -10,7 +10,7 @@ BENCHMARKS = {
     "steps": ("spikefuse.bench.steps", "one training step eager, captured (CUDA graph) and compiled, vs its GPU kernel time"),
     "sparse": ("spikefuse.bench.sparse", "sparse against dense training steps of the IPU-study networks: where each wins"),
     "data": ("spikefuse.bench.data", "one epoch of SHD-shaped data through four loading pipelines"),
-    "neurons": ("spikefuse.bench.neurons", "ALIF, CUBA and recurrent LIF forward+backward vs the PyTorch loop and peers"),
+    "neurons": ("spikefuse.bench.neurons", "ALIF, CUBA, recurrent LIF/ALIF and learnable LIF forward+backward vs the PyTorch loop and peers"),
     "chart": ("spikefuse.bench.charts", "draw the PNG chart of results files already written (no GPU needed)"),
     "parallel": ("spikefuse.bench.parallel",
                  "multi-GPU: data-parallel scaling beside SpikingJelly, and the temporal pipeline beside the planner"),

@@ -1,10 +1,11 @@
-"""`spikefuse bench neurons`: ALIF, CUBA, recurrent LIF and recurrent ALIF forward+backward against
-their peers.
+"""`spikefuse bench neurons`: ALIF, CUBA, recurrent LIF, recurrent ALIF and the LIF with a learnable
+per-neuron decay and threshold forward+backward against their peers.
 
 Each neuron runs in spikefuse's fused kernels and in every library that can be set to the
 same equations (spikefuse.reference; the plain PyTorch loop is that reference with
 autograd). One call is a forward and a backward: loss = sum(spikes * g) for a fixed random
-g, gradients with respect to x, and to the recurrent weight W for the recurrent neurons.
+g, gradients with respect to x, to the recurrent weight W for the recurrent neurons, and
+to the per-neuron decay and threshold for the learnable LIF ("plif").
 Before a library is timed, its spikes and gradients are compared with spikefuse's (the
 figures go into the results); one outside the tolerances is marked failed but still
 timed, so that a GPU run is never wasted.
@@ -39,6 +40,8 @@ ALIF = {"decay": 0.5, "adapt_decay": 0.9, "beta": 0.5, "threshold": 1.0}
 CUBA = {"decay": 0.5, "syn_decay": 0.5, "threshold": 1.0}
 RLIF = {"decay": 0.5, "threshold": 1.0}
 RALIF = dict(ALIF)  # ALIF's neuron with rlif's recurrent input
+# plif: per-neuron decay and threshold, both learned; values on a 1/16 grid (exact products)
+PLIF_DECAYS, PLIF_THRESHOLDS = (0.25, 0.5, 0.75, 0.875), (0.75, 1.0, 1.25)
 EQUATIONS = {
     "alif": "h = decay v + x; theta = threshold + beta a; s = h >= theta; v = 0 where s; "
             "a = adapt_decay a + s (" + ", ".join(f"{k} {v}" for k, v in ALIF.items()) + ")",
@@ -48,6 +51,8 @@ EQUATIONS = {
             + ", ".join(f"{k} {v}" for k, v in RLIF.items()) + ")",
     "ralif": "h = decay v + x + s[t-1] @ W^T; theta = threshold + beta a; s = h >= theta; v = 0 where s; "
              "a = adapt_decay a + s (" + ", ".join(f"{k} {v}" for k, v in RALIF.items()) + ")",
+    "plif": "h = decay[n] v + x; s = h >= threshold[n]; v = 0 where s; decay[n] and threshold[n] per neuron, "
+            f"both learned (decays cycling through {PLIF_DECAYS}, thresholds through {PLIF_THRESHOLDS})",
 }
 
 SHAPES = {  # (T, B, N)
@@ -55,8 +60,9 @@ SHAPES = {  # (T, B, N)
     "cuba": [(100, 32, 1024), (100, 128, 4096)],
     "rlif": [(100, 32, 1024), (100, 8, 1024), (100, 32, 2048)],
     "ralif": [(100, 32, 1024), (100, 32, 2048)],
+    "plif": [(100, 32, 1024), (100, 128, 4096)],
 }
-QUICK_SHAPES = {"alif": [(4, 2, 8)], "cuba": [(4, 2, 8)], "rlif": [(4, 2, 8)], "ralif": [(4, 2, 8)]}  # CPU smoke test
+QUICK_SHAPES = {name: [(4, 2, 8)] for name in SHAPES}  # CPU smoke test
 # the figure the recurrent kernel is held to: forward+backward at least 3x SpikingJelly's
 ACCEPTANCE = {"neuron": "rlif", "shape": (100, 32, 1024), "peer": "spikingjelly", "min_ratio": 3.0}
 
@@ -86,6 +92,12 @@ EXCLUDED = {
         "spikingjelly": "no adaptive-threshold neuron in 2.0 (AdaptBaseNode/IzhikevichNode adapt a "
                         "current w fed into v, not the threshold)",
     },
+    "plif": {
+        "spikingjelly": "ParametricLIFNode learns one decay per layer (through a sigmoid of its own "
+                        "parameter) and no threshold",
+        "norse": "not adapted: its LIF feeds x through a synaptic current (a one-step shift) and takes "
+                 "the decay as dt * tau_mem_inv, so a cross-check would test the adapter more than the neuron",
+    },
 }
 
 
@@ -95,10 +107,17 @@ class Problem:
     x: torch.Tensor  # [T, B, N] input, a leaf that requires grad
     g: torch.Tensor  # [T, B, N] fixed weights of the loss sum(spikes * g)
     weight: torch.Tensor | None = None  # [N, N] recurrent weight (rlif, ralif), a leaf that requires grad
+    decay: torch.Tensor | None = None  # [N] learned decay (plif), a leaf that requires grad
+    threshold: torch.Tensor | None = None  # [N] learned threshold (plif), a leaf that requires grad
 
     @property
     def wrt(self) -> list[torch.Tensor]:
-        return [self.x] if self.weight is None else [self.x, self.weight]
+        return [t for t in (self.x, self.weight, self.decay, self.threshold) if t is not None]
+
+    @property
+    def names(self) -> list[str]:
+        return [name for name, t in (("x", self.x), ("weight", self.weight), ("decay", self.decay),
+                                     ("threshold", self.threshold)) if t is not None]
 
 
 def on_grid(t: torch.Tensor, step: float) -> torch.Tensor:
@@ -113,7 +132,12 @@ def make_problem(neuron: str, T: int, B: int, N: int, device: str, seed: int = 0
     if neuron in ("rlif", "ralif"):
         weight = on_grid(torch.randn(N, N, generator=gen, device=device) * (0.5 / N**0.5), 2**-10)
         weight.requires_grad_(True)
-    return Problem(x.requires_grad_(True), g, weight)
+    decay = threshold = None
+    if neuron == "plif":
+        n = torch.arange(N, device=device)
+        decay = torch.tensor(PLIF_DECAYS, device=device)[n % len(PLIF_DECAYS)].requires_grad_(True)
+        threshold = torch.tensor(PLIF_THRESHOLDS, device=device)[n % len(PLIF_THRESHOLDS)].requires_grad_(True)
+    return Problem(x.requires_grad_(True), g, weight, decay, threshold)
 
 
 def loss_grads(spikes: torch.Tensor, p: Problem, wrt: list[torch.Tensor] | None = None):
@@ -272,6 +296,35 @@ def ralif_loop(p):
     return lambda: loss_grads(reference.ralif(p.x, p.weight, **RALIF, surrogate=SURROGATE, alpha=ALPHA), p)
 
 
+def plif_spikefuse(p):
+    import spikefuse.functional as F
+    return lambda: loss_grads(F.plif(p.x, decay=p.decay, threshold=p.threshold, surrogate=SURROGATE, alpha=ALPHA,
+                                     backend="fused"), p)
+
+
+def plif_loop(p):
+    from spikefuse import reference
+    return lambda: loss_grads(reference.lif(p.x, decay=p.decay, threshold=p.threshold, surrogate=SURROGATE,
+                                            alpha=ALPHA), p)
+
+
+def plif_snntorch(p):
+    """snnTorch's Leaky with a learned per-neuron beta and threshold (learn_beta, learn_threshold)."""
+    import snntorch
+    from snntorch import surrogate
+    neuron = snntorch.Leaky(beta=p.decay.detach().clone(), threshold=p.threshold.detach().clone(), learn_beta=True,
+                            learn_threshold=True, spike_grad=surrogate.fast_sigmoid(slope=ALPHA),
+                            reset_mechanism="zero", reset_delay=False).to(p.x.device)
+
+    def call():
+        mem, out = torch.zeros_like(p.x[0]), []
+        for xt in p.x:
+            spk, mem = neuron(xt, mem)
+            out.append(spk)
+        return loss_grads(torch.stack(out), p, [p.x, neuron.beta, neuron.threshold])
+    return call
+
+
 ADAPTERS = {  # spikefuse first: the others are checked against it
     "alif": {"spikefuse": alif_spikefuse, "pytorch-loop": alif_loop, "norse": alif_norse},
     "cuba": {"spikefuse": cuba_spikefuse, "pytorch-loop": cuba_loop, "snntorch": cuba_snntorch,
@@ -279,6 +332,7 @@ ADAPTERS = {  # spikefuse first: the others are checked against it
     "rlif": {"spikefuse": rlif_spikefuse, "pytorch-loop": rlif_loop, "spikingjelly": rlif_spikingjelly,
              "snntorch": rlif_snntorch},
     "ralif": {"spikefuse": ralif_spikefuse, "pytorch-loop": ralif_loop},
+    "plif": {"spikefuse": plif_spikefuse, "pytorch-loop": plif_loop, "snntorch": plif_snntorch},
 }
 LIBRARIES = ("spikefuse", "pytorch-loop", "snntorch", "norse", "spikingjelly")
 
@@ -316,7 +370,7 @@ def time_call(call, fused: bool, quick: bool) -> tuple[float, float]:
 
 def measure_case(neuron, adapters, T, B, N, device, quick, skipped) -> dict:
     problem = make_problem(neuron, T, B, N, device)
-    names = ["x"] if problem.weight is None else ["x", "weight"]
+    names = problem.names
     base = None
     rows = {}
     for name, make in adapters.items():
