@@ -80,3 +80,10 @@ def test_bad_input_is_named():
     with pytest.raises(ValueError, match="a0 must be"):
         adaptive_threshold_trace(h, a0=torch.zeros(3))
     assert adaptive_threshold_trace(torch.zeros(0, 2)).shape == (0, 2)
+
+
+def test_half_precision_spikes_give_a_float32_threshold():
+    x = rand(30, 2, 4, seed=7).bfloat16()
+    s, h = F.alif(x, beta=0.3, adapt_decay=0.99, return_potential=True)
+    theta = adaptive_threshold_trace(s, beta=0.3, adapt_decay=0.99)
+    assert theta.dtype == torch.float32 and s.dtype == torch.bfloat16

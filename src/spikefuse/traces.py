@@ -50,12 +50,15 @@ def adaptive_threshold_trace(spikes: torch.Tensor, threshold: float = 1.0, beta:
                              adapt_decay: float = 0.9, a0: torch.Tensor | None = None) -> torch.Tensor:
     """ALIF's (and RecurrentALIF's) threshold at every step, [T, *] like the spikes:
     theta[t] = threshold + beta * a[t-1], a[t] = adapt_decay * a[t-1] + s[t], a[-1] = a0
-    (zeros if None). Pass the neuron's own threshold, beta, adapt_decay and initial a."""
+    (zeros if None). Pass the neuron's own threshold, beta, adapt_decay and initial a.
+    Half-precision spikes give a float32 trace (the kernels keep a and theta in float32)."""
     if not isinstance(spikes, torch.Tensor) or not spikes.is_floating_point() or spikes.dim() < 1:
         raise TypeError("spikes must be a floating tensor [T, *] (as the neuron returned them)")
     if a0 is not None and (not isinstance(a0, torch.Tensor) or a0.shape != spikes.shape[1:]):
         raise ValueError(f"a0 must be a tensor shaped like spikes[0] {tuple(spikes.shape[1:])}, got "
                          f"{tuple(a0.shape) if isinstance(a0, torch.Tensor) else type(a0).__name__}")
+    if spikes.dtype in (torch.float16, torch.bfloat16):
+        spikes = spikes.float()
     if spikes.shape[0] == 0:
         return spikes.new_empty(spikes.shape)
     a = torch.zeros_like(spikes[0]) if a0 is None else a0.to(spikes.dtype)

@@ -16,9 +16,9 @@ in a fixed order (deterministic; no atomics).
 
 The index lists: the step kernel flags, per row block and column, a spike (and a potential
 at grad_threshold or above); then one launch lists the active and the carrying columns of
-step t from those flags, each column block (SEG columns, one program) into its own segment, in increasing
-order (a prefix sum: deterministic, and no list overflows: a segment has room for all its
-columns). Gradients equal the dense path's (the same products, summed in another order)
+step t from those flags, each column block (SEG columns, one program) into its own
+segment, in increasing order (a prefix sum: deterministic, and no list overflows: a
+segment has room for all its columns). Gradients equal the dense path's (the same products, summed in another order)
 wherever the secondary threshold is the same: with grad_threshold = -inf every column
 carries and the sparse path is the dense one, slower.
 """
