@@ -362,3 +362,16 @@ def test_potential_trace(sparse, monkeypatch):
     assert all(rel_err(a, b) < 1e-5 for a, b in zip(gh1 + ga1, gh2 + ga2))
     only = F.rlif(x, w, backend="fused", return_potential=True, **PARAMS)
     assert isinstance(only, tuple) and len(only) == 2 and torch.equal(only[1], h2.detach())
+
+
+def test_sparse_path_nan_input_spreads_like_the_dense_path(monkeypatch):
+    """A NaN potential is a NaN spike on both paths (the column flags list it as active), so
+    it reaches the next step through W on the sparse path too: never a silent zero."""
+    small_segments(monkeypatch)
+    x, w = rand(4, 70, 40, seed=43), dyadic_weight(40, 43)
+    x[1, 66, 5] = float("nan")  # in the second row block (rows 64..69)
+    with torch.no_grad():
+        dense, sparse = (F.rlif(x, w, backend="fused", sparse=flag, grad_threshold=0.5) for flag in (False, True))
+    assert dense[1, 66, 5].isnan() and dense[2, 66].isnan().all()
+    assert torch.equal(dense.isnan(), sparse.isnan())
+    assert torch.equal(torch.nan_to_num(dense, nan=7.0), torch.nan_to_num(sparse, nan=7.0))
