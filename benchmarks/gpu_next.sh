@@ -29,7 +29,8 @@ speed)
         --activity 0.01,0.05 2>&1 | grep -v Warning | grep -v "^  " | tail -34 ;;
 map)
     mkdir -p "$OUT/map"
-    timeout 560 python3 -m spikefuse.cli bench sparse --out "$OUT/map" --cases map --modes dense,sparse --no-kernel \
+    # SpikingJelly's dense network runs where the bench allows it (x1/x4, B <= 8, natural activity)
+    timeout 560 python3 -m spikefuse.cli bench sparse --out "$OUT/map" --cases map --modes dense,sparse,auto,spikingjelly --no-kernel \
         --activity natural,0.01,0.05 --chart 2>&1 | grep -v Warning | tail -60 ;;
 *)
     echo "usage: bash benchmarks/gpu_next.sh tests|speed|map" >&2; exit 2 ;;
