@@ -6,7 +6,8 @@
 #   bash benchmarks/gpu_next.sh speed   bench neurons --neurons plif (the learnable per-neuron decay
 #                                       and threshold beside snnTorch), and the recurrent sparse
 #                                       points not re-measured after the column-flag fix
-#   bash benchmarks/gpu_next.sh map     the whole sparse map again (natural, 1 %, 5 %)
+#   bash benchmarks/gpu_next.sh map-ff  the sparse map's feed-forward half again (natural, 1 %, 5 %)
+#   bash benchmarks/gpu_next.sh map-rec its recurrent half
 # Logs and results under $OUT; copy them into benchmarks/results/.
 set -uo pipefail
 source "$(dirname "$0")/gpu_env.sh"
@@ -27,11 +28,13 @@ speed)
     timeout 330 python3 -m spikefuse.cli bench sparse --out "$OUT/sparse" --modes dense,sparse,auto --no-kernel --chart \
         --cases ipu-shd-recurrent:1:1:0.9,ipu-shd-recurrent:1:8:0.9,ipu-shd-recurrent:4:1:0.9,ipu-shd-recurrent:4:8:0.9,ipu-shd-recurrent:4:48:0.9 \
         --activity 0.01,0.05 2>&1 | grep -v Warning | grep -v "^  " | tail -34 ;;
-map)
-    mkdir -p "$OUT/map"
-    # SpikingJelly's dense network runs where the bench allows it (x1/x4, B <= 8, natural activity)
-    timeout 560 python3 -m spikefuse.cli bench sparse --out "$OUT/map" --cases map --modes dense,sparse,auto,spikingjelly --no-kernel \
-        --activity natural,0.01,0.05 --chart 2>&1 | grep -v Warning | tail -60 ;;
+map-ff|map-rec)
+    # the map's two halves, one call each; SpikingJelly's dense network runs where the bench
+    # allows it (x1/x4, B <= 8, natural activity)
+    half=$([ "$1" = map-ff ] && echo map-feedforward || echo map-recurrent)
+    mkdir -p "$OUT/$1"
+    timeout 560 python3 -m spikefuse.cli bench sparse --out "$OUT/$1" --cases $half --modes dense,sparse,auto,spikingjelly \
+        --no-kernel --activity natural,0.01,0.05 --chart 2>&1 | grep -v Warning | grep -v "^  " | tail -60 ;;
 *)
-    echo "usage: bash benchmarks/gpu_next.sh tests|speed|map" >&2; exit 2 ;;
+    echo "usage: bash benchmarks/gpu_next.sh tests|speed|map-ff|map-rec" >&2; exit 2 ;;
 esac

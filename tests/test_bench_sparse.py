@@ -42,6 +42,8 @@ def test_the_map_preset_covers_the_grid():
     assert {(w, b) for net, w, b, _ in cases if net == "ipu-shd"} == grid - {(16, 256)}
     assert {(w, b) for net, w, b, _ in cases if net == "ipu-shd-recurrent"} == {(w, b) for w, b in grid if w < 16}
     assert len(cases) == 19 and all(theta == 0.9 for *_, theta in cases)
+    halves = bench.parse_cases("map-feedforward"), bench.parse_cases("map-recurrent")
+    assert halves[0] + halves[1] == cases and {net for net, *_ in halves[1]} == {"ipu-shd-recurrent"}
 
 
 def test_activity_list_is_checked():

@@ -49,7 +49,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cases", default="default",
                         help="'default' (the acceptance region first, then the rest), 'map' (the IPU study's "
                              "grid: widths x1/x4/x16 by batches 1/8/48/256, feed-forward and recurrent, less "
-                             "x16 at batch 256 and the recurrent x16) or "
+                             "x16 at batch 256 and the recurrent x16), its halves 'map-feedforward' and "
+                             "'map-recurrent', or "
                              "net:width:batch:theta,...")
     parser.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, of {', '.join(MODES)}")
     parser.add_argument("--lr", type=float, default=0.0,
@@ -98,6 +99,9 @@ def parse_cases(text):
         return default_cases()
     if text == "map":
         return map_cases()
+    if text in ("map-feedforward", "map-recurrent"):  # each half within one 10-minute call
+        recurrent = text == "map-recurrent"
+        return [case for case in map_cases() if case[0].endswith("-recurrent") == recurrent]
     out = []
     for item in text.split(","):
         try:
