@@ -6,6 +6,8 @@
 #   bash benchmarks/gpu_next.sh speed   bench neurons --neurons plif (the learnable per-neuron decay
 #                                       and threshold beside snnTorch), and the recurrent sparse
 #                                       points not re-measured after the column-flag fix
+#   bash benchmarks/gpu_next.sh kernel  the sparse weight-gradient kernel against cuBLAS, now also
+#                                       captured (GPU time; the eager figures were the host's launches)
 #   bash benchmarks/gpu_next.sh map-ff  the sparse map's feed-forward half again (natural, 1 %, 5 %)
 #   bash benchmarks/gpu_next.sh map-rec its recurrent half
 # Logs and results under $OUT; copy them into benchmarks/results/.
@@ -28,6 +30,10 @@ speed)
     timeout 330 python3 -m spikefuse.cli bench sparse --out "$OUT/sparse" --modes dense,sparse,auto --no-kernel --chart \
         --cases ipu-shd-recurrent:1:1:0.9,ipu-shd-recurrent:1:8:0.9,ipu-shd-recurrent:4:1:0.9,ipu-shd-recurrent:4:8:0.9,ipu-shd-recurrent:4:48:0.9 \
         --activity 0.01,0.05 2>&1 | grep -v Warning | grep -v "^  " | tail -34 ;;
+kernel)
+    mkdir -p "$OUT/kernel"
+    timeout 300 python3 -m spikefuse.cli bench sparse --out "$OUT/kernel" --cases ipu-shd:1:1:0.9 --modes dense \
+        --activity natural 2>&1 | grep -v Warning | grep "weight grad\|wrote" ;;
 map-ff|map-rec)
     # the map's two halves, one call each; SpikingJelly's dense network runs where the bench
     # allows it (x1/x4, B <= 8, natural activity)
@@ -36,5 +42,5 @@ map-ff|map-rec)
     timeout 560 python3 -m spikefuse.cli bench sparse --out "$OUT/$1" --cases $half --modes dense,sparse,auto,spikingjelly \
         --no-kernel --activity natural,0.01,0.05 --chart 2>&1 | grep -v Warning | grep -v "^  " | tail -60 ;;
 *)
-    echo "usage: bash benchmarks/gpu_next.sh tests|speed|map-ff|map-rec" >&2; exit 2 ;;
+    echo "usage: bash benchmarks/gpu_next.sh tests|speed|kernel|map-ff|map-rec" >&2; exit 2 ;;
 esac

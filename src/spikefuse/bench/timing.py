@@ -49,6 +49,25 @@ def median_ms(fn, *, warmup: int = 3, min_reps: int = 5, max_reps: int = 100, bu
     return statistics.median(times), times
 
 
+def captured(fn, warmup: int = 3):
+    """(replay, result): fn captured in a CUDA graph, warmed up first on a side stream (as
+    torch.cuda.graph asks), and what fn returned inside the capture. replay() runs fn's
+    kernels with one launch from the host: timing it gives their GPU time, as inside a
+    captured training step, where an eager call of several small kernels would time the
+    host's launches instead. CUDA only."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(warmup):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        result = fn()
+    graph.replay()
+    return graph.replay, result
+
+
 def peak_extra_mib(fn) -> float | None:
     """Peak memory fn() allocates beyond what was already allocated (MiB); None off CUDA."""
     if not torch.cuda.is_available():
