@@ -32,6 +32,7 @@ speed)
         --activity 0.01,0.05 2>&1 | grep -v Warning | grep -v "^  " | tail -34 ;;
 kernel)
     mkdir -p "$OUT/kernel"
+    python3 -m pytest -q -p no:cacheprovider tests/test_bench_sparse.py -k captured 2>&1 | tail -1
     timeout 300 python3 -m spikefuse.cli bench sparse --out "$OUT/kernel" --cases ipu-shd:1:1:0.9 --modes dense \
         --activity natural 2>&1 | grep -v Warning | grep "weight grad\|wrote" ;;
 map-ff|map-rec)

@@ -74,3 +74,15 @@ def test_bad_arguments_are_one_line_errors(argv, message, tmp_path, capsys):
     assert main(["bench", "sparse", "--out", str(tmp_path), *argv]) == 2  # checked before the device
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err and not list(tmp_path.iterdir())
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+def test_captured_replays_the_call():
+    from spikefuse.bench.timing import captured
+    x = torch.randn(64, 64, device="cuda")
+    out = torch.empty_like(x)
+    replay, result = captured(lambda: torch.matmul(x, x, out=out))
+    x.copy_(torch.eye(64, device="cuda"))
+    replay()
+    torch.cuda.synchronize()
+    assert result is out and torch.equal(out, torch.eye(64, device="cuda"))
