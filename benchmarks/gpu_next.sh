@@ -8,6 +8,9 @@
 #                                       points not re-measured after the column-flag fix
 #   bash benchmarks/gpu_next.sh kernel  the sparse weight-gradient kernel against cuBLAS, now also
 #                                       captured (GPU time; the eager figures were the host's launches)
+#   bash benchmarks/gpu_next.sh region  the acceptance region (x4, B 1 and 8, natural activity) on the
+#                                       N-MNIST and DVS-Gesture networks, and SHD at cut 0.5 (the cut
+#                                       whose accuracy was within 1 point)
 #   bash benchmarks/gpu_next.sh map-ff  the sparse map's feed-forward half again (natural, 1 %, 5 %)
 #   bash benchmarks/gpu_next.sh map-rec its recurrent half
 # Logs and results under $OUT; copy them into benchmarks/results/.
@@ -35,6 +38,11 @@ kernel)
     python3 -m pytest -q -p no:cacheprovider tests/test_bench_sparse.py -k captured 2>&1 | tail -1
     timeout 300 python3 -m spikefuse.cli bench sparse --out "$OUT/kernel" --cases ipu-shd:1:1:0.9 --modes dense \
         --activity natural 2>&1 | grep -v Warning | grep "weight grad\|wrote" ;;
+region)
+    mkdir -p "$OUT/region"
+    timeout 560 python3 -m spikefuse.cli bench sparse --out "$OUT/region" --modes dense,sparse,auto --no-kernel \
+        --cases ipu-nmnist:4:1:0.9,ipu-nmnist:4:8:0.9,ipu-dvsgesture:4:1:0.9,ipu-dvsgesture:4:8:0.9,ipu-shd:4:1:0.5,ipu-shd:4:8:0.5 \
+        --activity natural 2>&1 | grep -v Warning | grep -v "^  " | tail -30 ;;
 map-ff|map-rec)
     # the map's two halves, one call each; SpikingJelly's dense network runs where the bench
     # allows it (x1/x4, B <= 8, natural activity)
@@ -43,5 +51,5 @@ map-ff|map-rec)
     timeout 560 python3 -m spikefuse.cli bench sparse --out "$OUT/$1" --cases $half --modes dense,sparse,auto,spikingjelly \
         --no-kernel --activity natural,0.01,0.05 --chart 2>&1 | grep -v Warning | grep -v "^  " | tail -60 ;;
 *)
-    echo "usage: bash benchmarks/gpu_next.sh tests|speed|kernel|map-ff|map-rec" >&2; exit 2 ;;
+    echo "usage: bash benchmarks/gpu_next.sh tests|speed|kernel|region|map-ff|map-rec" >&2; exit 2 ;;
 esac
