@@ -10,13 +10,12 @@ from torch import nn
 import spikefuse.functional as F
 import spikefuse.nn as snn
 from spikefuse import reference
+from two_state_neurons import assert_state_match as shared_assert_state_match
+from two_state_neurons import (check_module_record_potential, check_potential_only_and_double_backward,
+                               rel_err)
 
 DEVICE = os.environ.get("SPIKEFUSE_TEST_DEVICE", "cpu")
 PARAMS = dict(decay=0.8, syn_decay=0.6, threshold=0.9, v_reset=-0.2)
-
-
-def rel_err(a, b):
-    return ((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30)).item()
 
 
 def rand(*shape, seed=0, dtype=torch.float32, scale=1.0):
@@ -275,53 +274,17 @@ def test_potential_is_the_membrane_not_the_current():
 
 def test_potential_only_and_double_backward():
     """dL/dh alone reaches x; a penalty on that gradient (create_graph) matches the reference."""
-    x = rand(7, 2, 9, seed=23)
-    grads, penalties = [], []
-    for backend in ("fused", "reference"):
-        xi = x.clone().requires_grad_(True)
-        spikes, h = F.cuba(xi, backend=backend, return_potential=True, surrogate="sigmoid", **PARAMS)
-        (g,) = torch.autograd.grad(h.pow(2).sum() + spikes.sum(), xi, create_graph=True)
-        grads.append(g.detach())
-        penalties.append(torch.autograd.grad(g.pow(2).sum(), xi)[0])
-    assert rel_err(*grads) < 1e-5 and rel_err(*penalties) < 1e-5
+    check_potential_only_and_double_backward(F.cuba, rand(7, 2, 9, seed=23), **PARAMS)
 
 
 def test_module_record_potential():
-    x = rand(8, 3, 4, 2, seed=24)
-    assert snn.CUBA(**PARAMS).potential is None
-    outs = []
-    for backend in ("fused", "reference"):
-        layer = snn.CUBA(backend=backend, record_potential=True, **PARAMS)
-        s = layer(x)
-        assert isinstance(s, torch.Tensor) and layer.potential.shape == x.shape
-        outs.append((s, layer.potential))
-    assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
-    assert torch.equal(outs[0][0], F.cuba(x, **PARAMS))
+    check_module_record_potential(snn.CUBA, F.cuba, rand(8, 3, 4, 2, seed=24), **PARAMS)
 
 
 # ---- initial state (state0 = (v0, i0)) ----
 
-def run_from_state(x, state0, backend, **kw):
-    """Spikes, h, final (v, i), and the gradients of x and of each given state0 tensor for a
-    fixed random loss on the spikes, h and the final state."""
-    xi = x.detach().clone().requires_grad_(True)
-    state = [None if t is None else t.detach().clone().requires_grad_(True) for t in state0]
-    s, h, (v, i) = F.cuba(xi, backend=backend, state0=tuple(state), return_state=True, return_potential=True, **kw)
-    g = torch.Generator().manual_seed(2)
-    weights = [torch.randn(t.shape, generator=g).to(DEVICE) for t in (s, h, v, i)]
-    loss = (s * weights[0]).sum() + (h * weights[1]).sum() + (v * weights[2]).sum() - (i * weights[3]).sum()
-    inputs = [xi] + [t for t in state if t is not None]
-    return s, h, (v, i), torch.autograd.grad(loss, inputs)
-
-
 def assert_state_match(x, state0, **kw):
-    (s1, h1, st1, g1), (s2, h2, st2, g2) = (run_from_state(x, state0, b, **kw) for b in ("fused", "reference"))
-    assert torch.equal(s1, s2) and 0 < s2.mean() < 1
-    assert torch.equal(h1, h2)
-    for fused, ref in zip(st1, st2):
-        torch.testing.assert_close(fused, ref, rtol=1e-5, atol=1e-6)
-    for name, fused, ref in zip(("x", "v0", "i0"), g1, g2):
-        assert fused.shape == ref.shape and rel_err(fused, ref) < 1e-5, f"grad {name}: {rel_err(fused, ref)}"
+    shared_assert_state_match(F.cuba, ("v0", "i0"), x, state0, **kw)
 
 
 def state0_for(x, seed=30):
