@@ -111,13 +111,18 @@ class Problem:
     threshold: torch.Tensor | None = None  # [N] learned threshold (plif), a leaf that requires grad
 
     @property
+    def leaves(self) -> list[tuple[str, torch.Tensor]]:
+        """(name, tensor) of every leaf the loss is differentiated against, in order."""
+        named = (("x", self.x), ("weight", self.weight), ("decay", self.decay), ("threshold", self.threshold))
+        return [(name, t) for name, t in named if t is not None]
+
+    @property
     def wrt(self) -> list[torch.Tensor]:
-        return [t for t in (self.x, self.weight, self.decay, self.threshold) if t is not None]
+        return [t for _, t in self.leaves]
 
     @property
     def names(self) -> list[str]:
-        return [name for name, t in (("x", self.x), ("weight", self.weight), ("decay", self.decay),
-                                     ("threshold", self.threshold)) if t is not None]
+        return [name for name, _ in self.leaves]
 
 
 def on_grid(t: torch.Tensor, step: float) -> torch.Tensor:
