@@ -18,7 +18,8 @@ from __future__ import annotations
 import torch
 
 from .ops import grad_rows
-from .ops.lazy_adam import lazy_adam_step
+from .ops.lazy_adam import lazy_adam_step, lazy_adam_step_reference
+from .ops.spike_pack import use_triton
 
 
 class LazyAdam(torch.optim.Optimizer):
@@ -55,6 +56,10 @@ class LazyAdam(torch.optim.Optimizer):
                     raise ValueError("LazyAdam needs contiguous parameters")
                 grad = p.grad if p.grad.is_contiguous() else p.grad.contiguous()
                 candidates = grad_rows.take(p)  # None where it does not describe p.grad
+                if not use_triton(p):
+                    lazy_adam_step_reference(p, grad, state["exp_avg"], state["exp_avg_sq"], state["step"],
+                                             group["lr"], beta1, beta2, group["eps"])
+                    continue
                 lazy_adam_step(p, grad, state["exp_avg"], state["exp_avg_sq"], state["step"],
                                group["lr"], beta1, beta2, group["eps"], candidates)
         return loss

@@ -306,9 +306,11 @@ def cross_check(case, device, smoke):
 
 def weight_grad_kernel(device, smoke):
     """The layer-2 weight gradient at width x4 (5880 x 5888) and x16, R = T*B rows: cuBLAS
-    (gy^T @ s, dense) against the sparse kernel with its dense zero-filled output, and the
-    kernel alone on a pre-zeroed gradient (the row-sparse part LazyAdam consumes)."""
-    from ..ops.sparse_linear import _gather_columns_kernel, _precision, carrying_columns, weight_grad
+    (gy^T @ s, dense, s as float32) against the sparse kernel with its dense zero-filled
+    output, and the kernel alone on a pre-zeroed gradient (the row-sparse part LazyAdam
+    consumes); the sparse kernel reads s as the forward saved it, bits."""
+    from ..ops.sparse_linear import _precision, gather_carrying, weight_grad
+    from ..ops.spike_pack import pack
     rows = []
     shapes = [(5880, 5888, 100), (5880, 5888, 800), (23520, 23552, 100)] if not smoke else [(40, 48, 12)]
     for out_f, in_f, R in shapes:
@@ -317,14 +319,13 @@ def weight_grad_kernel(device, smoke):
             cols = torch.rand(out_f, device=device, generator=gen) < share
             gy = torch.randn(R, out_f, device=device, generator=gen) * cols
             s = (torch.rand(R, in_f, device=device, generator=gen) < 0.02).float()
+            bits = pack(s)  # as the forward saves them
             gw = torch.zeros(out_f, in_f, device=device)
             prec = _precision(gy.device)
 
             def sparse_kernel_only():
-                c, n = carrying_columns(gy)
-                gyu = torch.empty_like(gy)
-                _gather_columns_kernel[(R,)](gy, c, n, gyu, out_f, BLOCK=256)
-                weight_grad(gyu, s, c, n, gw, prec)
+                gyt, c, n = gather_carrying(gy)
+                weight_grad(gyt, bits, c, n, gw, prec)
 
             def sparse_dense_output():
                 gw.zero_()
@@ -455,8 +456,9 @@ def markdown(payload) -> str:
                      [[str(c["case"]), c.get("max_rel_grad_diff"), c.get("error", "")] for c in payload["cross_checks"]]))
     if payload["weight_grad_kernel"]:
         out.append("\n## Weight-gradient kernel (layer 2), dense cuBLAS TF32 vs sparse\n")
-        out.append("Sparse: listing the carrying columns, gathering them, the kernel (and, zero-filled, "
-                   "the dense gradient's memset). Eager: one call from the host, launches included. "
+        out.append("Dense: cuBLAS on float32 spikes (a training step would first unpack them from bits, "
+                   "not counted here). Sparse: flagging the carrying columns, listing and gathering them, the "
+                   "kernel on the spikes' bits (and, zero-filled, the dense gradient's memset). Eager: one call from the host, launches included. "
                    "Captured: the same calls replayed from a CUDA graph, 10 queued back to back (the GPU's "
                    "time, as inside a captured training step).\n")
         out.append(table(["out x in", "R", "carrying", "dense ms", "sparse zero-filled ms", "x", "sparse row-sparse ms",

@@ -1,8 +1,10 @@
 """One whole training step (forward, loss, backward, optimizer step) issued four ways, side
 by side in one run: eager (Python issues every kernel), captured (spikefuse.train.capture:
 one CUDA-graph replay), torch.compile default (also with inductor's C++ wrapper:
-"compiled-cpp-wrapper") and mode="reduce-overhead" (of the model, and of the model and the
-optimizer step: "reduce-overhead-step"); beside them the
+"compiled-cpp-wrapper") and mode="reduce-overhead" (of the model; of the model and the
+optimizer step: "reduce-overhead-step"; of the whole step as one function, its backward
+traced by compiled autograd: "reduce-overhead-whole"; compiled rows note how many graphs
+and graph breaks dynamo made); beside them the
 step's GPU kernel time (profiler: the sum of its kernels' durations, what a step costs when
 the host is never in the way) and SpikingJelly 2.0's eager step on the same network.
 
@@ -15,6 +17,8 @@ timed after 10 more), "call" one step from an idle GPU.
 
     spikefuse bench steps --out benchmarks/results
     spikefuse bench steps --nets ipu-shd --batches 1,8 --modes eager,captured
+    spikefuse bench steps --nets ipu-shd --batches 1,8 --compile-batches 1,8 --no-peers \
+        --modes captured,reduce-overhead-step,reduce-overhead-whole
 """
 from __future__ import annotations
 
@@ -27,6 +31,7 @@ import traceback
 
 import torch
 from torch import nn
+from torch._dynamo.utils import counters
 
 from ..models import build_model
 from ..ops.launch import through_triton
@@ -35,7 +40,7 @@ from .report import environment, table, write_results
 from .timing import median_ms
 
 MODES = ("eager", "eager-triton-launch", "captured", "compiled", "compiled-cpp-wrapper", "reduce-overhead",
-         "reduce-overhead-step")
+         "reduce-overhead-step", "reduce-overhead-whole")
 IPU_NETS = ("ipu-shd", "ipu-nmnist", "ipu-dvsgesture")
 INPUT_DENSITY = 0.05  # event inputs: a binary frame with this share of ones
 
@@ -45,7 +50,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--nets", default=",".join(IPU_NETS + ("shd", "cifar-medium", "resnet18")),
                         help="comma-separated: ipu-shd, ipu-nmnist, ipu-dvsgesture, shd, cifar-medium, resnet18")
     parser.add_argument("--batches", default="1,8,48,256", help="batch sizes of the IPU networks")
-    parser.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, of {', '.join(MODES)}")
+    parser.add_argument("--modes", default=",".join(MODES),
+                        help=f"comma-separated, of {', '.join(MODES)} (reduce-overhead-step: the optimizer step "
+                             "compiled too; reduce-overhead-whole: the whole step compiled as one function, with "
+                             "compiled autograd)")
     parser.add_argument("--compile-nets", default="ipu-shd,cifar-medium",
                         help="networks that also run the compiled and launch-path modes")
     parser.add_argument("--compile-batches", default="1,8,48",
@@ -122,6 +130,19 @@ def step_function(model, forward, optimizer, precision, optimizer_step=None, mar
     return step
 
 
+def whole_step(step):
+    """reduce-overhead-whole: `step` (forward, loss, zero_grad, backward, optimizer step)
+    compiled as one function, mode="reduce-overhead", with compiled autograd, so that its
+    backward becomes a dynamo graph (and a CUDA graph) too, like its forward and its update."""
+    with torch._dynamo.config.patch(compiled_autograd=True):  # torch.compile reads it when it wraps
+        compiled = torch.compile(step, mode="reduce-overhead")
+
+    def call(x, y):
+        torch.compiler.cudagraph_mark_step_begin()  # outside the compiled function
+        return compiled(x, y)
+    return call
+
+
 def spikingjelly_mlp(net, width):
     """The IPU network from SpikingJelly 2.0 layers (multi-step LIF, the same equations:
     tau = 1/(1-decay), decay_input=False, hard reset to 0 with the reset detached; its
@@ -192,30 +213,33 @@ def measure(net, precision, batch, opt_name, mode, args, device, template):
 def _measure(case, net, precision, batch, opt_name, mode, args, device, template):
     try:
         torch._dynamo.reset()
+        counters.clear()  # graphs and graph breaks of this case alone
         torch.manual_seed(0)
         if mode == "spikingjelly":
             model = spikingjelly_mlp(net, args.width).to(device)
         else:
             model = copy.deepcopy(template)
         optimizer = make_optimizer(opt_name, model.parameters())
+        if mode in ("captured", "reduce-overhead-step", "reduce-overhead-whole"):  # a tensor learning rate
+            why = prepare_optimizer(optimizer)
+            if why is not None:
+                raise RuntimeError(f"optimizer not capturable: {why}")
         forward = model
         if mode == "compiled":
             forward = torch.compile(model)
         if mode == "compiled-cpp-wrapper":  # inductor's launches from C++, not Python
             forward = torch.compile(model, options={"cpp_wrapper": True})
         optimizer_step = None
-        if mode.startswith("reduce-overhead"):
+        if mode in ("reduce-overhead", "reduce-overhead-step"):
             forward = torch.compile(model, mode="reduce-overhead")
         if mode == "reduce-overhead-step":  # the update compiled too, its learning rate a tensor
-            if prepare_optimizer(optimizer) is not None:
-                raise RuntimeError("optimizer cannot take a tensor learning rate")
             optimizer_step = torch.compile(optimizer.step, mode="reduce-overhead")
         step = step_function(model, forward, optimizer, precision, optimizer_step,
-                             mark_step=mode.startswith("reduce-overhead"))
+                             mark_step=mode in ("reduce-overhead", "reduce-overhead-step"))
+        if mode == "reduce-overhead-whole":
+            step = whole_step(step)
         inputs = make_inputs(args.shapes, args.num_classes, batch, device)
         if mode == "captured":
-            if prepare_optimizer(optimizer) is not None:
-                raise RuntimeError("optimizer not capturable")
             for x, y in inputs:  # the profiler's steps also warm up what the graph will hold
                 step(x, y)
             case["kernel_ms"] = kernel_time_ms(step, inputs)  # its own kernels: capturable Adam differs
@@ -234,6 +258,10 @@ def _measure(case, net, precision, batch, opt_name, mode, args, device, template
         if mode == "eager":
             case["kernel_ms"] = kernel_time_ms(step, inputs)
         case["loss"] = float(call().detach())
+        if counters["stats"]["unique_graphs"]:  # what dynamo made of the compiled modes
+            case["graphs"] = counters["stats"]["unique_graphs"]
+            case["graph_breaks"] = sum(counters["graph_break"].values())
+            case["autograd_graphs"] = counters["compiled_autograd"]["captures"]
     except Exception as e:  # noqa: BLE001  (recorded; the rest still run)
         if not isinstance(e, ImportError):
             traceback.print_exc()
@@ -250,7 +278,15 @@ def summary_line(case):
     if "error" in case:
         return f"{head} skipped ({case['error']})"
     kern = f", kernels {case['kernel_ms']:.3f} ms" if "kernel_ms" in case else ""
-    return f"{head} step {case['step_ms']:.3f} ms, call {case['call_ms']:.3f} ms{kern}, peak {case['peak_mib']:.0f} MiB"
+    graphs = f", {graph_note(case)}" if "graphs" in case else ""
+    return (f"{head} step {case['step_ms']:.3f} ms, call {case['call_ms']:.3f} ms{kern}, "
+            f"peak {case['peak_mib']:.0f} MiB{graphs}")
+
+
+def graph_note(case):
+    """'3 graphs (1 from compiled autograd), 4 graph breaks' for a compiled mode's row."""
+    autograd = f" ({case['autograd_graphs']} from compiled autograd)" if case.get("autograd_graphs") else ""
+    return f"{case['graphs']} graphs{autograd}, {case['graph_breaks']} graph breaks"
 
 
 def add_ratios(cases):
@@ -335,7 +371,8 @@ def markdown(payload) -> str:
               "vs eager", "x captured", "peak MiB", "graph pool MiB", "note"]
     rows = [[c["net"], c["precision"], c["B"], c["mode"], c.get("step_ms"), c.get("call_ms"),
              c.get("kernel_ms"), c.get("x_kernel_time"), c.get("speedup_vs_eager"), c.get("x_captured"),
-             c.get("peak_mib"), c.get("pool_mib"), c.get("error", "")] for c in payload["cases"]]
+             c.get("peak_mib"), c.get("pool_mib"), c.get("error") or (graph_note(c) if "graphs" in c else "")]
+            for c in payload["cases"]]
     out.append(table(header, rows))
     return "\n".join(out)
 

@@ -15,6 +15,8 @@ p -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps).
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
 from .lif import _cdiv  # noqa: F401  (first: it sets TRITON_INTERPRET on GPU-less machines)
@@ -42,23 +44,34 @@ def _listed_rows_nonzero_kernel(g_ptr, rows_ptr, count_ptr, flags_ptr, COLS, STR
         tl.store(flags_ptr + k, (nonzeros > 0).to(tl.int8))
 
 
+@triton.jit
+def _one_minus_power(step, log_beta):
+    """1 - beta**step from log(beta) (computed in float64 on the host): a series where it is
+    small, since 1 - exp(x) near x = 0 would lose its digits to cancellation (the GPU's fast
+    exp and log put a 1e-4 relative error on 1 - 0.999**1)."""
+    x = step * log_beta
+    series = -x * (1.0 + x * (0.5 + x * (1.0 / 6.0 + x * (1.0 / 24.0 + x / 120.0))))
+    return tl.where(x > -0.1, series, 1.0 - tl.exp(x))
+
+
 @cached_launch
 @triton.jit
 def _lazy_adam_kernel(p_ptr, g_ptr, m_ptr, v_ptr, rows_ptr, count_ptr, flags_ptr, step_ptr, lr_ptr, lr,
-                      beta1, beta2, eps, COLS, COL_BLOCKS, STRIDE, LR_TENSOR: tl.constexpr,
+                      beta1, beta2, log_beta1, log_beta2, eps, COLS, COL_BLOCKS, STRIDE, LR_TENSOR: tl.constexpr,
                       CHECK_ROWS: tl.constexpr, BLOCK: tl.constexpr):
     """Update rows[k] for k < count. A work item is one listed row's block of BLOCK columns,
     and the programs stride over the items, so that a few listed rows of a wide layer still
     spread over the whole GPU. CHECK_ROWS: skip the rows whose flags[k] is 0 (listed as
     candidates, but their gradient is all zero)."""
     beta1, beta2, eps = tl.cast(beta1, tl.float32), tl.cast(beta2, tl.float32), tl.cast(eps, tl.float32)
+    log_beta1, log_beta2 = tl.cast(log_beta1, tl.float32), tl.cast(log_beta2, tl.float32)
     step = tl.load(step_ptr)
     if LR_TENSOR:
         lr = tl.load(lr_ptr).to(tl.float32)
     else:
         lr = tl.cast(lr, tl.float32)
-    step_size = lr / (1.0 - tl.exp(step * tl.log(beta1)))
-    bias2_sqrt = tl.sqrt(1.0 - tl.exp(step * tl.log(beta2)))
+    step_size = lr / _one_minus_power(step, log_beta1)
+    bias2_sqrt = tl.sqrt(_one_minus_power(step, log_beta2))
     items = tl.load(count_ptr) * COL_BLOCKS
     for item in range(tl.program_id(0), items, STRIDE):
         k = item // COL_BLOCKS
@@ -84,6 +97,26 @@ def nonzero_rows(grad2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return nonzero_lines(grad2, over=1)
 
 
+def _log(beta: float) -> float:
+    return math.log(beta) if beta > 0 else -math.inf
+
+
+def lazy_adam_step_reference(param, grad, exp_avg, exp_avg_sq, step, lr, beta1, beta2, eps):
+    """The same update in plain torch (where Triton does not run: a CPU without the
+    interpreter), on the rows of grad with a nonzero."""
+    p2 = param.view(param.shape[0], -1) if param.dim() > 1 else param.view(1, -1)
+    g2, m2, v2 = grad.view(p2.shape).float(), exp_avg.view(p2.shape), exp_avg_sq.view(p2.shape)
+    rows = g2.ne(0).any(1)
+    g, m, v = g2[rows], m2[rows], v2[rows]
+    m = m + (1.0 - beta1) * (g - m)
+    v = beta2 * v + (1.0 - beta2) * g * g
+    step = step.double()
+    step_size = lr / -torch.expm1(step * _log(beta1))
+    bias2_sqrt = (-torch.expm1(step * _log(beta2))).sqrt()
+    p2[rows] = (p2[rows].float() - (step_size * m / (v.sqrt() / bias2_sqrt + eps)).float()).to(p2.dtype)
+    m2[rows], v2[rows] = m, v
+
+
 def lazy_adam_step(param, grad, exp_avg, exp_avg_sq, step, lr, beta1, beta2, eps, candidates=None):
     """One lazy Adam update in place; all tensors contiguous, `step` a float32 device
     tensor already counting this step, `lr` a float or a device tensor. candidates:
@@ -106,5 +139,6 @@ def lazy_adam_step(param, grad, exp_avg, exp_avg_sq, step, lr, beta1, beta2, eps
     programs = min(R * col_blocks, PROGRAMS)
     _lazy_adam_kernel[(programs,)](p2, g2, exp_avg, exp_avg_sq, rows, count, flags if check_rows else rows, step,
                                    lr if lr_tensor else step, 0.0 if lr_tensor else float(lr),
-                                   beta1, beta2, eps, C, col_blocks, programs, LR_TENSOR=lr_tensor,
+                                   beta1, beta2, _log(beta1), _log(beta2), eps, C, col_blocks, programs,
+                                   LR_TENSOR=lr_tensor,
                                    CHECK_ROWS=check_rows, BLOCK=block)

@@ -4,9 +4,9 @@ gradient.
 Downstream of a LIF with a secondary gradient threshold (grad_threshold, Perez-Nieves &
 Goodman), the gradient gy [R, OUT] reaching this layer (R = T x batch rows) is zero in
 every column whose neuron never came near threshold. Those columns contribute nothing,
-so backward first lists the carrying columns U (nonzero anywhere in gy; an index list
-with its count on the device, spikefuse.ops.spike_index), gathers gy[:, U] into a compact
-block, and then
+so backward first flags the carrying columns U (nonzero anywhere in gy), lists them (an
+index list with its count on the device, spikefuse.ops.spike_index), gathers gy[:, U] into
+a compact block, and then
 - input gradient  gs = gy[:, U] @ W[U, :]     (reads |U| rows of W, not all of W),
 - weight gradient gw[U, :] = gy[:, U]^T @ s   (|U| rows computed; the rest is zero),
 each a Triton matmul whose loop runs to the device-side count, so the launch shapes are
@@ -20,7 +20,7 @@ bytes as the dense matmul reads W once (docs/sparse.md).
 The gradients equal the dense backward's (same products, summed in another order);
 `carry` (optional, float64 [2], on the device) accumulates the number of carrying columns
 and of backward calls, which dispatch reads between epochs. Spikes s are saved as bits
-like spikefuse.ops.spike_linear.
+like spikefuse.ops.spike_linear, and the weight-gradient kernel reads those bits itself.
 """
 from __future__ import annotations
 
@@ -30,31 +30,33 @@ from torch.nn import functional as F
 from .lif import _cdiv  # first: it sets TRITON_INTERPRET on GPU-less machines
 from . import grad_rows
 from .launch import cached_launch
-from .spike_index import nonzero_lines
+from .spike_index import line_flags, nonzero_lines
 from .spike_linear import _backward as dense_backward
-from .spike_pack import pack, unpack
+from .spike_pack import pack, use_triton
 
 from .triton_or_stub import tl, triton  # noqa: E402
 
 
 @cached_launch
 @triton.jit
-def _gather_columns_kernel(gy_ptr, cols_ptr, count_ptr, out_ptr, OUT, BLOCK: tl.constexpr):
-    """out[r, k] = gy[r, cols[k]] for k < count (row r = program)."""
-    r = tl.program_id(0).to(tl.int64)
+def _gather_columns_kernel(gy_ptr, cols_ptr, count_ptr, gyt_ptr, R, OUT, BR: tl.constexpr, BK: tl.constexpr):
+    """gyt[k, r] = gy[r, cols[k]] for k < count: a tile of BR rows by BK listed columns per
+    program (the programs past the count have nothing to do)."""
+    k = tl.program_id(1) * BK + tl.arange(0, BK)
     n = tl.load(count_ptr)
-    for k0 in range(0, n, BLOCK):
-        k = k0 + tl.arange(0, BLOCK)
-        mask = k < n
-        col = tl.load(cols_ptr + k, mask=mask, other=0)
-        tl.store(out_ptr + r * OUT + k, tl.load(gy_ptr + r * OUT + col, mask=mask, other=0.0), mask=mask)
+    if tl.program_id(1) * BK < n:
+        r = tl.program_id(0) * BR + tl.arange(0, BR)
+        mask = (r < R)[:, None] & (k < n)[None, :]
+        col = tl.load(cols_ptr + k, mask=k < n, other=0).to(tl.int64)
+        g = tl.load(gy_ptr + r.to(tl.int64)[:, None] * OUT + col[None, :], mask=mask, other=0.0)
+        tl.store(gyt_ptr + k.to(tl.int64)[None, :] * R + r[:, None], g, mask=mask)
 
 
 @cached_launch
 @triton.jit
-def _input_grad_kernel(gyu_ptr, w_ptr, cols_ptr, count_ptr, gs_ptr, R, IN, OUT,
+def _input_grad_kernel(gyt_ptr, w_ptr, cols_ptr, count_ptr, gs_ptr, R, IN,
                        BR: tl.constexpr, BI: tl.constexpr, BK: tl.constexpr, PRECISION: tl.constexpr):
-    """gs[r, i] = sum_{k < count} gyu[r, k] * w[cols[k], i]."""
+    """gs[r, i] = sum_{k < count} gyt[k, r] * w[cols[k], i]."""
     r = tl.program_id(0) * BR + tl.arange(0, BR)
     i = tl.program_id(1) * BI + tl.arange(0, BI)
     r_mask, i_mask = r < R, i < IN
@@ -64,7 +66,7 @@ def _input_grad_kernel(gyu_ptr, w_ptr, cols_ptr, count_ptr, gs_ptr, R, IN, OUT,
         k = k0 + tl.arange(0, BK)
         k_mask = k < n
         col = tl.load(cols_ptr + k, mask=k_mask, other=0).to(tl.int64)
-        a = tl.load(gyu_ptr + r.to(tl.int64)[:, None] * OUT + k[None, :],
+        a = tl.load(gyt_ptr + k.to(tl.int64)[None, :] * R + r[:, None],
                     mask=r_mask[:, None] & k_mask[None, :], other=0.0).to(tl.float32)
         b = tl.load(w_ptr + col[:, None] * IN + i[None, :],
                     mask=k_mask[:, None] & i_mask[None, :], other=0.0).to(tl.float32)
@@ -75,11 +77,14 @@ def _input_grad_kernel(gyu_ptr, w_ptr, cols_ptr, count_ptr, gs_ptr, R, IN, OUT,
 
 @cached_launch
 @triton.jit
-def _weight_grad_kernel(gyu_ptr, s_ptr, cols_ptr, count_ptr, gw_ptr, R, IN, OUT, PROGRAMS,
-                        BK: tl.constexpr, BI: tl.constexpr, BR: tl.constexpr, PRECISION: tl.constexpr):
-    """gw[cols[k], i] = sum_r gyu[r, k] * s[r, i] for k < count (other rows untouched).
-    PROGRAMS persistent programs walk the count's tiles (a grid over every possible tile
-    would launch tens of thousands of programs with nothing to do)."""
+def _weight_grad_kernel(gyt_ptr, bits_ptr, cols_ptr, count_ptr, gw_ptr, R, IN, PROGRAMS,
+                        BK: tl.constexpr, BI: tl.constexpr, BR: tl.constexpr, PRECISION: tl.constexpr,
+                        ALIGNED: tl.constexpr):
+    """gw[cols[k], i] = sum_r gyt[k, r] * s[r, i] for k < count (other rows untouched), the
+    spikes s [R, IN] read as the forward saved them, bits (spike_pack's layout): 1/32 of
+    their float bytes, and no unpacking launch. PROGRAMS persistent programs walk the
+    count's tiles (a grid over every possible tile would launch tens of thousands of
+    programs with nothing to do)."""
     n = tl.load(count_ptr)
     i_tiles = tl.cdiv(IN, BI)
     for tile in range(tl.program_id(0), tl.cdiv(n, BK) * i_tiles, PROGRAMS):
@@ -90,14 +95,27 @@ def _weight_grad_kernel(gyu_ptr, s_ptr, cols_ptr, count_ptr, gw_ptr, R, IN, OUT,
         for r0 in range(0, R, BR):
             r = r0 + tl.arange(0, BR)
             r_mask = r < R
-            a = tl.load(gyu_ptr + r.to(tl.int64)[None, :] * OUT + k[:, None],
+            a = tl.load(gyt_ptr + k.to(tl.int64)[:, None] * R + r[None, :],
                         mask=k_mask[:, None] & r_mask[None, :], other=0.0).to(tl.float32)
-            b = tl.load(s_ptr + r.to(tl.int64)[:, None] * IN + i[None, :],
-                        mask=r_mask[:, None] & i_mask[None, :], other=0.0).to(tl.float32)
+            if ALIGNED:  # every row starts on a byte: load the tile's bytes, expand them in registers
+                byte = (tile % i_tiles) * (BI // 8) + tl.arange(0, BI // 8)
+                packed = tl.load(bits_ptr + r.to(tl.int64)[:, None] * (IN // 8) + byte[None, :],
+                                 mask=r_mask[:, None] & (byte < IN // 8)[None, :], other=0).to(tl.int32)
+                b = tl.reshape((packed[:, :, None] >> tl.arange(0, 8)[None, None, :]) & 1, [BR, BI]).to(tl.float32)
+            else:
+                element = r.to(tl.int64)[:, None] * IN + i[None, :]
+                byte = tl.load(bits_ptr + (element >> 3), mask=r_mask[:, None] & i_mask[None, :], other=0)
+                b = ((byte.to(tl.int32) >> (element & 7).to(tl.int32)) & 1).to(tl.float32)
             acc = tl.dot(a, b, acc, input_precision=PRECISION)
         col = tl.load(cols_ptr + k, mask=k_mask, other=0).to(tl.int64)
         tl.store(gw_ptr + col[:, None] * IN + i[None, :], acc.to(gw_ptr.dtype.element_ty),
                  mask=k_mask[:, None] & i_mask[None, :])
+
+
+# tiles (rows, inputs, carrying columns, warps) of the input gradient and (carrying columns,
+# inputs, rows, warps) of the weight gradient; benchmarks/tune_sparse_linear.py times others
+INPUT_GRAD_TILES = (32, 128, 32, 4)
+WEIGHT_GRAD_TILES = (64, 128, 32, 4)
 
 
 def persistent_programs(device: torch.device) -> int:
@@ -107,14 +125,41 @@ def persistent_programs(device: torch.device) -> int:
     return 4 * torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def weight_grad(gyu, s2, cols, count, gw, precision):
-    """Rows cols[:count] of gw [OUT, IN] from the gathered gradient gyu and the spikes s2."""
-    R, OUT = gyu.shape
-    IN = s2.shape[1]
+def gather_carrying(gy2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(gyt [OUT, R], cols [OUT] int32, count [1] int32) for gy2 [R, OUT] (contiguous): the
+    columns with any nonzero (NaN included) in increasing order, and gyt[k] = gy2[:, cols[k]]
+    (rows past the count are never written nor read). Three launches: flags, the list (one
+    program), the gather (one program per tile)."""
+    R, OUT = gy2.shape
+    cols, count = carrying_columns(gy2)
+    gyt = torch.empty(OUT, R, device=gy2.device, dtype=gy2.dtype)
+    if R > 0 and OUT > 0:
+        _gather_columns_kernel[(_cdiv(R, 32), _cdiv(OUT, 64))](gy2, cols, count, gyt, R, OUT, BR=32, BK=64)
+    return gyt, cols, count
+
+
+def input_grad(gyt, weight, cols, count, precision):
+    """gs [R, IN] = gy[:, U] @ weight[U, :] (U = cols[:count]) from the gathered gyt [OUT, R]."""
+    R, IN = gyt.shape[1], weight.shape[1]
+    w = weight if weight.is_contiguous() else weight.contiguous()
+    gs = torch.empty(R, IN, device=gyt.device, dtype=gyt.dtype)
+    if R > 0 and IN > 0:
+        br, bi, bk, warps = INPUT_GRAD_TILES
+        _input_grad_kernel[(_cdiv(R, br), _cdiv(IN, bi))](gyt, w, cols, count, gs, R, IN, BR=br, BI=bi, BK=bk,
+                                                          PRECISION=precision, num_warps=warps)
+    return gs
+
+
+def weight_grad(gyt, bits, cols, count, gw, precision):
+    """Rows cols[:count] of gw [OUT, IN] from the gathered gyt [OUT, R] and the spikes' bits
+    (pack of s [R, IN])."""
+    OUT, R = gyt.shape
+    IN = gw.shape[1]
     if R > 0 and OUT > 0 and IN > 0:
-        programs = min(persistent_programs(gyu.device), _cdiv(OUT, 32) * _cdiv(IN, 64))
-        _weight_grad_kernel[(programs,)](gyu, s2, cols, count, gw, R, IN, OUT, programs,
-                                         BK=32, BI=64, BR=32, PRECISION=precision)
+        bk, bi, br, warps = WEIGHT_GRAD_TILES
+        programs = min(persistent_programs(gyt.device), _cdiv(OUT, bk) * _cdiv(IN, bi))
+        _weight_grad_kernel[(programs,)](gyt, bits, cols, count, gw, R, IN, programs, BK=bk, BI=bi, BR=br,
+                                         PRECISION=precision, ALIGNED=IN % 8 == 0, num_warps=warps)
 
 
 def _precision(device: torch.device) -> str:
@@ -127,30 +172,20 @@ def carrying_columns(gy2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return nonzero_lines(gy2, over=0)
 
 
-def sparse_backward(gy2, s2, weight, need_s: bool, need_w: bool, carry=None):
+def sparse_backward(gy2, bits, weight, need_s: bool, need_w: bool, carry=None):
     """(gs [R, IN] or None, gw [OUT, IN] or None) for gy2 [R, OUT] (contiguous) and the
-    spikes s2 [R, IN] (float, contiguous; only read for gw). gw's rows that can be nonzero
-    are noted on `weight` (grad_rows)."""
-    R, OUT = gy2.shape
-    IN = weight.shape[1]
-    cols, count = carrying_columns(gy2)
+    spikes' bits (pack of s [R, IN]; only read for gw). gw's rows that can be nonzero are
+    noted on `weight` (grad_rows)."""
+    gyt, cols, count = gather_carrying(gy2)
     if carry is not None:
         carry[0] += count[0]
         carry[1] += 1
-    gyu = torch.empty_like(gy2)  # columns past the count are never read
-    if R > 0 and OUT > 0:
-        _gather_columns_kernel[(R,)](gy2, cols, count, gyu, OUT, BLOCK=256)
     precision = _precision(gy2.device)
-    gs = gw = None
-    if need_s:
-        w = weight if weight.is_contiguous() else weight.contiguous()
-        gs = torch.empty(R, IN, device=gy2.device, dtype=gy2.dtype)
-        if R > 0 and IN > 0:
-            _input_grad_kernel[(_cdiv(R, 64), _cdiv(IN, 64))](gyu, w, cols, count, gs, R, IN, OUT,
-                                                              BR=64, BI=64, BK=32, PRECISION=precision)
+    gs = input_grad(gyt, weight, cols, count, precision) if need_s else None
+    gw = None
     if need_w:
         gw = torch.zeros_like(weight, memory_format=torch.contiguous_format)
-        weight_grad(gyu, s2, cols, count, gw, precision)
+        weight_grad(gyt, bits, cols, count, gw, precision)
         grad_rows.note(weight, gw, cols, count)
     return gs, gw
 
@@ -170,16 +205,15 @@ class SparseSpikeLinearFunction(torch.autograd.Function):
         packed, weight = ctx.saved_tensors
         need_s, need_w, need_b = ctx.needs_input_grad[:3]
         need_b = need_b and ctx.has_bias
-        if not ctx.sparse:
+        if not ctx.sparse or not use_triton(gy):  # dense, or no Triton here (a CPU without the interpreter)
             grad_rows.clear(weight)
             if ctx.carry is not None:
-                ctx.carry[0] += gy.reshape(-1, gy.shape[-1]).ne(0).any(0).sum()
+                ctx.carry[0] += line_flags(gy.reshape(-1, gy.shape[-1]), over=0).sum()
                 ctx.carry[1] += 1
             return (*dense_backward(gy, packed, weight, ctx.s_shape, ctx.s_dtype, need_s, need_w, need_b),
                     None, None, None)
         gy2 = gy.reshape(-1, gy.shape[-1]).contiguous()
-        s2 = unpack(packed, (gy2.shape[0], weight.shape[1]), torch.float32) if need_w else None
-        gs, gw = sparse_backward(gy2, s2, weight, need_s, need_w, ctx.carry)
+        gs, gw = sparse_backward(gy2, packed, weight, need_s, need_w, ctx.carry)
         gs = gs.view(ctx.s_shape).to(ctx.s_dtype) if need_s else None
         gb = gy2.sum(0).to(weight.dtype) if need_b else None
         return gs, gw, gb, None, None, None

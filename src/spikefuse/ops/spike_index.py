@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import torch
 
-from .lif import _cdiv  # noqa: F401  (first: it sets TRITON_INTERPRET on GPU-less machines)
+from .lif import _cdiv  # first: it sets TRITON_INTERPRET on GPU-less machines
 from .launch import cached_launch
+from .spike_pack import use_triton
 
 from .triton_or_stub import tl, triton  # noqa: E402
 
@@ -52,12 +53,53 @@ def active_indices(x: torch.Tensor, capacity: int) -> tuple[torch.Tensor, torch.
     return idx, count
 
 
+@cached_launch
+@triton.jit
+def _line_flags_kernel(x_ptr, flags_ptr, LINES, OTHER, line_stride, other_stride,
+                       BL: tl.constexpr, BO: tl.constexpr):
+    """flags[l] = 1 if x[l * line_stride + o * other_stride] != 0 for any o < OTHER, else 0."""
+    line = tl.program_id(0) * BL + tl.arange(0, BL)
+    line_mask = line < LINES
+    found = tl.zeros([BL], tl.int32)
+    for o0 in range(0, OTHER, BO):
+        o = o0 + tl.arange(0, BO)
+        x = tl.load(x_ptr + line.to(tl.int64)[:, None] * line_stride + o.to(tl.int64)[None, :] * other_stride,
+                    mask=line_mask[:, None] & (o < OTHER)[None, :], other=0)
+        found = tl.maximum(found, tl.max((x != 0).to(tl.int32), axis=1))
+    tl.store(flags_ptr + line, found.to(tl.uint8), mask=line_mask)
+
+
+def line_flags(x: torch.Tensor, over: int) -> torch.Tensor:
+    """uint8 [C] (over=0: the columns of x [R, C]) or [R] (over=1: its rows): 1 where the
+    line holds any nonzero (NaN included). One Triton launch that reads x once, where
+    `x.ne(0).any(over)` takes an elementwise pass and a reduction."""
+    if not use_triton(x):
+        return x.ne(0).any(over).view(torch.uint8)
+    lines, other = (x.shape[1], x.shape[0]) if over == 0 else x.shape
+    line_stride, other_stride = (x.stride(1), x.stride(0)) if over == 0 else x.stride()
+    flags = torch.empty(lines, device=x.device, dtype=torch.uint8)
+    if lines:
+        # columns: a line block is contiguous; rows: few rows per program, many programs
+        bl, bo = (32, 32) if over == 0 else (4, 256)
+        _line_flags_kernel[(_cdiv(lines, bl),)](x, flags, lines, other, line_stride, other_stride, BL=bl, BO=bo)
+    return flags
+
+
 def nonzero_lines(x: torch.Tensor, over: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(idx int32, count [1] int32) of the columns (over=0) or rows (over=1) of x [R, C]
-    that hold any nonzero; idx has room for all of them, so it never overflows."""
-    flags = x.ne(0).any(over).view(torch.uint8)
-    idx, count = active_indices(flags.view(1, -1), max(flags.numel(), 1))
-    return idx.view(-1), count
+    that hold any nonzero, in increasing order; idx has room for all of them, so it never
+    overflows (its tail past the count is left unwritten)."""
+    flags = line_flags(x, over)
+    n = flags.numel()
+    if not use_triton(flags):
+        idx, count = active_indices_reference(flags.view(1, -1), max(n, 1))
+        return idx.view(-1).to(x.device), count.to(x.device)
+    idx = torch.empty(max(n, 1), device=x.device, dtype=torch.int32)
+    count = torch.empty(1, device=x.device, dtype=torch.int32)
+    # one program: a wide block (up to 8192 flags a step) keeps its walk to a few steps
+    block = min(8 * BLOCK, triton.next_power_of_2(max(n, 16)))
+    _active_indices_kernel[(1,)](flags, idx, count, n, n, max(n, 1), BLOCK=block, num_warps=8 if block > BLOCK else 4)
+    return idx, count
 
 
 def active_indices_reference(x: torch.Tensor, capacity: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -47,7 +47,8 @@ def _unpack_kernel(p_ptr, out_ptr, n, n_bytes, BLOCK: tl.constexpr):
     tl.store(out_ptr + idx, s.to(out_ptr.dtype.element_ty), mask=idx < n)
 
 
-def _use_triton(t: torch.Tensor) -> bool:
+def use_triton(t: torch.Tensor) -> bool:
+    """Whether the Triton kernels run on t: on CUDA, or on the CPU under the interpreter."""
     return HAVE_TRITON and (t.is_cuda or os.environ.get("TRITON_INTERPRET") == "1")
 
 
@@ -69,7 +70,7 @@ def pack(s: torch.Tensor, launch=EAGER) -> torch.Tensor:
         flat = flat.view(torch.uint8)
     n = flat.numel()
     n_bytes = (n + 7) // 8
-    if not _use_triton(flat):
+    if not use_triton(flat):
         bits = torch.zeros(n_bytes * 8, dtype=torch.uint8, device=flat.device)
         bits[:n] = flat != 0
         weights = torch.tensor([1, 2, 4, 8, 16, 32, 64, 128], dtype=torch.uint8, device=flat.device)
@@ -90,7 +91,7 @@ def unpack(packed: torch.Tensor, shape, dtype: torch.dtype = torch.float32, laun
         n *= size
     if packed.numel() != (n + 7) // 8:
         raise ValueError(f"packed holds {packed.numel()} bytes; shape {tuple(shape)} needs {(n + 7) // 8}")
-    if not _use_triton(packed):
+    if not use_triton(packed):
         shifts = torch.arange(8, dtype=torch.uint8, device=packed.device)
         bits = (packed[:, None] >> shifts) & 1
         return bits.reshape(-1)[:n].to(dtype).view(shape)
