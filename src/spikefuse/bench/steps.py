@@ -284,9 +284,9 @@ def summary_line(case):
 
 
 def graph_note(case):
-    """'3 graphs (1 from compiled autograd), 4 graph breaks' for a compiled mode's row."""
-    autograd = f" ({case['autograd_graphs']} from compiled autograd)" if case.get("autograd_graphs") else ""
-    return f"{case['graphs']} graphs{autograd}, {case['graph_breaks']} graph breaks"
+    """'dynamo graphs: 3 (1 by compiled autograd), graph breaks: 4' for a compiled mode's row."""
+    autograd = f" ({case['autograd_graphs']} by compiled autograd)" if case.get("autograd_graphs") else ""
+    return f"dynamo graphs: {case['graphs']}{autograd}, graph breaks: {case['graph_breaks']}"
 
 
 def add_ratios(cases):

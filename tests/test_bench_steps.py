@@ -1,0 +1,73 @@
+"""`spikefuse bench steps` on the CPU: the reduce-overhead-whole mode (the whole training step
+compiled as one function with compiled autograd) measured through the benchmark's own
+path, and its failure recorded in its row instead of stopping the run. The benchmark needs
+a GPU and the spikefuse networks' Triton kernels cannot go through inductor on a CPU, so a
+tiny plain-PyTorch network stands in (on a CPU, reduce-overhead runs without CUDA graphs)."""
+import argparse
+
+import pytest
+import torch
+from torch import nn
+
+from spikefuse.bench import steps
+
+
+class TinyNet(nn.Module):  # [T, B, 8] -> [B, 3], like the IPU networks' time-averaged readout
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))
+
+    def forward(self, x):
+        return self.body(x).mean(0)
+
+
+def cpu_prepare(optimizer):  # prepare_optimizer wants CUDA: keep its tensor learning rate
+    for group in optimizer.param_groups:
+        group["lr"] = torch.tensor(float(group["lr"]))
+
+
+@pytest.fixture
+def on_cpu(monkeypatch):
+    monkeypatch.setattr(steps, "prepare_optimizer", cpu_prepare)
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda: None)
+    torch.manual_seed(0)
+    args = argparse.Namespace(smoke=True, width=1.0, shapes=(2, (8,)), num_classes=3)
+    return lambda mode: steps.measure("ipu-shd", "fp32", 2, "adam", mode, args, torch.device("cpu"), TinyNet())
+
+
+def test_whole_step_mode_runs_and_counts_its_graphs(on_cpu):
+    assert "reduce-overhead-whole" in steps.MODES
+    case = on_cpu("reduce-overhead-whole")
+    assert "error" not in case, case.get("error")
+    assert case["step_ms"] > 0 and case["loss"] > 0
+    # forward + loss, the backward from compiled autograd, the optimizer step (its own graph)
+    assert case["autograd_graphs"] >= 1 and case["graphs"] >= 2
+    note = steps.markdown({"environment": {"device": "cpu", "date": "-", "versions": "-"},
+                           "timing": "-", "input_density": 0.05, "cases": [case]})
+    assert f"dynamo graphs: {case['graphs']} ({case['autograd_graphs']} by compiled autograd)" in note
+    assert not torch._dynamo.config.compiled_autograd  # scoped to the mode's torch.compile
+
+
+def test_whole_step_matches_eager_steps():
+    torch.manual_seed(0)
+    models = [TinyNet(), TinyNet()]
+    models[1].load_state_dict(models[0].state_dict())
+    optimizers = [steps.make_optimizer("adam", m.parameters()) for m in models]
+    for optimizer in optimizers:
+        cpu_prepare(optimizer)
+    eager = steps.step_function(models[0], models[0], optimizers[0], "fp32")
+    whole = steps.whole_step(steps.step_function(models[1], models[1], optimizers[1], "fp32"))
+    x, y = torch.randn(2, 4, 8), torch.randint(0, 3, (4,))
+    for _ in range(3):
+        assert float(whole(x, y).detach()) == pytest.approx(float(eager(x, y).detach()), rel=1e-5)
+    for a, b in zip(models[0].parameters(), models[1].parameters()):
+        torch.testing.assert_close(a, b)
+
+
+def test_whole_step_failure_is_a_note_not_a_crash(on_cpu, monkeypatch):
+    def unavailable(*args, **kwargs):
+        raise RuntimeError("compiled autograd unavailable")
+    monkeypatch.setattr(torch._dynamo.compiled_autograd, "_enable", unavailable)
+    case = on_cpu("reduce-overhead-whole")
+    assert case["error"] == "RuntimeError: compiled autograd unavailable"
+    assert "skipped (RuntimeError: compiled autograd unavailable)" in steps.summary_line(case)
