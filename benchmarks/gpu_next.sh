@@ -1,18 +1,15 @@
 #!/usr/bin/env bash
-# What the 2026-11-25 session built but could not run on a GPU (its device time ran out),
-# in calls of under 10 minutes each:
+# GPU runs left for the next session (2026-11-25's device time ran out), each under 10 minutes:
 #   bash benchmarks/gpu_next.sh tests   compiled-kernel tests (pytest -n, xdist carried in .whl/):
 #                                       the neurons, the traces, capture and inductor on them
-#   bash benchmarks/gpu_next.sh speed   bench neurons --neurons plif (the learnable per-neuron decay
-#                                       and threshold beside snnTorch), and the recurrent sparse
-#                                       points not re-measured after the column-flag fix
-#   bash benchmarks/gpu_next.sh kernel  the sparse weight-gradient kernel against cuBLAS, now also
-#                                       captured (GPU time; the eager figures were the host's launches)
+#   bash benchmarks/gpu_next.sh kernel  the sparse weight-gradient kernel against cuBLAS, captured
 #   bash benchmarks/gpu_next.sh region  the acceptance region (x4, B 1 and 8, natural activity) on the
-#                                       N-MNIST and DVS-Gesture networks, and SHD at cut 0.5 (the cut
-#                                       whose accuracy was within 1 point)
-#   bash benchmarks/gpu_next.sh map-ff  the sparse map's feed-forward half again (natural, 1 %, 5 %)
+#                                       N-MNIST and DVS-Gesture networks
+#   bash benchmarks/gpu_next.sh map-ff  the sparse map's feed-forward half (natural, 1 %, 5 %)
 #   bash benchmarks/gpu_next.sh map-rec its recurrent half
+#   bash benchmarks/gpu_next.sh all P   `spikefuse bench all --only P` (P: lif, train, steps, sparse,
+#                                       data, neurons, on, parallel): issue 19's one-command run, a
+#                                       part per call; parallel on nvidia-h100-x2 / nvidia-h200-x2
 # Logs and results under $OUT; copy them into benchmarks/results/.
 set -uo pipefail
 source "$(dirname "$0")/gpu_env.sh"
@@ -27,12 +24,6 @@ tests)
            tests/test_lif.py tests/test_bn_lif.py tests/test_compile_gpu.py tests/test_capture_gpu.py"
     SPIKEFUSE_TEST_DEVICE=cuda timeout ${TEST_S:-540} python3 -m pytest -q --tb=short -p no:cacheprovider \
         $workers $files 2>&1 | grep -v "Warning:" | tail -60 | tee -a "$OUT/gpu-tests-next-$tag.txt" ;;
-speed)
-    mkdir -p "$OUT/neurons" "$OUT/sparse"
-    timeout 200 python3 -m spikefuse.cli bench neurons --neurons plif --out "$OUT/neurons" 2>&1 | grep -v Warning | tail -6
-    timeout 330 python3 -m spikefuse.cli bench sparse --out "$OUT/sparse" --modes dense,sparse,auto --no-kernel --chart \
-        --cases ipu-shd-recurrent:1:1:0.9,ipu-shd-recurrent:1:8:0.9,ipu-shd-recurrent:4:1:0.9,ipu-shd-recurrent:4:8:0.9,ipu-shd-recurrent:4:48:0.9 \
-        --activity 0.01,0.05 2>&1 | grep -v Warning | grep -v "^  " | tail -34 ;;
 kernel)
     mkdir -p "$OUT/kernel"
     python3 -m pytest -q -p no:cacheprovider tests/test_bench_sparse.py -k captured 2>&1 | tail -1
@@ -41,7 +32,7 @@ kernel)
 region)
     mkdir -p "$OUT/region"
     timeout 560 python3 -m spikefuse.cli bench sparse --out "$OUT/region" --modes dense,sparse,auto --no-kernel \
-        --cases ipu-nmnist:4:1:0.9,ipu-nmnist:4:8:0.9,ipu-dvsgesture:4:1:0.9,ipu-dvsgesture:4:8:0.9,ipu-shd:4:1:0.5,ipu-shd:4:8:0.5 \
+        --cases ipu-nmnist:4:1:0.9,ipu-nmnist:4:8:0.9,ipu-dvsgesture:4:1:0.9,ipu-dvsgesture:4:8:0.9 \
         --activity natural 2>&1 | grep -v Warning | grep -v "^  " | tail -30 ;;
 map-ff|map-rec)
     # the map's two halves, one call each; SpikingJelly's dense network runs where the bench
@@ -50,6 +41,9 @@ map-ff|map-rec)
     mkdir -p "$OUT/$1"
     timeout 560 python3 -m spikefuse.cli bench sparse --out "$OUT/$1" --cases $half --modes dense,sparse,auto,spikingjelly \
         --no-kernel --activity natural,0.01,0.05 --chart 2>&1 | grep -v Warning | grep -v "^  " | tail -60 ;;
+all)
+    mkdir -p "$OUT/all"
+    timeout 580 python3 -m spikefuse.cli bench all --only "${2:?which part}" --out "$OUT/all" 2>&1 | grep -v Warning | tail -30 ;;
 *)
-    echo "usage: bash benchmarks/gpu_next.sh tests|speed|kernel|region|map-ff|map-rec" >&2; exit 2 ;;
+    echo "usage: bash benchmarks/gpu_next.sh tests|kernel|region|map-ff|map-rec|all PART" >&2; exit 2 ;;
 esac

@@ -47,8 +47,8 @@ def _listed_rows_nonzero_kernel(g_ptr, rows_ptr, count_ptr, flags_ptr, COLS, STR
 @triton.jit
 def _one_minus_power(step, log_beta):
     """1 - beta**step from log(beta) (computed in float64 on the host): a series where it is
-    small, since 1 - exp(x) near x = 0 would lose its digits to cancellation (the GPU's fast
-    exp and log put a 1e-4 relative error on 1 - 0.999**1)."""
+    small, since 1 - exp(x) near x = 0 loses its digits to cancellation (with the GPU's fast
+    exp and log of beta, the step-1 updates were 3.6e-5 off torch Adam's, relative)."""
     x = step * log_beta
     series = -x * (1.0 + x * (0.5 + x * (1.0 / 6.0 + x * (1.0 / 24.0 + x / 120.0))))
     return tl.where(x > -0.1, series, 1.0 - tl.exp(x))
