@@ -7,6 +7,7 @@
 #                                       N-MNIST and DVS-Gesture networks
 #   bash benchmarks/gpu_next.sh map-ff  the sparse map's feed-forward half (natural, 1 %, 5 %)
 #   bash benchmarks/gpu_next.sh map-rec its recurrent half
+#   bash benchmarks/gpu_next.sh acc     issue 16's accuracy over three seeds (cut 0.9 and 0.5)
 #   bash benchmarks/gpu_next.sh all P   `spikefuse bench all --only P` (P: lif, train, steps, sparse,
 #                                       data, neurons, on, parallel): issue 19's one-command run, a
 #                                       part per call; parallel on nvidia-h100-x2 / nvidia-h200-x2
@@ -41,9 +42,12 @@ map-ff|map-rec)
     mkdir -p "$OUT/$1"
     timeout 560 python3 -m spikefuse.cli bench sparse --out "$OUT/$1" --cases $half --modes dense,sparse,auto,spikingjelly \
         --no-kernel --activity natural,0.01,0.05 --chart 2>&1 | grep -v Warning | grep -v "^  " | tail -60 ;;
+acc)
+    timeout 500 python3 benchmarks/sparse_accuracy.py "$OUT/sparse-accuracy-seeds-$tag.json" --seed 0,1,2 --sigma-u 1 \
+        --variants theta0.5 2>&1 | grep -v Warning | tee "$OUT/sparse-accuracy-seeds-$tag.txt" | grep VERDICT ;;
 all)
     mkdir -p "$OUT/all"
     timeout 580 python3 -m spikefuse.cli bench all --only "${2:?which part}" --out "$OUT/all" 2>&1 | grep -v Warning | tail -30 ;;
 *)
-    echo "usage: bash benchmarks/gpu_next.sh tests|kernel|region|map-ff|map-rec|all PART" >&2; exit 2 ;;
+    echo "usage: bash benchmarks/gpu_next.sh tests|kernel|region|map-ff|map-rec|acc|all PART" >&2; exit 2 ;;
 esac

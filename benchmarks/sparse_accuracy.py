@@ -10,7 +10,8 @@ verdict line per data set and init:
 "Within 1 point" reads the acceptance's "reach the dense path's accuracy within 1 point": the
 sparse run's final-epoch test accuracy is at least the dense run's minus 1 point (--margin).
 The mean of the last 3 epochs is printed beside it: with 4000 test samples one accuracy moves
-by about 0.3-0.5 point from epoch to epoch, and by about 1 point from seed to seed.
+by about 0.3-0.5 point from epoch to epoch, and by about 1 point from seed to seed, so
+`--seed 0,1,2` runs each seed in turn and adds a VERDICT-MEAN line on their mean.
 
 Init: both runs start from IPUNet.fluctuation_init_(a training batch, sigma_u): each hidden
 layer's weights rescaled so that its free membrane potential has std sigma_u x threshold
@@ -85,7 +86,8 @@ def options(argv=None):
     p.add_argument("--width", type=float, default=1.0, help="IPUNet width (1: 1472 + 1470 hidden)")
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--lr", type=float, default=3e-3)
-    p.add_argument("--seed", type=int, default=0, help="weights, data order and the init batch")
+    p.add_argument("--seed", default="0", help="weights, data order and the init batch; comma-separated "
+                   "seeds run in turn, with a verdict on their mean")
     p.add_argument("--sigma-u", default=f"{FLUCTUATION_SIGMA_U:g},2",
                    help="fluctuation init targets (free potential std / threshold), comma-separated: a dense "
                         "and a sparse run and a verdict for each; 0 keeps the study's init")
@@ -120,6 +122,12 @@ def options(argv=None):
         p.error(f"--sigma-u: expected comma-separated numbers, got {a.sigma_u!r}")
     if not a.sigmas or any(not v >= 0 for v in a.sigmas):
         p.error(f"--sigma-u: expected numbers >= 0, got {a.sigma_u!r}")
+    try:
+        a.seeds = [int(v) for v in a.seed.split(",") if v]
+    except ValueError:
+        p.error(f"--seed: expected comma-separated integers, got {a.seed!r}")
+    if not a.seeds:
+        p.error("--seed: expected at least one seed")
     a.datasets = [d for d in a.datasets.split(",") if d]
     if not a.datasets or any(d not in DATASETS for d in a.datasets):
         p.error(f"--datasets: expected some of {list(DATASETS)}")
@@ -202,29 +210,56 @@ def main(argv=None):
               "settings": {k: v for k, v in vars(a).items() if k != "out"}, "data": {}, "runs": [], "verdicts": []}
     start = time.perf_counter()
     for name in a.datasets:
-        splits, settings = make_splits(name, a, device)
-        record["data"][name] = settings
-        print(f"{name}: {settings}; {len(splits.train)} train / {len(splits.test)} test samples, "
-              f"width {a.width}, {a.epochs} epochs", flush=True)
-        for k, sigma_u in enumerate(a.sigmas):
-            runs = {}
-            for run in a.runs if k == 0 else a.runs[:2]:  # the variants at the first sigma_u only
-                r = runs[run] = train(run, splits, a, sigma_u, device)
-                r["sigma_u"] = sigma_u
-                record["runs"].append(r)
-                extra = f", {r['no_gradient_warnings']} NoGradientWarnings" if r["no_gradient_warnings"] else ""
-                if r["carrying_share"]:
-                    extra += f", carrying share {[None if c is None else round(c, 3) for c in r['carrying_share']]}"
-                print(f"  {run:11s} theta={r['theta_grad']} {r['optimizer']:8s} init={r['init']}: test acc "
-                      f"{[round(100 * x, 2) for x in r['test_acc']]}, {r['wall_s']:.1f} s{extra}", flush=True)
-                json.dump(record, open(a.out, "w"), indent=1)
-            v = verdict(name, sigma_u, runs, a.margin)
-            record["verdicts"].append(v)
-            print(v["line"], flush=True)
-            json.dump(record, open(a.out, "w"), indent=1)
+        for seed in a.seeds:
+            a.seed = seed  # what make_splits and train read
+            run_dataset(name, a, device, record)
+        if len(a.seeds) > 1:
+            for sigma_u in a.sigmas:
+                v = mean_verdict(name, sigma_u, [v for v in record["verdicts"] if v["dataset"] == name
+                                                 and v["sigma_u"] == sigma_u], a.margin)
+                record["mean_verdicts"] = record.get("mean_verdicts", []) + [v]
+                print(v["line"], flush=True)
     record["wall_s"] = time.perf_counter() - start
     json.dump(record, open(a.out, "w"), indent=1)
     print(f"total {record['wall_s']:.1f} s on {record['device']}", flush=True)
+
+
+def mean_verdict(name: str, sigma_u: float, verdicts: list, margin: float) -> dict:
+    """The verdict on the seeds' mean final accuracies (one seed moves them by about a point)."""
+    dense = sum(v["dense"] for v in verdicts) / len(verdicts)
+    sparse = sum(v["sparse"] for v in verdicts) / len(verdicts)
+    diff = 100 * (sparse - dense)
+    ok = diff >= -margin
+    line = (f"VERDICT-MEAN {name} (init sigma_u={sigma_u:g}, seeds {[v['seed'] for v in verdicts]}): dense "
+            f"{100 * dense:.2f}%, sparse {100 * sparse:.2f}% ({diff:+.2f} points; per seed "
+            f"{[round(v['diff_points'], 2) for v in verdicts]}); within {margin:g} point: {'yes' if ok else 'no'}")
+    return {"dataset": name, "sigma_u": sigma_u, "dense": dense, "sparse": sparse, "diff_points": diff,
+            "within": ok, "line": line}
+
+
+def run_dataset(name: str, a, device, record: dict) -> None:
+    """Every run of one data set at one seed (a.seed), a verdict per sigma_u."""
+    splits, settings = make_splits(name, a, device)
+    record["data"][name] = settings
+    print(f"{name} (seed {a.seed}): {settings}; {len(splits.train)} train / {len(splits.test)} test samples, "
+          f"width {a.width}, {a.epochs} epochs", flush=True)
+    for k, sigma_u in enumerate(a.sigmas):
+        runs = {}
+        for run in a.runs if k == 0 else a.runs[:2]:  # the variants at the first sigma_u only
+            r = runs[run] = train(run, splits, a, sigma_u, device)
+            r["sigma_u"] = sigma_u
+            record["runs"].append(r)
+            extra = f", {r['no_gradient_warnings']} NoGradientWarnings" if r["no_gradient_warnings"] else ""
+            if r["carrying_share"]:
+                extra += f", carrying share {[None if c is None else round(c, 3) for c in r['carrying_share']]}"
+            print(f"  {run:11s} theta={r['theta_grad']} {r['optimizer']:8s} init={r['init']}: test acc "
+                  f"{[round(100 * x, 2) for x in r['test_acc']]}, {r['wall_s']:.1f} s{extra}", flush=True)
+            json.dump(record, open(a.out, "w"), indent=1)
+        v = verdict(name, sigma_u, runs, a.margin)
+        v["seed"] = a.seed
+        record["verdicts"].append(v)
+        print(v["line"], flush=True)
+        json.dump(record, open(a.out, "w"), indent=1)
 
 
 if __name__ == "__main__":
