@@ -1,3 +1,6 @@
+#!/usr/bin/env bash
+# The 2026-11-25 GPU run behind gpu-tests-sparse-*, sparse-accuracy-seed*-*, sparse-cut05-* and
+# sparse-kernel-captured-after-* (kept as it ran; gpu_next.sh's kernel and acc modes do the same).
 source benchmarks/gpu_env.sh >/dev/null 2>&1
 tag=$(python3 -c "import torch; print(torch.cuda.get_device_name().lower().replace(' ', '-'))")
 mkdir -p $OUT/acc $OUT/kernel $OUT/cut05

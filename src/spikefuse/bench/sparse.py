@@ -321,7 +321,7 @@ def weight_grad_kernel(device, smoke):
             s = (torch.rand(R, in_f, device=device, generator=gen) < 0.02).float()
             bits = pack(s)  # as the forward saves them
             gw = torch.zeros(out_f, in_f, device=device)
-            prec = _precision(gy.device)
+            prec = _precision(gy)
 
             def sparse_kernel_only():
                 gyt, c, n = gather_carrying(gy)

@@ -30,6 +30,7 @@ from torch.nn import functional as F
 from .lif import _cdiv  # first: it sets TRITON_INTERPRET on GPU-less machines
 from . import grad_rows
 from .launch import cached_launch
+from .recurrent_lif import _tf32
 from .spike_index import line_flags, nonzero_lines
 from .spike_linear import _backward as dense_backward
 from .spike_pack import pack, use_triton
@@ -162,9 +163,10 @@ def weight_grad(gyt, bits, cols, count, gw, precision):
                                          PRECISION=precision, ALIGNED=IN % 8 == 0, num_warps=warps)
 
 
-def _precision(device: torch.device) -> str:
-    """TF32 exactly when torch's float32 matmuls would use it (the dense path's rule)."""
-    return "tf32" if device.type == "cuda" and torch.backends.cuda.matmul.allow_tf32 else "ieee"
+def _precision(t: torch.Tensor) -> str:
+    """TF32 exactly when torch's float32 matmuls would use it (the dense path's rule, as in
+    the recurrent LIF's kernels)."""
+    return "tf32" if _tf32(t) else "ieee"
 
 
 def carrying_columns(gy2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -180,7 +182,7 @@ def sparse_backward(gy2, bits, weight, need_s: bool, need_w: bool, carry=None):
     if carry is not None:
         carry[0] += count[0]
         carry[1] += 1
-    precision = _precision(gy2.device)
+    precision = _precision(gy2)
     gs = input_grad(gyt, weight, cols, count, precision) if need_s else None
     gw = None
     if need_w:
