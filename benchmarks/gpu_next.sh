@@ -7,7 +7,8 @@
 #                                       N-MNIST and DVS-Gesture networks
 #   bash benchmarks/gpu_next.sh map-ff  the sparse map's feed-forward half (natural, 1 %, 5 %)
 #   bash benchmarks/gpu_next.sh map-rec its recurrent half
-#   bash benchmarks/gpu_next.sh acc     issue 16's accuracy over three seeds (cut 0.9 and 0.5)
+#   bash benchmarks/gpu_next.sh acc     issue 16's accuracy over three seeds (cut 0.9 per batch, per
+#                                       sequence and per step)
 #   bash benchmarks/gpu_next.sh all P   `spikefuse bench all --only P` (P: lif, train, steps, sparse,
 #                                       data, neurons, on, parallel): issue 19's one-command run, a
 #                                       part per call; parallel on nvidia-h100-x2 / nvidia-h200-x2
@@ -20,9 +21,9 @@ tests)
     # Triton compiles on the host: xdist spreads it over the cores (put it in .whl/ first:
     # pip download --no-deps -d .whl pytest-xdist execnet); without it, one process.
     workers=$(python3 -c "import xdist" 2>/dev/null && echo "-n ${WORKERS:-12}")
-    files="tests/test_potential_threshold.py tests/test_alif.py tests/test_cuba.py tests/test_surrogate_callable.py
+    files="${FILES:-tests/test_potential_threshold.py tests/test_alif.py tests/test_cuba.py tests/test_surrogate_callable.py
            tests/test_recurrent_alif.py tests/test_recurrent_lif.py tests/test_kernels_gpu.py tests/test_traces.py
-           tests/test_lif.py tests/test_bn_lif.py tests/test_compile_gpu.py tests/test_capture_gpu.py"
+           tests/test_lif.py tests/test_bn_lif.py tests/test_compile_gpu.py tests/test_capture_gpu.py}"
     SPIKEFUSE_TEST_DEVICE=cuda timeout ${TEST_S:-540} python3 -m pytest -q --tb=short -p no:cacheprovider \
         $workers $files 2>&1 | grep -v "Warning:" | tail -60 | tee -a "$OUT/gpu-tests-next-$tag.txt" ;;
 kernel)
@@ -43,8 +44,9 @@ map-ff|map-rec)
     timeout 560 python3 -m spikefuse.cli bench sparse --out "$OUT/$1" --cases $half --modes dense,sparse,auto,spikingjelly \
         --no-kernel --activity natural,0.01,0.05 --chart 2>&1 | grep -v Warning | grep -v "^  " | tail -60 ;;
 acc)
-    timeout 500 python3 benchmarks/sparse_accuracy.py "$OUT/sparse-accuracy-seeds-$tag.json" --seed 0,1,2 --sigma-u 1 \
-        --variants theta0.5 2>&1 | grep -v Warning | tee "$OUT/sparse-accuracy-seeds-$tag.txt" | grep VERDICT ;;
+    timeout 500 python3 benchmarks/sparse_accuracy.py "$OUT/sparse-accuracy-scopes-$tag.json" --seed 0,1,2 --sigma-u 1 \
+        --variants sparse-step,sparse-sequence 2>&1 | grep -v Warning | tee "$OUT/sparse-accuracy-scopes-$tag.txt" \
+        | grep "VERDICT\|^  " | cut -c1-60 ;;
 all)
     mkdir -p "$OUT/all"
     timeout 580 python3 -m spikefuse.cli bench all --only "${2:?which part}" --out "$OUT/all" 2>&1 | grep -v Warning | tail -30 ;;

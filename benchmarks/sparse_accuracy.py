@@ -35,6 +35,9 @@ Harder tasks (the defaults; every knob is an option):
 
 Variants (--variants, comma-separated, or "all"; each one more run per data set, at the first
 sigma_u only):
+  sparse-step   sparse path with the study's per-step cut (grad_scope "step"; "sparse" uses
+                IPUNet's default, "batch": whole surrogates of the neurons that reached the cut)
+  sparse-sequence  sparse path, the cut decided per neuron and sample (grad_scope "sequence")
   sparse-adam   sparse path with torch Adam instead of LazyAdam (the optimizer's share)
   theta0.5      sparse path, grad_threshold 0.5 x threshold
   theta-inf     sparse path with grad_threshold -inf (cuts nothing: dense gradients through
@@ -45,7 +48,7 @@ sigma_u only):
         [--variants all] [--datasets shd-synthetic,randman] [--shd-* ...] [--rm-* ...]
 
 Cost at the defaults: 8 runs (2 data sets x 2 inits x dense/sparse), each 30 epochs x (1000
-trained + 4000 evaluated samples); --variants all adds 8 more.
+trained + 4000 evaluated samples); --variants all adds 14 more.
 """
 from __future__ import annotations
 
@@ -65,14 +68,16 @@ from spikefuse.optim import LazyAdam
 from spikefuse.train.loop import fit
 
 DATASETS = ("shd-synthetic", "randman")
-# name: (sparse, grad_threshold, optimizer, fluctuation init)
+# name: (sparse, grad_threshold, optimizer, fluctuation init, grad_scope; None: IPUNet's default, "batch")
 RUNS = {
-    "dense": (False, None, "Adam", True),
-    "sparse": (True, 0.9, "LazyAdam", True),
-    "sparse-adam": (True, 0.9, "Adam", True),
-    "theta0.5": (True, 0.5, "LazyAdam", True),
-    "theta-inf": (True, float("-inf"), "LazyAdam", True),
-    "study-init": (False, None, "Adam", False),
+    "dense": (False, None, "Adam", True, None),
+    "sparse": (True, 0.9, "LazyAdam", True, None),
+    "sparse-step": (True, 0.9, "LazyAdam", True, "step"),
+    "sparse-sequence": (True, 0.9, "LazyAdam", True, "sequence"),
+    "sparse-adam": (True, 0.9, "Adam", True, None),
+    "theta0.5": (True, 0.5, "LazyAdam", True, None),
+    "theta-inf": (True, float("-inf"), "LazyAdam", True, None),
+    "study-init": (False, None, "Adam", False, None),
 }
 LAST = 3  # epochs averaged beside the final one
 
@@ -150,10 +155,11 @@ def make_splits(name: str, a, device) -> tuple[Splits, dict]:
 
 
 def train(run: str, splits: Splits, a, sigma_u: float, device) -> dict:
-    sparse, theta, optimizer, fluctuation = RUNS[run]
+    sparse, theta, optimizer, fluctuation, scope = RUNS[run]
     torch.manual_seed(a.seed)
     model = IPUNet(splits.input_shape, splits.num_classes, width=a.width, sparse=sparse,
-                   **({} if theta is None else {"grad_threshold": theta})).to(device)
+                   **({} if theta is None else {"grad_threshold": theta}),
+                   **({} if scope is None else {"grad_scope": scope})).to(device)
     scales = None
     if fluctuation and sigma_u > 0:
         x, _ = next(iter(splits.train.batches(a.init_batch, shuffle=True,
@@ -180,6 +186,7 @@ def train(run: str, splits: Splits, a, sigma_u: float, device) -> dict:
     carrying = [m.carrying_share() for m in model.modules() if hasattr(m, "carrying_share")]
     model.zero_grad(set_to_none=True)
     return {"dataset": splits.name, "run": run, "sparse": sparse, "theta_grad": theta, "optimizer": optimizer,
+            "grad_scope": (scope or "batch") if sparse else None,
             "init": f"fluctuation sigma_u={sigma_u:g}" if scales is not None else "study", "init_scales": scales,
             "wall_s": wall, "test_acc": acc, "final": acc[-1], "last_mean": sum(acc[-LAST:]) / len(acc[-LAST:]),
             "train_acc": [h["train_acc"] for h in history], "train_loss": [h["train_loss"] for h in history],
@@ -252,7 +259,7 @@ def run_dataset(name: str, a, device, record: dict) -> None:
             extra = f", {r['no_gradient_warnings']} NoGradientWarnings" if r["no_gradient_warnings"] else ""
             if r["carrying_share"]:
                 extra += f", carrying share {[None if c is None else round(c, 3) for c in r['carrying_share']]}"
-            print(f"  {run:11s} theta={r['theta_grad']} {r['optimizer']:8s} init={r['init']}: test acc "
+            print(f"  {run:11s} theta={r['theta_grad']} scope={r['grad_scope']} {r['optimizer']:8s} init={r['init']}: test acc "
                   f"{[round(100 * x, 2) for x in r['test_acc']]}, {r['wall_s']:.1f} s{extra}", flush=True)
             json.dump(record, open(a.out, "w"), indent=1)
         v = verdict(name, sigma_u, runs, a.margin)

@@ -34,16 +34,19 @@ from spikefuse.ops import lif_loop  # noqa: E402
 
 STEP_CUT = "sg.masked_fill_(H < grad_threshold, 0.0)"
 NEURON_CUT = "sg.masked_fill_(~(H >= grad_threshold).any(0, keepdim=True), 0.0)"
+# a feature that reached the cut at any step in any sample of the batch: the sparse Linear's column
+COLUMN_CUT = "sg.masked_fill_(~(H >= grad_threshold).flatten(0, -2).any(0), 0.0)"
 
 
 def use_rule(rule: str) -> None:
     """Swap the loop LIF backward's cut for the neuron rule (the step rule is the code as is)."""
     if rule == "step":
         return
+    cut = {"neuron": NEURON_CUT, "column": COLUMN_CUT}[rule]
     code = textwrap.dedent(inspect.getsource(lif_loop._backward))
     assert STEP_CUT in code, "the loop backward's cut changed: update this experiment"
     namespace = {}
-    exec(compile(code.replace(STEP_CUT, NEURON_CUT), lif_loop.__file__, "exec"), lif_loop.__dict__, namespace)
+    exec(compile(code.replace(STEP_CUT, cut), lif_loop.__file__, "exec"), lif_loop.__dict__, namespace)
     lif_loop._backward = namespace["_backward"]
 
 
@@ -51,8 +54,8 @@ def main():
     rule, seed, runs = sys.argv[1], int(sys.argv[2]), sys.argv[3].split(",")
     torch.set_num_threads(int(sys.argv[4]) if len(sys.argv) > 4 else 2)
     epochs = sys.argv[5] if len(sys.argv) > 5 else "30"
-    if rule not in ("step", "neuron"):
-        sys.exit("RULE: step or neuron")
+    if rule not in ("step", "neuron", "column"):
+        sys.exit("RULE: step, neuron or column")
     for module in (spike_pack, spike_index, sparse_linear, optim):  # torch paths, not the interpreter
         module.use_triton = lambda t: False
     use_rule(rule)

@@ -330,6 +330,21 @@ def test_sparse_layer_and_model_reject_bad_options():
         SparseSpikingLinear(3, 4)(torch.zeros(2, 2, 5))
 
 
+def test_sparse_model_cuts_per_neuron_over_the_batch():
+    """IPUNet(sparse=True): its feed-forward LIFs decide the cut per position over the batch
+    (grad_scope "batch"), which lif= can set back to the study's per-step rule; the recurrent
+    variant's cut is per step, and a grad_scope for it is refused."""
+    from spikefuse.nn import LIF
+
+    def scopes(model):
+        return {m.grad_scope for m in model.modules() if isinstance(m, LIF)}
+    assert scopes(IPUNet((6,), 2, hidden=(5, 4), sparse=True)) == {"batch"}
+    assert scopes(IPUNet((6,), 2, hidden=(5, 4), sparse=True, grad_scope="step")) == {"step"}
+    assert scopes(IPUNet((6,), 2, hidden=(5, 4))) == {"step"}
+    with pytest.raises(ValueError, match="grad_scope"):
+        IPUNet((6,), 2, hidden=(5, 4), sparse=True, recurrent=True, grad_scope="batch")
+
+
 def test_sparse_model_state_dict_matches_dense():
     dense, sparse = IPUNet((6,), 2, hidden=(5, 4)), IPUNet((6,), 2, hidden=(5, 4), sparse=True)
     assert dense.state_dict().keys() == sparse.state_dict().keys()

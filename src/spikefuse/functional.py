@@ -44,6 +44,7 @@ def lif(
     backend: str = "auto",
     grad_threshold: float = float("-inf"),
     return_potential: bool = False,
+    grad_scope: str = "step",
 ):
     """Leaky integrate-and-fire neurons over all T steps of x [T, *].
 
@@ -83,6 +84,14 @@ def lif(
         it runs on the reference).
     grad_threshold: sparse backward (Perez-Nieves & Goodman): the surrogate gradient is zeroed
         where the potential h[t] < grad_threshold (e.g. 0.9 for threshold 1); -inf: no cut.
+    grad_scope: what the grad_threshold cut decides on.
+        "step" (the paper's): each step by its own potential, as above.
+        "sequence": a neuron keeps its whole surrogate (every step) if its potential reached
+            grad_threshold at some step, and loses all of it otherwise.
+        "batch": as "sequence", decided per position (the dims after the batch, dim 1) over
+            every sample of the batch: the neurons a following sparse Linear
+            (spikefuse.nn.SparseSpikingLinear) computes anyway, with their exact gradient.
+        NaN potentials count as reached (a NaN gradient is never cut to 0).
 
     Non-finite values, alike on every backend and device (the IEEE arithmetic of the
     equations; nothing is checked on the device, nothing synchronises):
@@ -107,6 +116,7 @@ def lif(
         raise ValueError(f"reset: unknown mode {reset!r}; expected one of {list(RESETS)}")
     surrogate, alpha = _resolve_any_surrogate(surrogate, alpha)
     grad_threshold = _check_grad_threshold(grad_threshold)
+    grad_scope = _check_grad_scope(grad_scope)
     _check_v0(v0, x)
     return_potential = bool(return_potential)
     if return_potential and backend != "reference" and torch.compiler.is_dynamo_compiling():
@@ -134,16 +144,16 @@ def lif(
     elif _use_fused(backend, x):
         return _fused_lif()(x, decay_value, decay_tensor, threshold, reset, v_reset,
                             bool(detach_reset), surrogate, alpha, v0, bool(return_state), grad_threshold,
-                            return_potential, threshold_tensor)
+                            return_potential, threshold_tensor, grad_scope)
     # a callable (a custom surrogate's torch twin) runs on the loop path on any device, a name on the CPU
     if backend == "auto" and _loop_lif().usable(x, decay_tensor, v0, any_device=callable(surrogate)):
         return _loop_lif().lif_loop(x, decay_value, decay_tensor, threshold, reset, v_reset,
                                     bool(detach_reset), surrogate, alpha, v0, bool(return_state), grad_threshold,
-                                    return_potential)
+                                    return_potential, grad_scope)
     if decay_tensor is not None:
         decay_value = decay_tensor.reshape(decay_tensor.shape + (1,) * max(x.dim() - 3, 0))
     return reference.lif(x, decay_value, threshold, reset, v_reset, bool(detach_reset),
-                         surrogate, alpha, v0, bool(return_state), grad_threshold, return_potential)
+                         surrogate, alpha, v0, bool(return_state), grad_threshold, return_potential, grad_scope)
 
 
 _warned_unfused = False
@@ -223,6 +233,15 @@ def _check_grad_threshold(value):
         except OverflowError:  # an int beyond float range
             pass
     raise ValueError(f"grad_threshold must be a real number or -inf (no cut), got {value!r}")
+
+
+GRAD_SCOPES = ("step", "sequence", "batch")
+
+
+def _check_grad_scope(value):
+    if not isinstance(value, str) or value not in GRAD_SCOPES:
+        raise ValueError(f"grad_scope must be one of {list(GRAD_SCOPES)}, got {value!r}")
+    return value
 
 
 def _check_decay(decay, x):

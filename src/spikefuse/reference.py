@@ -35,9 +35,12 @@ def lif(
     return_state: bool = False,
     grad_threshold: float = float("-inf"),
     return_potential: bool = False,
+    grad_scope: str = "step",
 ):
     """Leaky integrate-and-fire over all T steps; returns spikes [T, *], then the pre-reset
     potential h [T, *] if `return_potential`, then v[T-1] if `return_state`.
+    grad_scope: where the grad_threshold cut is decided (`reached_grad_threshold`): "step"
+    (h[t] < grad_threshold zeroes step t's surrogate), "sequence" or "batch".
 
     `decay` is a float or a tensor broadcastable to one time step x[0] (PLIF: a scalar
     tensor, or per channel shaped [C, 1, ..., 1] for x of shape [T, B, C, ...]); so is
@@ -47,10 +50,16 @@ def lif(
     """
     v = torch.zeros_like(x[0]) if v0 is None else v0
     sparse = grad_threshold > float("-inf")
+    cut = None
+    if sparse and grad_scope != "step":  # a first pass finds the neurons that reach the cut
+        with torch.no_grad():
+            _, h_trace = lif(x, _detached(decay), _detached(threshold), reset, v_reset, False, surrogate, alpha,
+                             _detached(v0), return_potential=True)
+        cut = ~reached_grad_threshold(h_trace, grad_threshold, grad_scope)
     spikes, potentials = [], []
     for t in range(x.shape[0]):
         h = decay * v + x[t]
-        s = spike(h - threshold, surrogate, alpha, h < grad_threshold if sparse else None)
+        s = spike(h - threshold, surrogate, alpha, cut if cut is not None else h < grad_threshold if sparse else None)
         v = _reset(h, s.detach() if detach_reset else s, threshold, reset, v_reset)
         spikes.append(s)
         if return_potential:
@@ -61,6 +70,23 @@ def lif(
     if return_state:
         out += (v,)
     return out if len(out) > 1 else out[0]
+
+
+def reached_grad_threshold(h: torch.Tensor, grad_threshold: float, grad_scope: str) -> torch.Tensor:
+    """Where a per-neuron cut keeps the surrogate, from the potential trace h [T, B, ...]
+    (shaped like h[0]): "sequence", each neuron whose h reached grad_threshold at some step;
+    "batch", each neuron at a position (dims after the batch) where some sample's neuron did.
+    NaN counts as reached, so that a NaN gradient is never cut to 0."""
+    if grad_scope not in ("sequence", "batch"):
+        raise ValueError(f"grad_scope: unknown {grad_scope!r}; expected 'step', 'sequence' or 'batch'")
+    reached = ((h >= grad_threshold) | h.isnan()).any(0)
+    if grad_scope == "batch" and reached.dim() > 0:
+        reached = reached.any(0, keepdim=True).expand_as(reached)
+    return reached
+
+
+def _detached(t):
+    return t.detach() if isinstance(t, torch.Tensor) else t
 
 
 def _reset(h, s, threshold, reset, v_reset):

@@ -21,7 +21,12 @@ What the study fixes (poster, and the authors' code, github.com/jrfinkbeiner/gra
 sparse=True is the study's sparse training: every hidden LIF passes gradient only where its
 potential reached grad_threshold (default 0.9 x threshold), and the spike-input hidden
 layers are SparseSpikingLinear (backward "auto"; or sparse="sparse"/"dense" to fix it),
-whose backward then works on the few outputs that carry gradient. Pair it with
+whose backward then works on the few outputs that carry gradient. The feed-forward LIF's
+cut is decided per neuron over the batch (grad_scope "batch", spikefuse.functional.lif): a
+neuron that reached grad_threshold at any step of any sample keeps its whole surrogate.
+That passes the same outputs to the sparse Linear as the study's per-step cut (so the same
+work) with their whole gradient, which keeps randman within a point of dense training
+(docs/sparse.md); lif={"grad_scope": "step"} restores the study's rule. Pair it with
 spikefuse.optim.LazyAdam to skip the zero rows of their weight gradients too.
 
 recurrent=True adds the SHD literature's recurrent connection to every hidden layer: each
@@ -106,8 +111,12 @@ class IPUNet(nn.Module):
         self.num_classes = int(num_classes)
         self.hidden_sizes = tuple(max(1, round(h * width)) for h in hidden)
         lif = {**LIF_DEFAULTS, **lif, "backend": backend if fused else "reference"}
+        if recurrent and "grad_scope" in lif:
+            raise ValueError("lif: grad_scope is the feed-forward LIF's; the RecurrentLIF's cut is per step")
         if sparse:
             lif.setdefault("grad_threshold", 0.9 * lif["threshold"])
+            if not recurrent:  # the sparse Linear's carrying columns, each with its whole gradient
+                lif.setdefault("grad_scope", "batch")
         spike_linear = SpikingLinear if fused else nn.Linear
         hidden_linear = (partial(SparseSpikingLinear, backward="auto" if sparse is True else sparse)
                          if sparse else spike_linear)

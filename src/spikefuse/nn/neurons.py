@@ -1,7 +1,8 @@
 """Spiking neuron modules: they hold parameters (and, when streaming, the state);
 the dynamics live in spikefuse.functional.
 `grad_threshold` (sparse backward, see spikefuse.functional.lif) zeroes the surrogate
-gradient where the potential is below it; -inf (the default) cuts nothing.
+gradient where the potential is below it; -inf (the default) cuts nothing. `grad_scope`
+("step", "sequence" or "batch") says what the cut decides on, as in spikefuse.functional.lif.
 
 Input is time-major [T, B, ...] with at least one feature dim (3 or more dims). A 2-D
 input is refused: [T, B] and [B, N] look alike; for one neuron per sample pass
@@ -90,7 +91,7 @@ class LIF(RecordsPotential, CarriesState):
                  alpha: float | None = None, stateful: bool = False, backend: str = "auto",
                  grad_threshold: float = float("-inf"), detach_state: bool = True,
                  learn_threshold: bool = False, threshold_channels: int | None = None,
-                 record_potential: bool = False):
+                 record_potential: bool = False, grad_scope: str = "step"):
         super().__init__(record_potential)
         if reset not in F.RESETS:
             raise ValueError(f"reset: unknown mode {reset!r}; expected one of {list(F.RESETS)}")
@@ -98,6 +99,7 @@ class LIF(RecordsPotential, CarriesState):
             raise ValueError(f"backend: unknown {backend!r}; expected one of {list(F.BACKENDS)}")
         resolve_surrogate(surrogate, alpha)
         self.grad_threshold = F._check_grad_threshold(grad_threshold)
+        self.grad_scope = F._check_grad_scope(grad_scope)
         if not isinstance(decay, torch.Tensor):
             F._check_decay(decay, None)
         self.decay = decay
@@ -131,7 +133,7 @@ class LIF(RecordsPotential, CarriesState):
         options = dict(decay=self.decay_value(), threshold=self.threshold, reset=self.reset,
                        v_reset=self.v_reset, detach_reset=self.detach_reset,
                        surrogate=self.surrogate, alpha=self.alpha, backend=self.backend,
-                       grad_threshold=self.grad_threshold)
+                       grad_threshold=self.grad_threshold, grad_scope=self.grad_scope)
         return self.call_stateful(F.lif, x, "v0", **options)
 
     def extra_repr(self):
@@ -146,6 +148,7 @@ class LIF(RecordsPotential, CarriesState):
 
     def _options_repr(self):
         text = f", grad_threshold={self.grad_threshold}" if self.grad_threshold > float("-inf") else ""
+        text += f", grad_scope={self.grad_scope!r}" if self.grad_scope != "step" else ""
         return text + self.state_repr()
 
 

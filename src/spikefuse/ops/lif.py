@@ -14,7 +14,11 @@ element: forward reads x and writes s, backward reads grad_s and x and writes gr
 the 5 accesses of the floor, plus the checkpoints.
 
 Sparse backward (Perez-Nieves & Goodman): the surrogate gradient is zeroed where the
-potential h[t] < grad_floor (the caller's grad_threshold; -inf cuts nothing).
+potential h[t] < grad_floor (the caller's grad_threshold; -inf cuts nothing), step by step
+(grad_scope "step"). Under "sequence" or "batch" the forward kernel also notes, per neuron,
+whether h reached grad_floor at any step (in a row after the checkpoints), and the backward
+keeps the whole surrogate of the neurons that did ("batch": of every sample's neuron at a
+position some sample's neuron reached it; the flags are reduced over the batch by torch).
 
 A tensor threshold (learnable: one value, or one per channel) is read per neuron like a
 tensor decay; its gradient is summed over time in registers, one partial per neuron, and
@@ -257,10 +261,11 @@ def store_chunk(ptr, t0, offs, k, n_mask, T, N, value, EVEN_N: tl.constexpr):
 
 @triton.jit
 def forward_chunk(X, v, d, t0, T, threshold, v_reset, RESET: tl.constexpr, TAIL: tl.constexpr,
-                  STORE_H: tl.constexpr):
+                  STORE_H: tl.constexpr, reached, grad_floor, TRACK: tl.constexpr):
     """Run K steps from potential v over chunk X: (spikes [K, BLOCK] float32, pre-reset
-    potentials h [K, BLOCK] float32 (zeros unless STORE_H), v after).
-    TAIL: the chunk crosses T, and v must stop at step T-1."""
+    potentials h [K, BLOCK] float32 (zeros unless STORE_H), v after, `reached`).
+    TAIL: the chunk crosses T, and v must stop at step T-1. TRACK: `reached` becomes 1 where
+    some step's h >= grad_floor (or is NaN, so that NaN gradients are never cut)."""
     K: tl.constexpr = X.shape[0]
     k = tl.arange(0, K)
     Xf = X.to(tl.float32)
@@ -276,19 +281,24 @@ def forward_chunk(X, v, d, t0, T, threshold, v_reset, RESET: tl.constexpr, TAIL:
         S = tl.where(sel, spike_value(u, fired)[None, :], S)
         if STORE_H:
             H = tl.where(sel, h[None, :], H)
-    return S, H, v
+        if TRACK:
+            hit = (h >= grad_floor) | (h != h)
+            reached = tl.where(((t0 + j < T) & hit) if TAIL else hit, 1.0, reached)
+    return S, H, v, reached
 
 
 @cached_launch
 @triton.jit
 def _lif_forward_kernel(
     x_ptr, s_ptr, ckpt_ptr, v0_ptr, vT_ptr, decay_ptr, h_ptr, thr_ptr,
-    decay, threshold, v_reset, T, N, inner, C,
+    decay, threshold, v_reset, grad_floor, T, N, inner, C,
     RESET: tl.constexpr, DECAY: tl.constexpr, THRESHOLD: tl.constexpr, HAS_V0: tl.constexpr,
-    SAVE_CKPT: tl.constexpr, STORE_VT: tl.constexpr, STORE_H: tl.constexpr, BLOCK: tl.constexpr,
-    K: tl.constexpr, EVEN_N: tl.constexpr,
+    SAVE_CKPT: tl.constexpr, STORE_VT: tl.constexpr, STORE_H: tl.constexpr, TRACK: tl.constexpr,
+    BLOCK: tl.constexpr, K: tl.constexpr, EVEN_N: tl.constexpr,
 ):
-    decay, threshold, v_reset = f32(decay), f32(threshold), f32(v_reset)
+    """TRACK: after the checkpoints (row cdiv(T, K) of ckpt), 1.0 for each neuron whose h
+    reached grad_floor at some step, else 0.0."""
+    decay, threshold, v_reset, grad_floor = f32(decay), f32(threshold), f32(v_reset), f32(grad_floor)
     n = program_neurons(BLOCK)
     n_mask = n < N
     d = load_per_neuron(decay_ptr, decay, n, n_mask, inner, C, DECAY)
@@ -300,13 +310,15 @@ def _lif_forward_kernel(
     k = tl.arange(0, K)
     offs = k[:, None] * N + n[None, :]
     full = T // K
+    reached = tl.zeros([BLOCK], tl.float32)
     X = load_chunk(x_ptr, 0, offs, k, n_mask, T, N, EVEN_N)
     for c in range(0, full):
         t0 = c * K
         X_next = load_chunk(x_ptr, t0 + K, offs, k, n_mask, T, N, EVEN_N)  # prefetch
         if SAVE_CKPT:
             tl.store(ckpt_ptr + tl.cast(c, tl.int64) * N + n, v, mask=n_mask)
-        S, H, v = forward_chunk(X, v, d, t0, T, threshold, v_reset, RESET, False, STORE_H)
+        S, H, v, reached = forward_chunk(X, v, d, t0, T, threshold, v_reset, RESET, False, STORE_H,
+                                         reached, grad_floor, TRACK)
         store_chunk(s_ptr, t0, offs, k, n_mask, T, N, S, EVEN_N)
         if STORE_H:  # the pre-reset potential trace, when asked for (return_potential)
             store_chunk(h_ptr, t0, offs, k, n_mask, T, N, H, EVEN_N)
@@ -314,23 +326,27 @@ def _lif_forward_kernel(
     if full * K < T:  # the last, partial chunk
         if SAVE_CKPT:
             tl.store(ckpt_ptr + tl.cast(full, tl.int64) * N + n, v, mask=n_mask)
-        S, H, v = forward_chunk(X, v, d, full * K, T, threshold, v_reset, RESET, True, STORE_H)
+        S, H, v, reached = forward_chunk(X, v, d, full * K, T, threshold, v_reset, RESET, True, STORE_H,
+                                         reached, grad_floor, TRACK)
         store_chunk(s_ptr, full * K, offs, k, n_mask, T, N, S, EVEN_N)
         if STORE_H:
             store_chunk(h_ptr, full * K, offs, k, n_mask, T, N, H, EVEN_N)
     if STORE_VT:
         tl.store(vT_ptr + n, v, mask=n_mask)
+    if TRACK:
+        tl.store(ckpt_ptr + tl.cast(tl.cdiv(T, K), tl.int64) * N + n, reached, mask=n_mask)
 
 
 @triton.jit
-def backward_chunk(X, GS, v, gv, gd, gthr, d, t0, T, threshold, v_reset, alpha, grad_floor,
+def backward_chunk(X, GS, v, gv, gd, gthr, d, t0, T, threshold, v_reset, alpha, grad_floor, keep,
                    RESET: tl.constexpr, DETACH: tl.constexpr, SURROGATE: tl.constexpr,
                    CUSTOM_FN: tl.constexpr, NEED_GD: tl.constexpr, TAIL: tl.constexpr, GH,
-                   HAS_GH: tl.constexpr, NEED_GTHR: tl.constexpr):
+                   HAS_GH: tl.constexpr, NEED_GTHR: tl.constexpr, KEEP: tl.constexpr):
     """Recompute the chunk forward from its checkpoint v (h[t] and v[t-1] into registers),
     then run the gradient recurrence backward through it: (dL/dx chunk, dL/dv, dL/d decay,
     dL/d threshold; the last two summed over the chunk's steps onto gd, gthr).
-    HAS_GH: GH is the chunk of dL/dh from a loss on the returned potential, added to dL/dh[t]."""
+    HAS_GH: GH is the chunk of dL/dh from a loss on the returned potential, added to dL/dh[t].
+    KEEP: the cut is per neuron, not per step: the surrogate is kept where keep != 0."""
     K: tl.constexpr = X.shape[0]
     k = tl.arange(0, K)
     Xf = X.to(tl.float32)
@@ -350,7 +366,8 @@ def backward_chunk(X, GS, v, gv, gd, gthr, d, t0, T, threshold, v_reset, alpha, 
         sel = (k == j)[:, None]
         h = row(H, sel)
         u = h - threshold
-        sg = tl.where(h < grad_floor, 0.0, lif_surrogate_grad(u, SURROGATE, alpha, CUSTOM_FN))  # NaN h keeps its NaN
+        sg = lif_surrogate_grad(u, SURROGATE, alpha, CUSTOM_FN)
+        sg = tl.where(keep == 0.0, 0.0, sg) if KEEP else tl.where(h < grad_floor, 0.0, sg)  # NaN h keeps its NaN
         gs = row(GSf, sel)
         if NEED_GTHR:  # (before gv moves on: it is dL/dv[t] here)
             gt = threshold_grad_step(gs, gv, h, u >= 0.0, sg, threshold, v_reset, RESET, DETACH)
@@ -372,13 +389,15 @@ def backward_chunk(X, GS, v, gv, gd, gthr, d, t0, T, threshold, v_reset, alpha, 
 @cached_launch
 @triton.jit
 def _lif_backward_kernel(
-    gs_ptr, x_ptr, ckpt_ptr, gvT_ptr, gx_ptr, gv0_ptr, gd_ptr, decay_ptr, gh_ptr, thr_ptr, gthr_ptr,
-    decay, threshold, v_reset, alpha, grad_floor, T, N, inner, C,
+    gs_ptr, x_ptr, ckpt_ptr, gvT_ptr, gx_ptr, gv0_ptr, gd_ptr, decay_ptr, gh_ptr, thr_ptr, gthr_ptr, keep_ptr,
+    decay, threshold, v_reset, alpha, grad_floor, T, N, inner, C, KEEP_N,
     RESET: tl.constexpr, DETACH: tl.constexpr, SURROGATE: tl.constexpr, CUSTOM_FN: tl.constexpr,
     DECAY: tl.constexpr, THRESHOLD: tl.constexpr, HAS_GVT: tl.constexpr, NEED_GV0: tl.constexpr,
-    NEED_GD: tl.constexpr, HAS_GH: tl.constexpr, NEED_GTHR: tl.constexpr, BLOCK: tl.constexpr, K: tl.constexpr,
-    EVEN_N: tl.constexpr,
+    NEED_GD: tl.constexpr, HAS_GH: tl.constexpr, NEED_GTHR: tl.constexpr, KEEP: tl.constexpr, BLOCK: tl.constexpr,
+    K: tl.constexpr, EVEN_N: tl.constexpr,
 ):
+    """KEEP: keep_ptr holds KEEP_N flags, neuron n reading flag n % KEEP_N (KEEP_N = N: one
+    per neuron; N / B: one per position, shared by the batch)."""
     decay, threshold, v_reset, alpha = f32(decay), f32(threshold), f32(v_reset), f32(alpha)
     grad_floor = f32(grad_floor)
     n = program_neurons(BLOCK)
@@ -391,6 +410,9 @@ def _lif_backward_kernel(
         gv = tl.zeros([BLOCK], tl.float32)
     gd = tl.zeros([BLOCK], tl.float32)
     gthr = tl.zeros([BLOCK], tl.float32)
+    keep = gthr
+    if KEEP:
+        keep = tl.load(keep_ptr + n % KEEP_N, mask=n_mask, other=0.0)
     k = tl.arange(0, K)
     offs = k[:, None] * N + n[None, :]
     full = T // K
@@ -409,8 +431,8 @@ def _lif_backward_kernel(
             GH_prev = load_earlier_chunk(gh_ptr, (last - 1) * K, offs, n_mask, N, EVEN_N)
         v_prev = tl.load(ckpt_ptr + tl.cast(tl.maximum(last - 1, 0), tl.int64) * N + n, mask=n_mask, other=0.0)
         GX, gv, gd, gthr = backward_chunk(X, GS, v, gv, gd, gthr, d, last * K, T, threshold, v_reset, alpha,
-                                          grad_floor, RESET, DETACH, SURROGATE, CUSTOM_FN, NEED_GD, True, GH,
-                                          HAS_GH, NEED_GTHR)
+                                          grad_floor, keep, RESET, DETACH, SURROGATE, CUSTOM_FN, NEED_GD, True,
+                                          GH, HAS_GH, NEED_GTHR, KEEP)
         store_chunk(gx_ptr, last * K, offs, k, n_mask, T, N, GX, EVEN_N)
         X, GS, GH, v = X_prev, GS_prev, GH_prev, v_prev
     for i in range(0, full):
@@ -424,8 +446,8 @@ def _lif_backward_kernel(
             GH_prev = load_earlier_chunk(gh_ptr, t0 - K, offs, n_mask, N, EVEN_N)
         v_prev = tl.load(ckpt_ptr + tl.cast(tl.maximum(c - 1, 0), tl.int64) * N + n, mask=n_mask, other=0.0)
         GX, gv, gd, gthr = backward_chunk(X, GS, v, gv, gd, gthr, d, t0, T, threshold, v_reset, alpha,
-                                          grad_floor, RESET, DETACH, SURROGATE, CUSTOM_FN, NEED_GD, False, GH,
-                                          HAS_GH, NEED_GTHR)
+                                          grad_floor, keep, RESET, DETACH, SURROGATE, CUSTOM_FN, NEED_GD, False,
+                                          GH, HAS_GH, NEED_GTHR, KEEP)
         store_chunk(gx_ptr, t0, offs, k, n_mask, T, N, GX, EVEN_N)
         X, GS, GH, v = X_prev, GS_prev, GH_prev, v_prev
     if NEED_GV0:
@@ -498,11 +520,12 @@ def _channels(shape, *params):
 # contiguous memory as [T, N]).
 
 def _forward(x, decay, decay_tensor, v0, threshold, reset, v_reset, save, want_state=True,
-             launch=EAGER, want_h=False, threshold_tensor=None):
+             launch=EAGER, want_h=False, threshold_tensor=None, grad_threshold=float("-inf"), grad_scope="step"):
     """spikes like x, v[T-1] (float32, None unless `want_state`) and, if `save`,
     (contiguous x, checkpoints) for backward; with `want_h` the pre-reset potential trace
     h (x's dtype) follows as a fifth value. threshold_tensor (float32, one value or one per
-    channel) stands in for the float threshold when given."""
+    channel) stands in for the float threshold when given. A per-neuron cut (grad_scope other
+    than "step") adds a row of flags after the checkpoints (tracks_cut)."""
     if not x.is_contiguous():
         x = x.contiguous()
     T = x.shape[0]
@@ -510,7 +533,8 @@ def _forward(x, decay, decay_tensor, v0, threshold, reset, v_reset, save, want_s
     BLOCK, K, warps = _launch_config(N, x.dtype)
     spikes = torch.empty_like(x)
     vT = x.new_empty(x.shape[1:], dtype=torch.float32) if want_state else None
-    ckpt = torch.empty((_cdiv(T, K) if save else 0, N), device=x.device, dtype=torch.float32)
+    track = save and tracks_cut(grad_threshold, grad_scope)
+    ckpt = torch.empty((_cdiv(T, K) + track if save else 0, N), device=x.device, dtype=torch.float32)
     C, inner = _channels(x.shape, decay_tensor, threshold_tensor)
     h = torch.empty_like(x) if want_h else None
     if N > 0:
@@ -519,25 +543,43 @@ def _forward(x, decay, decay_tensor, v0, threshold, reset, v_reset, save, want_s
             x, spikes, ckpt, v0.contiguous() if v0 is not None else unused, vT if want_state else unused,
             decay_tensor if decay_tensor is not None else unused, h if want_h else unused,
             threshold_tensor if threshold_tensor is not None else unused,
-            decay, threshold, v_reset, T, N, inner, C,
+            decay, threshold, v_reset, grad_threshold if track else 0.0, T, N, inner, C,
             RESET=RESET_CODES[reset], DECAY=_param_mode(decay_tensor), THRESHOLD=_param_mode(threshold_tensor),
-            HAS_V0=v0 is not None, SAVE_CKPT=save,
-            STORE_VT=want_state, STORE_H=want_h, BLOCK=BLOCK, K=K, EVEN_N=N % BLOCK == 0, num_warps=warps,
+            HAS_V0=v0 is not None, SAVE_CKPT=save, STORE_VT=want_state, STORE_H=want_h, TRACK=track,
+            BLOCK=BLOCK, K=K, EVEN_N=N % BLOCK == 0, num_warps=warps,
             enable_fp_fusion=False)
     if want_h:
         return spikes, vT, x, ckpt, h
     return spikes, vT, x, ckpt
 
 
+def tracks_cut(grad_threshold, grad_scope):
+    """Whether the forward notes which neurons reached grad_threshold (a per-neuron cut)."""
+    return grad_scope != "step" and grad_threshold > float("-inf")
+
+
+def keep_flags(ckpt, x, grad_threshold, grad_scope):
+    """The backward's per-neuron flags (float32, nonzero: keep the surrogate) from the row
+    _forward wrote after the checkpoints: one per neuron ("sequence"), or reduced over the
+    batch (dim 1 of x) to one per position ("batch"). None for a per-step cut."""
+    if not tracks_cut(grad_threshold, grad_scope) or ckpt.shape[1] == 0:
+        return None
+    reached = ckpt[-1]
+    if grad_scope == "batch" and x.dim() >= 2 and x.shape[1] > 1:
+        reached = reached.view(x.shape[1], -1).amax(0)
+    return reached
+
+
 def _backward(grad_s, grad_vT, x, ckpt, decay, decay_tensor, threshold, reset,
               v_reset, detach, surrogate, alpha, need_gv0, need_gd, grad_threshold=float("-inf"),
-              launch=EAGER, grad_h=None, threshold_tensor=None, need_gthr=False):
+              launch=EAGER, grad_h=None, threshold_tensor=None, need_gthr=False, grad_scope="step"):
     """grad_x like x, and float32 dL/dv0 (shaped like x[0]), per-neuron dL/d(decay) and
     dL/d(threshold_tensor) partial sums (summed over time), or None. x is the contiguous input
     saved by _forward. grad_h: None, or dL/dh for the returned potential trace (shaped like x),
     added to the recurrence's dL/dh."""
     T = x.shape[0]
     N = x.numel() // T
+    keep = keep_flags(ckpt, x, grad_threshold, grad_scope)
     gs = grad_s if grad_s.is_contiguous() else grad_s.contiguous()
     grad_x = torch.empty_like(x)
     gv0 = torch.empty(x.shape[1:], device=x.device, dtype=torch.float32) if need_gv0 else None
@@ -555,11 +597,12 @@ def _backward(grad_s, grad_vT, x, ckpt, decay, decay_tensor, threshold, reset,
             gv0 if gv0 is not None else unused, gd if gd is not None else unused,
             decay_tensor if decay_tensor is not None else unused, gh if gh is not None else unused,
             threshold_tensor if threshold_tensor is not None else unused, gthr if gthr is not None else unused,
-            decay, threshold, v_reset, alpha, grad_threshold, T, N, inner, C,
+            keep if keep is not None else unused,
+            decay, threshold, v_reset, alpha, grad_threshold, T, N, inner, C, 1 if keep is None else keep.numel(),
             RESET=RESET_CODES[reset], DETACH=detach, SURROGATE=CUSTOM if custom else SURROGATES[surrogate],
             CUSTOM_FN=custom.triton_fn if custom else None,
             DECAY=_param_mode(decay_tensor), THRESHOLD=_param_mode(threshold_tensor), HAS_GVT=gvT is not None,
-            NEED_GV0=need_gv0, NEED_GD=need_gd, HAS_GH=gh is not None, NEED_GTHR=need_gthr,
+            NEED_GV0=need_gv0, NEED_GD=need_gd, HAS_GH=gh is not None, NEED_GTHR=need_gthr, KEEP=keep is not None,
             BLOCK=BLOCK, K=K, EVEN_N=N % BLOCK == 0, num_warps=warps, enable_fp_fusion=False)
     return grad_x, gv0, gd, gthr
 
@@ -580,10 +623,12 @@ class LIFFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, decay_tensor, v0, threshold_tensor, options):
-        decay, threshold, reset, v_reset, detach, surrogate, alpha, _, want_state, want_h = options
+        decay, threshold, reset, v_reset, detach, surrogate, alpha, grad_threshold, grad_scope, want_state, want_h = \
+            options
         save = any(ctx.needs_input_grad)
         spikes, vT, x, ckpt, *h = _forward(x, decay, decay_tensor, v0, threshold, reset, v_reset, save,
-                                           want_state, want_h=want_h, threshold_tensor=threshold_tensor)
+                                           want_state, want_h=want_h, threshold_tensor=threshold_tensor,
+                                           grad_threshold=grad_threshold, grad_scope=grad_scope)
         if save:
             ctx.save_for_backward(x, ckpt, decay_tensor, v0, threshold_tensor)
             ctx.options = options[:-2]
@@ -594,17 +639,18 @@ class LIFFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_s, *grads):
         x, ckpt, decay_tensor, v0, threshold_tensor = ctx.saved_tensors
-        decay, *options, grad_threshold = ctx.options
+        decay, *options, grad_threshold, grad_scope = ctx.options
         grads = iter(grads)
         grad_h = next(grads) if ctx.want[0] else None
         grad_vT = next(grads) if ctx.want[1] else None
         if torch.is_grad_enabled():  # create_graph=True: this backward will be differentiated
-            return (*reference_grads(x, decay, decay_tensor, v0, grad_s, grad_vT, options,
-                                     ctx.needs_input_grad[:4], grad_threshold, grad_h, threshold_tensor), None)
+            return (*reference_grads(x, decay, decay_tensor, v0, grad_s, grad_vT, options, ctx.needs_input_grad[:4],
+                                     grad_threshold, grad_h, threshold_tensor, grad_scope), None)
 
         def run(grad_s, need_gv0, need_gd, need_gthr):
             return _backward(grad_s, grad_vT, x, ckpt, decay, decay_tensor, *options, need_gv0, need_gd,
-                             grad_threshold, grad_h=grad_h, threshold_tensor=threshold_tensor, need_gthr=need_gthr)
+                             grad_threshold, grad_h=grad_h, threshold_tensor=threshold_tensor, need_gthr=need_gthr,
+                             grad_scope=grad_scope)
         return (*_input_grads(run, grad_s, x, decay_tensor, v0, threshold_tensor, ctx.needs_input_grad[1:4]), None)
 
 
@@ -626,7 +672,7 @@ def _input_grads(run_backward, grad_s, x, decay_tensor, v0, threshold_tensor, ne
 
 
 def reference_grads(x, decay, decay_tensor, v0, grad_s, grad_vT, options, needs,
-                    grad_threshold=float("-inf"), grad_h=None, threshold_tensor=None):
+                    grad_threshold=float("-inf"), grad_h=None, threshold_tensor=None, grad_scope="step"):
     """(grad_x, grad_decay, grad_v0, the threshold tensor's gradient) for a backward that will itself be
     differentiated (create_graph=True): the backward kernel's output carries no graph, so the
     forward is run again through spikefuse.reference (in float32, spike for spike the kernel's)
@@ -646,7 +692,7 @@ def reference_grads(x, decay, decay_tensor, v0, grad_s, grad_vT, options, needs,
     with torch.enable_grad():
         spikes, h, vT = reference.lif(x.float(), decay, threshold, reset, v_reset, detach, surrogate, alpha,
                                       None if v0 is None else v0.float(), return_state=True,
-                                      grad_threshold=grad_threshold, return_potential=True)
+                                      grad_threshold=grad_threshold, return_potential=True, grad_scope=grad_scope)
         return grads_with_graph((spikes, h, vT), (grad_s, grad_h, grad_vT), inputs, needs)
 
 
@@ -657,15 +703,17 @@ def reference_grads(x, decay, decay_tensor, v0, grad_s, grad_vT, options, needs,
 def lif_forward(x: torch.Tensor, decay: float, decay_tensor: torch.Tensor | None,
                 v0: torch.Tensor | None, threshold: float, reset: str, v_reset: float,
                 detach: bool, surrogate: str, alpha: float, save: bool,
-                grad_threshold: float | None = None, threshold_tensor: torch.Tensor | None = None
-                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                grad_threshold: float | None = None, threshold_tensor: torch.Tensor | None = None,
+                grad_scope: str = "step") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Spikes, v[T-1] (float32) and the checkpoints (empty unless `save`).
     detach, surrogate, alpha and grad_threshold are only used by the backward; None stands
     for -inf (no cut), which a schema default cannot spell. threshold_tensor (float32, one
     value or one per channel) replaces the float threshold when given. (A triton_op's body is
     also its fake kernel: only torch ops, launches and Python on shapes.)"""
     spikes, vT, _, ckpt = _forward(x, decay, decay_tensor, v0, threshold, reset, v_reset, save,
-                                   launch=TRACED, threshold_tensor=threshold_tensor)
+                                   launch=TRACED, threshold_tensor=threshold_tensor,
+                                   grad_threshold=float("-inf") if grad_threshold is None else grad_threshold,
+                                   grad_scope=grad_scope)
     return spikes, vT, ckpt
 
 
@@ -674,14 +722,14 @@ def lif_backward(grad_s: torch.Tensor, grad_vT: torch.Tensor | None, x: torch.Te
                  ckpt: torch.Tensor, decay: float, decay_tensor: torch.Tensor | None,
                  threshold: float, reset: str, v_reset: float, detach: bool, surrogate: str,
                  alpha: float, need_gv0: bool, need_gd: bool, grad_threshold: float | None = None,
-                 threshold_tensor: torch.Tensor | None = None, need_gthr: bool = False
+                 threshold_tensor: torch.Tensor | None = None, need_gthr: bool = False, grad_scope: str = "step"
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """grad_x, and per-neuron dL/dv0, dL/d(decay) and dL/d(threshold) partial sums (empty if
     not needed)."""
     gx, gv0, gd, gthr = _backward(grad_s, grad_vT, x.contiguous(), ckpt, decay, decay_tensor, threshold,
                                   reset, v_reset, detach, surrogate, alpha, need_gv0, need_gd,
                                   float("-inf") if grad_threshold is None else grad_threshold, launch=TRACED,
-                                  threshold_tensor=threshold_tensor, need_gthr=need_gthr)
+                                  threshold_tensor=threshold_tensor, need_gthr=need_gthr, grad_scope=grad_scope)
     return gx, or_empty(gv0, x), or_empty(gd, x), or_empty(gthr, x)
 
 
@@ -692,34 +740,35 @@ def or_empty(t, like):
 
 def _setup_context(ctx, inputs, output):
     (x, decay, decay_tensor, v0, threshold, reset, v_reset, detach, surrogate, alpha, _, grad_threshold,
-     threshold_tensor) = inputs
+     threshold_tensor, grad_scope) = inputs
     ctx.save_for_backward(x, output[2], decay_tensor, v0, threshold_tensor)
     ctx.options = (decay, threshold, reset, v_reset, detach, surrogate, alpha,
-                   float("-inf") if grad_threshold is None else grad_threshold)
+                   float("-inf") if grad_threshold is None else grad_threshold, grad_scope)
 
 
 def _backward_rule(ctx, grad_s, grad_vT, _grad_ckpt):
     x, ckpt, decay_tensor, v0, threshold_tensor = ctx.saved_tensors
-    decay, *options, grad_threshold = ctx.options
+    decay, *options, grad_threshold, grad_scope = ctx.options
     # decay_tensor, v0, threshold_tensor (a trailing default: needs_input_grad ends before it when not passed)
-    needs = (*ctx.needs_input_grad[2:4], any(ctx.needs_input_grad[12:]))
+    needs = (*ctx.needs_input_grad[2:4], any(ctx.needs_input_grad[12:13]))
     if torch.is_grad_enabled():  # create_graph=True (AOT autograd traces backward without it)
         gx, grad_decay, grad_v0, grad_thr = reference_grads(
             x, decay, decay_tensor, v0, grad_s, grad_vT, options, (ctx.needs_input_grad[0], *needs),
-            grad_threshold, threshold_tensor=threshold_tensor)
+            grad_threshold, threshold_tensor=threshold_tensor, grad_scope=grad_scope)
     else:
         def run(grad_s, need_gv0, need_gd, need_gthr):
             return lif_backward(grad_s, grad_vT, x, ckpt, decay, decay_tensor, *options, need_gv0, need_gd,
-                                grad_threshold, threshold_tensor, need_gthr)
+                                grad_threshold, threshold_tensor, need_gthr, grad_scope)
         gx, grad_decay, grad_v0, grad_thr = _input_grads(run, grad_s, x, decay_tensor, v0, threshold_tensor, needs)
-    return (gx, None, grad_decay, grad_v0) + (None,) * 8 + (grad_thr,)
+    return (gx, None, grad_decay, grad_v0) + (None,) * 8 + (grad_thr, None)
 
 
 lif_forward.register_autograd(_backward_rule, setup_context=_setup_context)
 
 
 def lif_fused(x, decay, decay_tensor, threshold, reset, v_reset, detach, surrogate, alpha,
-              v0, return_state, grad_threshold=float("-inf"), return_potential=False, threshold_tensor=None):
+              v0, return_state, grad_threshold=float("-inf"), return_potential=False, threshold_tensor=None,
+              grad_scope="step"):
     """Entry point for spikefuse.functional (arguments already checked there).
     return_potential (eager only: spikefuse.functional sends it to the reference while dynamo
     traces): the forward kernel also writes h, and the backward adds dL/dh into its recurrence.
@@ -730,13 +779,13 @@ def lif_fused(x, decay, decay_tensor, threshold, reset, v_reset, detach, surroga
     if threshold_tensor is not None:
         threshold_tensor = threshold_tensor.float()
     if not torch.compiler.is_dynamo_compiling():
-        options = (decay, threshold, reset, v_reset, detach, surrogate, alpha, grad_threshold, return_state,
-                   bool(return_potential))
+        options = (decay, threshold, reset, v_reset, detach, surrogate, alpha, grad_threshold, grad_scope,
+                   return_state, bool(return_potential))
         if not x.is_contiguous():  # copied here, not inside: the x saved for backward keeps its graph
             x = x.contiguous()     # (a double backward differentiates through it)
         return LIFFunction.apply(x, decay_tensor, v0, threshold_tensor, options)
     wants_grad = torch.is_grad_enabled() and any(
         t is not None and t.requires_grad for t in (x, decay_tensor, v0, threshold_tensor))
     spikes, vT, _ = lif_forward(x, decay, decay_tensor, v0, threshold, reset, v_reset, detach,
-                                surrogate, alpha, wants_grad, grad_threshold, threshold_tensor)
+                                surrogate, alpha, wants_grad, grad_threshold, threshold_tensor, grad_scope)
     return (spikes, vT) if return_state else spikes

@@ -25,6 +25,7 @@ import math
 
 import torch
 
+from ..reference import reached_grad_threshold
 from .double_backward import grads_with_graph
 from .surrogate import call_surrogate
 
@@ -103,11 +104,13 @@ def _surrogate_(u, name, alpha):
 
 
 def _backward(H, grad_s, grad_vT, d, v0, threshold, reset, v_reset, detach, surrogate, alpha,
-              grad_threshold, need_gd, need_gv0, grad_h=None):
+              grad_threshold, need_gd, need_gv0, grad_h=None, grad_scope="step"):
     T = H.shape[0]
     direct = torch.lt(H, threshold, out=torch.empty_like(H)) if reset == "hard" else None  # 1 - s; 0 at NaN
     sg = _surrogate_(H - threshold, surrogate, alpha)
-    if grad_threshold > float("-inf"):
+    if grad_threshold > float("-inf") and grad_scope != "step":
+        sg.masked_fill_(~reached_grad_threshold(H, grad_threshold, grad_scope), 0.0)
+    elif grad_threshold > float("-inf"):
         sg.masked_fill_(H < grad_threshold, 0.0)
     if reset == "hard" and not detach:  # A = sg * (v_reset - h) + (1 - s)
         A = H.neg().add_(v_reset).mul_(sg).add_(direct)
@@ -163,6 +166,7 @@ class LIFLoopFunction(torch.autograd.Function):
             ctx.save_for_backward(x, H, decay_tensor, v0)
             ctx.options = options[:9]
             ctx.want = (want_h, want_state)
+            ctx.grad_scope = options[10] if len(options) > 10 else "step"
         out = (spikes,) + ((H.clone(),) if want_h else ()) + ((vT,) if want_state else ())
         return out if len(out) > 1 else spikes
 
@@ -176,12 +180,12 @@ class LIFLoopFunction(torch.autograd.Function):
         need_x, need_decay, need_v0, _ = ctx.needs_input_grad
         if torch.is_grad_enabled():  # create_graph=True: this backward will be differentiated
             return (*_reference_grads(x, decay, decay_tensor, v0, grad_s, grad_vT, ctx.options,
-                                      (need_x, need_decay, need_v0), grad_h), None)
+                                      (need_x, need_decay, need_v0), grad_h, ctx.grad_scope), None)
         need_gd = decay_tensor is not None and need_decay
         need_gv0 = v0 is not None and need_v0
         d = _broadcast_decay(decay, decay_tensor, x)
         gx, prod, gv0 = _backward(H, grad_s, grad_vT, d, v0, threshold, reset, v_reset, detach,
-                                  surrogate, alpha, grad_threshold, need_gd, need_gv0, grad_h)
+                                  surrogate, alpha, grad_threshold, need_gd, need_gv0, grad_h, ctx.grad_scope)
         grad_decay = None
         if need_gd:  # dL/d decay = sum over t of dL/dh[t] * v[t-1], summed to the decay's shape
             if decay_tensor.numel() == 1:
@@ -192,7 +196,7 @@ class LIFLoopFunction(torch.autograd.Function):
         return gx if need_x else None, grad_decay, gv0, None
 
 
-def _reference_grads(x, decay, decay_tensor, v0, grad_s, grad_vT, options, needs, grad_h=None):
+def _reference_grads(x, decay, decay_tensor, v0, grad_s, grad_vT, options, needs, grad_h=None, grad_scope="step"):
     """(grad_x, grad_decay, grad_v0) through spikefuse.reference with create_graph, for a
     backward that will itself be differentiated: second derivatives are the reference's."""
     from .. import reference
@@ -201,7 +205,8 @@ def _reference_grads(x, decay, decay_tensor, v0, grad_s, grad_vT, options, needs
     d = _broadcast_decay(decay, decay_tensor, x)
     with torch.enable_grad():
         spikes, h, vT = reference.lif(x, d, threshold, reset, v_reset, detach, surrogate, alpha, v0,
-                                      return_state=True, grad_threshold=grad_threshold, return_potential=True)
+                                      return_state=True, grad_threshold=grad_threshold, return_potential=True,
+                                      grad_scope=grad_scope)
         return grads_with_graph((spikes, h, vT), (grad_s, grad_h, grad_vT), (x, decay_tensor, v0), needs)
 
 
@@ -217,12 +222,12 @@ def usable(x, decay_tensor, v0, any_device=False) -> bool:
 
 
 def lif_loop(x, decay, decay_tensor, threshold, reset, v_reset, detach, surrogate, alpha,
-             v0, return_state, grad_threshold=float("-inf"), return_potential=False):
+             v0, return_state, grad_threshold=float("-inf"), return_potential=False, grad_scope="step"):
     """Entry point for spikefuse.functional (arguments already checked there; see `usable`).
     decay_tensor: None, or the PLIF decay as [1] or [C] (C = x.shape[2]).
     surrogate: a name, or a callable sg(u) -> tensor (then alpha is ignored).
     return_potential: also return H, the pre-reset potential (a copy of what backward saves);
     the return is spikes, then H if asked, then v[T-1] if return_state."""
     options = (decay, threshold, reset, v_reset, detach, surrogate, alpha, grad_threshold, return_state,
-               bool(return_potential))
+               bool(return_potential), grad_scope)
     return LIFLoopFunction.apply(x, decay_tensor, v0, options)
