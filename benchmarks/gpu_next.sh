@@ -46,7 +46,7 @@ map-ff|map-rec)
 acc)
     timeout 500 python3 benchmarks/sparse_accuracy.py "$OUT/sparse-accuracy-scopes-$tag.json" --seed 0,1,2 --sigma-u 1 \
         --variants sparse-step,sparse-sequence 2>&1 | grep -v Warning | tee "$OUT/sparse-accuracy-scopes-$tag.txt" \
-        | grep "VERDICT\|^  " | cut -c1-60 ;;
+        | grep VERDICT ;;
 all)
     mkdir -p "$OUT/all"
     timeout 580 python3 -m spikefuse.cli bench all --only "${2:?which part}" --out "$OUT/all" 2>&1 | grep -v Warning | tail -30 ;;
