@@ -185,7 +185,7 @@ def train(run: str, splits: Splits, a, sigma_u: float, device) -> dict:
     torch.nn.functional.cross_entropy(model(x.to(device)), y.to(device)).backward()
     carrying = [m.carrying_share() for m in model.modules() if hasattr(m, "carrying_share")]
     model.zero_grad(set_to_none=True)
-    return {"dataset": splits.name, "run": run, "sparse": sparse, "theta_grad": theta, "optimizer": optimizer,
+    return {"dataset": splits.name, "seed": a.seed, "run": run, "sparse": sparse, "theta_grad": theta, "optimizer": optimizer,
             "grad_scope": (scope or "batch") if sparse else None,
             "init": f"fluctuation sigma_u={sigma_u:g}" if scales is not None else "study", "init_scales": scales,
             "wall_s": wall, "test_acc": acc, "final": acc[-1], "last_mean": sum(acc[-LAST:]) / len(acc[-LAST:]),

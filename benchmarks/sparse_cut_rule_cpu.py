@@ -4,7 +4,10 @@ The secondary threshold zeroes the surrogate wherever h[t] < grad_threshold, ste
 ("step", what spikefuse does). The sparse Linear backward only exploits columns (neurons)
 with no gradient at any step and batch row, so a rule that keeps a neuron's whole surrogate
 over the sequence once it reached grad_threshold at any step ("neuron") lists exactly the
-same carrying columns, costs the sparse kernels nothing, and passes more gradient.
+same carrying columns, costs the sparse kernels nothing, and passes more gradient; so does
+"column": a feature that reached grad_threshold at any step of any sample of the batch keeps
+its whole surrogate (built since as grad_scope "batch", IPUNet(sparse=True)'s default;
+"neuron" is grad_scope "sequence").
 
 This script trains benchmarks/sparse_accuracy.py's randman setting (IPU network x1, 30
 epochs, sigma_u 1) on the CPU through the torch paths (the loop LIF, the sparse layer's
@@ -39,7 +42,7 @@ COLUMN_CUT = "sg.masked_fill_(~(H >= grad_threshold).flatten(0, -2).any(0), 0.0)
 
 
 def use_rule(rule: str) -> None:
-    """Swap the loop LIF backward's cut for the neuron rule (the step rule is the code as is)."""
+    """Swap the loop LIF backward's per-step cut for another rule (the step rule is the code as is)."""
     if rule == "step":
         return
     cut = {"neuron": NEURON_CUT, "column": COLUMN_CUT}[rule]
