@@ -306,9 +306,11 @@ def cross_check(case, device, smoke):
 
 def weight_grad_kernel(device, smoke):
     """The layer-2 weight gradient at width x4 (5880 x 5888) and x16, R = T*B rows: cuBLAS
-    (gy^T @ s, dense, s as float32) against the sparse kernel with its dense zero-filled
-    output, and the kernel alone on a pre-zeroed gradient (the row-sparse part LazyAdam
-    consumes); the sparse kernel reads s as the forward saved it, bits."""
+    (gy^T @ s, dense, s as float32) against the sparse path with its dense zero-filled
+    output, the path on a pre-zeroed gradient (row-sparse: what LazyAdam consumes), both
+    with the listing of the carrying columns (flags, list, gather; shared with the input
+    gradient), and the weight-gradient kernel alone on the listed block; the sparse kernel
+    reads s as the forward saved it, bits."""
     from ..ops.sparse_linear import _precision, gather_carrying, weight_grad
     from ..ops.spike_pack import pack
     rows = []
@@ -330,12 +332,14 @@ def weight_grad_kernel(device, smoke):
             def sparse_dense_output():
                 gw.zero_()
                 sparse_kernel_only()
+            listed = gather_carrying(gy)
             sparse_kernel_only()
             dense = gy.t() @ s  # both on TF32: compared relative to the largest entry
             ok = float((gw - dense).abs().max() / dense.abs().max().clamp_min(1e-30)) < 5e-3
             kw = dict(warmup=3, min_reps=5, max_reps=50, budget_s=0.5)
             calls = {"dense": lambda: gy.t() @ s, "sparse_dense_output": sparse_dense_output,
-                     "sparse_row_sparse": sparse_kernel_only}
+                     "sparse_row_sparse": sparse_kernel_only,
+                     "sparse_kernel_alone": lambda: weight_grad(listed[0], bits, listed[1], listed[2], gw, prec)}
             row = {"out": out_f, "in": in_f, "R": R, "carrying_share": float(cols.float().mean()),
                    "matches_dense": ok}
             for name, call in calls.items():  # eager: one call from the host, its launches included
@@ -345,13 +349,14 @@ def weight_grad_kernel(device, smoke):
                     row[f"{name}_captured_ms"] = median_ms(captured(call)[0], back_to_back=10, **kw)[0]
             for suffix in ("", "_captured"):
                 if f"dense{suffix}_ms" in row:
-                    for output in ("dense_output", "row_sparse"):
+                    for output in ("dense_output", "row_sparse", "kernel_alone"):
                         row[f"speedup_{output}{suffix}"] = row[f"dense{suffix}_ms"] / row[f"sparse_{output}{suffix}_ms"]
             print(f"weight grad {out_f}x{in_f} R={R} carrying {row['carrying_share']:.3f}: dense {row['dense_ms']:.4f} ms, "
                   f"sparse {row['sparse_dense_output_ms']:.4f} (zero-filled) / {row['sparse_row_sparse_ms']:.4f} "
                   f"(row-sparse), matches {ok}" + (
                       f"; captured: dense {row['dense_captured_ms']:.4f}, sparse "
-                      f"{row['sparse_dense_output_captured_ms']:.4f} / {row['sparse_row_sparse_captured_ms']:.4f}"
+                      f"{row['sparse_dense_output_captured_ms']:.4f} / {row['sparse_row_sparse_captured_ms']:.4f}, "
+                      f"kernel alone {row['sparse_kernel_alone_captured_ms']:.4f}"
                       if "dense_captured_ms" in row else ""), flush=True)
             rows.append(row)
     return rows
@@ -458,16 +463,20 @@ def markdown(payload) -> str:
         out.append("\n## Weight-gradient kernel (layer 2), dense cuBLAS TF32 vs sparse\n")
         out.append("Dense: cuBLAS on float32 spikes (a training step would first unpack them from bits, "
                    "not counted here). Sparse: flagging the carrying columns, listing and gathering them, the "
-                   "kernel on the spikes' bits (and, zero-filled, the dense gradient's memset). Eager: one call from the host, launches included. "
+                   "kernel on the spikes' bits (and, zero-filled, the dense gradient's memset); kernel alone: the "
+                   "weight-gradient kernel on the listed block (the listing is shared with the input gradient). "
+                   "Eager: one call from the host, launches included. "
                    "Captured: the same calls replayed from a CUDA graph, 10 queued back to back (the GPU's "
                    "time, as inside a captured training step).\n")
         out.append(table(["out x in", "R", "carrying", "dense ms", "sparse zero-filled ms", "x", "sparse row-sparse ms",
-                          "x", "captured: dense ms", "zero-filled ms", "x", "row-sparse ms", "x", "matches"],
+                          "x", "captured: dense ms", "zero-filled ms", "x", "row-sparse ms", "x", "kernel alone ms", "x",
+                          "matches"],
                          [[f"{k['out']}x{k['in']}", k["R"], k["carrying_share"], k["dense_ms"],
                            k["sparse_dense_output_ms"], k["speedup_dense_output"], k["sparse_row_sparse_ms"],
                            k["speedup_row_sparse"], k.get("dense_captured_ms"),
                            k.get("sparse_dense_output_captured_ms"), k.get("speedup_dense_output_captured"),
                            k.get("sparse_row_sparse_captured_ms"), k.get("speedup_row_sparse_captured"),
+                           k.get("sparse_kernel_alone_captured_ms"), k.get("speedup_kernel_alone_captured"),
                            k["matches_dense"]] for k in payload["weight_grad_kernel"]]))
     return "\n".join(out)
 
