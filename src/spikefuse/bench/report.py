@@ -10,6 +10,8 @@ import tempfile
 
 import torch
 
+import spikefuse
+
 PACKAGES = ("spikefuse", "torch", "triton", "snntorch", "norse", "spikingjelly", "tonic")
 
 
@@ -19,8 +21,8 @@ def environment() -> dict:
     for name in PACKAGES:
         try:
             versions[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            versions[name] = None
+        except importlib.metadata.PackageNotFoundError:  # run from a source tree: its own version
+            versions[name] = (spikefuse.__version__ + " (source)") if name == "spikefuse" else None
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor() or "cpu"
     return {"device": device, "cuda": torch.version.cuda, "python": platform.python_version(),
             "versions": versions, "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
