@@ -374,6 +374,14 @@ def test_batch_norm_is_refused_by_default():
         check_layers([nn.Linear(2, 2)], batch_norm="whole")
 
 
+def test_a_cut_decided_over_the_sequence_is_refused():
+    """grad_scope 'sequence'/'batch' looks at all T steps; a pipeline sees one chunk at a time."""
+    for scope in ("sequence", "batch"):
+        with pytest.raises(ValueError, match=rf"^grad_scope: layer 1 \(LIF\) decides its gradient cut"):
+            check_layers([nn.Linear(4, 4), snn.LIF(grad_threshold=0.9, grad_scope=scope)])
+    check_layers([nn.Linear(4, 4), snn.LIF(grad_threshold=0.9), snn.LIF(grad_scope="batch")])  # step, or no cut
+
+
 @pytest.mark.parametrize("neuron", [snn.ALIF(), snn.CUBA(), snn.RecurrentLIF(4), snn.RecurrentALIF(4)],
                          ids=lambda m: type(m).__name__)
 def test_neurons_whose_state_is_not_carried_are_refused(neuron):

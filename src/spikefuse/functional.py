@@ -91,7 +91,10 @@ def lif(
         "batch": as "sequence", decided per position (the dims after the batch, dim 1) over
             every sample of the batch: the neurons a following sparse Linear
             (spikefuse.nn.SparseSpikingLinear) computes anyway, with their exact gradient.
-        NaN potentials count as reached (a NaN gradient is never cut to 0).
+        NaN potentials count as reached (a NaN gradient is never cut to 0). "sequence" and
+        "batch" decide over what this call sees: the steps of x (a stateful LIF fed in chunks
+        decides per chunk; the temporal pipeline refuses them) and, for "batch", this
+        process's batch (under data parallelism, each rank's own).
 
     Non-finite values, alike on every backend and device (the IEEE arithmetic of the
     equations; nothing is checked on the device, nothing synchronises):

@@ -129,6 +129,10 @@ def check_layers(layers: Sequence[nn.Module], batch_norm: str = "refuse") -> Non
             raise ValueError(f"layers: {name} has state the pipeline does not carry between time chunks "
                              "(it would restart at every chunk: not single-device training); the pipeline "
                              "runs LIF, IF and PLIF neurons")
+        if isinstance(layer, LIF) and layer.grad_scope != "step" and layer.grad_threshold > float("-inf"):
+            raise ValueError(f"grad_scope: {name} decides its gradient cut over the whole sequence "
+                             f"({layer.grad_scope!r}), which a pipeline sees one chunk at a time; use "
+                             "grad_scope='step'")
         if not isinstance(layer, LIF) and any(
                 isinstance(m, (LIF, nn.modules.batchnorm._BatchNorm)) for m in layer.modules() if m is not layer):
             raise ValueError(f"layers: {name} holds neurons or batch norm inside; pass the network's "
