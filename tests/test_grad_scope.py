@@ -4,7 +4,6 @@ its potential reached grad_threshold at some step; "batch" decides per position 
 whole batch. Fused kernels (through the Triton interpreter on CPU) and the loop path against
 the PyTorch reference, spikes exactly and gradients to 1e-5."""
 import math
-import os
 
 import pytest
 import torch
@@ -14,32 +13,15 @@ import spikefuse.functional as F
 import spikefuse.nn as snn
 from spikefuse.ops.surrogate import resolve, surrogate_grad
 
-DEVICE = os.environ.get("SPIKEFUSE_TEST_DEVICE", "cpu")
+from test_grad_threshold import DEVICE, rel_err, run  # the same fixed random loss and leaves
+
 INF = float("inf")
 SCOPES = ("sequence", "batch")
-
-
-def rel_err(a, b):
-    return ((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30)).item()
 
 
 def rand(*shape, seed=0, scale=0.8, shift=0.2):
     g = torch.Generator().manual_seed(seed)
     return (torch.randn(shape, generator=g) * scale + shift).to(DEVICE)
-
-
-def run(x, backend, decay=0.7, v0=None, return_state=False, **kw):
-    """Spikes and the gradients of a fixed random loss w.r.t. x, a tensor decay and v0."""
-    leaves = [t.detach().clone().requires_grad_() if isinstance(t, torch.Tensor) else None for t in (x, decay, v0)]
-    xi, di, vi = leaves
-    out = F.lif(xi, decay=di if di is not None else decay, v0=vi, return_state=return_state, backend=backend, **kw)
-    spikes, v = out if return_state else (out, None)
-    g = torch.randn(spikes.shape, generator=torch.Generator().manual_seed(1)).to(DEVICE)
-    loss = (spikes * g).sum()
-    if v is not None:
-        loss = loss + (v * torch.linspace(-1, 1, v.numel(), device=DEVICE).view(v.shape)).sum()
-    wrt = [t for t in leaves if t is not None]
-    return spikes, dict(zip(["x", "decay", "v0"], torch.autograd.grad(loss, wrt)))
 
 
 def assert_match(x, backend="fused", **kw):
