@@ -108,12 +108,15 @@ def test_batch_scope_keeps_the_step_cuts_carrying_columns():
 @pytest.mark.parametrize("scope", SCOPES)
 @pytest.mark.parametrize("backend", ["fused", "reference"])
 def test_nan_is_never_cut(scope, backend):
-    """A neuron whose potential is NaN counts as reached: its gradient stays NaN, not 0."""
+    """A neuron whose potential is NaN counts as reached: its gradient stays NaN, not 0; under
+    "batch" the other sample's neuron at that position keeps its (finite) surrogate too."""
     x = rand(5, 2, 6, seed=7, scale=0.2, shift=-1.0)  # far below the cut
     x[3, 1, 2] = math.nan
     _, g = run(x, backend, surrogate="atan", grad_threshold=0.9, grad_scope=scope)
     assert g["x"][:, 1, 2].isnan().any()
-    assert not g["x"][:, 0, 2].isnan().any()
+    beside = g["x"][:, 0, 2]
+    assert not beside.isnan().any()
+    assert (beside != 0).all() if scope == "batch" else torch.equal(beside, torch.zeros_like(beside))
     others = torch.ones_like(g["x"], dtype=torch.bool)
     others[:, :, 2] = False
     assert torch.equal(g["x"][others], torch.zeros_like(g["x"][others]))
@@ -150,6 +153,10 @@ def test_modules_pass_it_through():
             grads.append(torch.autograd.grad(loss, [xi, *layer.parameters()]))
         for a, b in zip(*grads):
             assert rel_err(a, b) < 1e-5
+        step = make(grad_threshold=0.9, backend="reference").to(DEVICE)  # the module must pass the scope on
+        xi = x.clone().requires_grad_()
+        loss = (step(xi) * torch.linspace(-1, 1, x.numel(), device=DEVICE).view(x.shape)).sum()
+        assert rel_err(torch.autograd.grad(loss, xi)[0], grads[1][0]) > 1e-3
 
 
 @pytest.mark.parametrize("scope", SCOPES)

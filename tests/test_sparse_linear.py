@@ -341,8 +341,11 @@ def test_sparse_model_cuts_per_neuron_over_the_batch():
     assert scopes(IPUNet((6,), 2, hidden=(5, 4), sparse=True)) == {"batch"}
     assert scopes(IPUNet((6,), 2, hidden=(5, 4), sparse=True, grad_scope="step")) == {"step"}
     assert scopes(IPUNet((6,), 2, hidden=(5, 4))) == {"step"}
+    counting = IPUNet((6,), 2, hidden=(5, 4), sparse=True, readout="count")
+    assert [m.grad_scope for m in counting.modules() if isinstance(m, LIF)] == ["batch", "batch", "step"]
     with pytest.raises(ValueError, match="grad_scope"):
         IPUNet((6,), 2, hidden=(5, 4), sparse=True, recurrent=True, grad_scope="batch")
+    IPUNet((6,), 2, hidden=(5, 4), sparse=True, recurrent=True, grad_scope="step")  # what it does anyway
 
 
 def test_sparse_model_state_dict_matches_dense():

@@ -21,8 +21,8 @@ What the study fixes (poster, and the authors' code, github.com/jrfinkbeiner/gra
 sparse=True is the study's sparse training: every hidden LIF passes gradient only where its
 potential reached grad_threshold (default 0.9 x threshold), and the spike-input hidden
 layers are SparseSpikingLinear (backward "auto"; or sparse="sparse"/"dense" to fix it),
-whose backward then works on the few outputs that carry gradient. The feed-forward LIF's
-cut is decided per neuron over the batch (grad_scope "batch", spikefuse.functional.lif): a
+whose backward then works on the few outputs that carry gradient. The feed-forward hidden
+LIFs' cut is decided per neuron over the batch (grad_scope "batch", spikefuse.functional.lif): a
 neuron that reached grad_threshold at any step of any sample keeps its whole surrogate.
 That passes the same outputs to the sparse Linear as the study's per-step cut (so the same
 work) with their whole gradient, which keeps randman within a point of dense training
@@ -111,12 +111,14 @@ class IPUNet(nn.Module):
         self.num_classes = int(num_classes)
         self.hidden_sizes = tuple(max(1, round(h * width)) for h in hidden)
         lif = {**LIF_DEFAULTS, **lif, "backend": backend if fused else "reference"}
-        if recurrent and "grad_scope" in lif:
-            raise ValueError("lif: grad_scope is the feed-forward LIF's; the RecurrentLIF's cut is per step")
+        scope = lif.pop("grad_scope", None)  # a caller's: every feed-forward LIF's
+        if recurrent and scope not in (None, "step"):
+            raise ValueError(f"lif: grad_scope {scope!r} is the feed-forward LIF's; the RecurrentLIF's cut is per step")
         if sparse:
             lif.setdefault("grad_threshold", 0.9 * lif["threshold"])
-            if not recurrent:  # the sparse Linear's carrying columns, each with its whole gradient
-                lif.setdefault("grad_scope", "batch")
+        # the hidden LIFs feed the sparse Linears: by default each carrying column keeps its whole gradient
+        hidden_scope = {} if recurrent else {"grad_scope": scope or ("batch" if sparse else "step")}
+        readout_scope = {"grad_scope": scope} if scope else {}
         spike_linear = SpikingLinear if fused else nn.Linear
         hidden_linear = (partial(SparseSpikingLinear, backward="auto" if sparse is True else sparse)
                          if sparse else spike_linear)
@@ -128,9 +130,9 @@ class IPUNet(nn.Module):
             layers.append(layer(n_in, n_out, bias=False))
             if not last:
                 path = ("auto" if sparse is True else sparse) if sparse else "dense"
-                layers.append(RecurrentLIF(n_out, path=path, **lif) if recurrent else LIF(**lif))
+                layers.append(RecurrentLIF(n_out, path=path, **lif) if recurrent else LIF(**lif, **hidden_scope))
             elif readout == "count":
-                layers.append(LIF(**lif))
+                layers.append(LIF(**lif, **readout_scope))
         self.layers = nn.Sequential(*layers)
         self.reset_parameters()
         name_layers(self)

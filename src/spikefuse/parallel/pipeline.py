@@ -375,7 +375,7 @@ def _lif_options(m: LIF) -> dict:
     """The options spikefuse.nn.LIF.forward passes to spikefuse.functional.lif."""
     return dict(decay=m.decay_value(), threshold=m.threshold, reset=m.reset, v_reset=m.v_reset,
                 detach_reset=m.detach_reset, surrogate=m.surrogate, alpha=m.alpha, backend=m.backend,
-                grad_threshold=m.grad_threshold)
+                grad_threshold=m.grad_threshold, grad_scope=m.grad_scope)
 
 
 def _forward(layers, x, chunks, peers, pack_spikes):
