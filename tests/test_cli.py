@@ -295,3 +295,45 @@ def test_unexpected_errors_are_one_line_and_debug_shows_the_traceback(tmp_path, 
         assert main([*debug, "--out", str(tmp_path / "b")]) == 1
         err = capsys.readouterr().err
         assert "Traceback" in err and err.strip().splitlines()[-1].startswith("spikefuse train: error: RuntimeError")
+
+
+def test_sparse_needs_a_model_with_a_sparse_path(capsys):
+    err = error_of(["train", "--sparse", "--model", "mlp", *QUICK], capsys)
+    assert "--sparse: model 'mlp' has no sparse training path" in err and "ipu-shd" in err and "cifar" not in err
+
+
+def test_sparse_training_runs_with_lazy_adam_and_resumes(tmp_path, capsys, standin, monkeypatch):
+    """--sparse: the IPU network with sparse=True (its hidden LIFs cut per batch, the sparse
+    Linear backward), the fluctuation-driven init, LazyAdam; the options and the model's
+    arguments are saved, so --resume rebuilds the same model and optimizer."""
+    from spikefuse import models
+    from spikefuse.models.ipu import IPUNet
+    from spikefuse.optim import LazyAdam
+    from spikefuse.train import checkpoint, loop
+
+    def tiny(input_shape, num_classes, time_steps=None, **kwargs):
+        return IPUNet(input_shape, num_classes, hidden=(24, 20), **kwargs)
+    tiny.sparse_training = True
+    monkeypatch.setitem(models.MODELS, "ipu-tiny", (tiny, "a small IPUNet for tests"))
+    built = []
+    real_init = loop.Trainer.__init__
+
+    def record(self, model, splits, optimizer, **kwargs):
+        built.append((model, optimizer))
+        real_init(self, model, splits, optimizer, **kwargs)
+    monkeypatch.setattr(loop.Trainer, "__init__", record)
+
+    out = tmp_path / "run"
+    assert main(["train", "--dataset", "standin", "--model", "ipu-tiny", "--sparse", "--out", str(out),
+                 "--epochs", "2", "--batch-size", "32", "--quiet"]) == 0
+    assert "fluctuation-driven init for sparse training" in capsys.readouterr().out
+    model, optimizer = built[0]
+    assert isinstance(optimizer, LazyAdam) and isinstance(model, IPUNet)
+    assert [m.grad_scope for m in model.modules() if hasattr(m, "grad_scope")] == ["batch", "batch"]
+    # dispatch may have sent it dense after an epoch here (most outputs carry at this size)
+    assert [m.backward_mode for m in model.modules() if hasattr(m, "carrying_share")] == ["auto"]
+    state = checkpoint.load(out / "checkpoint.pt")
+    assert state["config"]["options"]["sparse"] and state["config"]["model"]["kwargs"] == {"sparse": True}
+    assert main(["train", "--resume", str(out), "--quiet"]) == 0  # the finished run: rebuilt and loaded
+    assert isinstance(built[1][1], LazyAdam)
+    assert "fluctuation-driven init" not in capsys.readouterr().out  # a resumed run keeps its weights

@@ -10,6 +10,12 @@ MODELS = {
 }
 
 
+def trains_sparse(name: str) -> bool:
+    """Whether the model has a sparse training path (its builder takes sparse=True and the
+    network has fluctuation_init_): the IPU study's networks."""
+    return getattr(MODELS[name][0], "sparse_training", False)
+
+
 def build_model(name: str, input_shape, num_classes: int, time_steps: int | None = None, **kwargs):
     """Build a registered model; unknown names raise ValueError listing the valid ones."""
     if name not in MODELS:
@@ -18,7 +24,7 @@ def build_model(name: str, input_shape, num_classes: int, time_steps: int | None
     return builder(tuple(input_shape), int(num_classes), time_steps, **kwargs)
 
 
-__all__ = ["MODELS", "build_model"]
+__all__ = ["MODELS", "build_model", "trains_sparse"]
 
 from . import cifar, deep_lif, dvs, ipu, resnet, shd  # noqa: E402
 

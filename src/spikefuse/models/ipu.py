@@ -217,6 +217,7 @@ def _spec_builder(name: str, doc: str, recurrent: bool = False):
         return IPUNet(input_shape, num_classes, **{"recurrent": recurrent, **kwargs})
 
     build.__name__ = build.__qualname__ = "build_" + name.removeprefix("ipu-") + ("_recurrent" if recurrent else "")
+    build.sparse_training = True  # takes sparse=True: `spikefuse train --sparse`
     build.__doc__ = (f"{doc}\n\nRegistry builder; defaults: input_shape={net.input_shape}, "
                      f"num_classes={net.num_classes}, time_steps={net.time_steps} (the network does "
                      "not depend on T; NETWORKS/TIME_STEPS give the study's value).")

@@ -68,6 +68,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add("--no-capture", dest="capture", action="store_false", default=s,
         help="on CUDA, issue every training step from Python instead of replaying it as one CUDA graph")
     add("--clip-grad", type=float, default=s, metavar="NORM", help="clip the gradients' total norm (default: off)")
+    add("--sparse", action="store_true", default=s,
+        help="sparse training (the ipu-* models): gradient only through neurons that came near threshold "
+             "(0.9), the sparse backward where measured activity makes it pay, LazyAdam; starts from the "
+             "fluctuation-driven init (docs/sparse.md)")
     add("--seed", type=int, default=s, help="seeds init, data order and every RNG (default: 0)")
     add("--stop-on-nan", action=argparse.BooleanOptionalAction, default=s,
         help="stop when an epoch's training loss is NaN or infinite, keeping the last finite checkpoint "
@@ -206,20 +210,29 @@ def _train(cfg, device, run_dir, args, state, dp=None) -> int:
         splits = _load_data(cfg, device)
     _check_memory(cfg, splits, device)
     model_args = {"name": cfg.model, "input_shape": list(splits.input_shape),
-                  "num_classes": int(splits.num_classes), "time_steps": int(splits.time_steps), "kwargs": {}}
+                  "num_classes": int(splits.num_classes), "time_steps": int(splits.time_steps),
+                  "kwargs": {"sparse": True} if cfg.sparse else {}}
     if state is not None and state["config"].get("model", model_args) != model_args:
         saved = state["config"]["model"]
         raise UsageError(f"cannot resume {run_dir}: its checkpoint holds {_model_text(saved)}, but its saved "
                          f"options now give {_model_text(model_args)}; was {checkpoint.FILENAME} edited, or "
                          "did the data set change?")
     model = _build_model(model_args, cfg.dataset)
+    if cfg.sparse and state is None:  # a resumed run's weights come from its checkpoint
+        scales = _fluctuation_init(model, splits, device)
+        say("fluctuation-driven init for sparse training: hidden weights scaled by "
+            + ", ".join(f"{s:.3g}" for s in scales))
     if dp is not None:
         from ..parallel import convert_sync_batchnorm
 
         convert_sync_batchnorm(model, dp.group)
         if not main:  # the same initial weights everywhere, then a random stream per rank
             checkpoint.seed_everything(dp.rank_seed(cfg.seed))
-    optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr)
+    if cfg.sparse:  # Adam on the weight rows that got gradient (spikefuse.optim.LazyAdam)
+        from ..optim import LazyAdam
+        optimizer = LazyAdam(model.parameters(), lr=cfg.lr)
+    else:
+        optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr)
     scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=cfg.epochs)
     trainer = Trainer(model, splits, optimizer, epochs=cfg.epochs, batch_size=cfg.batch_size,
                       scheduler=scheduler, device=device, precision=cfg.precision, compile=cfg.compile,
@@ -318,12 +331,26 @@ def resolve_device(name: str) -> str:
 
 def _check_names(cfg):
     from .. import data
-    from ..models import MODELS
+    from ..models import MODELS, trains_sparse
 
     if cfg.dataset not in data.DATASETS:
         raise UsageError(f"unknown data set {cfg.dataset!r}; expected one of: {', '.join(data.DATASETS)}")
     if cfg.model not in MODELS:
         raise UsageError(f"unknown model {cfg.model!r}; expected one of: {', '.join(MODELS)}")
+    if cfg.sparse and not trains_sparse(cfg.model):
+        raise UsageError(f"--sparse: model {cfg.model!r} has no sparse training path; the models that have one: "
+                         + ", ".join(name for name in MODELS if trains_sparse(name)))
+
+
+INIT_SAMPLES = 256  # training samples the fluctuation-driven init measures
+
+
+def _fluctuation_init(model, splits, device) -> list[float]:
+    """IPUNet.fluctuation_init_ on the first training samples, in order (the same batch on
+    every rank): the study's own init leaves a hidden layer silent on sparse inputs, and a
+    network none of whose potentials reach the cut gets no gradient at all (docs/sparse.md)."""
+    x, _ = next(iter(splits.train.batches(min(INIT_SAMPLES, len(splits.train)), shuffle=False)))
+    return model.fluctuation_init_(x.to(device))
 
 
 def _load_data(cfg, device):

@@ -35,6 +35,7 @@ class Config:
     compile: bool = False
     capture: bool = True  # CUDA-graph training steps on CUDA (--no-capture turns it off)
     clip_grad: float | None = None  # max total gradient norm; None: no clipping
+    sparse: bool = False  # sparse training (the ipu-* models): spikefuse.models.SPARSE
     seed: int = 0
     stop_on_nan: bool = True  # stop when an epoch's training loss is NaN or inf
     threads: int = 1  # CPU threads for PyTorch ops (why 1: see command.py)
@@ -47,7 +48,7 @@ class Config:
 FIELDS = {f.name: f for f in dataclasses.fields(Config)}
 TYPES = {"dataset": str, "model": str, "epochs": int, "batch_size": int, "lr": float,
          "time_steps": int, "device": str, "precision": str, "compile": bool, "capture": bool,
-         "clip_grad": float, "seed": int, "stop_on_nan": bool, "threads": int,
+         "clip_grad": float, "sparse": bool, "seed": int, "stop_on_nan": bool, "threads": int,
          "out": str}
 MAX_COUNT = 2**31 - 1  # epochs, batch size, time steps, threads: far beyond use, still an int32
 SEED_RANGE = (-(2**63), 2**63 - 1)  # what torch.manual_seed takes (an int64)
