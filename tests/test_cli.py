@@ -300,6 +300,8 @@ def test_unexpected_errors_are_one_line_and_debug_shows_the_traceback(tmp_path, 
 def test_sparse_needs_a_model_with_a_sparse_path(capsys):
     err = error_of(["train", "--sparse", "--model", "mlp", *QUICK], capsys)
     assert "--sparse: model 'mlp' has no sparse training path" in err and "ipu-shd" in err and "cifar" not in err
+    err = error_of(["train", "--sparse", "--model", "ipu-shd", "--compile", *QUICK], capsys)
+    assert "--sparse and --compile" in err and "drop --compile" in err
 
 
 def test_sparse_training_runs_with_lazy_adam_and_resumes(tmp_path, capsys, standin, monkeypatch):

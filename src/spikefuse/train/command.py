@@ -340,6 +340,9 @@ def _check_names(cfg):
     if cfg.sparse and not trains_sparse(cfg.model):
         raise UsageError(f"--sparse: model {cfg.model!r} has no sparse training path; the models that have one: "
                          + ", ".join(name for name in MODELS if trains_sparse(name)))
+    if cfg.sparse and cfg.compile:  # under dynamo the sparse layers trace as the dense ones
+        raise UsageError("--sparse and --compile: the sparse backward runs its own kernels, which torch.compile "
+                         "traces as the dense layer; drop --compile (the step is still captured on CUDA)")
 
 
 INIT_SAMPLES = 256  # training samples the fluctuation-driven init measures
