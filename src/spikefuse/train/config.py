@@ -35,7 +35,7 @@ class Config:
     compile: bool = False
     capture: bool = True  # CUDA-graph training steps on CUDA (--no-capture turns it off)
     clip_grad: float | None = None  # max total gradient norm; None: no clipping
-    sparse: bool = False  # sparse training (the ipu-* models): spikefuse.models.SPARSE
+    sparse: bool = False  # sparse training (the ipu-* models: spikefuse.models.trains_sparse)
     seed: int = 0
     stop_on_nan: bool = True  # stop when an epoch's training loss is NaN or inf
     threads: int = 1  # CPU threads for PyTorch ops (why 1: see command.py)
