@@ -13,7 +13,7 @@ import spikefuse.functional as F
 import spikefuse.nn as snn
 from spikefuse.ops.surrogate import resolve, surrogate_grad
 
-from test_grad_threshold import DEVICE, rel_err, run  # the same fixed random loss and leaves
+from test_grad_threshold import DEVICE, assert_match, rel_err, run  # the same fixed random loss and checks
 
 INF = float("inf")
 SCOPES = ("sequence", "batch")
@@ -22,14 +22,6 @@ SCOPES = ("sequence", "batch")
 def rand(*shape, seed=0, scale=0.8, shift=0.2):
     g = torch.Generator().manual_seed(seed)
     return (torch.randn(shape, generator=g) * scale + shift).to(DEVICE)
-
-
-def assert_match(x, backend="fused", **kw):
-    (s1, g1), (s2, g2) = run(x, backend, **kw), run(x, "reference", **kw)
-    assert torch.equal(s1, s2), f"spikes differ at {(s1 != s2).sum().item()} places"
-    for name in g2:
-        assert rel_err(g1[name], g2[name]) < 1e-5, f"grad {name}: {rel_err(g1[name], g2[name])}"
-    return g1
 
 
 @pytest.mark.parametrize("scope", SCOPES)

@@ -40,8 +40,8 @@ def run(x, backend, decay=0.7, v0=None, return_state=False, fn=F.lif, **kw):
     return spikes, dict(zip(["x", "decay", "v0"], torch.autograd.grad(loss, wrt)))
 
 
-def assert_match(x, **kw):
-    (s1, g1), (s2, g2) = run(x, "fused", **kw), run(x, "reference", **kw)
+def assert_match(x, backend="fused", **kw):
+    (s1, g1), (s2, g2) = run(x, backend, **kw), run(x, "reference", **kw)
     assert torch.equal(s1, s2), f"spikes differ at {(s1 != s2).sum().item()} places"
     for name in g2:
         assert rel_err(g1[name], g2[name]) < 1e-5, f"grad {name}: {rel_err(g1[name], g2[name])}"
