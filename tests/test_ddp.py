@@ -113,7 +113,8 @@ def _steps_match_one_process(dp, backend, batch, steps):
     g = torch.Generator().manual_seed(1)
     images = torch.randn(batch, 2, 4, 4, generator=g) * 1.5 + 0.3
     labels = torch.randint(0, 3, (batch,), generator=g)
-    ddp = dp.wrap(convert_sync_batchnorm(model))
+    assert dp.sync_bn_group not in (None, dist.group.WORLD)  # SyncBN's own communicator, as train uses it
+    ddp = dp.wrap(convert_sync_batchnorm(model, dp.sync_bn_group))
     mine = slice(dp.rank * batch // dp.world_size, (dp.rank + 1) * batch // dp.world_size)
     for _ in range(steps):  # a second step starts from the first's running statistics
         loss = nn.functional.cross_entropy(single(images), labels)

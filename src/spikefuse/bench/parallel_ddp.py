@@ -49,7 +49,7 @@ def build(mode: str, device, dp):
         from spikefuse.bench.train import spikingjelly_cifar
         return spikingjelly_cifar("medium", 1.0, time_steps=TIME_STEPS).to(device)
     model = build_model("cifar-medium", (3, 32, 32), 10, TIME_STEPS).to(device)
-    return convert_sync_batchnorm(model, dp.group) if dp is not None and "local-bn" not in mode else model
+    return convert_sync_batchnorm(model, dp.sync_bn_group) if dp is not None and "local-bn" not in mode else model
 
 
 BUCKET_MB = None  # --bucket-mb: DDP's bucket size for spikefuse's modes (None: DDP's 25 MB)

@@ -13,9 +13,12 @@ pack for themselves (fake tensors carry no attached bits).
 """
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 from torch.nn import functional as F
 
+from . import weight_grad_queue
 from .lif import EAGER, TRACED
 from .spike_pack import pack, unpack
 
@@ -43,20 +46,35 @@ def _backward(gy, packed, weight, s_shape, s_dtype, need_s, need_w, need_b, laun
     return gs, gw, gb
 
 
+def _queued_weight_grads(gy, packed, weight, bias, s_shape, need_w, need_b):
+    """_backward's weight and bias gradients, added into their .grad (weight_grad_queue)."""
+    gy2 = gy.reshape(-1, gy.shape[-1])
+    if need_w:
+        s = unpack(packed, s_shape, gy.dtype)
+        weight_grad_queue.accumulate_product(weight, gy2.t(), s.reshape(-1, s.shape[-1]))
+    if need_b:
+        weight_grad_queue.accumulate(bias, gy2.sum(0))
+
+
 class SpikeLinearFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, s, weight, bias, bits):
         """bits: pack(s), or None when no weight gradient will be taken."""
         ctx.save_for_backward(bits, weight)
         ctx.s_shape, ctx.s_dtype, ctx.has_bias = s.shape, s.dtype, bias is not None
+        ctx.later, ctx.bias = weight_grad_queue.active(), bias
         return F.linear(s, weight, bias)
 
     @staticmethod
     def backward(ctx, gy):
         packed, weight = ctx.saved_tensors
         need_s, need_w, need_b = ctx.needs_input_grad[:3]
-        grads = _backward(gy, packed, weight, ctx.s_shape, ctx.s_dtype, need_s, need_w,
-                          need_b and ctx.has_bias)
+        need_b = need_b and ctx.has_bias
+        if ctx.later is not None and (need_w or need_b):  # dL/ds now, the rest when the queue runs
+            ctx.later.append(partial(_queued_weight_grads, gy, packed, weight, ctx.bias, ctx.s_shape,
+                                     need_w, need_b))
+            need_w = need_b = False
+        grads = _backward(gy, packed, weight, ctx.s_shape, ctx.s_dtype, need_s, need_w, need_b)
         return (*grads, None)
 
 

@@ -4,7 +4,7 @@ model whose temporal BN layers are synchronised (sync_bn.py), and data cut per r
 
     # torchrun --nproc-per-node N train.py
     dp = init_data_parallel()                        # process group, this rank's device
-    model = convert_sync_batchnorm(build_model(...))  # the same initial weights on every rank
+    model = convert_sync_batchnorm(build_model(...), dp.sync_bn_group)  # the same initial weights everywhere
     trainer = Trainer(model, splits, optimizer, device=dp.device, data_parallel=dp, ...)
 
 A step trains on one global batch: the data set's own order (the same generator on every
@@ -50,6 +50,10 @@ class DataParallel:
     world_size: int
     device: torch.device
     group: object = None  # None: the default process group
+    # SyncBN's own group (the same ranks, another NCCL communicator): collectives of one
+    # group run one after another, so on DDP's group a BN layer's backward all-reduce would
+    # wait behind the gradient buckets in flight, on the step's critical path
+    sync_bn_group: object = None
     # PyTorch's notes on CUDA graphs: DDP needs 11 eager iterations before its step is
     # captured (its reducer samples runtime statistics on the host in the first 10)
     capture_warmup: ClassVar[int] = 11
@@ -154,7 +158,7 @@ def init_data_parallel(device: str = "auto", timeout: datetime.timedelta = TIMEO
     if (dist.get_rank(), dist.get_world_size()) != (rank, world):
         raise ValueError(f"the process group has rank {dist.get_rank()} of {dist.get_world_size()}, but "
                          f"the environment says rank {rank} of {world}")
-    return DataParallel(rank, world, where)
+    return DataParallel(rank, world, where, sync_bn_group=dist.new_group(ranks=list(range(world))))
 
 
 def _local_buffers(model: nn.Module) -> bool:

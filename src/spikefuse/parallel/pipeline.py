@@ -12,7 +12,9 @@ Schedule (GPipe, over time chunks):
               of the time-mean, a per-step loss) is exact.
     backward  the same in reverse: chunk C-1 first. Stage k sends dL/d(its input chunk c)
               back to stage k-1, and the state gradient is carried down the chunks: dL/dv0
-              of chunk c+1 is the incoming dL/dv[T-1] of chunk c.
+              of chunk c+1 is the incoming dL/dv[T-1] of chunk c. The weight gradients of
+              SpikingLinear layers are computed after the send (ops.weight_grad_queue, the
+              zero-bubble split of backward), so stage k-1 does not wait for them.
 Exactness: each chunk's autograd graph lives from its forward to its backward, its initial
 states v0 being leaves; backward is torch.autograd.backward on (the chunk's output, its final
 states) with (the received gradient, the carried state gradient). That is backpropagation
@@ -47,7 +49,7 @@ from torch import nn
 from .. import functional as F
 from ..errors import one_line
 from ..nn import ALIF, BNLIF, CUBA, LIF, RecurrentALIF, RecurrentLIF
-from ..ops import spike_pack
+from ..ops import spike_pack, weight_grad_queue
 
 BATCH_NORM = ("refuse", "per_chunk")
 CARRIES_NO_STATE_HERE = (ALIF, CUBA, RecurrentLIF, RecurrentALIF)  # neurons whose state is not handed over
@@ -296,7 +298,9 @@ def _step(layers, x, target, loss_fn, chunks, peers, pack_spikes):
     elif peers.first:
         raise ValueError("x: the first stage needs the input [T, B, ...], got None")
     peers.device = _stage_device(layers, x, peers)
-    records, chunk_outputs = _forward(layers, x, chunks, peers, pack_spikes)
+    later = []  # the weight gradients of the chunk at hand, computed after its input gradient is sent
+    with weight_grad_queue.deferring(later):
+        records, chunk_outputs = _forward(layers, x, chunks, peers, pack_spikes)
     loss = outputs = output_grads = None
     if peers.last:
         outputs = torch.cat(chunk_outputs)
@@ -305,7 +309,7 @@ def _step(layers, x, target, loss_fn, chunks, peers, pack_spikes):
             raise ValueError(f"loss_fn: expected a scalar tensor, got {loss!r}")
         output_grads = torch.autograd.grad(loss, chunk_outputs, allow_unused=True)
         loss, outputs = loss.detach().float().reshape(()), outputs.detach()
-    _backward(records, output_grads, peers)
+    _backward(records, output_grads, peers, later)
     return peers.share_loss(loss), outputs
 
 
@@ -415,7 +419,7 @@ def _forward(layers, x, chunks, peers, pack_spikes):
     return records, outputs
 
 
-def _backward(records, output_grads, peers):
+def _backward(records, output_grads, peers, later):
     chunks = len(records)
     carried = [None] * len(records[-1].v0)  # per layer: dL/dv[T-1] of the chunk at hand
     if not peers.last:
@@ -445,6 +449,7 @@ def _backward(records, output_grads, peers):
             if g_in is None:  # the input did not reach the loss
                 g_in = torch.zeros(rec.in_shape, dtype=rec.in_dtype, device=peers.device)
             peers.send_grad(g_in, c)
+        weight_grad_queue.run(later)
         records[c] = None  # this chunk's graph is done: free it
     peers.flush()
 

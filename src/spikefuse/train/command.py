@@ -225,7 +225,7 @@ def _train(cfg, device, run_dir, args, state, dp=None) -> int:
     if dp is not None:
         from ..parallel import convert_sync_batchnorm
 
-        convert_sync_batchnorm(model, dp.group)
+        convert_sync_batchnorm(model, dp.sync_bn_group)
         if not main:  # the same initial weights everywhere, then a random stream per rank
             checkpoint.seed_everything(dp.rank_seed(cfg.seed))
     if cfg.sparse:  # Adam on the weight rows that got gradient (spikefuse.optim.LazyAdam)
