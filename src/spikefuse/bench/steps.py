@@ -41,6 +41,9 @@ from .timing import median_ms
 
 MODES = ("eager", "eager-triton-launch", "captured", "compiled", "compiled-cpp-wrapper", "reduce-overhead",
          "reduce-overhead-step", "reduce-overhead-whole")
+# what a run without --modes times: the four ways a user issues a step (the other modes are
+# diagnoses of where a way loses time, ~20 s of compiling each; `bench all` keeps under 10 min)
+DEFAULT_MODES = ("eager", "captured", "compiled", "reduce-overhead")
 IPU_NETS = ("ipu-shd", "ipu-nmnist", "ipu-dvsgesture")
 INPUT_DENSITY = 0.05  # event inputs: a binary frame with this share of ones
 
@@ -50,14 +53,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--nets", default=",".join(IPU_NETS + ("shd", "cifar-medium", "resnet18")),
                         help="comma-separated: ipu-shd, ipu-nmnist, ipu-dvsgesture, shd, cifar-medium, resnet18")
     parser.add_argument("--batches", default="1,8,48,256", help="batch sizes of the IPU networks")
-    parser.add_argument("--modes", default=",".join(MODES),
-                        help=f"comma-separated, of {', '.join(MODES)} (reduce-overhead-step: the optimizer step "
+    parser.add_argument("--modes", default=",".join(DEFAULT_MODES),
+                        help=f"comma-separated, of {', '.join(MODES)} (default: {','.join(DEFAULT_MODES)}; "
+                             "reduce-overhead-step: the optimizer step "
                              "compiled too; reduce-overhead-whole: the whole step compiled as one function, with "
                              "compiled autograd)")
     parser.add_argument("--compile-nets", default="ipu-shd,cifar-medium",
                         help="networks that also run the compiled and launch-path modes")
-    parser.add_argument("--compile-batches", default="1,8,48",
-                        help="IPU batch sizes that also run the compiled modes (compiling costs ~1 min each)")
+    parser.add_argument("--compile-batches", default="8",
+                        help="IPU batch sizes that also run the compiled modes (compiling costs ~20 s each)")
     parser.add_argument("--no-peers", action="store_true", help="skip SpikingJelly")
     parser.add_argument("--smoke", action="store_true", help="tiny widths and batches, 2 timed steps (tests)")
 
