@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# GPU runs for the next sessions, each under 10 minutes. Left after 2026-11-25: `all train`,
-# `all steps`, `all sparse` (issue 19's remaining parts) and, on nvidia-h100-x2/h200-x2,
-# `all parallel` (issue 17's scaling and pipeline figures). Modes:
+# GPU runs for the next sessions, each under 10 minutes. Left after 2026-11-25 (second session):
+# `all sparse`, the one part of issue 19's one-command run not yet run through `bench all`
+# (train, steps and, on 2 H100s, parallel ran with benchmarks/gpu_session.sh). Modes:
 #   bash benchmarks/gpu_next.sh tests   compiled-kernel tests (pytest -n, xdist carried in .whl/):
 #                                       the neurons, the traces, capture and inductor on them
 #   bash benchmarks/gpu_next.sh kernel  the sparse weight-gradient kernel against cuBLAS, captured
