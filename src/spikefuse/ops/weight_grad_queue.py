@@ -12,27 +12,27 @@ are those autograd would accumulate, up to the order of float sums.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 from collections.abc import Callable
 
 import torch
 
-_active: list | None = None  # the queue of the forward being traced, if any
+_active = contextvars.ContextVar("weight_grad_queue", default=None)  # per thread: the forward's queue
 
 
 @contextlib.contextmanager
 def deferring(queue: list):
     """Layers that support it, called inside, queue their weight gradients on `queue`."""
-    global _active
-    before, _active = _active, queue
+    token = _active.set(queue)
     try:
         yield queue
     finally:
-        _active = before
+        _active.reset(token)
 
 
 def active() -> list | None:
     """The queue a layer's forward should hand to its backward (None: compute as usual)."""
-    return _active
+    return _active.get()
 
 
 def run(queue: list[Callable[[], None]]) -> None:
