@@ -51,8 +51,8 @@ class DataParallel:
     device: torch.device
     group: object = None  # None: the default process group
     # SyncBN's own group (the same ranks, another NCCL communicator): collectives of one
-    # group run one after another, so on DDP's group a BN layer's backward all-reduce would
-    # wait behind the gradient buckets in flight, on the step's critical path
+    # group run one after another, and on DDP's group a BN layer's backward all-reduce, on the
+    # step's critical path, would queue behind the gradient buckets in flight
     sync_bn_group: object = None
     # PyTorch's notes on CUDA graphs: DDP needs 11 eager iterations before its step is
     # captured (its reducer samples runtime statistics on the host in the first 10)
@@ -158,7 +158,7 @@ def init_data_parallel(device: str = "auto", timeout: datetime.timedelta = TIMEO
     if (dist.get_rank(), dist.get_world_size()) != (rank, world):
         raise ValueError(f"the process group has rank {dist.get_rank()} of {dist.get_world_size()}, but "
                          f"the environment says rank {rank} of {world}")
-    return DataParallel(rank, world, where, sync_bn_group=dist.new_group(ranks=list(range(world))))
+    return DataParallel(rank, world, where, sync_bn_group=dist.new_group(ranks=list(range(world)), timeout=timeout))
 
 
 def _local_buffers(model: nn.Module) -> bool:
