@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # GPU runs for the next sessions, each under 10 minutes. Left after 2026-11-25 (second session):
 # `all sparse`, the one part of issue 19's one-command run not yet run through `bench all`
-# (train, steps and, on 2 H100s, parallel ran with benchmarks/gpu_session.sh). Modes:
+# (train, steps and, on 2 H100s, parallel ran with benchmarks/gpu_session.sh). Also open: `bench on`
+# times the libraries one after the other, and at N = 8192 float32 forward+backward two runs
+# disagreed on who leads by 5 % (drift; benchmarks/on_probe.py alternates rounds and profiles):
+# timing the libraries in alternating rounds inside `bench on`, then `all on` again. Modes:
 #   bash benchmarks/gpu_next.sh tests   compiled-kernel tests (pytest -n, xdist carried in .whl/):
 #                                       the neurons, the traces, capture and inductor on them
 #   bash benchmarks/gpu_next.sh kernel  the sparse weight-gradient kernel against cuBLAS, captured
