@@ -14,7 +14,7 @@ from collections import defaultdict
 import torch
 
 from spikefuse.bench import on, peers
-from spikefuse.bench.timing import median_ms
+from spikefuse.bench.timing import in_rounds, median_ms
 
 
 def kernels(call, steps: int = 3) -> list[tuple[str, float, int]]:
@@ -48,11 +48,11 @@ def main(argv=None) -> int:
             layers = {name: peers.LAYERS[name](problem.weight) for name in ("spikefuse", "spikingjelly")}
             call = {name: on.calls(layer, problem.x, problem.g, args.precision, "cuda")[args.mode]
                     for name, layer in layers.items()}
-            times = defaultdict(list)
-            for _ in range(args.rounds):  # alternating: each round times every library once
-                for name, fn in call.items():
-                    times[name].append(median_ms(fn, warmup=2, min_reps=5, max_reps=5)[0])
-            for name, ts in times.items():
+            times, errors = in_rounds(lambda fn: median_ms(fn, warmup=2, min_reps=5, max_reps=5)[0], call,
+                                      args.rounds)
+            for name, error in errors.items():
+                print(f"N={N} {name}: failed: {error}", flush=True)
+            for name, ts in ((n, ts) for n, ts in times.items() if ts):
                 print(f"N={N} {args.precision} {args.mode} {name}: median {statistics.median(ts):.3f} ms "
                       f"over {len(ts)} rounds ({' '.join(f'{t:.2f}' for t in ts)})", flush=True)
             for name, fn in call.items():

@@ -38,8 +38,13 @@ def test_toy_run_cross_checks_every_installed_library(tmp_path):
         for r in libs.values():
             assert "error" not in r
             assert set(r["spike_agreement"]) == set(on.MODES)
-            for mode in on.MODES:
+            for mode in on.MODES:  # timed in alternating rounds: the time is the rounds' median
                 assert r[mode]["ms"] > 0 and r[mode]["ratio_to_spikefuse"] > 0
+                assert len(r[mode]["round_ms"]) == on.ROUNDS
+                assert min(r[mode]["round_ms"]) <= r[mode]["ms"] <= max(r[mode]["round_ms"])
+        for mode in on.MODES:
+            assert case["standing"][mode]["time"] in ("first", "tie", "behind")
+            assert case["standing"][mode]["fastest_other"] in set(libs) - {"spikefuse"}
             if case["precision"] == "float32":  # the same equations: the same spikes and gradients
                 assert r["check_passed"] is True
                 assert min(r["spike_agreement"].values()) == 1.0
@@ -47,6 +52,7 @@ def test_toy_run_cross_checks_every_installed_library(tmp_path):
             else:  # bf16: each library rounds its own way, reported only
                 assert r["check_passed"] is None and min(r["spike_agreement"].values()) > 0.9
     md = path.with_suffix(".md").read_text()
+    assert "## Where spikefuse stands" in md and "alternating rounds" in md
     assert "## float32, forward-backward" in md and "| 16 | pytorch-loop |" in md and "not the benchmark" in md
     chart = path.with_suffix(".png")
     pytest.importorskip("matplotlib")
@@ -108,3 +114,34 @@ def test_cuda_asked_for_where_there_is_none(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(on.torch.cuda, "is_available", lambda: False)
     assert cli.main(["bench", "on", "--device", "cuda", "--out", str(tmp_path)]) == 2
     assert "--device cuda: no CUDA device is available here" in capsys.readouterr().err
+
+
+def test_rounds_alternate_and_a_failing_call_sits_out_the_rest():
+    from spikefuse.bench.timing import in_rounds
+    order = []
+
+    def call(name):
+        def run():
+            order.append(name)
+            if name == "bad" and order.count("bad") == 2:
+                raise RuntimeError("out of memory")
+            return len(order)
+        return run
+    times, errors = in_rounds(lambda fn: fn(), {n: call(n) for n in ("a", "bad", "b")}, rounds=3)
+    assert order == ["a", "bad", "b", "a", "bad", "b", "a", "b"]  # each round visits every entry in turn
+    assert times == {"a": [1, 4, 7], "bad": [2], "b": [3, 6, 8]}
+    assert str(errors["bad"]) == "out of memory" and set(errors) == {"bad"}
+
+
+def test_standing_calls_a_gap_inside_the_spread_a_tie():
+    def row(rounds, mib):
+        return {"forward": {"ms": sorted(rounds)[len(rounds) // 2], "round_ms": rounds, "peak_extra_mib": mib}}
+    rows = {"spikefuse": row([10.2, 10.3, 10.4], 100), "peer": row([10.0, 10.25, 10.3], 100.5),
+            "slow": row([20, 21, 22], 300)}
+    st = on.standing(rows, ["forward"])["forward"]
+    assert (st["time"], st["fastest_other"], st["memory"]) == ("tie", "peer", "tie")
+    rows["peer"] = row([9.0, 9.1, 9.2], 150)
+    st = on.standing(rows, ["forward"])["forward"]
+    assert (st["time"], st["memory"], st["leanest_other"]) == ("behind", "first", "peer")
+    rows["spikefuse"] = row([8.0, 8.1, 9.5], 160)
+    assert on.standing(rows, ["forward"])["forward"]["time"] == "first"

@@ -50,7 +50,7 @@ from spikefuse.errors import UsageError, one_line
 
 from . import peers
 from .report import atomic_write, environment, table, write_results
-from .timing import copy_bandwidth_gbs, median_ms, peak_extra_mib
+from .timing import copy_bandwidth_gbs, in_rounds, median_ms, peak_extra_mib
 
 SIZES = [4096, 8192, 16384]
 BATCH, TIME_STEPS = 16, 500
@@ -59,8 +59,10 @@ MODES = ("forward", "forward-backward")
 NEURON_ACCESSES = {"forward": 2, "forward-backward": 5}  # tensors of T B N elements the LIF must move
 MAX_SPIKE_MISMATCH = 1e-4  # float32: fraction of spikes that may differ (h exactly at threshold)
 MAX_GRAD_REL_ERR = 1e-2  # float32: |g - g_spikefuse| / |g_spikefuse|
-# the cross-check's calls warm up too; the per-step loops (~0.1-0.3 s a call at N = 16384) get 3 reps
-CUDA_TIMING = {"warmup": 1, "min_reps": 3, "max_reps": 20, "budget_s": 0.5}
+# Libraries are timed in alternating rounds (timing.in_rounds): a round times each call after one
+# warm-up call, for at least 2 reps; the per-step loops (~0.1-0.3 s a call at N = 16384) get 2 a round
+ROUNDS = 5
+ROUND_TIMING = {"warmup": 1, "min_reps": 2, "max_reps": 10, "budget_s": 0.15}
 # the floor's GEMMs: cheap, so timed in the steady state, queued back to back, with more warm-up
 FLOOR_TIMING = {"warmup": 5, "min_reps": 10, "max_reps": 50, "budget_s": 1.0, "back_to_back": 5}
 EQUATIONS = (f"y[t] = W x[t] (Linear, no bias); h[t] = {peers.DECAY} v[t-1] + y[t], v[-1] = 0; "
@@ -167,7 +169,7 @@ def tf32_matmuls(device: str):
         torch.backends.cuda.matmul.allow_tf32 = before
 
 
-def time_ms(call, device: str, timing: dict = CUDA_TIMING) -> float:
+def time_ms(call, device: str, timing: dict) -> float:
     """Median ms: CUDA events after warm-up on CUDA; on the CPU a wall clock, 3 runs after one
     (timing.median_ms uses CUDA events whenever CUDA exists, even around CPU work)."""
     if device == "cuda":
@@ -234,27 +236,43 @@ def check(run, modes, base) -> tuple[dict, tuple]:
     return {"spike_agreement": agreement, "grad_rel_err": errors}, base
 
 
-def measure_library(layer, problem, precision, settings, base) -> tuple[dict, tuple]:
-    """(row, base): the library checked against spikefuse's `base`, then timed per mode."""
+def cross_check(layer, problem, precision, settings, base) -> tuple[dict, dict, tuple]:
+    """(row, calls, base): the library's spikes and gradients checked against spikefuse's
+    `base`, and its calls per mode, ready to be timed."""
     run = calls(layer, problem.x, problem.g, precision, settings.device)
     row, base = check(run, settings.modes, base)
     agreement, errors = row["spike_agreement"], row["grad_rel_err"]
     row["backend"] = layer.backend()
     row["check_passed"] = ((min(agreement.values()) >= 1 - MAX_SPIKE_MISMATCH and max(errors.values()) <= MAX_GRAD_REL_ERR)
                            if precision == "float32" else None)  # bf16: reported, not judged
+    return row, run, base
+
+
+def time_rows(rows, runs, settings) -> None:
+    """Each checked library's calls timed in alternating rounds (timing.in_rounds): per mode
+    the median of its round medians, the rounds themselves and their spread; then each call's
+    peak memory. A library whose call fails becomes an error row."""
     cuda = settings.device == "cuda"
-    for mode in settings.modes:
-        row[mode] = {"ms": time_ms(run[mode], settings.device),
-                     "peak_extra_mib": peak_extra_mib(run[mode]) if cuda else None}
-    return row, base
+    keyed = {(name, mode): run[mode] for name, run in runs.items() for mode in settings.modes}
+    times, errors = in_rounds(lambda call: time_ms(call, settings.device, ROUND_TIMING), keyed, ROUNDS)
+    for name, run in runs.items():
+        failed = [errors[(name, mode)] for mode in settings.modes if (name, mode) in errors]
+        if failed:
+            rows[name] = {"error": one_line(failed[0])}
+            continue
+        for mode in settings.modes:
+            rounds = times[(name, mode)]
+            ms = statistics.median(rounds)
+            rows[name][mode] = {"ms": ms, "round_ms": rounds, "spread": (max(rounds) - min(rounds)) / ms,
+                                "peak_extra_mib": peak_extra_mib(run[mode]) if cuda else None}
 
 
 def measure_case(N, precision, settings, libraries, skipped) -> dict:
     T, B, modes = settings.T, settings.B, settings.modes
     floor = measure_floor(N, T, B, precision, settings.device, settings.bandwidth)
     problem = make_problem(N, T, B, settings.device, settings.seed)
-    rows, base = {}, None
-    for name in libraries:
+    rows, runs, base = {}, {}, None
+    for name in libraries:  # build and cross-check every library; all stay resident for the rounds
         if name != "spikefuse" and base is None:  # spikefuse failed: nothing to check against
             rows[name] = {"error": "not run: spikefuse's own run failed, so there is nothing to cross-check against"}
             continue
@@ -267,22 +285,49 @@ def measure_case(N, precision, settings, libraries, skipped) -> dict:
             skipped[name] = f"failed to build: {one_line(error)}"
             continue
         try:
-            rows[name], found = measure_library(layer, problem, precision, settings, base)
+            rows[name], runs[name], found = cross_check(layer, problem, precision, settings, base)
             base = base or found  # spikefuse's: it runs first
         except Exception as error:  # noqa: BLE001 -- out of memory, a kernel that fails: a row, not the end
             rows[name] = {"error": one_line(error)}
-        del layer
-        gc.collect()
-        if settings.device == "cuda":
-            torch.cuda.empty_cache()
+    time_rows(rows, runs, settings)
     rate = base[0].float().mean().item() if base else None
+    del runs, base
+    gc.collect()
+    if settings.device == "cuda":
+        torch.cuda.empty_cache()
     ours = rows.get("spikefuse", {})
     for row in rows.values():
         for mode in modes:
             if mode in row:
                 row[mode]["ratio_to_floor"] = row[mode]["ms"] / floor[mode]["ms"] if floor[mode]["ms"] else None
                 row[mode]["ratio_to_spikefuse"] = row[mode]["ms"] / ours[mode]["ms"] if mode in ours else None
-    return {"N": N, "T": T, "B": B, "precision": precision, "firing_rate": rate, "floor": floor, "libraries": rows}
+    return {"N": N, "T": T, "B": B, "precision": precision, "firing_rate": rate, "floor": floor, "libraries": rows,
+            "standing": standing(rows, modes)}
+
+
+def standing(rows, modes) -> dict:
+    """Per mode, where spikefuse stands in time and in peak memory: 'first', 'tie' (behind the
+    best entry by less than the run-to-run spread: the two entries' rounds overlap; memory:
+    within 1 %), or 'behind'; with the best other entry and spikefuse over it."""
+    measured = {name: r for name, r in rows.items() if "error" not in r}
+    ours, others = measured.get("spikefuse"), {n: r for n, r in measured.items() if n != "spikefuse"}
+    result = {}
+    for mode in modes:
+        if ours is None or not others:
+            result[mode] = None
+            continue
+        fastest = min(others, key=lambda n: others[n][mode]["ms"])
+        mine, theirs = ours[mode], others[fastest][mode]
+        time = ("first" if mine["ms"] <= theirs["ms"] else
+                "tie" if min(mine["round_ms"]) <= max(theirs["round_ms"]) else "behind")
+        entry = {"time": time, "fastest_other": fastest, "ms_over_fastest_other": mine["ms"] / theirs["ms"]}
+        if mine["peak_extra_mib"] is not None:
+            leanest = min(others, key=lambda n: others[n][mode]["peak_extra_mib"])
+            ratio = mine["peak_extra_mib"] / max(others[leanest][mode]["peak_extra_mib"], 1e-9)
+            entry.update(memory="first" if ratio < 0.99 else "tie" if ratio <= 1.01 else "behind",
+                         leanest_other=leanest, memory_over_leanest_other=ratio)
+        result[mode] = entry
+    return result
 
 
 # ---- the run ----
@@ -322,7 +367,7 @@ def save(args, device, modes, precisions, bandwidth, cases, skipped):
                                               "not the benchmark's figures (those need a CUDA GPU)",
         "equations": EQUATIONS, "modes": modes, "precisions": precisions,
         "settings": {"T": args.time_steps, "B": args.batch, "sizes": args.sizes, "seed": args.seed,
-                     "tf32_matmul": device == "cuda", "timing": CUDA_TIMING if device == "cuda" else "wall clock"},
+                     "tf32_matmul": device == "cuda", "timing": {"rounds": ROUNDS, "per_round": ROUND_TIMING if device == "cuda" else "wall clock"}},
         "inputs": "W ~ N(0, 1/N), x ~ N(0.5, 1), g ~ N(0, 1) from torch.Generator(seed); loss = sum(s * g)",
         "copy_bandwidth_gbs": bandwidth,
         "tolerances": {"spike_mismatch": MAX_SPIKE_MISMATCH, "grad_rel_err": MAX_GRAD_REL_ERR,
@@ -360,6 +405,27 @@ def versions(*packages) -> dict:
     return found
 
 
+def standing_table(payload) -> str:
+    """Where spikefuse stands in each case: first, tie (within the rounds' spread; memory within
+    1 %) or behind, against the fastest and the leanest other entry."""
+    rows = []
+    for c in payload["cases"]:
+        for mode in payload["modes"]:
+            st = c.get("standing", {}).get(mode)
+            if st is None:
+                continue
+            ours = c["libraries"]["spikefuse"][mode]
+            rows.append([c["precision"], mode, c["N"], st["time"], st["fastest_other"], st["ms_over_fastest_other"],
+                         f"{ours['spread']:.1%} / {c['libraries'][st['fastest_other']][mode]['spread']:.1%}",
+                         ours["ratio_to_floor"], st.get("memory"), st.get("leanest_other"),
+                         st.get("memory_over_leanest_other")])
+    return ("## Where spikefuse stands\n\n*time*: first, tie (slower than the fastest other entry by less than "
+            "the run-to-run spread: some round of spikefuse's was as fast as some round of the other's) or "
+            "behind; *memory*: first, tie (within 1 %) or behind the leanest other entry.\n\n"
+            + table(["precision", "mode", "N", "time", "fastest other", "spikefuse x it", "spread (ours / its)",
+                     "spikefuse x floor", "memory", "leanest other", "spikefuse x it"], rows))
+
+
 def summary_line(case, modes) -> str:
     floors = "/".join(f"{case['floor'][m]['ms'] or case['floor'][m]['matmul_ms']:.3g}" for m in modes)
     head = f"{case['precision']} N={case['N']} ({'/'.join(modes)} ms; floor {floors}):"
@@ -371,7 +437,9 @@ def summary_line(case, modes) -> str:
         times = "/".join(f"{r[m]['ms']:.3g}" for m in modes)
         flag = " CHECK FAILED" if r["check_passed"] is False else ""
         parts.append(f"{name} {times} agree={min(r['spike_agreement'].values()):.4f}{flag}")
-    return head + " " + " | ".join(parts)
+    standing = "; ".join(f"{m}: time {st['time']}, memory {st.get('memory')}"
+                         for m, st in case["standing"].items() if st is not None)
+    return head + " " + " | ".join(parts) + (f" || spikefuse {standing}" if standing else "")
 
 
 def markdown(payload) -> str:
@@ -382,8 +450,12 @@ def markdown(payload) -> str:
         out.append(f"**{payload['note']}.**\n")
     s = payload["settings"]
     bandwidth = payload["copy_bandwidth_gbs"]
-    timing = ("medians of CUDA-event spans after warm-up (the cross-check's calls warm up too)"
-              if payload["device_type"] == "cuda" else "wall clock, medians of 3 calls")
+    rounds = s["timing"]["rounds"]
+    timing = (f"the libraries timed in {rounds} alternating rounds (each round times every call in turn, so "
+              "drift on a shared GPU hits all alike); a row's time is the median of its round medians, each "
+              "a median of CUDA-event spans after a warm-up call; *spread*: (slowest - fastest round) / time"
+              if payload["device_type"] == "cuda" else
+              f"wall clock, {rounds} alternating rounds of 3 calls, the median of the round medians")
     out.append(f"Equations (every library): {payload['equations']}. T={s['T']}, B={s['B']}. Inputs: "
                f"{payload['inputs']}. float32 matmuls in TF32: {'yes' if s['tf32_matmul'] else 'no'}; bfloat16 "
                "runs under torch.autocast for every library. *forward*: under torch.no_grad; *forward-backward*: "
@@ -393,8 +465,8 @@ def markdown(payload) -> str:
                "of spikes equal to spikefuse's (spikefuse: to its own first call), lower of the two modes; "
                f"*check* (float32): at most {MAX_SPIKE_MISMATCH:g} of the spikes differ and both gradients "
                f"within {MAX_GRAD_REL_ERR:g} relative error.\n")
-    header = ["N", "library", "neuron backend", "ms", "x floor", "x spikefuse", "peak extra MiB", "agreement",
-              "grad rel err", "check"]
+    header = ["N", "library", "neuron backend", "ms", "spread", "x floor", "x spikefuse", "peak extra MiB",
+              "agreement", "grad rel err", "check"]
     for precision in payload["precisions"]:
         for mode in payload["modes"]:
             rows = []
@@ -402,20 +474,22 @@ def markdown(payload) -> str:
                 floor = case["floor"][mode]
                 rows.append([case["N"], "floor", f"matmul {floor['matmul_ms']:.3g} ms + neuron "
                              + (f"{floor['neuron_ms']:.3g} ms" if floor["neuron_ms"] is not None else "not measured"),
-                             floor["ms"], None, None, None, None, None, None])
+                             floor["ms"], None, None, None, None, None, None, None])
                 for name, r in case["libraries"].items():
                     if "error" in r:
-                        rows.append([case["N"], name, f"error: {r['error']}"] + [None] * 7)
+                        rows.append([case["N"], name, f"error: {r['error']}"] + [None] * 8)
                         continue
                     m = r[mode]
                     check = {True: "pass", False: "FAILED", None: "reported only"}[r["check_passed"]]
                     ratio = m["ratio_to_floor"]
                     below = ratio is not None and ratio < 1  # then the floor is no bound here: say so
-                    rows.append([case["N"], name, r["backend"], m["ms"], f"{ratio:.3g} (below the floor)" if below
+                    rows.append([case["N"], name, r["backend"], m["ms"], f"{m['spread']:.1%}",
+                                 f"{ratio:.3g} (below the floor)" if below
                                  else ratio, m["ratio_to_spikefuse"],
                                  m["peak_extra_mib"], min(r["spike_agreement"].values()),
                                  max(r["grad_rel_err"].values()), check])
             out.append(f"## {precision}, {mode}\n\n" + table(header, rows))
+    out.append(standing_table(payload))
     floors = [[c["precision"], c["N"], c["firing_rate"], c["floor"]["matmul_ms"], c["floor"]["matmul_tflops"]]
               for c in payload["cases"]]
     out.append("## Matmul measured in the run\n\n" + table(["precision", "N", "firing rate", "matmul ms",

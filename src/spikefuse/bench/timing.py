@@ -49,6 +49,24 @@ def median_ms(fn, *, warmup: int = 3, min_reps: int = 5, max_reps: int = 100, bu
     return statistics.median(times), times
 
 
+def in_rounds(measure, calls: dict, rounds: int) -> tuple[dict, dict]:
+    """(key -> [measure(call) of each round], key -> the error that stopped it). Every round
+    measures each call in turn, so drift on a shared GPU over the run (clocks, a neighbour's
+    load) hits every entry alike instead of whichever entry ran while it lasted; the spread
+    of an entry's rounds is the run-to-run spread its comparisons are judged against. A call
+    that raises (out of memory, a failing kernel) sits out the later rounds; the others go on."""
+    results, errors = {key: [] for key in calls}, {}
+    for _ in range(rounds):
+        for key, call in calls.items():
+            if key in errors:
+                continue
+            try:
+                results[key].append(measure(call))
+            except Exception as error:  # noqa: BLE001 -- reported by the caller, the others still run
+                errors[key] = error
+    return results, errors
+
+
 def captured(fn, warmup: int = 3):
     """(replay, result): fn captured in a CUDA graph, warmed up first on a side stream (as
     torch.cuda.graph asks), and what fn returned inside the capture. replay() runs fn's
