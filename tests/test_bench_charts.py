@@ -12,13 +12,15 @@ from spikefuse.cli import main
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
 FILES = ["lif-nvidia-h200.json", "neurons-nvidia-h100-80gb-hbm3.json", "steps-ipu-shd-nvidia-h200.json",
          "train-nvidia-h200.json", "data-nvidia-h200.json", "on-nvidia-h100-80gb-hbm3.json",
-         "sparse-notes-nvidia-h100-80gb-hbm3.json"]
+         "sparse-notes-nvidia-h100-80gb-hbm3.json", "all-nvidia-h100-80gb-hbm3/sparse-nvidia-h100-80gb-hbm3.json",
+         "all-nvidia-h100-80gb-hbm3/ddp-scaling-nvidia-h100-80gb-hbm3.json",
+         "all-nvidia-h100-80gb-hbm3/pipeline-nvidia-h100-80gb-hbm3.json"]
 pytest.importorskip("matplotlib")
 
 
 @pytest.mark.parametrize("name", FILES)
 def test_each_benchmark_draws_from_its_results_file(name, tmp_path):
-    copy = tmp_path / name
+    copy = tmp_path / Path(name).name
     shutil.copy(RESULTS / name, copy)
     (png,) = charts.redraw([str(copy)])
     data = Path(png).read_bytes()

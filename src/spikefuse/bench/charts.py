@@ -3,8 +3,8 @@ committed result can be drawn again on any machine:
 
     spikefuse bench chart benchmarks/results/lif-nvidia-h200.json [...]
 
-One picture per file (lif, neurons, steps, train, data: grouped bars drawn here; sparse and
-on: the charts their benchmarks draw). Times are on a log axis, because the entries span one to
+One picture per file (lif, neurons, steps, train, data, ddp-scaling, the temporal pipeline:
+grouped bars drawn here; sparse and on: the charts their benchmarks draw). Times are on a log axis, because the entries span one to
 several hundred times spikefuse's; where the run measured a floor (bandwidth, FLOPs, the
 step's own GPU kernel time) it is drawn as a black bar mark over its group.
 """
@@ -141,10 +141,42 @@ def _data(ax, payload):
     return grouped_bars(ax, ["one epoch"], series, None, "s per epoch (log scale)")
 
 
-DRAWERS = {"lif": _lif, "neurons": _neurons, "steps": _steps, "train": _train, "data": _data}
+def _ddp_scaling(ax, payload):
+    """Samples a second on one GPU and on N, per mode and precision; the scaling in the label."""
+    rows = [r for r in payload["results"] if not r.get("error")]
+    gpus = max((r["gpus"] for r in rows), default=0)
+    groups = [f"{r['mode']}\n{r['precision']}, x{r['scaling']:.2f}" for r in rows]
+    series = {"1 GPU": [r.get("samples_per_s_1gpu") for r in rows],
+              f"{gpus} GPUs": [r.get("samples_per_s") for r in rows]}
+    return grouped_bars(ax, groups, series, None, "samples/s, whole training steps (log scale)")
+
+
+def _pipeline(ax, payload):
+    """Per sequence length, the planner's chunking: measured and predicted speedup over one
+    GPU, and the busiest GPU's peak memory over one GPU's."""
+    chosen = [(r["T"], next((p for p in r["pipeline"] if p.get("planner_choice")), None)) for r in payload["results"]]
+    chosen = [(T, p) for T, p in chosen if p is not None]
+    groups = [f"T={T}\n{p['chunks']} chunks" for T, p in chosen]
+    series = {"speedup, measured": [p["speedup"] for _, p in chosen],
+              "speedup, predicted": [p["predicted_speedup"] for _, p in chosen],
+              "peak memory": [p["peak_ratio_to_single"] for _, p in chosen]}
+    if not grouped_bars(ax, groups, series, [1.0] * len(chosen), f"x one GPU (log scale), {payload['gpus']} GPUs",
+                        "one GPU = 1"):
+        return False
+    low, high = ax.get_ylim()  # a narrow span: label more than the decades, within the bars' range
+    ticks = [t for t in (0.25, 0.4, 0.5, 0.6, 0.8, 1, 1.25, 1.5, 2, 3, 4) if low <= t <= high]
+    ax.set_yticks(ticks, [f"{t:g}" for t in ticks])
+    ax.set_ylim(low, high)
+    ax.set_yticks([], minor=True)
+    return True
+
+
+DRAWERS = {"lif": _lif, "neurons": _neurons, "steps": _steps, "train": _train, "data": _data,
+           "ddp-scaling": _ddp_scaling, "temporal pipeline": _pipeline}
 TITLES = {"lif": "LIF forward+backward", "neurons": "ALIF, CUBA, recurrent neurons",
           "steps": "whole training steps", "train": "training steps of the CIFAR networks",
-          "data": "one epoch of SHD-shaped data"}
+          "data": "one epoch of SHD-shaped data", "ddp-scaling": "data-parallel training, scaling",
+          "temporal pipeline": "layers as pipeline stages, time in chunks"}
 
 
 def configure(parser) -> None:

@@ -60,7 +60,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="comma-separated: 'natural' and/or fixed spike shares, e.g. natural,0.01,0.025,0.05,0.1 "
                              "(every case runs at each)")
     parser.add_argument("--no-kernel", action="store_true", help="skip the weight-gradient kernel comparison")
-    parser.add_argument("--chart", action="store_true", help="also draw the map (sparse-<device>.png; needs matplotlib)")
+    parser.add_argument("--chart", action=argparse.BooleanOptionalAction, default=True,
+                        help="draw the run (sparse-<device>.png; needs matplotlib; default on)")
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, eager, runs on the CPU (tests)")
 
 
@@ -482,17 +483,59 @@ def markdown(payload) -> str:
 
 
 def chart(rows, path):
-    """The map as a picture: per network and activity, sparse's speedup over the captured
-    dense step on a width x batch grid (green: sparse wins, red: dense wins); the path, or
-    None without matplotlib or without sparse/dense pairs."""
+    """The run as a picture (the path, or None without matplotlib or without sparse/dense
+    pairs): a grid run (`--cases map`: every network, activity and theta_grad on 4 or more
+    width x batch cells) as one heat map per panel; any other case list as bars, each mode's
+    speedup over the captured dense step per case."""
     pairs = [r for r in rows if r["mode"] == "sparse" and "speedup_vs_dense" in r]
     if not pairs:
         return None
     try:
-        from matplotlib.colors import LogNorm
+        import matplotlib  # noqa: F401
     except ImportError:
         print("spikefuse bench sparse: no chart (matplotlib is not installed: pip install 'spikefuse[plot]')")
         return None
+    panels = {(r["net"], str(r.get("activity", "natural")), r["theta_grad"]) for r in pairs}
+    cells = min(sum(1 for r in pairs if (r["net"], str(r.get("activity", "natural")), r["theta_grad"]) == panel)
+                for panel in panels)
+    return _map_chart(pairs, path) if cells >= 4 else _bar_chart(rows, path)
+
+
+def _bar_chart(rows, path):
+    """Per case (a row each, top to bottom in run order), each mode's speedup over the
+    captured dense step as a horizontal bar; log axis, 1x drawn."""
+    from matplotlib.ticker import FuncFormatter
+    from ..train.plots import _figure, _save
+    modes = [m for m in MODES if m != "dense" and any(r["mode"] == m and "speedup_vs_dense" in r for r in rows)]
+
+    def key(r):
+        return r["net"], r["width"], r["B"], r["theta_grad"], str(r.get("activity", "natural"))
+    cases = list(dict.fromkeys(key(r) for r in rows if "speedup_vs_dense" in r and r["mode"] != "dense"))
+    fig = _figure(figsize=(9.0, 1.2 + 0.16 * len(cases) * max(len(modes), 1)))
+    ax = fig.subplots()
+    height = 0.8 / max(len(modes), 1)
+    for k, mode in enumerate(modes):
+        found = {key(r): r["speedup_vs_dense"] for r in rows if r["mode"] == mode and "speedup_vs_dense" in r}
+        ys = [i + (k - (len(modes) - 1) / 2) * height for i, case in enumerate(cases) if case in found]
+        ax.barh(ys, [found[case] for case in cases if case in found], height, label=mode)
+    ax.axvline(1.0, color="black", linestyle="--", linewidth=1, label="dense (captured) = 1x")
+    ax.set_xscale("log", base=2)
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}x"))
+    ax.set_xlabel("speedup over the captured dense step (log scale; right of 1x: faster than dense)")
+    labels = [f"{net} x{w:g} B={b} theta_grad={theta:g}" + ("" if activity == "natural" else f" p={activity}")
+              for net, w, b, theta, activity in cases]
+    ax.set_yticks(range(len(cases)), labels, fontsize=8)
+    ax.invert_yaxis()
+    ax.grid(True, axis="x", which="both", alpha=0.3)
+    ax.legend(fontsize="small", loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=len(modes) + 1, frameon=False)
+    fig.suptitle("Sparse against dense training steps, per case", fontsize=10)
+    return str(_save(fig, path))
+
+
+def _map_chart(pairs, path):
+    """Per network, activity and theta_grad, sparse's speedup over the captured dense step on
+    a width x batch grid (green: sparse wins, red: dense wins)."""
+    from matplotlib.colors import LogNorm
     from ..train.plots import _figure, _save
     panels = sorted({(r["net"], str(r.get("activity", "natural")), r["theta_grad"]) for r in pairs})
     fig = _figure(figsize=(4.2 * len(panels), 3.6))
