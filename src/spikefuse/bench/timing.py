@@ -52,16 +52,21 @@ def median_ms(fn, *, warmup: int = 3, min_reps: int = 5, max_reps: int = 100, bu
 def in_rounds(measure, calls: dict, rounds: int) -> tuple[dict, dict]:
     """(key -> [measure(call) of each round], key -> the error that stopped it). Every round
     measures each call in turn, so drift on a shared GPU over the run (clocks, a neighbour's
-    load) hits every entry alike instead of whichever entry ran while it lasted; the spread
-    of an entry's rounds is the run-to-run spread its comparisons are judged against. A call
-    that raises (out of memory, a failing kernel) sits out the later rounds; the others go on."""
-    results, errors = {key: [] for key in calls}, {}
-    for _ in range(rounds):
-        for key, call in calls.items():
+    load) hits every entry alike instead of whichever entry ran while it lasted; each round
+    starts further along the list, so no entry always follows the same one (a GPU that has
+    just run long GEMMs at its power cap clocks lower than one that idled through a launch-bound
+    loop). The spread of an entry's rounds is the run-to-run spread its comparisons are judged
+    against. A call that raises (out of memory, a failing kernel) sits out the later rounds;
+    the others go on."""
+    keys = list(calls)
+    results, errors = {key: [] for key in keys}, {}
+    for r in range(rounds):
+        start = r * len(keys) // rounds
+        for key in keys[start:] + keys[:start]:
             if key in errors:
                 continue
             try:
-                results[key].append(measure(call))
+                results[key].append(measure(calls[key]))
             except Exception as error:  # noqa: BLE001 -- reported by the caller, the others still run
                 errors[key] = error
     return results, errors
