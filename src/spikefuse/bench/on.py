@@ -18,9 +18,11 @@ runs any of them in bf16). The entries and how each is set to the equations: ben
 compared with spikefuse's; a float32 row outside the tolerances is flagged, bf16 agreement is
 only reported (each library rounds its neuron differently).
 
-Times are medians of CUDA-event spans after warm-up; peak memory is what a call allocates
-beyond what was allocated before it. Beside each row, the floor measured in the same run:
-the call's GEMMs, each timed alone in the steady state on tensors of its shape and precision
+The libraries and the floor's GEMMs are timed in alternating rounds (timing.in_rounds: drift on
+a shared GPU hits all alike, and each row's spread over its rounds is reported); a time is the
+median of its round medians, each a median of CUDA-event spans after a warm-up call. Peak
+memory is what a call allocates beyond what was allocated before it. Beside each row, the
+floor: the call's GEMMs, each timed alone in the steady state on tensors of its shape and precision
 (forward: F.linear; forward+backward adds the input gradient g W and the weight gradient
 g^T x), plus the neuron's bytes (forward: read y, write s; forward+backward: 5 accesses, as
 in `bench lif`) at the device-to-device copy bandwidth. A row below its floor (x floor < 1)
@@ -63,8 +65,8 @@ MAX_GRAD_REL_ERR = 1e-2  # float32: |g - g_spikefuse| / |g_spikefuse|
 # warm-up call, for at least 2 reps; the per-step loops (~0.1-0.3 s a call at N = 16384) get 2 a round
 ROUNDS = 5
 ROUND_TIMING = {"warmup": 1, "min_reps": 2, "max_reps": 10, "budget_s": 0.15}
-# the floor's GEMMs: cheap, so timed in the steady state, queued back to back, with more warm-up
-FLOOR_TIMING = {"warmup": 5, "min_reps": 10, "max_reps": 50, "budget_s": 1.0, "back_to_back": 5}
+# the floor's GEMMs: timed in the same rounds, in the steady state (queued back to back)
+FLOOR_TIMING = {"warmup": 2, "min_reps": 3, "max_reps": 20, "budget_s": 0.3, "back_to_back": 5}
 EQUATIONS = (f"y[t] = W x[t] (Linear, no bias); h[t] = {peers.DECAY} v[t-1] + y[t], v[-1] = 0; "
              f"s[t] = 1 if h[t] >= {peers.THRESHOLD} else 0; v[t] = h[t] (1 - s[t]) (hard reset to 0 in the "
              f"step that fires, not detached); backward ds/dh = 1/(|h - {peers.THRESHOLD}| + 1)^2 (SuperSpike)")
@@ -186,20 +188,22 @@ def time_ms(call, device: str, timing: dict) -> float:
 
 # ---- floors ----
 
-def measure_floor(N, T, B, precision, device, bandwidth) -> dict:
-    """Per mode, the floor measured in this run: the call's GEMMs, each timed alone in the
-    steady state on tensors of its shape and precision (forward: F.linear, the libraries' own
-    op; backward: the input gradient g W and the weight gradient g^T x), plus the LIF's bytes
-    at the copy bandwidth (None off CUDA: not measured)."""
+def floor_gemms(N, T, B, precision, device) -> dict:
+    """The call's GEMMs on tensors of their shape and precision, each to be timed alone in the
+    steady state: forward F.linear (the libraries' own op); backward the input gradient g W and
+    the weight gradient g^T x."""
     dtype = PRECISIONS[precision]
     x = torch.randn(T * B, N, device=device, dtype=dtype)
     w = torch.randn(N, N, device=device, dtype=dtype)
     g = torch.randn(T * B, N, device=device, dtype=dtype)
-    gemm = {"forward": time_ms(lambda: torch.nn.functional.linear(x, w), device, FLOOR_TIMING),
-            "input_grad": time_ms(lambda: g @ w, device, FLOOR_TIMING),
-            "weight_grad": time_ms(lambda: g.t() @ x, device, FLOOR_TIMING)}
-    del x, w, g
-    element = torch.finfo(dtype).bits // 8  # the Linear's output: bf16 under autocast
+    return {"forward": lambda: torch.nn.functional.linear(x, w), "input_grad": lambda: g @ w,
+            "weight_grad": lambda: g.t() @ x}
+
+
+def floor_from(gemm: dict, N, T, B, precision, bandwidth) -> dict:
+    """Per mode, the floor: the call's GEMMs (ms each, measured in the run) plus the LIF's bytes
+    at the copy bandwidth (None off CUDA: not measured)."""
+    element = torch.finfo(PRECISIONS[precision]).bits // 8  # the Linear's output: bf16 under autocast
     floor = {"matmul_ms": gemm["forward"], "gemm_ms": gemm,
              "matmul_tflops": 2 * T * B * N * N / (gemm["forward"] * 1e-3) / 1e12}
     for mode in MODES:
@@ -248,13 +252,19 @@ def cross_check(layer, problem, precision, settings, base) -> tuple[dict, dict, 
     return row, run, base
 
 
-def time_rows(rows, runs, settings) -> None:
-    """Each checked library's calls timed in alternating rounds (timing.in_rounds): per mode
-    the median of its round medians, the rounds themselves and their spread; then each call's
-    peak memory. A library whose call fails becomes an error row."""
-    cuda = settings.device == "cuda"
-    keyed = {(name, mode): run[mode] for name, run in runs.items() for mode in settings.modes}
-    times, errors = in_rounds(lambda call: time_ms(call, settings.device, ROUND_TIMING), keyed, ROUNDS)
+def time_rows(rows, runs, gemms, settings) -> dict:
+    """Each checked library's calls and the floor's GEMMs timed in alternating rounds
+    (timing.in_rounds), so the floor drifts with the entries it bounds: per library and mode
+    the median of its round medians, the rounds themselves and their spread, then the call's
+    peak memory; a library whose call fails becomes an error row. Returns the GEMMs' medians."""
+    cuda, device = settings.device == "cuda", settings.device
+    timed = {("floor", name): (lambda call=call: time_ms(call, device, FLOOR_TIMING)) for name, call in gemms.items()}
+    timed.update({(name, mode): (lambda call=run[mode]: time_ms(call, device, ROUND_TIMING))
+                  for name, run in runs.items() for mode in settings.modes})
+    times, errors = in_rounds(lambda measure: measure(), timed, ROUNDS)
+    for name in gemms:
+        if ("floor", name) in errors:  # no floor, no report: the run stops with the reason
+            raise errors[("floor", name)]
     for name, run in runs.items():
         failed = [errors[(name, mode)] for mode in settings.modes if (name, mode) in errors]
         if failed:
@@ -265,11 +275,12 @@ def time_rows(rows, runs, settings) -> None:
             ms = statistics.median(rounds)
             rows[name][mode] = {"ms": ms, "round_ms": rounds, "spread": (max(rounds) - min(rounds)) / ms,
                                 "peak_extra_mib": peak_extra_mib(run[mode]) if cuda else None}
+    return {name: statistics.median(times[("floor", name)]) for name in gemms}
 
 
 def measure_case(N, precision, settings, libraries, skipped) -> dict:
     T, B, modes = settings.T, settings.B, settings.modes
-    floor = measure_floor(N, T, B, precision, settings.device, settings.bandwidth)
+    gemms = floor_gemms(N, T, B, precision, settings.device)
     problem = make_problem(N, T, B, settings.device, settings.seed)
     rows, runs, base = {}, {}, None
     for name in libraries:  # build and cross-check every library; all stay resident for the rounds
@@ -289,9 +300,9 @@ def measure_case(N, precision, settings, libraries, skipped) -> dict:
             base = base or found  # spikefuse's: it runs first
         except Exception as error:  # noqa: BLE001 -- out of memory, a kernel that fails: a row, not the end
             rows[name] = {"error": one_line(error)}
-    time_rows(rows, runs, settings)
+    floor = floor_from(time_rows(rows, runs, gemms, settings), N, T, B, precision, settings.bandwidth)
     rate = base[0].float().mean().item() if base else None
-    del runs, base
+    del runs, base, gemms
     gc.collect()
     if settings.device == "cuda":
         torch.cuda.empty_cache()
@@ -367,7 +378,9 @@ def save(args, device, modes, precisions, bandwidth, cases, skipped):
                                               "not the benchmark's figures (those need a CUDA GPU)",
         "equations": EQUATIONS, "modes": modes, "precisions": precisions,
         "settings": {"T": args.time_steps, "B": args.batch, "sizes": args.sizes, "seed": args.seed,
-                     "tf32_matmul": device == "cuda", "timing": {"rounds": ROUNDS, "per_round": ROUND_TIMING if device == "cuda" else "wall clock"}},
+                     "tf32_matmul": device == "cuda",
+                     "timing": {"rounds": ROUNDS, "per_round": ROUND_TIMING if device == "cuda" else "wall clock",
+                                "floor_gemms_per_round": FLOOR_TIMING if device == "cuda" else "wall clock"}},
         "inputs": "W ~ N(0, 1/N), x ~ N(0.5, 1), g ~ N(0, 1) from torch.Generator(seed); loss = sum(s * g)",
         "copy_bandwidth_gbs": bandwidth,
         "tolerances": {"spike_mismatch": MAX_SPIKE_MISMATCH, "grad_rel_err": MAX_GRAD_REL_ERR,
@@ -451,8 +464,9 @@ def markdown(payload) -> str:
     s = payload["settings"]
     bandwidth = payload["copy_bandwidth_gbs"]
     rounds = s["timing"]["rounds"]
-    timing = (f"the libraries timed in {rounds} alternating rounds (each round times every call in turn, so "
-              "drift on a shared GPU hits all alike); a row's time is the median of its round medians, each "
+    timing = (f"the libraries and the floor's GEMMs timed in {rounds} alternating rounds (each round times every "
+              "call in turn, starting further along the list each time, so drift on a shared GPU hits all alike); "
+              "a row's time is the median of its round medians, each "
               "a median of CUDA-event spans after a warm-up call; *spread*: (slowest - fastest round) / time"
               if payload["device_type"] == "cuda" else
               f"wall clock, {rounds} alternating rounds of 3 calls, the median of the round medians")
@@ -460,7 +474,7 @@ def markdown(payload) -> str:
                f"{payload['inputs']}. float32 matmuls in TF32: {'yes' if s['tf32_matmul'] else 'no'}; bfloat16 "
                "runs under torch.autocast for every library. *forward*: under torch.no_grad; *forward-backward*: "
                f"gradients of W and x. Times: {timing}. *x floor*: time over the floor measured in this run (the "
-               "call's matmuls at the measured matmul rate plus the LIF's bytes at the copy bandwidth, "
+               "call's GEMMs, each timed alone in the steady state on its own shape, plus the LIF's bytes at the copy bandwidth, "
                + (f"{bandwidth:.0f} GB/s" if bandwidth else "not measured here") + "). *agreement*: the fraction "
                "of spikes equal to spikefuse's (spikefuse: to its own first call), lower of the two modes; "
                f"*check* (float32): at most {MAX_SPIKE_MISMATCH:g} of the spikes differ and both gradients "
