@@ -146,3 +146,15 @@ def test_standing_calls_a_gap_inside_the_spread_a_tie():
     assert (st["time"], st["memory"], st["leanest_other"]) == ("behind", "first", "peer")
     rows["spikefuse"] = row([8.0, 8.1, 9.5], 160)
     assert on.standing(rows, ["forward"])["forward"]["time"] == "first"
+
+
+def test_warm_up_runs_for_at_least_warmup_s():
+    import time
+    from spikefuse.bench.timing import median_ms
+    calls = []
+
+    def slow():
+        calls.append(1)
+        time.sleep(0.01)
+    median_ms(slow, warmup=1, warmup_s=0.1, min_reps=1, max_reps=1, budget_s=0.0)
+    assert len(calls) >= 10 + 1  # 0.1 s of 10 ms calls, then the timed ones

@@ -20,7 +20,7 @@ only reported (each library rounds its neuron differently).
 
 The libraries and the floor's GEMMs are timed in alternating rounds (timing.in_rounds: drift on
 a shared GPU hits all alike, and each row's spread over its rounds is reported); a time is the
-median of its round medians, each a median of CUDA-event spans after a warm-up call. Peak
+median of its round medians, each a median of CUDA-event spans after at least 0.2 s of warm-up. Peak
 memory is what a call allocates beyond what was allocated before it. Beside each row, the
 floor: the call's GEMMs, each timed alone in the steady state on tensors of its shape and precision
 (forward: F.linear; forward+backward adds the input gradient g W and the weight gradient
@@ -61,12 +61,13 @@ MODES = ("forward", "forward-backward")
 NEURON_ACCESSES = {"forward": 2, "forward-backward": 5}  # tensors of T B N elements the LIF must move
 MAX_SPIKE_MISMATCH = 1e-4  # float32: fraction of spikes that may differ (h exactly at threshold)
 MAX_GRAD_REL_ERR = 1e-2  # float32: |g - g_spikefuse| / |g_spikefuse|
-# Libraries are timed in alternating rounds (timing.in_rounds): a round times each call after one
-# warm-up call, for at least 2 reps; the per-step loops (~0.1-0.3 s a call at N = 16384) get 2 a round
+# Libraries are timed in alternating rounds (timing.in_rounds): a round times each call after at
+# least 0.2 s of its own warm-up (the clocks settle to its load, whatever ran before), for at least
+# 2 reps; the per-step loops (~0.1-0.5 s a call at N = 16384) get 2 a round
 ROUNDS = 5
-ROUND_TIMING = {"warmup": 1, "min_reps": 2, "max_reps": 10, "budget_s": 0.15}
+ROUND_TIMING = {"warmup": 1, "warmup_s": 0.2, "min_reps": 2, "max_reps": 10, "budget_s": 0.15}
 # the floor's GEMMs: timed in the same rounds, in the steady state (queued back to back)
-FLOOR_TIMING = {"warmup": 2, "min_reps": 3, "max_reps": 20, "budget_s": 0.3, "back_to_back": 5}
+FLOOR_TIMING = {"warmup": 2, "warmup_s": 0.2, "min_reps": 3, "max_reps": 20, "budget_s": 0.3, "back_to_back": 5}
 EQUATIONS = (f"y[t] = W x[t] (Linear, no bias); h[t] = {peers.DECAY} v[t-1] + y[t], v[-1] = 0; "
              f"s[t] = 1 if h[t] >= {peers.THRESHOLD} else 0; v[t] = h[t] (1 - s[t]) (hard reset to 0 in the "
              f"step that fires, not detached); backward ds/dh = 1/(|h - {peers.THRESHOLD}| + 1)^2 (SuperSpike)")
@@ -467,7 +468,8 @@ def markdown(payload) -> str:
     timing = (f"the libraries and the floor's GEMMs timed in {rounds} alternating rounds (each round times every "
               "call in turn, starting further along the list each time, so drift on a shared GPU hits all alike); "
               "a row's time is the median of its round medians, each "
-              "a median of CUDA-event spans after a warm-up call; *spread*: (slowest - fastest round) / time"
+              "a median of CUDA-event spans after at least 0.2 s of the call's own warm-up (the clocks settle "
+              "to its load); *spread*: (slowest - fastest round) / time"
               if payload["device_type"] == "cuda" else
               f"wall clock, {rounds} alternating rounds of 3 calls, the median of the round medians")
     out.append(f"Equations (every library): {payload['equations']}. T={s['T']}, B={s['B']}. Inputs: "
