@@ -1,10 +1,9 @@
 #!/usr/bin/env bash
-# GPU runs for the next sessions, each under 10 minutes. Left after 2026-11-25 (second session):
-# `all sparse`, the one part of issue 19's one-command run not yet run through `bench all`
-# (train, steps and, on 2 H100s, parallel ran with benchmarks/gpu_session.sh). Also open: `bench on`
-# times the libraries one after the other, and at N = 8192 float32 forward+backward two runs
-# disagreed on who leads by 5 % (drift; benchmarks/on_probe.py alternates rounds and profiles):
-# timing the libraries in alternating rounds inside `bench on`, then `all on` again. Modes:
+# GPU runs for the next sessions, each under 10 minutes. Every part of issue 19's one-command run
+# has run through `bench all` (benchmarks/results/all-nvidia-h100-80gb-hbm3/, on-nvidia-h200.*).
+# Left after 2026-11-25 (third session): `all on` under the current code, whose rounds give each
+# call 0.2 s of its own warm-up (only its N = 16384 cases ran so, on-16384-settled/); then refresh
+# the table in docs/benchmarks.md and the README's paragraph from it. Modes:
 #   bash benchmarks/gpu_next.sh tests   compiled-kernel tests (pytest -n, xdist carried in .whl/):
 #                                       the neurons, the traces, capture and inductor on them
 #   bash benchmarks/gpu_next.sh kernel  the sparse weight-gradient kernel against cuBLAS, captured

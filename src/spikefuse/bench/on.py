@@ -518,37 +518,41 @@ def markdown(payload) -> str:
 
 # ---- the chart ----
 
+NEAR_FLOOR = 3.0  # the lower panels show entries within this many times their floor
+
+
 def write_chart(payload, path: str) -> str:
-    """Time against N per precision and mode, one line per library, the floor dashed; the
-    PNG's path, or a note saying why there is none (matplotlib is an optional dependency)."""
+    """Time against N per precision and mode, one line per library, the floor dashed; below,
+    per mode, time over the floor for the entries near it (both precisions, the rounds'
+    range as error bars), where the upper panels' log scale puts them on top of each other.
+    The PNG's path, or a note saying why there is none (matplotlib is an optional dependency)."""
     try:
         from matplotlib.figure import Figure
     except ImportError:
         return "no chart: matplotlib is not installed (pip install 'spikefuse[plot]')"
     precisions, modes = payload["precisions"], payload["modes"]
-    fig = Figure(figsize=(5.5 * len(modes), 4.2 * len(precisions)), layout="constrained")
-    axes = fig.subplots(len(precisions), len(modes), squeeze=False)
+    names = list(dict.fromkeys(n for c in payload["cases"] for n, r in c["libraries"].items() if "error" not in r))
+    color = {name: f"C{k}" for k, name in enumerate(names)}
+    fig = Figure(figsize=(5.5 * len(modes), 4.2 * (len(precisions) + 1)), layout="constrained")
+    axes = fig.subplots(len(precisions) + 1, len(modes), squeeze=False)
     for i, precision in enumerate(precisions):
         cases = [c for c in payload["cases"] if c["precision"] == precision]
         sizes = [c["N"] for c in cases]
         for j, mode in enumerate(modes):
             ax = axes[i][j]
-            names = dict.fromkeys(n for c in cases for n, r in c["libraries"].items() if "error" not in r)
             for name in names:
                 points = [(c["N"], c["libraries"][name][mode]["ms"]) for c in cases
                           if "error" not in c["libraries"].get(name, {"error": 1})]
-                ax.plot(*zip(*points), marker="o", label=name)
+                if points:
+                    ax.plot(*zip(*points), marker="o", label=name, color=color[name])
             with_neuron = all(c["floor"][mode]["ms"] is not None for c in cases)
             floor = [c["floor"][mode]["ms"] if with_neuron else c["floor"][mode]["matmul_ms"] for c in cases]
             ax.plot(sizes, floor, "k--", label="floor (matmul + neuron)" if with_neuron else "matmul floor")
-            ax.set_xscale("log", base=2)
             ax.set_yscale("log")
-            ax.set_xticks(sizes, [str(n) for n in sizes])
-            ax.set_xlabel("neurons N (log scale)")
             ax.set_ylabel("time per call, ms (log scale)")
-            ax.set_title(f"{precision}, {mode}")
-            ax.grid(True, which="both", alpha=0.3)
-            ax.legend(fontsize="small")
+            _n_axis(ax, sizes, f"{precision}, {mode}")
+    for j, mode in enumerate(modes):
+        _near_floor_panel(axes[-1][j], payload, mode, color)
     s = payload["settings"]
     fig.suptitle(f"Linear(N, N) + LIF, T={s['T']}, B={s['B']}, {payload['environment']['device']}"
                  + (" (CPU: not the benchmark)" if payload["note"] else ""))
@@ -556,6 +560,37 @@ def write_chart(payload, path: str) -> str:
     fig.savefig(buffer, format="png", dpi=110)
     atomic_write(path, buffer.getvalue())
     return path
+
+
+def _n_axis(ax, sizes, title):
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(sizes, [str(n) for n in sizes])
+    ax.set_xlabel("neurons N (log scale)")
+    ax.set_title(title)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize="small")
+
+
+def _near_floor_panel(ax, payload, mode, color):
+    """Time over the floor of the entries within NEAR_FLOOR of it, per precision (float32
+    solid, bfloat16 dashed); error bars span the fastest to the slowest round."""
+    sizes = sorted({c["N"] for c in payload["cases"]})
+    for precision, style in zip(payload["precisions"], ("-", "--")):
+        cases = [c for c in payload["cases"] if c["precision"] == precision and c["floor"][mode]["ms"]]
+        for name in color:
+            rows = [(c["N"], c["libraries"][name][mode], c["floor"][mode]["ms"]) for c in cases
+                    if "error" not in c["libraries"].get(name, {"error": 1})]
+            rows = [(n, r, f) for n, r, f in rows if r["ms"] / f <= NEAR_FLOOR]
+            if not rows:
+                continue
+            ratio = [r["ms"] / f for _, r, f in rows]
+            low = [r["ms"] / f - min(r.get("round_ms", [r["ms"]])) / f for _, r, f in rows]
+            high = [max(r.get("round_ms", [r["ms"]])) / f - r["ms"] / f for _, r, f in rows]
+            ax.errorbar([n for n, _, _ in rows], ratio, yerr=[low, high], marker="o", linestyle=style,
+                        color=color[name], capsize=3, label=f"{name}, {precision}")
+    ax.axhline(1.0, color="black", linestyle=":", label="floor")
+    ax.set_ylabel("time over the floor (x)")
+    _n_axis(ax, sizes, f"{mode}: entries within {NEAR_FLOOR:g}x their floor")
 
 
 if __name__ == "__main__":
