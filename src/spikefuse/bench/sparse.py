@@ -26,6 +26,7 @@ import argparse
 import copy
 import gc
 import traceback
+from collections import Counter
 
 import torch
 from torch import nn
@@ -495,10 +496,13 @@ def chart(rows, path):
     except ImportError:
         print("spikefuse bench sparse: no chart (matplotlib is not installed: pip install 'spikefuse[plot]')")
         return None
-    panels = {(r["net"], str(r.get("activity", "natural")), r["theta_grad"]) for r in pairs}
-    cells = min(sum(1 for r in pairs if (r["net"], str(r.get("activity", "natural")), r["theta_grad"]) == panel)
-                for panel in panels)
-    return _map_chart(pairs, path) if cells >= 4 else _bar_chart(rows, path)
+    cells = Counter(_panel(r) for r in pairs)
+    return _map_chart(pairs, path) if min(cells.values()) >= 4 else _bar_chart(rows, path)
+
+
+def _panel(r):
+    """A row's heat map: its network, activity and theta_grad."""
+    return r["net"], str(r.get("activity", "natural")), r["theta_grad"]
 
 
 def _bar_chart(rows, path):
@@ -537,11 +541,11 @@ def _map_chart(pairs, path):
     a width x batch grid (green: sparse wins, red: dense wins)."""
     from matplotlib.colors import LogNorm
     from ..train.plots import _figure, _save
-    panels = sorted({(r["net"], str(r.get("activity", "natural")), r["theta_grad"]) for r in pairs})
+    panels = sorted({_panel(r) for r in pairs})
     fig = _figure(figsize=(4.2 * len(panels), 3.6))
     axes = fig.subplots(1, len(panels), squeeze=False)[0]
     for ax, (net, activity, theta) in zip(axes, panels):
-        mine = [r for r in pairs if (r["net"], str(r.get("activity", "natural")), r["theta_grad"]) == (net, activity, theta)]
+        mine = [r for r in pairs if _panel(r) == (net, activity, theta)]
         widths, batches = sorted({r["width"] for r in mine}), sorted({r["B"] for r in mine})
         grid = [[float("nan")] * len(batches) for _ in widths]
         for r in mine:
