@@ -65,9 +65,10 @@ def make_step(mode: str, precision: str, device, dp):
     if ours and prepare_optimizer(optimizer) is not None:
         raise RuntimeError("SGD is not capturable here")
     forward = model
+    stream = torch.cuda.Stream(device) if captured else None  # DDP's hooks run where the step does
     if dp is not None:
         if ours:
-            forward = dp.wrap(model, side_stream=captured, bucket_cap_mb=BUCKET_MB)
+            forward = dp.wrap(model, stream=stream, bucket_cap_mb=BUCKET_MB)
         else:  # as a SpikingJelly user would
             forward = nn.parallel.DistributedDataParallel(model, device_ids=[device.index])
     bucket_views = dp is not None and ours  # dp.wrap's gradients live in DDP's buckets
@@ -80,7 +81,7 @@ def make_step(mode: str, precision: str, device, dp):
         optimizer.step()
         return loss
     if captured:
-        step = CapturedStep(step, **({"warmup": dp.capture_warmup} if dp is not None else {}))
+        step = CapturedStep(step, stream=stream, **({"warmup": dp.capture_warmup} if dp is not None else {}))
     return step, model
 
 

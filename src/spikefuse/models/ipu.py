@@ -174,7 +174,8 @@ class IPUNet(nn.Module):
                                              and sigma_u > 0):
             raise ValueError(f"sigma_u must be a finite number > 0, got {sigma_u!r}")
         check_frames(self, x, self.input_shape)
-        h = x.to(self.layers[1].weight.dtype).flatten(2)
+        weight = self.layers[1].weight  # measured where the weights live, whatever the batch's device
+        h = x.to(device=weight.device, dtype=weight.dtype).flatten(2)
         layers = list(self.layers)[1:]  # after the Flatten
         scales = []
         for i, layer in enumerate(layers):

@@ -63,16 +63,18 @@ class DataParallel:
         """Rank 0: the one that logs and writes the run directory."""
         return self.rank == 0
 
-    def wrap(self, model: nn.Module, *, side_stream: bool = False, static_graph: bool = True,
+    def wrap(self, model: nn.Module, *, stream: torch.cuda.Stream | None = None, static_graph: bool = True,
              bucket_cap_mb: float | None = None):
         """`model` in DistributedDataParallel: gradients all-reduced bucket by bucket while
         backward still runs, written straight into the buckets (gradient_as_bucket_view).
         static_graph: the model uses the same parameters at every step (DDP then skips its
         per-step search for unused ones). Buffers are broadcast from rank 0 at every forward
         unless every module holding buffers is a synchronised BN layer (equal on all ranks).
-        side_stream: construct on a side stream, as a CUDA graph capture of the step needs
-        (DDP's gradient hooks run on the stream they were made on). bucket_cap_mb: DDP's
-        bucket size (None: its default, 25 MB)."""
+        stream: construct on this CUDA stream, the side stream the captured step warms up and
+        captures on (CapturedStep(stream=...)): DDP's gradient hooks and the parameters'
+        AccumulateGrad nodes run on the stream they were made on, and a backward on another
+        stream makes PyTorch synchronise the two (and warn). bucket_cap_mb: DDP's bucket size
+        (None: its default, 25 MB)."""
         from torch.nn.parallel import DistributedDataParallel
 
         options = dict(device_ids=[self.device.index] if self.device.type == "cuda" else None,
@@ -82,10 +84,9 @@ class DataParallel:
         if not _local_buffers(model):  # torch 2.13 renamed the option
             sync = inspect.signature(DistributedDataParallel).parameters
             options["forward_sync_buffers" if "forward_sync_buffers" in sync else "broadcast_buffers"] = False
-        if not (side_stream and self.device.type == "cuda"):
+        if stream is None:
             return DistributedDataParallel(model, **options)
         main = torch.cuda.current_stream(self.device)
-        stream = torch.cuda.Stream(self.device)
         stream.wait_stream(main)
         with torch.cuda.stream(stream):
             wrapped = DistributedDataParallel(model, **options)

@@ -99,10 +99,14 @@ class CapturedStep:
         together (data parallel, the pipeline): after each capture they agree, so that all
         replay or, if capturing failed on any rank, all run eagerly. Without it a rank that
         replays would wait forever on a peer that runs the step eagerly.
+    stream: the CUDA side stream the warm-ups and captures run on (default: one of its
+        own); pass the stream a DistributedDataParallel model was built on
+        (DataParallel.wrap(stream=...)), so that its gradient hooks run where the step does.
     """
 
     def __init__(self, step_fn: Callable, *, warmup: int = 3, max_graphs: int = 4,
-                 enabled: bool = True, name: str = "training step", agree_across=None):
+                 enabled: bool = True, name: str = "training step", agree_across=None,
+                 stream: torch.cuda.Stream | None = None):
         if not callable(step_fn):
             raise TypeError(f"step_fn must be callable, got {type(step_fn).__name__}")
         if not isinstance(warmup, int) or isinstance(warmup, bool) or warmup < 1:
@@ -115,7 +119,7 @@ class CapturedStep:
         self.fallback_reason: str | None = None  # set once capture is given up, with the warning
         self.graphs: dict[tuple, _Graph] = {}
         self._pool = None
-        self._side_stream: torch.cuda.Stream | None = None
+        self._side_stream = stream
         self._warned_shapes = False
         self.pool_bytes = 0  # device memory reserved while capturing (the private pool)
 
@@ -178,7 +182,8 @@ class CapturedStep:
         reserved = torch.cuda.memory_reserved(device)
         failure = None
         try:
-            with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
+            with torch.cuda.graph(graph, pool=self._pool, stream=self._side_stream,  # the warm-ups' stream
+                                  capture_error_mode="thread_local"):
                 outputs = self.step_fn(*static)
         except Exception as e:  # the step did not run: run it eagerly, and from now on
             first_line = (str(e).strip().splitlines() or [""])[0]

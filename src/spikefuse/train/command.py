@@ -353,7 +353,7 @@ def _fluctuation_init(model, splits, device) -> list[float]:
     every rank): the study's own init leaves a hidden layer silent on sparse inputs, and a
     network none of whose potentials reach the cut gets no gradient at all (docs/sparse.md)."""
     x, _ = next(iter(splits.train.batches(min(INIT_SAMPLES, len(splits.train)), shuffle=False)))
-    return model.fluctuation_init_(x.to(device))
+    return model.to(device).fluctuation_init_(x.to(device))
 
 
 def _load_data(cfg, device):

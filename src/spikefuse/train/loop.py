@@ -117,7 +117,9 @@ class Trainer:
         self.sums = torch.zeros(2, dtype=torch.float64, device=self.device)
         self.monitors = {mode: SpikeMonitor(self.model, mode=mode, device=self.device) for mode in ("train", "eval")}
         captured = self._capture_wanted(capture)
-        self.ddp = data_parallel.wrap(self.model, side_stream=captured) if data_parallel is not None else None
+        # one side stream for DDP's hooks, the warm-ups and the capture (DataParallel.wrap says why)
+        stream = torch.cuda.Stream(self.device) if captured else None
+        self.ddp = data_parallel.wrap(self.model, stream=stream) if data_parallel is not None else None
         compiled = torch.compile if compile else (lambda module: module)
         self.forward = compiled(self.model if self.ddp is None else self.ddp)
         # evaluation runs the plain model: no collectives (ranks may evaluate unequal batch counts)
@@ -125,7 +127,7 @@ class Trainer:
         # under DDP every rank captures the same step: all replay, or all run eagerly
         ranks = {} if self.ddp is None else {"warmup": data_parallel.capture_warmup,
                                              "agree_across": data_parallel.group or torch.distributed.group.WORLD}
-        self._new_step = lambda: CapturedStep(self._train_step, enabled=captured, **ranks)
+        self._new_step = lambda: CapturedStep(self._train_step, enabled=captured, stream=stream, **ranks)
         self.step = self._new_step()
 
     def _capture_wanted(self, capture) -> bool:
