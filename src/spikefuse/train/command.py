@@ -131,7 +131,7 @@ def run(args: argparse.Namespace) -> int:
         # a CUDA graph that holds NCCL work makes ncclCommDestroy hang (pytorch/pytorch#115388):
         # the trainer's captured steps go first
         gc.collect()
-        if torch.cuda.is_available():
+        if torch.cuda.is_initialized():  # a CPU run has no CUDA work, and must not initialize CUDA here
             torch.cuda.synchronize()
         torch.distributed.destroy_process_group()
     return code
@@ -330,7 +330,7 @@ def resolve_device(name: str) -> str:
 
 
 def _check_names(cfg):
-    from .. import data
+    from .. import data, refusals
     from ..models import MODELS, trains_sparse
 
     if cfg.dataset not in data.DATASETS:
@@ -340,9 +340,8 @@ def _check_names(cfg):
     if cfg.sparse and not trains_sparse(cfg.model):
         raise UsageError(f"--sparse: model {cfg.model!r} has no sparse training path; the models that have one: "
                          + ", ".join(name for name in MODELS if trains_sparse(name)))
-    if cfg.sparse and cfg.compile:  # under dynamo the sparse layers trace as the dense ones
-        raise UsageError("--sparse and --compile: the sparse backward runs its own kernels, which torch.compile "
-                         "traces as the dense layer; drop --compile (the step is still captured on CUDA)")
+    if cfg.sparse and cfg.compile:
+        raise UsageError(refusals.SPARSE_COMPILE)
 
 
 INIT_SAMPLES = 256  # training samples the fluctuation-driven init measures
