@@ -1,4 +1,6 @@
-"""Fused BN+LIF gradients on a GPU against a float64 reference.
+"""Produces benchmarks/results/check-bn-lif-gpu-<gpu>.jsonl (stdout; on a GPU).
+
+Fused BN+LIF gradients on a GPU against a float64 reference.
 
 The CPU tests compare the fused kernels (Triton interpreter) with the float32 reference at
 1e-5. On a GPU the float32 reference itself sums in another order, so here both float32

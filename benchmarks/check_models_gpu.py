@@ -1,4 +1,6 @@
-"""GPU check of the fused network path (the CPU tests run it through the interpreter).
+"""Produces benchmarks/results/check-models-gpu-<gpu>.txt (stdout; on a GPU).
+
+GPU check of the fused network path (the CPU tests run it through the interpreter).
 
 1. One BN+LIF layer on the GPU (compiled kernels, channels-last and contiguous input)
    against the reference composition (torch BatchNorm over T*B + reference LIF) run in

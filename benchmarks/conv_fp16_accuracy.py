@@ -1,4 +1,6 @@
-"""Could the fp32 step run its spike-input convolutions on fp16 tensor cores (issue 13, item 4)?
+"""Produces benchmarks/results/conv-fp16-accuracy-<gpu>.json (argv[1]; on a GPU).
+
+Could the fp32 step run its spike-input convolutions on fp16 tensor cores (issue 13, item 4)?
 
 One fp32 training step of CIFAR-medium (T=10, B=64) records, for every spike-input conv, its
 spikes s, weight W and output gradient gy. For each, the forward, the weight gradient and

@@ -1,4 +1,6 @@
-"""How much of the CIFAR-medium step's convolution time lower-precision inputs would save.
+"""Produces benchmarks/results/conv-precision-<gpu>.json (argv[1]; on a GPU).
+
+How much of the CIFAR-medium step's convolution time lower-precision inputs would save.
 
 For every Conv2d of the medium network (T=10, B=64, channels-last), times cuDNN's
 forward, input gradient and weight gradient with float32 inputs (TF32 math, as in the

@@ -1,4 +1,6 @@
-"""CPU training speed: snnTorch tutorial 5's network against the same network in spikefuse.
+"""Produces benchmarks/results/cpu-tutorial5.json and .md (--out; on the CPU).
+
+CPU training speed: snnTorch tutorial 5's network against the same network in spikefuse.
 
     python benchmarks/cpu_tutorial5.py [--epochs 3] [--batches 20]
 

@@ -1,4 +1,6 @@
-"""Where the time of one `bench on` case goes: spikefuse and SpikingJelly timed in alternating
+"""Produces benchmarks/results/on-probe-[gemms-]<N>-<gpu>.txt (stdout; on a GPU).
+
+Where the time of one `bench on` case goes: spikefuse and SpikingJelly timed in alternating
 rounds (drift on a shared GPU hits both alike), then each call's GPU kernels from
 torch.profiler, summed by kernel name. Default: N = 8192, float32, forward+backward, the case
 where `bench on` saw the two within a few per cent of each other.

@@ -1,4 +1,6 @@
-"""Host time per call of the fused LIF, on a shape so small that the GPU never limits.
+"""Produces benchmarks/results/overhead-lif-<gpu>.jsonl (argv[1]; on a GPU).
+
+Host time per call of the fused LIF, on a shape so small that the GPU never limits.
 
 Separates what a call costs on the CPU: torch's own elementwise op (a floor for one
 launch), a bare Triton launch (through Triton's JIT and through spikefuse's cached

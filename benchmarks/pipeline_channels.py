@@ -1,4 +1,6 @@
-"""Does the pipeline lose time to NCCL kernels spinning beside its GEMMs? deep-lif (B=16) on
+"""Produces benchmarks/results/pipeline-nccl-channels-<gpu>.txt (stdout; 2 GPUs, torchrun).
+
+Does the pipeline lose time to NCCL kernels spinning beside its GEMMs? deep-lif (B=16) on
 2 GPUs, captured: the one-GPU step and the pipeline at given T and chunk counts, under
 whatever NCCL_MAX_P2P_NCHANNELS the launch sets (how many SMs a send/recv may occupy).
     NCCL_MAX_P2P_NCHANNELS=2 torchrun --nproc-per-node 2 benchmarks/pipeline_channels.py 16384:32 4096:16"""

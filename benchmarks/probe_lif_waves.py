@@ -1,4 +1,6 @@
-"""Where the fused LIF kernels lose time against the copy floor, per launch configuration.
+"""Produces benchmarks/results/probe-lif-waves-<gpu>.json (argv[1]; on a GPU).
+
+Where the fused LIF kernels lose time against the copy floor, per launch configuration.
 
 For each (BLOCK, K, num_warps): the compiler's registers and spills per thread, the
 programs that fit on one multiprocessor at once, the waves the grid needs, and the GPU

@@ -1,4 +1,6 @@
-"""Where a data-parallel CIFAR-medium step spends its time (torchrun, 2 GPUs): per mode, the
+"""Produces benchmarks/results/profile-ddp-step-<gpu>.txt (stdout; 2 GPUs, torchrun).
+
+Where a data-parallel CIFAR-medium step spends its time (torchrun, 2 GPUs): per mode, the
 host's issue time and the wall time per step, and rank 0's torch.profiler table.
     torchrun --nproc-per-node 2 benchmarks/profile_ddp_step.py eager captured"""
 import statistics

@@ -1,4 +1,6 @@
-"""Where the captured dense step of the IPU SHD network spends its GPU time at width x1/x4/x16,
+"""Produces benchmarks/results/profile-dense-wide-<gpu>.json (argv[1]) and .txt (stdout); on a GPU.
+
+Where the captured dense step of the IPU SHD network spends its GPU time at width x1/x4/x16,
 batch 1/8 (the regime issue 16 targets), and how sparse its layers are at initialisation:
 per (t, b) row, the share of neurons that spike and that sit at or above 0.9 of the
 threshold (the sparse backward's gradient-carrying set). Eager steps under the profiler,

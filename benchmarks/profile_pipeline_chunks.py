@@ -1,4 +1,6 @@
-"""Why a chunk of the pipeline costs more than its share: deep-lif (B=16, T=1024) on one GPU,
+"""Produces benchmarks/results/profile-pipeline-chunks-eager-<gpu>.txt (stdout; on a GPU).
+
+Why a chunk of the pipeline costs more than its share: deep-lif (B=16, T=1024) on one GPU,
 chunked_step at C = 1, 4, 16 timed, then profiled at C = 16 (host: cProfile; GPU: torch.profiler)."""
 import cProfile
 import pstats

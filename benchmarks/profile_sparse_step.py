@@ -1,4 +1,6 @@
-"""Where the GPU time of a training step goes (torch.profiler, kernel totals per name): the
+"""Produces benchmarks/results/profile-sparse-step[-b<B>]-<gpu>.txt (stdout; on a GPU).
+
+Where the GPU time of a training step goes (torch.profiler, kernel totals per name): the
 IPU-SHD network at width x4, batch 1, dense and sparse (natural activity, lr 0), and the
 recurrent LIF alone at T=100, B=32, N=1024. Eager steps (the same kernels a captured step
 replays).    python3 benchmarks/profile_sparse_step.py [BATCH ...] [--no-rlif]"""

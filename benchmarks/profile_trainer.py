@@ -1,4 +1,6 @@
-"""Where a captured trainer epoch spends the host's time: `spikefuse train`'s SHD case
+"""Produces benchmarks/results/profile-trainer-shd-<gpu>.txt (stdout; on a GPU).
+
+Where a captured trainer epoch spends the host's time: `spikefuse train`'s SHD case
 (shd-synthetic, shd model, batch 128), two epochs, then one more under cProfile.
 
     python benchmarks/profile_trainer.py

@@ -1,4 +1,6 @@
-"""Issue 16's accuracy acceptance: the IPU-study network (IPUNet, 700 or 30 inputs -> 1472 ->
+"""Produces benchmarks/results/sparse-accuracy-*-<gpu>.json (its OUT argument) and .txt (stdout); on a GPU.
+
+Issue 16's accuracy acceptance: the IPU-study network (IPUNet, 700 or 30 inputs -> 1472 ->
 1470 LIF at width 1, time-mean readout) trained dense (torch Adam) and sparse (sparse=True:
 secondary gradient threshold 0.9 x threshold, sparse backward, spikefuse.optim.LazyAdam) for
 the same number of epochs, from the same initial weights and data order, on shd-synthetic and

@@ -1,4 +1,6 @@
-"""Issue 16's randman accuracy gap: is it the cut's rule? A CPU experiment, no kernels.
+"""Produces benchmarks/results/sparse-cut-rule-cpu.txt (stdout; on the CPU).
+
+Issue 16's randman accuracy gap: is it the cut's rule? A CPU experiment, no kernels.
 
 The secondary threshold zeroes the surrogate wherever h[t] < grad_threshold, step by step
 ("step", what spikefuse does). The sparse Linear backward only exploits columns (neurons)

@@ -1,4 +1,6 @@
-"""Sweep the fused BatchNorm+LIF kernels' BLOCK (neurons per one-warp program) on a GPU.
+"""Produces benchmarks/results/tune-bn-lif-<gpu>.json (argv[1]; on a GPU).
+
+Sweep the fused BatchNorm+LIF kernels' BLOCK (neurons per one-warp program) on a GPU.
 
 Times forward+backward of spikefuse.nn.BNLIF at the CIFAR-medium layers' shapes (T=10,
 B=64, channels-last) in float32 and bfloat16, for each BLOCK, back to back (the kernels'

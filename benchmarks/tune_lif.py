@@ -1,4 +1,6 @@
-"""Sweep the fused LIF's launch configuration (BLOCK, K, num_warps) per shape on a GPU.
+"""Produces benchmarks/results/tune-lif-<gpu>.json (argv[1]) and .txt (stdout), and src/spikefuse/ops/lif_tuning.json (argv[2]); on a GPU.
+
+Sweep the fused LIF's launch configuration (BLOCK, K, num_warps) per shape on a GPU.
 
 Prints, per shape, forward and backward times of each configuration and the best, as
 bytes moved over time (GB/s) next to the copy bandwidth. Used to choose

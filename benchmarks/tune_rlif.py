@@ -1,4 +1,6 @@
-"""Tile sizes of the fused recurrent LIF's per-step kernels: fwd+bwd time per candidate
+"""Produces benchmarks/results/tune-rlif-<gpu>.json (argv[1]) and .txt (stdout); on a GPU.
+
+Tile sizes of the fused recurrent LIF's per-step kernels: fwd+bwd time per candidate
 (BLOCK_M, BLOCK_N, num_warps) at a few shapes, dense and sparse paths (CUDA events, medians).
     python3 benchmarks/tune_rlif.py OUT.json"""
 import json

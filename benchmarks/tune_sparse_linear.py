@@ -1,4 +1,6 @@
-"""Tiles of the sparse Linear backward's two matmuls (spikefuse.ops.sparse_linear): the GPU
+"""Produces benchmarks/results/tune-sparse-linear-<gpu>.json (argv[1]; on a GPU).
+
+Tiles of the sparse Linear backward's two matmuls (spikefuse.ops.sparse_linear): the GPU
 time of each candidate at the IPU x4 layer-2 shape (5880 x 5888) with R = 100 and 800 rows
 and 1-5 % carrying columns, captured in a CUDA graph and replayed 10 times back to back
 (medians), each output checked against torch's float64 product.
