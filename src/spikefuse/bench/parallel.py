@@ -91,7 +91,7 @@ def run_ddp(gpus: int, out: str) -> list[str]:
     """One process, then `gpus`, then the table of both; what failed."""
     from . import parallel_ddp
 
-    for n in (1, gpus):  # the 1-GPU run under the launcher too, as benchmarks/gpu_ddp.sh runs it
+    for n in (1, gpus):  # the 1-GPU run under the launcher too
         if launch(n, "spikefuse.bench.parallel_ddp", ["--out", out]) != 0:
             return [f"ddp on {n} GPU{'' if n == 1 else 's'}"]
     return [] if parallel_ddp.main(["--merge", "--out", out]) == 0 else ["the ddp merge"]

@@ -15,7 +15,7 @@ largest relative difference (the captured all-reduces computed what the eager on
 
     torchrun --standalone --nproc-per-node N -m spikefuse.bench.parallel_ddp --out DIR   # DIR/ddp-<N>gpu.json
     python -m spikefuse.bench.parallel_ddp --merge --out DIR    # DIR/ddp-scaling-<device>.json and .md
-(`spikefuse bench parallel --parts ddp --gpus N` runs all three, as benchmarks/gpu_ddp.sh does.)
+(`spikefuse bench parallel --parts ddp --gpus N` runs all three.)
 """
 from __future__ import annotations
 
