@@ -73,3 +73,33 @@ def test_bad_part_names_are_one_line_with_exit_code_2(tmp_path, capsys, argv, ex
     assert cli.main(["bench", "all", "--out", str(tmp_path), *argv]) == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and expected in err, err
+
+
+def test_quick_reaches_every_part_and_its_summary_says_quick(tmp_path, monkeypatch):
+    got = {}
+
+    def fake_quick(name):  # a part that records whether it was asked for --quick
+        module = types.ModuleType(f"fake_quick_{name}")
+
+        def configure(parser):
+            parser.add_argument("--out")
+            parser.add_argument("--quick", action="store_true")
+        module.configure, module.run = configure, lambda args: got.update({name: args.quick}) or 0
+        monkeypatch.setitem(sys.modules, module.__name__, module)
+        monkeypatch.setitem(command.BENCHMARKS, name, (module.__name__, f"fake {name}"))
+    fake_quick("one")
+    fake_quick("two")
+    out = tmp_path / "r"
+    assert cli.main(["bench", "all", "--quick", "--out", str(out), "--only", "one,two"]) == 0
+    assert got == {"one": True, "two": True}
+    summary = json.loads((out / "summary-quick.json").read_text())
+    assert summary["quick"] is True and [p["status"] for p in summary["parts"]] == ["ok", "ok"]
+    assert (out / "summary-quick.md").read_text().startswith("**Quick run (--quick)")
+    assert not (out / "summary.json").exists()  # a full run's summary is never replaced
+
+
+def test_quick_runs_on_the_cpu_what_can(monkeypatch):
+    monkeypatch.setattr(bench_all.torch.cuda, "is_available", lambda: False)
+    assert "CUDA" in bench_all.why_not("steps", quick=True)  # CUDA graphs: skipped with the reason
+    assert bench_all.why_not("sparse", quick=True) is None and bench_all.why_not("parallel", quick=True) is None
+    assert "--quick" in bench_all.why_not("sparse") and "2 or more CUDA GPUs" in bench_all.why_not("parallel")

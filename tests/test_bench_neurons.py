@@ -71,3 +71,12 @@ def test_acceptance_reads_the_recurrent_case():
     slow = {"spikingjelly": {**row, "ratio_to_spikefuse": 2.9}}
     assert neurons.acceptance([{**cases[0], "libraries": slow}])["met"] is False
     assert neurons.acceptance([{**cases[0], "libraries": {}}]) is None  # SpikingJelly not installed
+
+
+def test_quick_run_is_named_and_marked_quick(tmp_path):
+    out = tmp_path / "r"
+    assert cli.main(["bench", "neurons", "--quick", "--neurons", "alif", "--libraries", "pytorch-loop",
+                     "--out", str(out)]) == 0
+    (path,) = out.glob("neurons-*.json")
+    assert path.name.startswith("neurons-quick-") and json.loads(path.read_text())["quick"] is True
+    assert path.with_suffix(".md").read_text().startswith("**Quick run (--quick)")

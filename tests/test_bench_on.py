@@ -158,3 +158,16 @@ def test_warm_up_runs_for_at_least_warmup_s():
         time.sleep(0.01)
     median_ms(slow, warmup=1, warmup_s=0.1, min_reps=1, max_reps=1, budget_s=0.0)
     assert len(calls) >= 10 + 1  # 0.1 s of 10 ms calls, then the timed ones
+
+
+def test_quick_run_is_tiny_and_marked_quick(tmp_path):
+    out = tmp_path / "r"
+    assert cli.main(["bench", "on", "--quick", "--device", "cpu", "--precisions", "float32",
+                     "--libraries", "pytorch-loop", "--out", str(out)]) == 0
+    (path,) = out.glob("on-*.json")
+    assert path.name.startswith("on-quick-")
+    payload = json.loads(path.read_text())
+    assert payload["quick"] is True and payload["settings"]["timing"]["rounds"] == on.QUICK_ROUNDS
+    assert [c["N"] for c in payload["cases"]] == on.QUICK["sizes"] and payload["settings"]["T"] == on.QUICK["time_steps"]
+    assert all(len(r["forward"]["round_ms"]) == on.QUICK_ROUNDS for r in payload["cases"][0]["libraries"].values())
+    assert path.with_suffix(".md").read_text().startswith("**Quick run (--quick)")

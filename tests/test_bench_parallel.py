@@ -78,3 +78,43 @@ def test_usage_errors_are_one_line_before_anything_runs(gpus, machine, argv, exp
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and expected in err, err
     assert not launched
+
+
+def test_quick_pipeline_on_two_cpu_processes_is_named_and_marked_quick(tmp_path, capfd):
+    out = tmp_path / "results"
+    assert cli.main(["bench", "parallel", "--quick", "--device", "cpu", "--out", str(out)]) == 0
+    assert "ddp: skipped, it needs 2 or more CUDA GPUs" in capfd.readouterr().out
+    (path,) = out.glob("pipeline-*.json")
+    assert path.name.startswith("pipeline-quick-") and path.with_suffix(".md").read_text().startswith("**Quick run")
+    payload = json.loads(path.read_text())
+    assert payload["quick"] is True and payload["gpus"] == 2 and [r["T"] for r in payload["results"]] == [4]
+
+
+def test_quick_passes_quick_to_every_run_on_two_gpus(monkeypatch):
+    launched = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    monkeypatch.setattr(parallel, "launch", lambda n, module, argv: launched.append((n, module, argv)) or 0)
+    monkeypatch.setattr(parallel_ddp, "main", lambda argv: launched.append(("merge", argv)) or 0)
+    assert cli.main(["bench", "parallel", "--quick", "--out", "R"]) == 0
+    assert launched == [(1, "spikefuse.bench.parallel_ddp", ["--out", "R", "--quick"]),
+                        (2, "spikefuse.bench.parallel_ddp", ["--out", "R", "--quick"]),  # 2 of the 4 GPUs
+                        ("merge", ["--merge", "--out", "R", "--quick"]),
+                        (2, "spikefuse.bench.parallel_pipeline", ["--out", "R", "--device", "cuda", "--quick"])]
+
+
+def test_quick_ddp_merge_reads_quick_runs_only(tmp_path):
+    def run_file(name, gpus, quick, ms):
+        case = {"mode": "captured", "precision": "fp32", "gpus": gpus, "step_ms": ms,
+                "samples_per_s": gpus * 8 / ms * 1e3, "captured": True}
+        payload = {"gpus": gpus, "environment": {"device": "cpu", "date": "-", "versions": {}},
+                   "cases": [case], "capture_check": None, "quick": quick, "batch_per_gpu": 8, "time_steps": 4}
+        (tmp_path / name).write_text(json.dumps(payload))
+    run_file("ddp-1gpu-quick.json", 1, True, 2.0)
+    run_file("ddp-2gpu-quick.json", 2, True, 2.5)
+    run_file("ddp-1gpu.json", 1, False, 99.0)  # a full run's: left alone
+    assert parallel_ddp.main(["--merge", "--quick", "--out", str(tmp_path)]) == 0
+    (path,) = tmp_path.glob("ddp-scaling-*.json")
+    payload = json.loads(path.read_text())
+    assert path.name.startswith("ddp-scaling-quick-") and payload["quick"] is True
+    assert payload["results"][0]["step_ms_1gpu"] == 2.0 and payload["time_steps"] == 4

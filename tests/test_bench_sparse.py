@@ -86,3 +86,14 @@ def test_captured_replays_the_call():
     replay()
     torch.cuda.synchronize()
     assert result is out and torch.equal(out, torch.eye(64, device="cuda"))
+
+
+def test_quick_run_on_the_cpu_is_named_and_marked_quick(tmp_path):
+    # dense only and no kernel comparison: the sparse modes' CPU path is the smoke test's above
+    assert main(["bench", "sparse", "--quick", "--modes", "dense", "--no-kernel", "--out", str(tmp_path)]) == 0
+    (path,) = tmp_path.glob("sparse-*.json")
+    assert path.name.startswith("sparse-quick-")
+    payload = json.loads(path.read_text())
+    assert payload["quick"] is True and {r["net"] for r in payload["cases"]} == {"ipu-shd", "ipu-shd-recurrent"}
+    assert all("step_ms" in r for r in payload["cases"])
+    assert path.with_suffix(".md").read_text().startswith("**Quick run (--quick)")

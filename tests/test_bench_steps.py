@@ -71,3 +71,20 @@ def test_whole_step_failure_is_a_note_not_a_crash(on_cpu, monkeypatch):
     case = on_cpu("reduce-overhead-whole")
     assert case["error"] == "RuntimeError: compiled autograd unavailable"
     assert "skipped (RuntimeError: compiled autograd unavailable)" in steps.summary_line(case)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU's refusal")
+def test_quick_on_the_cpu_is_refused_in_one_line(tmp_path, capsys):
+    from spikefuse import cli
+    assert cli.main(["bench", "steps", "--quick", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "needs a CUDA device" in err and not list(tmp_path.iterdir())
+
+
+def test_quick_shrinks_only_the_lists_left_at_their_defaults():
+    parser = argparse.ArgumentParser()
+    steps.configure(parser)
+    args = parser.parse_args(["--quick", "--modes", "eager"])
+    steps.quick_settings(args)
+    assert args.smoke and args.nets == steps.QUICK["nets"] and args.batches == steps.QUICK["batches"]
+    assert args.modes == "eager"  # given: kept

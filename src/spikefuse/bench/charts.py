@@ -32,7 +32,8 @@ def draw(payload: dict, path: str) -> str | None:
     if not drawer(fig.subplots(), payload):
         return None
     env = payload.get("environment", {})
-    fig.suptitle(f"{TITLES[payload['benchmark']]}: {env.get('device', '?')}, {str(env.get('date', ''))[:10]}")
+    fig.suptitle(f"{TITLES[payload['benchmark']]}: {env.get('device', '?')}, {str(env.get('date', ''))[:10]}"
+                 + (" (quick run: not benchmark figures)" if payload.get("quick") else ""))
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=110)
     atomic_write(path, buffer.getvalue())
@@ -54,7 +55,7 @@ def redraw(json_paths: list[str]) -> list[str]:
             png = png if png.endswith(".png") else None
         elif payload.get("benchmark") == "sparse":
             from .sparse import chart
-            png = chart(payload["cases"], png_path)
+            png = chart(payload["cases"], png_path, quick=payload.get("quick", False))
         else:
             png = draw(payload, png_path)
         if png:

@@ -13,10 +13,12 @@ Each pipeline gets the same initial weights and sample order; its cache is built
 timing (and its build time reported), then a short untimed warm-up, then one timed epoch.
 
     python -m spikefuse.bench.data --out benchmarks/results [--samples N]
+    spikefuse bench data --quick --out /tmp/bench   # a smoke test (CPU too): data-quick-<device>.*
 """
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import sys
 import time
@@ -26,6 +28,8 @@ import torch
 from torch import nn
 
 CHANNELS, STEPS, WINDOW_US = 100, 250, 4000
+# --quick: a smoke test (options left at their defaults take these): one framing pass of 2 batches
+QUICK = {"samples": 16, "batch_size": 8, "workers": 0, "warmup": 1}
 PIPELINES = {
     "a": "tonic ToFrame + DataLoader (workers, pinned)",
     "b": "tonic DiskCachedDataset + DataLoader",
@@ -46,6 +50,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--group", type=int, default=None,
                         help="batches framed per pass in c and d (default: the data set's default_group)")
+    parser.add_argument("--quick", action="store_true",
+                        help="a smoke test: unless given, --samples 16 --batch-size 8 --workers 0 --warmup 1; "
+                             "written as data-quick-<device>")
 
 
 # ---- the network -----------------------------------------------------------------------
@@ -184,6 +191,11 @@ def run(args: argparse.Namespace) -> int:
     from spikefuse.data.dataset import EventSpikeDataset
     from spikefuse.data.synthetic import SyntheticSHD
 
+    if args.quick:
+        defaults = {"samples": None, "batch_size": 128, "workers": 4, "warmup": 3}
+        for name, value in QUICK.items():
+            if getattr(args, name) == defaults[name]:
+                setattr(args, name, value)
     device = torch.device(args.device)
     root = os.path.expanduser(args.root)
     source = SyntheticSHD("train", samples=args.samples, seed=args.seed)
@@ -195,12 +207,17 @@ def run(args: argparse.Namespace) -> int:
         return 2
     frame = ToFrame((CHANNELS, 1, 1), time_window=WINDOW_US, include_incomplete=True)
     order_seed = args.seed + 1
-    results, first_batches, batches_match = {}, {}, {}
+    results, first_batches, batches_match, skipped = {}, {}, {}, {}
 
     for key in args.pipelines:
         if key not in PIPELINES:
             print(f"spikefuse bench data: error: unknown pipeline {key!r}; choose from abcd", file=sys.stderr)
             return 2
+    for key in args.pipelines:
+        if key in "ab" and importlib.util.find_spec("tonic") is None:  # a peer: skipped with a note
+            skipped[key] = "tonic is not installed"
+            print(f"{key}: {PIPELINES[key]}: skipped, tonic is not installed")
+            continue
         t0 = time.perf_counter()
         if key == "a":
             framed = TonicFramed(source)
@@ -241,6 +258,10 @@ def run(args: argparse.Namespace) -> int:
             results[key]["group"] = group
         print(f"{key}: {PIPELINES[key]}: epoch {wall:.2f} s, in training step {100 * in_step / wall:.0f}%")
 
+    if not results:
+        print(f"spikefuse bench data: error: --pipelines {args.pipelines}: none can run here: {skipped}",
+              file=sys.stderr)
+        return 2
     ref = next(iter(first_batches.values()))
     identical = all(torch.equal(ref, x) for x in first_batches.values()) and all(batches_match.values())
     ratios = {}
@@ -253,7 +274,7 @@ def run(args: argparse.Namespace) -> int:
                    "channels": CHANNELS, "time_steps": STEPS, "window_us": WINDOW_US,
                    "warmup_batches": args.warmup, "device": str(device)},
         "results": results, "ratios": ratios, "frames_identical": identical,
-        "grouped_batches_equal_single_gets": batches_match,
+        "grouped_batches_equal_single_gets": batches_match, "skipped": skipped, "quick": args.quick,
     }
     env = payload["environment"]
     rows = [[k, r["pipeline"], r["epoch_s"], 100 * r["step_fraction"], r.get("group"), r["prepare_s"]]
@@ -275,6 +296,7 @@ def run(args: argparse.Namespace) -> int:
           f"is framed on a side stream while the current group's steps run.\n\n"
           + table(["", "pipeline", "epoch s", "% in train step", "batches per framing pass", "cache build s"], rows)
           + "".join(f"\n{k}: {v:.3g}" for k, v in ratios.items())
+          + "".join(f"\n{k}: not run, {why}" for k, why in skipped.items())
           + f"\n\nFrames of samples 0-3 identical across pipelines, and the first grouped "
           f"batches of c and d equal to one-batch framing: {identical} {batches_match}\n")
     paths = write_results("data", payload, md, args.out)

@@ -14,6 +14,8 @@ import gc
 
 import torch
 
+from spikefuse.errors import UsageError
+
 from . import peers
 from .report import environment, table, write_results
 from .timing import copy_bandwidth_gbs, median_ms, peak_extra_mib
@@ -25,11 +27,13 @@ SWEEP_BATCH = 8
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 LOOP_LIBRARIES = ("pytorch-loop", "snntorch", "norse")  # one Python step per time step
 BACK_TO_BACK = 10  # calls queued per timing in the throughput measurement
+QUICK_TIMING = {"warmup": 1, "min_reps": 2, "max_reps": 2, "budget_s": 0.0}  # --quick: 2 timed calls
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default="benchmarks/results", help="folder for JSON + markdown")
-    parser.add_argument("--quick", action="store_true", help="small shapes (smoke test, CPU)")
+    parser.add_argument("--quick", action="store_true",
+                        help="tiny shapes, 2 timed calls each: a smoke test (CPU too), written as lif-quick-<device>")
     parser.add_argument("--no-sweep", action="store_true", help="skip the fixed-work T sweep")
     parser.add_argument("--libraries", default=",".join(peers.ADAPTERS),
                         help="comma-separated subset of " + ",".join(peers.ADAPTERS))
@@ -66,18 +70,19 @@ def captured_forward_backward(run, x, grad):
     return graph.replay, spikes
 
 
-def measure_graph(run, x, grad, ours_spikes):
+def measure_graph(run, x, grad, ours_spikes, quick=False):
     """spikefuse's forward+backward replayed from a CUDA graph: spikes checked, then timed."""
     replay, spikes = captured_forward_backward(run, x, grad)
     torch.cuda.synchronize()
     agree = (spikes.float() == ours_spikes.float()).float().mean().item()
-    ms, _ = median_ms(replay, budget_s=2.0)
-    stream_ms, _ = median_ms(replay, budget_s=2.0, back_to_back=BACK_TO_BACK)
+    timing = QUICK_TIMING if quick else {"budget_s": 2.0}
+    ms, _ = median_ms(replay, **timing)
+    stream_ms, _ = median_ms(replay, back_to_back=BACK_TO_BACK, **timing)
     return {"ms": ms, "stream_ms": stream_ms, "peak_extra_mib": None, "spike_agreement": agree,
             "grad_rel_err_vs_loop": None}
 
 
-def measure_case(libs, T, B, N, dtype, device, bandwidth, floor_bytes):
+def measure_case(libs, T, B, N, dtype, device, bandwidth, floor_bytes, quick=False):
     x, grad = make_inputs(T, B, N, dtype, device)
     ours_spikes, ours_gx = forward_backward(libs["spikefuse"], x, grad)
     rate = ours_spikes.float().mean().item()
@@ -91,15 +96,16 @@ def measure_case(libs, T, B, N, dtype, device, bandwidth, floor_bytes):
         del spikes, gx
         loop = name in LOOP_LIBRARIES
         call = lambda: forward_backward(run, x, grad)  # noqa: E731
-        ms, _ = median_ms(call, budget_s=1.0 if loop else 2.0)
-        stream_ms, _ = median_ms(call, budget_s=1.0 if loop else 2.0, back_to_back=2 if loop else BACK_TO_BACK)
+        timing = QUICK_TIMING if quick else {"budget_s": 1.0 if loop else 2.0}
+        ms, _ = median_ms(call, **timing)
+        stream_ms, _ = median_ms(call, back_to_back=2 if loop else BACK_TO_BACK, **timing)
         mem = peak_extra_mib(call)
         rows[name] = {"ms": ms, "stream_ms": stream_ms, "peak_extra_mib": mem, "spike_agreement": agree,
                       "grad_rel_err_vs_loop": grad_err}
         gc.collect()
     if device == "cuda":
         try:
-            rows["spikefuse-cuda-graph"] = measure_graph(libs["spikefuse"], x, grad, ours_spikes)
+            rows["spikefuse-cuda-graph"] = measure_graph(libs["spikefuse"], x, grad, ours_spikes, quick)
         except RuntimeError as error:  # reported, not fatal: the eager rows are the benchmark
             print(f"CUDA graph capture failed: {error}", flush=True)
     floor_ms = floor_bytes * T * B * N / (bandwidth * 1e9) * 1e3 if bandwidth else None
@@ -115,15 +121,22 @@ def measure_case(libs, T, B, N, dtype, device, bandwidth, floor_bytes):
 
 def run(args) -> int:
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    wanted = set(args.libraries.split(","))
+    wanted = {n.strip() for n in args.libraries.split(",") if n.strip()}
+    unknown = sorted(wanted - set(peers.ADAPTERS))
+    if unknown:
+        raise UsageError(f"--libraries {args.libraries}: unknown {', '.join(unknown)}; pick from "
+                         + ",".join(peers.ADAPTERS))
     libs = {k: v for k, v in peers.available().items() if k in wanted | {"spikefuse"}}
-    bandwidth = copy_bandwidth_gbs()
+    not_installed = sorted(wanted - set(libs) - {"spikefuse"})
+    if not_installed:
+        print(f"not installed, skipped: {', '.join(not_installed)}", flush=True)
+    bandwidth = copy_bandwidth_gbs(2**26) if args.quick else copy_bandwidth_gbs()
     shapes = [(8, 2, 64), (16, 2, 96)] if args.quick else MAIN_SHAPES
     cases = []
     for dtype_name, dtype in DTYPES.items():
         floor_bytes = 5 * torch.finfo(dtype).bits // 8
         for T, B, N in shapes:
-            case = measure_case(libs, T, B, N, dtype, device, bandwidth, floor_bytes)
+            case = measure_case(libs, T, B, N, dtype, device, bandwidth, floor_bytes, args.quick)
             cases.append(case)
             print(summary_line(case), flush=True)
     sweep = []
@@ -132,13 +145,13 @@ def run(args) -> int:
         elements = 2**12 if args.quick else SWEEP_ELEMENTS
         for T in ([4, 16] if args.quick else SWEEP_T):
             N = elements // (T * SWEEP_BATCH)
-            case = measure_case(fast, T, SWEEP_BATCH, N, torch.float32, device, bandwidth, 20)
+            case = measure_case(fast, T, SWEEP_BATCH, N, torch.float32, device, bandwidth, 20, args.quick)
             case["ns_per_neuron_step"] = {k: r["ms"] * 1e6 / elements for k, r in case["libraries"].items()}
             sweep.append(case)
             print(summary_line(case), flush=True)
     payload = {"benchmark": "lif", "environment": environment(), "copy_bandwidth_gbs": bandwidth,
                "equations": "decay 0.5, threshold 1.0, hard reset to 0, rectangular surrogate (peers: their default surrogate)",
-               "cases": cases, "time_sweep": sweep}
+               "quick": args.quick, "not_installed": not_installed, "cases": cases, "time_sweep": sweep}
     paths = write_results("lif", payload, markdown(payload), args.out)
     print("wrote", *paths)
     return 0
@@ -158,6 +171,8 @@ def markdown(payload) -> str:
     out = [f"# LIF forward+backward\n\n{env['device']}, {env['date']}, versions {env['versions']}\n",
            f"Copy bandwidth measured in the run: {payload['copy_bandwidth_gbs']} GB/s. "
            f"Equations: {payload['equations']}.\n"]
+    if payload.get("not_installed"):
+        out.append(f"Not installed here, so not measured: {', '.join(payload['not_installed'])}.\n")
     out.append("Two timings per library, both medians of CUDA-event spans after warm-up: "
                "*call* is one forward+backward from an idle GPU (the host's time to its first "
                f"launch and any gap between launches count); *streamed* is {BACK_TO_BACK} calls "

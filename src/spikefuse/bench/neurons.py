@@ -416,7 +416,8 @@ def acceptance(cases) -> dict | None:
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default="benchmarks/results", help="folder for JSON + markdown")
-    parser.add_argument("--quick", action="store_true", help="tiny shapes, few repetitions (smoke test, CPU)")
+    parser.add_argument("--quick", action="store_true",
+                        help="tiny shapes, few repetitions: a smoke test (CPU too), written as neurons-quick-<device>")
     parser.add_argument("--neurons", default=",".join(ADAPTERS),
                         help="comma-separated subset of " + ",".join(ADAPTERS))
     parser.add_argument("--libraries", default=",".join(LIBRARIES),
@@ -454,7 +455,7 @@ def run(args) -> int:
     for f in failed:
         print("cross-check FAILED: {} T={} B={} N={} {}".format(*f), flush=True)
     payload = {
-        "benchmark": "neurons", "environment": environment(), "device_type": device,
+        "benchmark": "neurons", "environment": environment(), "device_type": device, "quick": args.quick,
         "tf32_matmul": torch.backends.cuda.matmul.allow_tf32,
         "equations": EQUATIONS, "reset": "hard to 0, not detached",
         "surrogate": f"{SURROGATE} alpha {ALPHA} (SuperSpike 1/(|u|+1)^2) in every library",

@@ -68,6 +68,9 @@ ROUNDS = 5
 ROUND_TIMING = {"warmup": 1, "warmup_s": 0.2, "min_reps": 2, "max_reps": 10, "budget_s": 0.15}
 # the floor's GEMMs: timed in the same rounds, in the steady state (queued back to back)
 FLOOR_TIMING = {"warmup": 2, "warmup_s": 0.2, "min_reps": 3, "max_reps": 20, "budget_s": 0.3, "back_to_back": 5}
+# --quick, a smoke test: options left at their defaults take QUICK; 2 rounds of 2 calls, no settling
+QUICK = {"sizes": [64, 128], "time_steps": 8, "batch": 2}
+QUICK_ROUNDS, QUICK_TIMING = 2, {"warmup": 1, "min_reps": 2, "max_reps": 2, "budget_s": 0.0}
 EQUATIONS = (f"y[t] = W x[t] (Linear, no bias); h[t] = {peers.DECAY} v[t-1] + y[t], v[-1] = 0; "
              f"s[t] = 1 if h[t] >= {peers.THRESHOLD} else 0; v[t] = h[t] (1 - s[t]) (hard reset to 0 in the "
              f"step that fires, not detached); backward ds/dh = 1/(|h - {peers.THRESHOLD}| + 1)^2 (SuperSpike)")
@@ -88,6 +91,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto",
                         help="auto: cuda where present; cpu checks the flow at toy sizes (not the benchmark)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the weight, input and loss weights")
+    parser.add_argument("--quick", action="store_true",
+                        help="a smoke test: unless given, --sizes 64 128 --time-steps 8 --batch 2; "
+                             f"{QUICK_ROUNDS} rounds of 2 calls; written as on-quick-<device>")
 
 
 def check_args(args) -> tuple[str, list[str], list[str], list[str]]:
@@ -126,6 +132,7 @@ class Settings:
     seed: int
     modes: list[str]
     bandwidth: float | None  # device-to-device copy GB/s, measured in the run (None off CUDA)
+    quick: bool = False  # --quick: QUICK_ROUNDS rounds of QUICK_TIMING
 
 
 @dataclass
@@ -253,16 +260,22 @@ def cross_check(layer, problem, precision, settings, base) -> tuple[dict, dict, 
     return row, run, base
 
 
+def timing_of(quick: bool) -> tuple[int, dict, dict]:
+    """(rounds, a library call's timing per round, a floor GEMM's timing per round)."""
+    return (QUICK_ROUNDS, QUICK_TIMING, QUICK_TIMING) if quick else (ROUNDS, ROUND_TIMING, FLOOR_TIMING)
+
+
 def time_rows(rows, runs, gemms, settings) -> dict:
     """Each checked library's calls and the floor's GEMMs timed in alternating rounds
     (timing.in_rounds), so the floor drifts with the entries it bounds: per library and mode
     the median of its round medians, the rounds themselves and their spread, then the call's
     peak memory; a library whose call fails becomes an error row. Returns the GEMMs' medians."""
     cuda, device = settings.device == "cuda", settings.device
-    timed = {("floor", name): (lambda call=call: time_ms(call, device, FLOOR_TIMING)) for name, call in gemms.items()}
-    timed.update({(name, mode): (lambda call=run[mode]: time_ms(call, device, ROUND_TIMING))
+    rounds, round_timing, floor_timing = timing_of(settings.quick)
+    timed = {("floor", name): (lambda call=call: time_ms(call, device, floor_timing)) for name, call in gemms.items()}
+    timed.update({(name, mode): (lambda call=run[mode]: time_ms(call, device, round_timing))
                   for name, run in runs.items() for mode in settings.modes})
-    times, errors = in_rounds(lambda measure: measure(), timed, ROUNDS)
+    times, errors = in_rounds(lambda measure: measure(), timed, rounds)
     for name in gemms:
         if ("floor", name) in errors:  # no floor, no report: the run stops with the reason
             raise errors[("floor", name)]
@@ -345,9 +358,14 @@ def standing(rows, modes) -> dict:
 # ---- the run ----
 
 def run(args) -> int:
+    if args.quick:
+        defaults = {"sizes": SIZES, "time_steps": TIME_STEPS, "batch": BATCH}
+        for name, value in QUICK.items():
+            if getattr(args, name) == defaults[name]:
+                setattr(args, name, value)
     device, precisions, modes, libraries = check_args(args)
-    bandwidth = copy_bandwidth_gbs() if device == "cuda" else None
-    settings = Settings(device, args.time_steps, args.batch, args.seed, modes, bandwidth)
+    bandwidth = (copy_bandwidth_gbs(2**26 if args.quick else 2**31) if device == "cuda" else None)
+    settings = Settings(device, args.time_steps, args.batch, args.seed, modes, bandwidth, args.quick)
     skipped = not_in_layers()
     cases = []
     with tf32_matmuls(device):
@@ -373,15 +391,16 @@ def save(args, device, modes, precisions, bandwidth, cases, skipped):
     flagged = [1 for c in cases for r in c["libraries"].values() if r.get("check_passed") is False or "error" in r]
     env = environment()
     env["versions"].update(versions("sinabs", "lava-dl"))
+    rounds, round_timing, floor_timing = timing_of(args.quick)
     payload = {
-        "benchmark": "on", "environment": env, "device_type": device,
+        "benchmark": "on", "environment": env, "device_type": device, "quick": args.quick,
         "note": None if device == "cuda" else "CPU run: wall-clock times at toy sizes, to check the flow; "
                                               "not the benchmark's figures (those need a CUDA GPU)",
         "equations": EQUATIONS, "modes": modes, "precisions": precisions,
         "settings": {"T": args.time_steps, "B": args.batch, "sizes": args.sizes, "seed": args.seed,
                      "tf32_matmul": device == "cuda",
-                     "timing": {"rounds": ROUNDS, "per_round": ROUND_TIMING if device == "cuda" else "wall clock",
-                                "floor_gemms_per_round": FLOOR_TIMING if device == "cuda" else "wall clock"}},
+                     "timing": {"rounds": rounds, "per_round": round_timing if device == "cuda" else "wall clock",
+                                "floor_gemms_per_round": floor_timing if device == "cuda" else "wall clock"}},
         "inputs": "W ~ N(0, 1/N), x ~ N(0.5, 1), g ~ N(0, 1) from torch.Generator(seed); loss = sum(s * g)",
         "copy_bandwidth_gbs": bandwidth,
         "tolerances": {"spike_mismatch": MAX_SPIKE_MISMATCH, "grad_rel_err": MAX_GRAD_REL_ERR,
@@ -555,7 +574,8 @@ def write_chart(payload, path: str) -> str:
         _near_floor_panel(axes[-1][j], payload, mode, color)
     s = payload["settings"]
     fig.suptitle(f"Linear(N, N) + LIF, T={s['T']}, B={s['B']}, {payload['environment']['device']}"
-                 + (" (CPU: not the benchmark)" if payload["note"] else ""))
+                 + (" (CPU: not the benchmark)" if payload["note"] else "")
+                 + (" (quick run: not benchmark figures)" if payload.get("quick") else ""))
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=110)
     atomic_write(path, buffer.getvalue())

@@ -6,6 +6,9 @@
     pipeline  the temporal pipeline on --gpus processes beside the planner
               (spikefuse.bench.parallel_pipeline): pipeline-<device>.json and .md
 
+--quick, a smoke test: 2 processes, tiny sizes, few repetitions, results named *-quick*; without
+2 CUDA GPUs (and no --device), the pipeline on 2 CPU processes (gloo) and ddp skipped.
+
 Every run is `python -m torch.distributed.run --standalone --nproc-per-node N -m MODULE ...`,
 what torchrun does, started as a subprocess: fresh processes for each run (a run's CUDA
 graphs, NCCL communicators and GPU memory go with it), this environment inherited (NCCL_*
@@ -40,22 +43,43 @@ def configure(parser: argparse.ArgumentParser) -> None:
     pipeline.add_argument("--chunks", type=int, nargs="+", metavar="C",
                           help="chunk counts to time besides the planner's choice "
                                f"(default: {' '.join(map(str, parallel_pipeline.CHUNKS))})")
-    pipeline.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
-                          help="cpu: gloo processes on the CPU, to check the flow (the pipeline part only)")
+    pipeline.add_argument("--device", choices=["cuda", "cpu"],
+                          help="cpu: gloo processes on the CPU, to check the flow (the pipeline part only; "
+                               "default cuda, with --quick cpu where there are fewer than 2 CUDA GPUs)")
     pipeline.add_argument("--width", type=float, help="scale deep-lif's 2048 units (default 1; 0.01 on a CPU)")
+    parser.add_argument("--quick", action="store_true",
+                        help="a smoke test: 2 processes, tiny sizes, few repetitions, results named *-quick*; "
+                             "without 2 CUDA GPUs the pipeline on 2 CPU processes and ddp skipped")
 
 
 def run(args) -> int:
     parts = [p for p in args.parts.split(",") if p]
+    if args.quick:
+        parts = quick_setup(args, parts)
+    args.device = args.device or "cuda"
     gpus = check(args, parts)
     failed = []
     if "ddp" in parts:
-        failed += run_ddp(gpus, args.out)
+        failed += run_ddp(gpus, args.out, args.quick)
     if "pipeline" in parts:
         failed += run_pipeline(gpus, args)
     if failed:
         raise RunError(f"{', '.join(failed)} failed; the output above says why")
     return 0
+
+
+def quick_setup(args, parts: list[str]) -> list[str]:
+    """--quick: 2 processes unless --gpus says otherwise; without 2 CUDA GPUs (and no --device)
+    on the CPU, where ddp cannot run: it is skipped with a note (or refused by check, if alone)."""
+    available = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if args.device is None and available < 2:
+        args.device = "cpu"
+    if args.device == "cpu" and "ddp" in parts and len(parts) > 1:
+        print("ddp: skipped, it needs 2 or more CUDA GPUs (its steps run in CUDA graphs)", flush=True)
+        parts = [p for p in parts if p != "ddp"]
+    if args.gpus is None:
+        args.gpus = 2
+    return parts
 
 
 def check(args, parts: list[str]) -> int:
@@ -87,14 +111,15 @@ def check(args, parts: list[str]) -> int:
     return gpus
 
 
-def run_ddp(gpus: int, out: str) -> list[str]:
+def run_ddp(gpus: int, out: str, quick: bool = False) -> list[str]:
     """One process, then `gpus`, then the table of both; what failed."""
     from . import parallel_ddp
 
+    argv = ["--out", out] + (["--quick"] if quick else [])
     for n in (1, gpus):  # the 1-GPU run under the launcher too
-        if launch(n, "spikefuse.bench.parallel_ddp", ["--out", out]) != 0:
+        if launch(n, "spikefuse.bench.parallel_ddp", argv) != 0:
             return [f"ddp on {n} GPU{'' if n == 1 else 's'}"]
-    return [] if parallel_ddp.main(["--merge", "--out", out]) == 0 else ["the ddp merge"]
+    return [] if parallel_ddp.main(["--merge", *argv]) == 0 else ["the ddp merge"]
 
 
 def run_pipeline(gpus: int, args) -> list[str]:
@@ -105,6 +130,8 @@ def run_pipeline(gpus: int, args) -> list[str]:
         argv += ["--chunks", *map(str, args.chunks)]
     if args.width is not None:
         argv += ["--width", str(args.width)]
+    if args.quick:
+        argv.append("--quick")
     return [] if launch(gpus, "spikefuse.bench.parallel_pipeline", argv) == 0 else ["the pipeline"]
 
 

@@ -16,11 +16,14 @@ largest relative difference (the captured all-reduces computed what the eager on
     torchrun --standalone --nproc-per-node N -m spikefuse.bench.parallel_ddp --out DIR   # DIR/ddp-<N>gpu.json
     python -m spikefuse.bench.parallel_ddp --merge --out DIR    # DIR/ddp-scaling-<device>.json and .md
 (`spikefuse bench parallel --parts ddp --gpus N` runs all three.)
+--quick, a smoke test: QUICK's sizes, fp32, captured and eager (and SpikingJelly where installed)
+unless --modes/--precisions say otherwise; ddp-<N>gpu-quick.json, merged into ddp-scaling-quick-*.
 """
 from __future__ import annotations
 
 import argparse
 import datetime
+import importlib.util
 import gc
 import json
 import os
@@ -41,14 +44,16 @@ MODES = ("captured", "captured-local-bn", "eager", "eager-local-bn", "spikingjel
 ONE_GPU_ALIAS = {"captured-local-bn": "captured", "eager-local-bn": "eager"}
 PRECISIONS = ("fp32", "bf16")
 REPS, BACK_TO_BACK = 10, 10
+WIDTH, CHECK_STEPS = 1.0, 15  # the network's width; steps of the captured-vs-eager check
+QUICK = {"BATCH": 8, "TIME_STEPS": 4, "WIDTH": 0.25, "REPS": 3, "BACK_TO_BACK": 2, "CHECK_STEPS": 3}
 
 
 def build(mode: str, device, dp):
     torch.manual_seed(0)  # the same weights on every rank (DDP broadcasts rank 0's anyway)
     if mode == "spikingjelly":
         from spikefuse.bench.train import spikingjelly_cifar
-        return spikingjelly_cifar("medium", 1.0, time_steps=TIME_STEPS).to(device)
-    model = build_model("cifar-medium", (3, 32, 32), 10, TIME_STEPS).to(device)
+        return spikingjelly_cifar("medium", WIDTH, time_steps=TIME_STEPS).to(device)
+    model = build_model("cifar-medium", (3, 32, 32), 10, TIME_STEPS, width=WIDTH).to(device)
     return convert_sync_batchnorm(model, dp.sync_bn_group) if dp is not None and "local-bn" not in mode else model
 
 
@@ -159,18 +164,20 @@ def run(args) -> int:
     world = dp.world_size if dp is not None else 1
     modes = [m for m in args.modes.split(",") if m and (world > 1 or m not in ONE_GPU_ALIAS)]
     payload = {"gpus": world, "environment": environment(), "cases": [], "capture_check": None,
-               "bucket_cap_mb": BUCKET_MB}
+               "bucket_cap_mb": BUCKET_MB, "quick": args.quick, "batch_per_gpu": BATCH, "time_steps": TIME_STEPS,
+               "width": WIDTH, "timing": f"{REPS} x {BACK_TO_BACK}"}
+    name = f"ddp-{world}gpu{args.tag}" + ("-quick" if args.quick else "")
 
     def save():  # after every case: a run cut short keeps what it measured
         if dp is None or dp.is_main:
-            atomic_write(os.path.join(args.out, f"ddp-{world}gpu{args.tag}.json"), json.dumps(payload, indent=2) + "\n")
+            atomic_write(os.path.join(args.out, name + ".json"), json.dumps(payload, indent=2) + "\n")
     for precision in args.precisions.split(","):
         for mode in modes:
             payload["cases"].append(measure(mode, precision, device, dp))
             save()
     if dp is not None and not args.no_check:
         try:
-            payload["capture_check"] = check_capture(device, dp)
+            payload["capture_check"] = check_capture(device, dp, CHECK_STEPS)
         except Exception as e:  # noqa: BLE001
             payload["capture_check"] = {"error": f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}"}
         save()
@@ -187,12 +194,13 @@ def merge(args) -> int:
     """One table: samples/s on 1 and N GPUs per mode and precision, the scaling, and each
     mode's throughput next to SpikingJelly's on the same GPUs."""
     runs = {}
+    ending = "gpu-quick.json" if args.quick else "gpu.json"  # a quick run merges only quick runs
     for name in sorted(os.listdir(args.out)):
-        if name.startswith("ddp-") and name.endswith("gpu.json"):
+        if name.startswith("ddp-") and name.endswith(ending):
             payload = json.load(open(os.path.join(args.out, name)))
             runs[payload["gpus"]] = payload
     if 1 not in runs or len(runs) < 2:
-        print(f"--merge: need ddp-1gpu.json and an N-GPU run in {args.out}, found {sorted(runs)}")
+        print(f"--merge: need ddp-1{ending} and an N-GPU run in {args.out}, found {sorted(runs)}")
         return 1
     n = max(runs)
     one = {(c["mode"], c["precision"]): c for c in runs[1]["cases"]}
@@ -215,20 +223,36 @@ def merge(args) -> int:
                      {True: "yes", False: "no"}.get(entry["captured"], "-"),
                      entry["error"] or entry["fallback"] or ""])
     env = runs[n]["environment"]
+    # the runs' own settings (--quick changes them; runs from before they were recorded: the defaults)
+    T, batch = runs[n].get("time_steps", TIME_STEPS), runs[n].get("batch_per_gpu", BATCH)
     payload = {"benchmark": "ddp-scaling", "environment": env, "network": "cifar-medium",
-               "time_steps": TIME_STEPS, "batch_per_gpu": BATCH, "results": results,
-               "capture_check": runs[n].get("capture_check"), "runs": runs}
+               "time_steps": T, "batch_per_gpu": batch, "width": runs[n].get("width", WIDTH), "results": results,
+               "capture_check": runs[n].get("capture_check"), "runs": runs, "quick": args.quick}
     header = ["mode", "precision", "1 GPU ms", f"{n} GPU ms", "1 GPU samples/s", f"{n} GPU samples/s",
               "scaling", "x SpikingJelly", "captured", "note"]
-    text = (f"# Data-parallel scaling: CIFAR-medium, T={TIME_STEPS}, batch {BATCH} per GPU\n\n"
+    text = (f"# Data-parallel scaling: CIFAR-medium, T={T}, batch {batch} per GPU\n\n"
             f"{env['device']} x {n}, {env['date']}, versions {env['versions']}\n\n"
-            "CUDA events, medians of 10 x 10 back-to-back steps after warm-up (slowest rank); "
+            f"CUDA events, medians of {runs[n].get('timing', '10 x 10')} back-to-back steps after warm-up (slowest rank); "
             "SpikingJelly runs local BN (its SyncBN fails in multi-step mode).\n\n"
             + table(header, rows) + f"\ncaptured vs eager DDP + SyncBN check: {runs[n].get('capture_check')}\n")
     paths = write_results("ddp-scaling", payload, text, args.out)
     print(text)
     print("wrote", *paths)
     return 0
+
+
+def quick_settings(args, parser) -> None:
+    """--quick: QUICK's sizes; unless given, fp32 and the captured and eager modes (SpikingJelly too
+    where it is installed, else a note)."""
+    globals().update(QUICK)
+    if args.precisions == parser.get_default("precisions"):
+        args.precisions = "fp32"
+    if args.modes == parser.get_default("modes"):
+        args.modes = "captured,eager"
+        if importlib.util.find_spec("spikingjelly") is None:
+            print("spikingjelly: skipped, not installed", flush=True)
+        else:
+            args.modes += ",spikingjelly"
 
 
 def main(argv=None) -> int:
@@ -240,9 +264,12 @@ def main(argv=None) -> int:
     parser.add_argument("--tag", default="", help="suffix of the output file (runs --merge leaves alone)")
     parser.add_argument("--no-check", action="store_true", help="skip the captured-vs-eager check")
     parser.add_argument("--merge", action="store_true", help="merge ddp-*gpu.json in --out into one table")
+    parser.add_argument("--quick", action="store_true", help="a smoke test: tiny network, few steps (*-quick files)")
     args = parser.parse_args(argv)
     global BUCKET_MB
     BUCKET_MB = args.bucket_mb
+    if args.quick and not args.merge:  # a worker process of its own (torchrun): its constants, this run's
+        quick_settings(args, parser)
     os.makedirs(args.out, exist_ok=True)
     return merge(args) if args.merge else run(args)
 

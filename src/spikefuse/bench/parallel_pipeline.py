@@ -42,21 +42,31 @@ from spikefuse.train.capture import CapturedStep
 MODEL, FEATURES, CLASSES = "deep-lif", 2048, 10
 TIME_STEPS, CHUNKS = [256, 1024, 4096, 16384], [8, 16, 32, 64]  # defaults of --time-steps, --chunks
 REPS = {256: 20, 1024: 10, 4096: 5, 16384: 3}  # timed steps per T: the whole run stays under ~6 minutes
+# --quick, a smoke test (3 timed steps): per device, the defaults of --time-steps, --chunks, --width
+QUICK = {"cuda": ([64], [2, 4], 1 / 16), "cpu": ([4], [2], 0.005)}
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", required=True, help="folder for pipeline-<device>.json and .md")
-    p.add_argument("--time-steps", type=int, nargs="+", default=TIME_STEPS, metavar="T")
+    p.add_argument("--time-steps", type=int, nargs="+", metavar="T",
+                   help=f"sequence lengths (default {' '.join(map(str, TIME_STEPS))})")
     p.add_argument("--batch", type=int, default=16)
-    p.add_argument("--chunks", type=int, nargs="+", default=CHUNKS, metavar="C",
-                   help="chunk counts to time (those <= T), besides the planner's choice")
+    p.add_argument("--chunks", type=int, nargs="+", metavar="C",
+                   help="chunk counts to time (those <= T), besides the planner's choice "
+                        f"(default {' '.join(map(str, CHUNKS))})")
     p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--width", type=float, default=1.0, help="scale deep-lif's 2048 units (CPU checks)")
+    p.add_argument("--width", type=float, help="scale deep-lif's 2048 units (default 1; CPU checks)")
     p.add_argument("--no-tf32", action="store_true", help="strict fp32 matmuls")
     p.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     p.add_argument("--eager", action="store_true", help="also time the eager pipeline at the planner's chunks")
-    return p.parse_args(argv)
+    p.add_argument("--quick", action="store_true", help="a smoke test: tiny T and width, written as pipeline-quick-*")
+    args = p.parse_args(argv)
+    time_steps, chunks, width = QUICK[args.device] if args.quick else (TIME_STEPS, CHUNKS, 1.0)
+    args.time_steps = args.time_steps or time_steps
+    args.chunks = args.chunks or chunks
+    args.width = width if args.width is None else args.width
+    return args
 
 
 def rate_cross_entropy(out, y):
@@ -215,7 +225,7 @@ def run_one_T(T, args, device, rank, world):
 
 
 def report(args, results, exactness, world, elapsed):
-    payload = {"environment": environment(), "benchmark": "temporal pipeline", "model": MODEL,
+    payload = {"environment": environment(), "benchmark": "temporal pipeline", "model": MODEL, "quick": args.quick,
                "batch": args.batch, "gpus": world, "tf32": not args.no_tf32, "width": args.width,
                "elapsed_s": elapsed, "exactness": exactness, "results": []}
     rows, plans = [], []

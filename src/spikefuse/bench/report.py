@@ -13,6 +13,8 @@ import torch
 import spikefuse
 
 PACKAGES = ("spikefuse", "torch", "triton", "snntorch", "norse", "spikingjelly", "tonic")
+QUICK_NOTE = ("Quick run (--quick): tiny sizes and few repetitions, to check that the benchmark runs; "
+              "these numbers are not benchmark figures")
 
 
 def environment() -> dict:
@@ -48,7 +50,12 @@ def atomic_write(path: str, content: str | bytes) -> None:
 
 def write_results(name: str, payload: dict, markdown: str, out_dir: str) -> tuple[str, str]:
     """benchmarks/results/<name>-<device>.json and .md, and the chart (.png) where
-    spikefuse.bench.charts draws this benchmark; returns the JSON and markdown paths."""
+    spikefuse.bench.charts draws this benchmark; returns the JSON and markdown paths.
+    A payload with "quick": true is a --quick run: <name>-quick-<device>.*, headed QUICK_NOTE,
+    so that it never replaces, nor passes for, a full run's results."""
+    if payload.get("quick"):
+        name += "-quick"
+        markdown = f"**{QUICK_NOTE}.**\n\n{markdown}"
     device = payload.get("environment", {}).get("device", "cpu")
     tag = "".join(c if c.isalnum() else "-" for c in device).strip("-").lower() or "cpu"
     base = os.path.join(out_dir, f"{name}-{tag}")

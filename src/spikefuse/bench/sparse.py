@@ -19,6 +19,7 @@ Also the weight-gradient kernel alone against cuBLAS at 1-5 % carrying outputs.
 Cross-checks: the sparse step's gradients against the dense backward's with the same cut.
 
     spikefuse bench sparse --out benchmarks/results
+    spikefuse bench sparse --quick --out /tmp/bench   # a smoke test (CPU too): sparse-quick-<device>.*
 """
 from __future__ import annotations
 
@@ -64,6 +65,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--chart", action=argparse.BooleanOptionalAction, default=True,
                         help="draw the run (sparse-<device>.png; needs matplotlib; default on)")
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, eager, runs on the CPU (tests)")
+    parser.add_argument("--quick", action="store_true",
+                        help="--smoke's tiny cases (captured on a GPU, eager on the CPU), marked and named as a "
+                             "quick run (sparse-quick-<device>): a smoke test")
 
 
 def default_cases():
@@ -392,6 +396,7 @@ def add_ratios(rows):
 
 
 def run(args) -> int:
+    args.smoke = args.smoke or args.quick
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     if not modes or set(modes) - set(MODES):
         raise UsageError(f"--modes {args.modes}: pick from {', '.join(MODES)}")
@@ -403,7 +408,7 @@ def run(args) -> int:
         raise UsageError(str(e)) from None
     cuda = torch.cuda.is_available()
     if not cuda and not args.smoke:
-        raise UsageError("spikefuse bench sparse needs a CUDA device (or --smoke, tiny sizes on the CPU)")
+        raise UsageError("spikefuse bench sparse needs a CUDA device (or --quick, tiny sizes on the CPU)")
     device = torch.device("cuda" if cuda else "cpu")
     torch.backends.cuda.matmul.allow_tf32 = True
     rows, checks = [], []
@@ -414,8 +419,11 @@ def run(args) -> int:
                    "timing": "CUDA events, medians of 5 captured steps queued back to back (steady state); "
                              "every spikefuse mode is one CUDA-graph replay; SpikingJelly eager",
                    "lr": args.lr,
-                   "smoke": args.smoke, "cases": rows, "cross_checks": checks, "weight_grad_kernel": list(kernel)}
-        return write_results("sparse-smoke" if args.smoke else "sparse", payload, markdown(payload), args.out)
+                   "smoke": args.smoke, "quick": args.quick, "cases": rows, "cross_checks": checks,
+                   "weight_grad_kernel": list(kernel)}
+        # --quick: write_results names it sparse-quick-<device>
+        return write_results("sparse-smoke" if args.smoke and not args.quick else "sparse", payload,
+                             markdown(payload), args.out)
     kernel = [] if args.no_kernel else weight_grad_kernel(device, args.smoke)
     save(kernel)
     for case in cases:
@@ -436,7 +444,7 @@ def run(args) -> int:
             checks.append({"case": case, "error": str(e)[:200]})
         paths = save(kernel)
     if args.chart:
-        paths = (*paths, chart(rows, paths[0].removesuffix(".json") + ".png"))
+        paths = (*paths, chart(rows, paths[0].removesuffix(".json") + ".png", quick=args.quick))
     print("wrote", *[p for p in paths if p])
     return 1 if any("error" in r and r["mode"] != "spikingjelly" for r in rows) else 0
 
@@ -483,7 +491,7 @@ def markdown(payload) -> str:
     return "\n".join(out)
 
 
-def chart(rows, path):
+def chart(rows, path, quick=False):
     """The run as a picture (the path, or None without matplotlib or without sparse/dense
     pairs): a grid run (`--cases map`: every network, activity and theta_grad on 4 or more
     width x batch cells) as one heat map per panel; any other case list as bars, each mode's
@@ -497,7 +505,7 @@ def chart(rows, path):
         print("spikefuse bench sparse: no chart (matplotlib is not installed: pip install 'spikefuse[plot]')")
         return None
     cells = Counter(_panel(r) for r in pairs)
-    return _map_chart(pairs, path) if min(cells.values()) >= 4 else _bar_chart(rows, path)
+    return _map_chart(pairs, path, quick) if min(cells.values()) >= 4 else _bar_chart(rows, path, quick)
 
 
 def _panel(r):
@@ -505,7 +513,7 @@ def _panel(r):
     return r["net"], str(r.get("activity", "natural")), r["theta_grad"]
 
 
-def _bar_chart(rows, path):
+def _bar_chart(rows, path, quick=False):
     """Per case (a row each, top to bottom in run order), each mode's speedup over the
     captured dense step as a horizontal bar; log axis, 1x drawn."""
     from matplotlib.ticker import FuncFormatter
@@ -532,11 +540,12 @@ def _bar_chart(rows, path):
     ax.invert_yaxis()
     ax.grid(True, axis="x", which="both", alpha=0.3)
     ax.legend(fontsize="small", loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=len(modes) + 1, frameon=False)
-    fig.suptitle("Sparse against dense training steps, per case", fontsize=10)
+    fig.suptitle("Sparse against dense training steps, per case"
+                 + (" (quick run: not benchmark figures)" if quick else ""), fontsize=10)
     return str(_save(fig, path))
 
 
-def _map_chart(pairs, path):
+def _map_chart(pairs, path, quick=False):
     """Per network, activity and theta_grad, sparse's speedup over the captured dense step on
     a width x batch grid (green: sparse wins, red: dense wins)."""
     from matplotlib.colors import LogNorm
@@ -564,6 +573,8 @@ def _map_chart(pairs, path):
     bar = fig.colorbar(image, ax=list(axes), label="speedup: dense step time / sparse step time")
     bar.set_ticks([0.25, 0.5, 1, 2, 4], labels=["0.25x", "0.5x", "1x", "2x", "4x"])
     bar.minorticks_off()
+    if quick:
+        fig.suptitle("Quick run: not benchmark figures", fontsize=10)
     return str(_save(fig, path))
 
 

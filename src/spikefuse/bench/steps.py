@@ -16,6 +16,7 @@ Times: CUDA events, medians; "step" is the steady state (10 steps queued back to
 timed after 10 more), "call" one step from an idle GPU.
 
     spikefuse bench steps --out benchmarks/results
+    spikefuse bench steps --quick --out /tmp/bench   # a smoke test: steps-quick-<device>.*
     spikefuse bench steps --nets ipu-shd --batches 1,8 --modes eager,captured
     spikefuse bench steps --nets ipu-shd --batches 1,8 --compile-batches 1,8 --no-peers \
         --modes captured,reduce-overhead-step,reduce-overhead-whole
@@ -33,6 +34,7 @@ import torch
 from torch import nn
 from torch._dynamo.utils import counters
 
+from ..errors import UsageError
 from ..models import build_model
 from ..ops.launch import through_triton
 from ..train.capture import CapturedStep, prepare_optimizer
@@ -45,14 +47,18 @@ MODES = ("eager", "eager-triton-launch", "captured", "compiled", "compiled-cpp-w
 # diagnoses of where a way loses time, ~20 s of compiling each; `bench all` keeps under 10 min)
 DEFAULT_MODES = ("eager", "captured", "compiled", "reduce-overhead")
 IPU_NETS = ("ipu-shd", "ipu-nmnist", "ipu-dvsgesture")
+DEFAULT_NETS = ",".join(IPU_NETS + ("shd", "cifar-medium", "resnet18"))
+DEFAULT_BATCHES = "1,8,48,256"
+# --quick: one IPU network and CIFAR-medium, tiny, eager and captured (no compiling: ~20 s each)
+QUICK = {"nets": "ipu-shd,cifar-medium", "batches": "1", "modes": "eager,captured"}
 INPUT_DENSITY = 0.05  # event inputs: a binary frame with this share of ones
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default="benchmarks/results", help="folder for JSON + markdown")
-    parser.add_argument("--nets", default=",".join(IPU_NETS + ("shd", "cifar-medium", "resnet18")),
+    parser.add_argument("--nets", default=DEFAULT_NETS,
                         help="comma-separated: ipu-shd, ipu-nmnist, ipu-dvsgesture, shd, cifar-medium, resnet18")
-    parser.add_argument("--batches", default="1,8,48,256", help="batch sizes of the IPU networks")
+    parser.add_argument("--batches", default=DEFAULT_BATCHES, help="batch sizes of the IPU networks")
     parser.add_argument("--modes", default=",".join(DEFAULT_MODES),
                         help=f"comma-separated, of {', '.join(MODES)} (default: {','.join(DEFAULT_MODES)}; "
                              "reduce-overhead-step: the optimizer step "
@@ -64,6 +70,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="IPU batch sizes that also run the compiled modes (compiling costs ~20 s each)")
     parser.add_argument("--no-peers", action="store_true", help="skip SpikingJelly")
     parser.add_argument("--smoke", action="store_true", help="tiny widths and batches, 2 timed steps (tests)")
+    parser.add_argument("--quick", action="store_true",
+                        help="a smoke test: --smoke's sizes, and unless given, --nets " + QUICK["nets"] + " --batches "
+                             + QUICK["batches"] + " --modes " + QUICK["modes"] + "; written as steps-quick-<device>")
 
 
 # ---- workloads ----
@@ -309,10 +318,20 @@ def add_ratios(cases):
             c["x_captured"] = c["step_ms"] / captured["step_ms"]
 
 
+def quick_settings(args) -> None:
+    """--quick: --smoke's sizes, and QUICK in place of the lists left at their defaults."""
+    args.smoke = True
+    defaults = {"nets": DEFAULT_NETS, "batches": DEFAULT_BATCHES, "modes": ",".join(DEFAULT_MODES)}
+    for name, value in QUICK.items():
+        if getattr(args, name) == defaults[name]:
+            setattr(args, name, value)
+
+
 def run(args) -> int:
     if not torch.cuda.is_available():
-        print("spikefuse bench steps: needs a CUDA device (CUDA graphs)")
-        return 2
+        raise UsageError("spikefuse bench steps needs a CUDA device: its steps (--quick's too) run in CUDA graphs")
+    if args.quick:
+        quick_settings(args)
     device = torch.device("cuda")
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
@@ -340,8 +359,10 @@ def run(args) -> int:
     payload = {"benchmark": "steps", "environment": environment(), "input_density": INPUT_DENSITY,
                "timing": "CUDA events, medians; step = steady state (10 queued, after 10 more), call = one "
                          "step from an idle GPU; kernel = profiler sum of the GPU kernels of the step run eagerly (captured: with its capturable optimizer)",
-               "smoke": args.smoke, "cases": cases}
-    paths = write_results("steps-smoke" if args.smoke else "steps", payload, markdown(payload), args.out)
+               "smoke": args.smoke, "quick": args.quick, "cases": cases}
+    # --quick: write_results names it steps-quick-<device>
+    paths = write_results("steps-smoke" if args.smoke and not args.quick else "steps", payload,
+                          markdown(payload), args.out)
     print("wrote", *paths)
     return 1 if any("error" in c and not c["mode"].startswith("spikingjelly") for c in cases) else 0
 

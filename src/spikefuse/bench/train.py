@@ -12,6 +12,7 @@ fused form convolves the image once and reuses it at every step).
 
     python -m spikefuse.bench.train --out benchmarks/results
     python -m spikefuse.bench.train --smoke --out /tmp/bench   # tiny, CPU-friendly
+    spikefuse bench train --quick --out /tmp/bench              # the same sizes, train-quick-<device>.*
 """
 from __future__ import annotations
 
@@ -37,6 +38,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default="benchmarks/results", help="folder for JSON + markdown")
     parser.add_argument("--smoke", action="store_true",
                         help="tiny width and batch, 2 steps, reference backend on CPU (for tests)")
+    parser.add_argument("--quick", action="store_true",
+                        help="--smoke's sizes, marked and named as a quick run (train-quick-<device>): a smoke test")
     parser.add_argument("--size", default="medium", choices=["small", "medium", "large"])
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--time-steps", type=int, default=10)
@@ -233,6 +236,7 @@ def run(args) -> int:
     torch.backends.cudnn.benchmark = args.cudnn_benchmark
     args.width, args.warmup, args.backend, args.image = 1.0, 3, "auto", 32
     resnet_T = [int(t) for t in args.resnet_time_steps.split(",") if t.strip()]
+    args.smoke = args.smoke or args.quick
     if args.smoke:
         args.width, args.batch, args.resnet_batch, args.image = 1 / 16, 2, 2, 16
         args.time_steps, resnet_T, args.iters, args.warmup = 2, resnet_T[:1] and [2], 2, 1
@@ -255,8 +259,10 @@ def run(args) -> int:
                "optimizer": args.optimizer, "floor_bytes_per_neuron_step": FLOOR_BYTES,
                "equations": "LIF decay 0.25, threshold 0.25, hard reset to 0; spikefuse: rectangular "
                             "surrogate, SpikingJelly: Sigmoid (its fused kernels lack a rectangular one)",
-               "cudnn_benchmark": args.cudnn_benchmark, "smoke": args.smoke, "cases": cases}
-    paths = write_results("train-smoke" if args.smoke else "train", payload, markdown(payload), args.out)
+               "cudnn_benchmark": args.cudnn_benchmark, "smoke": args.smoke, "quick": args.quick, "cases": cases}
+    # --quick: write_results names it train-quick-<device>
+    paths = write_results("train-smoke" if args.smoke and not args.quick else "train", payload,
+                          markdown(payload), args.out)
     print("wrote", *paths)
     failed = [c for c in cases if c["impl"].startswith("spikefuse") and "error" in c]
     return 1 if failed else 0
