@@ -4,7 +4,8 @@ Batches are cut on the device the data lives on: no DataLoader, no workers. A de
 is one precomputed tensor [T, N, *shape] and a batch is an index_select; an event set is
 a packed `EventStore` and a batch is gathered and framed on the store's device. Several
 consecutive batches are made in one pass (`group`), so the per-launch host cost is paid
-once per group rather than once per batch.
+once per group rather than once per batch. A static set (`StaticImageDataset`: images)
+has no time axis: its batches are [B, *shape] and the model repeats them over its steps.
 """
 from __future__ import annotations
 
@@ -30,7 +31,12 @@ FRAMING_BYTES_PER_EVENT = 96
 
 
 class SpikeDataset:
-    """Base: `len(ds)`, `ds.targets` (int64), `ds.batches(...)` -> (x [T, B, *shape] float32, y [B])."""
+    """Base: `len(ds)`, `ds.targets` (int64), `ds.batches(...)` -> (x [T, B, *shape] float32, y [B]).
+
+    time_major False (StaticImageDataset): x is [B, *shape] wherever this says [T, B, *shape].
+    """
+
+    time_major = True
 
     def __init__(self, targets: torch.Tensor, input_shape: tuple[int, ...], time_steps: int):
         self.targets = torch.as_tensor(targets, dtype=torch.int64)
@@ -122,6 +128,32 @@ class DenseSpikeDataset(SpikeDataset):
         if full < len(idx) or not out:
             out.append(_float32_copy(x[:, full:]))
         return out
+
+
+class StaticImageDataset(SpikeDataset):
+    """Static inputs `data` [N, *input_shape] (images; any dtype, cast per batch): batches
+    x [B, *input_shape], no time axis. The model repeats x at each of its `time_steps` steps (direct encoding, as the CIFAR
+    nets and ResNets of spikefuse.models do with a 4-d input, convolving the image once), so
+    a batch is not T copies; `time_steps` is the T the model is built with."""
+
+    time_major = False
+
+    def __init__(self, data: torch.Tensor, targets: torch.Tensor, time_steps: int):
+        if data.dim() < 2 or data.shape[0] != len(targets):
+            raise ValueError(f"data: expected [N, ...] with N = {len(targets)}, got {tuple(data.shape)}")
+        super().__init__(targets.to(data.device), data.shape[1:], time_steps)
+        self.data = data
+
+    def frame_bytes(self, batch_size):
+        return 4 * batch_size * math.prod(self.input_shape)
+
+    def batch_bytes(self, batch_size):
+        # plus the gathered samples in data's dtype, before the cast to float32
+        return super().batch_bytes(batch_size) + self.frame_bytes(batch_size) * self.data.element_size() // 4
+
+    def _get_batches(self, idx, host_idx, batch_size):
+        # rows of one contiguous gathered tensor: every batch is a contiguous view of it
+        return list(self.data.index_select(0, idx).to(torch.float32).split(batch_size))
 
 
 def _group_edges(stop: int, batch_size: int, group: int) -> list[int]:

@@ -4,12 +4,20 @@ from __future__ import annotations
 import torch
 
 from ..errors import require
-from . import embedded, foreign, memory, synthetic
+from . import embedded, foreign, memory, synthetic, synthetic_events, synthetic_images
 from .cache import cached_store
-from .dataset import DenseSpikeDataset, EventSpikeDataset, Splits
+from .dataset import DenseSpikeDataset, EventSpikeDataset, Splits, StaticImageDataset
 from .framing import ToFrame
 from .store import EventStore
 from .tonic_sets import PRE, TONIC_SETS, open_split, pack
+
+# generated event sets: name -> (generator class, the Tonic set whose sensor, classes, framing
+# and default time steps it copies, so a model trains on it as on that set)
+SYNTHETIC_EVENTS = {
+    "shd-synthetic": (synthetic.SyntheticSHD, "shd"),
+    "nmnist-synthetic": (synthetic_events.SyntheticNMNIST, "nmnist"),
+    "dvsgesture-synthetic": (synthetic_events.SyntheticDVSGesture, "dvsgesture"),
+}
 
 DATASETS = {
     "digits": "scikit-learn's digits 8x8 (64 inputs, vendored), rate coded: Bernoulli p = pixel/16 per step; 10 classes, no download",
@@ -17,10 +25,18 @@ DATASETS = {
     "randman": "Zenke's random manifold task: 100 units, one spike each, timing is the class; 10 classes, no download",
     "shd-synthetic": "SHD-shaped synthetic events (700 channels, 20 classes, 8156/2264 samples, ~1 s), no download",
     **{name: spec.description for name, spec in TONIC_SETS.items()},
+    "cifar-synthetic": "CIFAR-shaped synthetic images (3x32x32, 10 classes, 2000/500): oriented gratings, colours "
+                       "and blobs; static input, the model repeats it over T; no download",
+    "nmnist-synthetic": "N-MNIST-shaped synthetic events (2x34x34, 10 classes, 2000/500): digit strokes under "
+                        "three saccades, framed as nmnist; no download",
+    "dvsgesture-synthetic": "DVS128-Gesture-shaped synthetic events (2x128x128, 11 classes, 600/200): hands moving "
+                            "along each class's path, framed as dvsgesture; no download",
 }
 
-DEFAULT_TIME_STEPS = {"digits": 20, "digits-latency": 20, "randman": 50, "shd-synthetic": 100,
-                      **{name: spec.time_steps for name, spec in TONIC_SETS.items()}}
+DEFAULT_TIME_STEPS = {"digits": 20, "digits-latency": 20, "randman": 50,
+                      **{name: TONIC_SETS[like].time_steps for name, (_, like) in SYNTHETIC_EVENTS.items()},
+                      **{name: spec.time_steps for name, spec in TONIC_SETS.items()},
+                      "cifar-synthetic": 4}  # the ResNets' default T; the images are repeated, not encoded
 
 
 def load(name, *, test=None, time_steps: int | None = None, sensor_size=None, num_classes: int | None = None,
@@ -39,6 +55,8 @@ def load(name, *, test=None, time_steps: int | None = None, sensor_size=None, nu
         time_steps: required unless the class is one of those.
     Embedded sets are encoded once into a tensor on `device`. Event sets are packed once into
     a disk-cached store under `root`, kept on the GPU when they fit, and framed per batch.
+    cifar-synthetic's images are rendered once into a tensor on `device`; its batches are
+    static, x [B, 3, 32, 32] (StaticImageDataset): the model repeats them over time_steps.
     """
     if not isinstance(name, str):
         return _load_objects(name, test, time_steps, sensor_size, num_classes, framing, root, device)
@@ -72,22 +90,30 @@ def load(name, *, test=None, time_steps: int | None = None, sensor_size=None, nu
         train, test = DenseSpikeDataset(x_tr, y_tr), DenseSpikeDataset(x_te, y_te)
         return Splits(name, train, test, num_classes, train.input_shape, time_steps)
 
-    if name == "shd-synthetic":
-        sensor, num_classes, input_shape, framing = synthetic.SENSOR_SIZE, synthetic.NUM_CLASSES, (700,), "window"
+    if name == "cifar-synthetic":
+        parts = [synthetic_images.SyntheticCIFAR(split, seed=seed).arrays() for split in ("train", "test")]
+        train, test = (StaticImageDataset(torch.from_numpy(x).to(device), torch.from_numpy(y), time_steps)
+                       for x, y in parts)
+        return Splits(name, train, test, synthetic_images.NUM_CLASSES, synthetic_images.SHAPE, time_steps)
+
+    if name in SYNTHETIC_EVENTS:
+        generator, like = SYNTHETIC_EVENTS[name]
+        spec = TONIC_SETS[like]
+        sources = {split: generator(split, seed=seed) for split in ("train", "test")}
+        params = {"generator": generator.version, "seed": seed, "mean_events": sources["train"].mean_events}
 
         def build(split):
-            src = synthetic.SyntheticSHD(split, seed=seed)
-            return EventStore.from_samples((src[i] for i in range(len(src))), sensor, total=len(src),
+            src = sources[split]
+            return EventStore.from_samples((src[i] for i in range(len(src))), spec.sensor_size, total=len(src),
                                            desc=f"{name} {split}")
-        params = {"generator": 1, "seed": seed, "mean_events": 3000}
     else:
         spec = TONIC_SETS[name]
-        sensor, num_classes, input_shape, framing = spec.sensor_size, spec.num_classes, spec.input_shape, spec.framing
 
         def build(split):
-            return pack(open_split(name, split, root), sensor, f"{name} {split}")
+            return pack(open_split(name, split, root), spec.sensor_size, f"{name} {split}")
         params = {"tonic": require("tonic", f"the {name} data set").__version__, "pre": PRE}
 
+    sensor, num_classes, input_shape, framing = spec.sensor_size, spec.num_classes, spec.input_shape, spec.framing
     stores = _cached_stores(root, name, {"train": params, "test": params}, build, device)
     frame = frame_for(framing, sensor, time_steps)
     train, test = (EventSpikeDataset(s, frame, time_steps, input_shape) for s in stores)
@@ -132,7 +158,7 @@ def _load_objects(data, test, time_steps, sensor_size, num_classes, framing, roo
             return pack(foreign.Checked(sets[split], split), sensor, f"{type(sets[split]).__name__} {split}")
         except ValueError as e:
             raise ValueError(f"{split}: {e}") from e
-    stores = _cached_stores(root, name, params, build, device)
+    stores = _cached_stores(root, name, {"train": params, "test": params}, build, device)
     has_y = "y" in stores[0].events.dtype.names
     if ("y" in stores[1].events.dtype.names) != has_y:
         raise ValueError("test: its events have other fields than the train set's (one has y, the other not)")

@@ -23,6 +23,7 @@ class SyntheticSHD:
 
     sensor_size = SENSOR_SIZE
     dtype = event_dtype(has_y=False)
+    version = 1  # part of the cache key: bump it when the events change
 
     def __init__(self, split: str = "train", *, samples: int | None = None, seed: int = 0,
                  mean_events: int = 3000, noise: float = 0.1):

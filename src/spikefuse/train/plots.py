@@ -273,8 +273,12 @@ def plot_run(run_dir, history: list[dict], model, test_data, device) -> list[Pat
     run_dir.mkdir(parents=True, exist_ok=True)
     # a DataLoader's split yields its own batch size: keep the first sample
     x, y = next(iter(test_data.batches(1, shuffle=False)))
+    if getattr(test_data, "time_major", True):
+        x = x[:, :1]
+    else:  # a static input [B, ...] (images) that the model repeats at each step: shown so
+        x = x[:1].expand(test_data.time_steps, *x[:1].shape).contiguous()
     paths = [run_dir / "curves.png", run_dir / "firing_rates.png", run_dir / "raster.png"]
     plot_curves(history, paths[0])
     plot_rates(history, paths[1])
-    plot_raster(model, x[:, :1].to(device), int(y[0]), paths[2])
+    plot_raster(model, x.to(device), int(y[0]), paths[2])
     return paths
