@@ -225,7 +225,10 @@ def run_one_T(T, args, device, rank, world):
 
 
 def report(args, results, exactness, world, elapsed):
-    payload = {"environment": environment(), "benchmark": "temporal pipeline", "model": MODEL, "quick": args.quick,
+    env = environment()
+    if args.device == "cpu":  # gloo processes on the CPU: not the machine's GPU, whatever it has
+        env["device"] = "cpu"
+    payload = {"environment": env, "benchmark": "temporal pipeline", "model": MODEL, "quick": args.quick,
                "batch": args.batch, "gpus": world, "tf32": not args.no_tf32, "width": args.width,
                "elapsed_s": elapsed, "exactness": exactness, "results": []}
     rows, plans = [], []
