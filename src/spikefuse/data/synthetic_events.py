@@ -93,10 +93,11 @@ def _render(rng, xy, normal, ahead, t, duration: float, sensor_size) -> np.ndarr
 
 
 def _pick(rng, weights: np.ndarray, n: int) -> np.ndarray:
-    """n flat indices into `weights` (any shape, >= 0), each drawn with probability proportional to its weight."""
-    cdf = np.cumsum(weights, axis=None)
-    # the minimum: a draw just below 1 times the total can round up to the total
-    return np.minimum(np.searchsorted(cdf, rng.random(n) * cdf[-1], side="right"), len(cdf) - 1)
+    """n flat indices into `weights` (any shape, >= 0), each drawn with probability
+    proportional to its weight; in rising order (a multinomial count per index: several
+    times faster than a search per draw, and the events are sorted by time later anyway)."""
+    p = weights.ravel() / weights.sum()
+    return np.repeat(np.arange(p.size), rng.multinomial(n, p))
 
 
 class _Generator:
