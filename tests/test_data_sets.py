@@ -12,7 +12,8 @@ from spikefuse.data.synthetic import NUM_CLASSES, SPLIT_SIZES, SyntheticSHD
 
 def test_registry_names():
     assert list(data.DATASETS) == ["digits", "digits-latency", "randman", "shd-synthetic",
-                                   "shd", "ssc", "nmnist", "dvsgesture"]
+                                   "shd", "ssc", "nmnist", "dvsgesture", "cifar-synthetic",
+                                   "nmnist-synthetic", "dvsgesture-synthetic"]
     assert all(isinstance(v, str) and v for v in data.DATASETS.values())
 
 
@@ -105,12 +106,12 @@ def test_synthetic_shd_classes_differ():
 
 
 def test_tonic_set_without_network_says_what_to_do(tmp_path, monkeypatch):
-    import tonic.dataset
+    tonic_dataset = pytest.importorskip("tonic.dataset")  # the data extra
 
     def offline(*args, **kwargs):
         raise urllib.error.URLError("no network")
 
-    monkeypatch.setattr(tonic.dataset, "download_and_extract_archive", offline)
+    monkeypatch.setattr(tonic_dataset, "download_and_extract_archive", offline)
     with pytest.raises(data.DatasetUnavailable) as err:
         data.load("shd", root=str(tmp_path))
     msg = str(err.value)

@@ -40,7 +40,8 @@ DEFAULT_TIME_STEPS = {"digits": 20, "digits-latency": 20, "randman": 50,
 
 
 def load(name, *, test=None, time_steps: int | None = None, sensor_size=None, num_classes: int | None = None,
-         framing: str | None = None, root: str = "~/.cache/spikefuse", seed: int = 0, device="cpu") -> Splits:
+         framing: str | None = None, root: str = "~/.cache/spikefuse", seed: int = 0, device="cpu",
+         progress: bool = True) -> Splits:
     """Load a data set's train and test splits, batches coming out on `device`.
 
     name: a name from DATASETS; or a data set object, the train split, with the test split as
@@ -57,9 +58,10 @@ def load(name, *, test=None, time_steps: int | None = None, sensor_size=None, nu
     a disk-cached store under `root`, kept on the GPU when they fit, and framed per batch.
     cifar-synthetic's images are rendered once into a tensor on `device`; its batches are
     static, x [B, 3, 32, 32] (StaticImageDataset): the model repeats them over time_steps.
+    progress: a progress bar (stderr) while an event set is packed for its cache.
     """
     if not isinstance(name, str):
-        return _load_objects(name, test, time_steps, sensor_size, num_classes, framing, root, device)
+        return _load_objects(name, test, time_steps, sensor_size, num_classes, framing, root, device, progress)
     for arg, value in (("test", test), ("sensor_size", sensor_size), ("num_classes", num_classes),
                        ("framing", framing)):
         if value is not None:
@@ -105,12 +107,12 @@ def load(name, *, test=None, time_steps: int | None = None, sensor_size=None, nu
         def build(split):
             src = sources[split]
             return EventStore.from_samples((src[i] for i in range(len(src))), spec.sensor_size, total=len(src),
-                                           desc=f"{name} {split}")
+                                           desc=f"{name} {split}", progress=progress)
     else:
         spec = TONIC_SETS[name]
 
         def build(split):
-            return pack(open_split(name, split, root), spec.sensor_size, f"{name} {split}")
+            return pack(open_split(name, split, root), spec.sensor_size, f"{name} {split}", progress)
         params = {"tonic": require("tonic", f"the {name} data set").__version__, "pre": PRE}
 
     sensor, num_classes, input_shape, framing = spec.sensor_size, spec.num_classes, spec.input_shape, spec.framing
@@ -134,7 +136,7 @@ def _cached_stores(root, name: str, params: dict, build, device) -> list[EventSt
     return out
 
 
-def _load_objects(data, test, time_steps, sensor_size, num_classes, framing, root, device) -> Splits:
+def _load_objects(data, test, time_steps, sensor_size, num_classes, framing, root, device, progress) -> Splits:
     """load() for data set objects: packed through the named Tonic sets' path, cached the same way."""
     train, test = foreign.split_pair(data, test)
     spec = next((s for s in TONIC_SETS.values() if type(train).__module__.startswith("tonic")
@@ -155,7 +157,7 @@ def _load_objects(data, test, time_steps, sensor_size, num_classes, framing, roo
 
     def build(split):
         try:
-            return pack(foreign.Checked(sets[split], split), sensor, f"{type(sets[split]).__name__} {split}")
+            return pack(foreign.Checked(sets[split], split), sensor, f"{type(sets[split]).__name__} {split}", progress)
         except ValueError as e:
             raise ValueError(f"{split}: {e}") from e
     stores = _cached_stores(root, name, {"train": params, "test": params}, build, device)

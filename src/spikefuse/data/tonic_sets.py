@@ -87,9 +87,9 @@ def sorted_columns(events):
     return cols
 
 
-def pack(src, sensor_size, desc: str) -> EventStore:
+def pack(src, sensor_size, desc: str, progress: bool = True) -> EventStore:
     """Pack a Tonic-style data set (len(src), src[i] -> (events, target)) into an EventStore,
     each sample's events sorted by time; a tqdm bar shows progress. Named Tonic sets and the
     data set objects given to `load` both take this path."""
     return EventStore.from_samples((src[i] for i in range(len(src))), sensor_size, total=len(src),
-                                   transform=sorted_columns, desc=desc)
+                                   transform=sorted_columns, desc=desc, progress=progress)

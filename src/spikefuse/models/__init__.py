@@ -16,6 +16,12 @@ def trains_sparse(name: str) -> bool:
     return getattr(MODELS[name][0], "sparse_training", False)
 
 
+def takes_static_images(name: str) -> bool:
+    """Whether the model takes static images [B, C, H, W] (repeated over time inside it), as
+    cifar-synthetic's batches are, besides time-major input."""
+    return getattr(MODELS[name][0], "static_images", False)
+
+
 def build_model(name: str, input_shape, num_classes: int, time_steps: int | None = None, **kwargs):
     """Build a registered model; unknown names raise ValueError listing the valid ones."""
     if name not in MODELS:
@@ -24,7 +30,7 @@ def build_model(name: str, input_shape, num_classes: int, time_steps: int | None
     return builder(tuple(input_shape), int(num_classes), time_steps, **kwargs)
 
 
-__all__ = ["MODELS", "build_model", "trains_sparse"]
+__all__ = ["MODELS", "build_model", "takes_static_images", "trains_sparse"]
 
 from . import cifar, deep_lif, dvs, ipu, resnet, shd  # noqa: E402
 

@@ -72,6 +72,7 @@ def builder(size):
     def build(input_shape=(3, 32, 32), num_classes=10, time_steps=10, **kwargs) -> CifarNet:
         return CifarNet(size, input_shape, num_classes, time_steps or 10, **kwargs)
     build.__doc__ = f"Registry builder for the {size} network of Liang et al. Table I."
+    build.static_images = True  # takes [B, C, H, W] images and repeats them over time (direct encoding)
     return build
 
 

@@ -87,3 +87,6 @@ def build_resnet18(input_shape=(3, 32, 32), num_classes=10, time_steps=4, **kwar
 
 def build_resnet34(input_shape=(3, 32, 32), num_classes=10, time_steps=4, **kwargs):
     return SpikingResNet(34, input_shape, num_classes, time_steps or 4, **kwargs)
+
+
+build_resnet18.static_images = build_resnet34.static_images = True  # [B, C, H, W], repeated over time

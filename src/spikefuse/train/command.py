@@ -62,7 +62,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add("--lr", type=float, default=s, help="Adam learning rate, cosine-annealed (default: 2e-3)")
     add("--time-steps", type=int, default=s, metavar="T", help="time steps per sample (default: the data set's)")
     add("--device", default=s, help="cpu, cuda, cuda:N or auto (default: auto = cuda if present)")
-    add("--precision", default=s, choices=["fp32", "bf16", "fp16"], help="fp32 (matmuls and convolutions on TF32 tensor cores where the GPU has them) or bf16/fp16 autocast (default: fp32)")
+    # no argparse choices: a bad name is one line from config.make, as every other option's
+    add("--precision", default=s, metavar="{fp32,fp32-strict,bf16,fp16}",
+        help="fp32: float32, matmuls and convolutions on TF32 tensor cores where the GPU has them; "
+             "fp32-strict: IEEE float32 throughout; bf16/fp16: autocast, the rest as fp32 (default: fp32)")
     add("--compile", action="store_true", default=s,
         help="run the model through torch.compile (on CUDA the captured step wraps the compiled model)")
     add("--no-capture", dest="capture", action="store_false", default=s,
@@ -90,6 +93,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
+    from .. import precision as precisions
     from ..parallel import ddp
     from . import checkpoint, rundir
 
@@ -113,15 +117,11 @@ def run(args: argparse.Namespace) -> int:
             # The reference backend's per-step ops are small: one thread is as fast as two on an idle
             # machine, and 10x faster on a busy one, where spinning worker threads wait on each other.
             torch.set_num_threads(cfg.threads)
-            # fp32 matmuls on TF32 tensor cores, as PyTorch already runs fp32 convolutions (cuDNN's
-            # default): the same 10-bit mantissa for every layer; 2x faster for the SHD network
-            matmul_precision = torch.get_float32_matmul_precision()
-            torch.set_float32_matmul_precision("high")
-            try:
-                code = _train(cfg, device, run_dir, args, state, dp)
+            try:  # --precision's float32 math for the whole run, the sparse init's forward passes too
+                with precisions.applied(cfg.precision):
+                    code = _train(cfg, device, run_dir, args, state, dp)
             finally:
                 torch.set_num_threads(threads)  # leave the process as we found it (tests call run())
-                torch.set_float32_matmul_precision(matmul_precision)
     except RuntimeError as e:
         if dp is not None and ddp.lost_peer(e):
             raise RunError(f"lost contact with the other ranks ({ddp.peer_error(e)}); another rank has "
@@ -207,8 +207,9 @@ def _train(cfg, device, run_dir, args, state, dp=None) -> int:
     say = print if main else (lambda *_, **__: None)
     checkpoint.seed_everything(cfg.seed)
     with dp.main_first() if dp is not None else contextlib.nullcontext():  # rank 0 fills data caches
-        splits = _load_data(cfg, device)
+        splits = _load_data(cfg, device, progress=not args.quiet)
     _check_memory(cfg, splits, device)
+    _check_fit(cfg, splits)
     model_args = {"name": cfg.model, "input_shape": list(splits.input_shape),
                   "num_classes": int(splits.num_classes), "time_steps": int(splits.time_steps),
                   "kwargs": {"sparse": True} if cfg.sparse else {}}
@@ -355,14 +356,24 @@ def _fluctuation_init(model, splits, device) -> list[float]:
     return model.to(device).fluctuation_init_(x.to(device))
 
 
-def _load_data(cfg, device):
+def _load_data(cfg, device, progress: bool):
     from .. import data
 
     try:
-        return data.load(cfg.dataset, time_steps=cfg.time_steps, seed=cfg.seed, device=device)
+        return data.load(cfg.dataset, time_steps=cfg.time_steps, seed=cfg.seed, device=device, progress=progress)
     except (ValueError, OSError, data.DatasetUnavailable) as e:  # bad parameters, files not there
         message = "; ".join(line.strip() for line in str(e).splitlines() if line.strip())
         raise UsageError(f"cannot load data set {cfg.dataset!r}: {message}") from None
+
+
+def _check_fit(cfg, splits):
+    """Static images (cifar-synthetic) need a model that repeats them over time."""
+    from ..models import MODELS, takes_static_images
+
+    if not getattr(splits.train, "time_major", True) and not takes_static_images(cfg.model):
+        fitting = ", ".join(name for name in MODELS if takes_static_images(name))
+        raise UsageError(f"model {cfg.model!r} does not fit data set {cfg.dataset!r}: its batches are static images "
+                         f"[B, {', '.join(map(str, splits.input_shape))}], which only these models take: {fitting}")
 
 
 def _check_memory(cfg, splits, device):
