@@ -50,4 +50,33 @@ except ImportError:  # the stand-in: only what the modules touch at import time
     triton = _Triton()
     tl = _Namespace()
 
+
+
+def _fix_interpreter_index():
+    """Triton's interpreter holds a scalar kernel argument (T, N, ...) as a 1-element array,
+    and up to Triton 3.6 turns it into a loop bound (`range(0, T // K)`) with int(array),
+    which NumPy 2.4 refuses: every kernel with such a loop raised TypeError('only
+    0-dimensional arrays can be converted to Python scalars') (triton-lang/triton#9171).
+    Where that interpreter is installed, its index conversion is wrapped to take the one
+    element, as later Triton does; others are left alone."""
+    try:
+        import inspect
+
+        from triton.runtime import interpreter
+        patch_tensor = interpreter._patch_lang_tensor
+        if "int(self.handle.data))" not in inspect.getsource(patch_tensor):
+            return
+    except (ImportError, AttributeError, OSError, TypeError):  # no interpreter of that shape
+        return
+
+    def patched(tensor, scope):
+        patch_tensor(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.item()))
+
+    interpreter._patch_lang_tensor = patched
+
+
+if HAVE_TRITON:
+    _fix_interpreter_index()
+
 __all__ = ["triton", "tl", "HAVE_TRITON"]
