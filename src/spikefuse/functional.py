@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib.util
 import math
+import os
 import warnings
 from typing import Callable
 
@@ -295,8 +296,15 @@ def _use_fused(backend, x):
         if not fusable:
             raise TypeError(f"x dtype {x.dtype} has no fused kernel; expected one of "
                             f"{[str(d) for d in FUSED_DTYPES]} or backend='reference'")
+        if not x.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":  # else Triton's error says less
+            raise RuntimeError(FUSED_ON_CPU)
         return True
     return fusable and x.is_cuda and _triton_available()
+
+
+FUSED_ON_CPU = ("backend='fused' with a CPU tensor needs Triton's interpreter (TRITON_INTERPRET=1 set before "
+                "triton is imported; slow: for tests), and it is off: the fused kernels run on CUDA tensors; "
+                "backend='auto' (the default) runs CPU tensors on the pure-PyTorch path")
 
 
 # Module-level values, not functools.cache: dynamo warns on (and cannot see into) an

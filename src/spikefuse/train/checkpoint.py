@@ -74,7 +74,9 @@ def rng_state(generator: torch.Generator | None = None) -> dict:
     kind, keys, pos, has_gauss, gauss = np.random.get_state()
     return {
         "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        # only where this process has used CUDA: reading it would initialize CUDA, which a CPU
+        # run (a forked data-parallel rank, say) must not do; unused, it holds nothing to restore
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else [],
         "numpy": (kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, gauss),
         "python": random.getstate(),
         "data": generator.get_state() if generator is not None else None,
