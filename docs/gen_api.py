@@ -33,6 +33,7 @@ MODULES = [
     "spikefuse.optim",
     "spikefuse.nir",
     "spikefuse.parallel",
+    "spikefuse.precision",
 ]
 SKIPPED_METHODS = {"forward", "extra_repr"}
 OUT = Path(__file__).with_name("api.md")

@@ -43,11 +43,11 @@ import io
 import os
 import statistics
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
 
+from spikefuse.precision import applied as float32_math
 from spikefuse.errors import UsageError, one_line
 
 from . import peers
@@ -166,17 +166,6 @@ def calls(layer: peers.Layer, x, g, precision: str, device: str) -> dict:
             spikes = layer.run(x)
         return spikes, torch.autograd.grad((spikes.float() * g).sum(), [x, layer.weight])
     return {"forward": forward, "forward-backward": forward_backward}
-
-
-@contextmanager
-def tf32_matmuls(device: str):
-    """float32 matmuls in TF32 for every library (and the floor), restored afterwards."""
-    before = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = device == "cuda"
-    try:
-        yield
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = before
 
 
 def time_ms(call, device: str, timing: dict) -> float:
@@ -368,7 +357,7 @@ def run(args) -> int:
     settings = Settings(device, args.time_steps, args.batch, args.seed, modes, bandwidth, args.quick)
     skipped = not_in_layers()
     cases = []
-    with tf32_matmuls(device):
+    with float32_math("fp32"):  # float32 matmuls in TF32 for every library and the floor; the caller's after
         for precision in precisions:
             for N in args.sizes:
                 case = measure_case(N, precision, settings, libraries, skipped)

@@ -33,6 +33,7 @@ import warnings
 import torch
 from torch import nn
 
+from spikefuse import precision as precisions
 from spikefuse.bench.report import atomic_write, environment, table, write_results
 from spikefuse.bench.timing import median_ms
 from spikefuse.models import build_model
@@ -155,9 +156,8 @@ def check_capture(device, dp, steps: int = 15) -> dict:
     return {"steps": steps, "max_relative_difference": slowest(diff, dp)}
 
 
+@precisions.applied("fp32")  # as spikefuse train and bench steps, for every library; the caller's flags after
 def run(args) -> int:
-    torch.backends.cuda.matmul.allow_tf32 = True  # as spikefuse train and bench steps, for every library
-    torch.backends.cudnn.allow_tf32 = True
     dp = init_data_parallel("cuda", timeout=datetime.timedelta(seconds=120)) if launched() else None
     device = dp.device if dp is not None else torch.device("cuda", 0)
     torch.cuda.set_device(device)

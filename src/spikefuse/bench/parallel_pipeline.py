@@ -16,7 +16,7 @@ GPU, rank 1 waits on the host (gloo), not in an NCCL kernel that would share GPU
 At the smallest T it checks the pipeline's loss and gradients (strict fp32) against one GPU
 running the same chunks (chunked_step: the same sums) and against the unchunked step (whose
 GEMMs sum in another order: a spike that flips there changes the gradients more).
-Matmuls run on TF32 (as `spikefuse train` does) unless --no-tf32.
+Matmuls and convolutions run on TF32 (fp32, as `spikefuse train` does) unless --no-tf32 (fp32-strict).
 Writes pipeline-<device>.json and .md into --out (device, torch/triton versions, date).
 --device cpu (gloo, with --width 0.01) runs the same flow on a CPU, to check the script.
 """
@@ -33,6 +33,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from spikefuse import precision as precisions
 from spikefuse.bench.report import environment, table, write_results
 from spikefuse.models import build_model
 from spikefuse.parallel.pipeline import PipelineTrainer, chunked_step
@@ -57,7 +58,7 @@ def parse_args(argv=None):
                         f"(default {' '.join(map(str, CHUNKS))})")
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--width", type=float, help="scale deep-lif's 2048 units (default 1; CPU checks)")
-    p.add_argument("--no-tf32", action="store_true", help="strict fp32 matmuls")
+    p.add_argument("--no-tf32", action="store_true", help="fp32-strict: IEEE float32 matmuls and convolutions")
     p.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     p.add_argument("--eager", action="store_true", help="also time the eager pipeline at the planner's chunks")
     p.add_argument("--quick", action="store_true", help="a smoke test: tiny T and width, written as pipeline-quick-*")
@@ -167,12 +168,11 @@ def pipelined(T, chunks, cut, args, device, rank, world, reps, eager=False):
     return seconds, peaks, captured
 
 
+@precisions.applied("fp32-strict")
 def check_exactness(T, args, device, rank, world, chunks=4):
     """Strict fp32: the pipeline's loss and this rank's gradients against one device running
     the same chunks (chunked_step) and the whole sequence at once (each rank runs them on its
     own GPU). Largest |difference| / largest |gradient| over all parameters."""
-    precision = torch.get_float32_matmul_precision()
-    torch.set_float32_matmul_precision("highest")
     try:
         x, y = (t.to(device) for t in batch(T, args))
         references = {}
@@ -194,7 +194,6 @@ def check_exactness(T, args, device, rank, world, chunks=4):
             result[f"loss_{name}"], result[f"max_relative_grad_error_vs_{name}"] = loss_ref, worst.item()
         return result
     finally:
-        torch.set_float32_matmul_precision(precision)
         free(device)
 
 
@@ -275,6 +274,11 @@ def report(args, results, exactness, world, elapsed):
 
 def main(argv=None):
     args = parse_args(argv)
+    with precisions.applied("fp32-strict" if args.no_tf32 else "fp32"):  # the caller's flags after
+        return _main(args)
+
+
+def _main(args):
     if "RANK" not in os.environ:
         raise SystemExit("run me under torchrun: torchrun --nproc-per-node 2 -m spikefuse.bench.parallel_pipeline "
                          "--out DIR (or: spikefuse bench parallel --parts pipeline)")
@@ -284,8 +288,6 @@ def main(argv=None):
             raise SystemExit(f"{world} processes need {world} GPUs; this machine has {torch.cuda.device_count()}")
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)))
         torch.cuda.set_device(device)
-        if not args.no_tf32:
-            torch.set_float32_matmul_precision("high")
     else:
         device = torch.device("cpu")
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=datetime.timedelta(minutes=10))

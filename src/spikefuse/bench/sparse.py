@@ -32,6 +32,7 @@ from collections import Counter
 import torch
 from torch import nn
 
+from .. import precision as precisions
 from ..models.ipu import NETWORKS, IPUNet
 from ..nn import LIF
 from ..nn.recurrent_lif import RecurrentLIF
@@ -395,6 +396,7 @@ def add_ratios(rows):
             auto["x_best_fixed"] = auto["step_ms"] / min(best)
 
 
+@precisions.applied("fp32")  # TF32 matmuls and convolutions for every library alike; the caller's flags after
 def run(args) -> int:
     args.smoke = args.smoke or args.quick
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
@@ -410,7 +412,6 @@ def run(args) -> int:
     if not cuda and not args.smoke:
         raise UsageError("spikefuse bench sparse needs a CUDA device (or --quick, tiny sizes on the CPU)")
     device = torch.device("cuda" if cuda else "cpu")
-    torch.backends.cuda.matmul.allow_tf32 = True
     rows, checks = [], []
 
     def save(kernel=()):  # after every case: a run cut short keeps what it measured

@@ -34,6 +34,7 @@ import torch
 from torch import nn
 from torch._dynamo.utils import counters
 
+from .. import precision as precisions
 from ..errors import UsageError
 from ..models import build_model
 from ..ops.launch import through_triton
@@ -327,14 +328,13 @@ def quick_settings(args) -> None:
             setattr(args, name, value)
 
 
+@precisions.applied("fp32")  # TF32 matmuls and convolutions for every library alike; the caller's flags after
 def run(args) -> int:
     if not torch.cuda.is_available():
         raise UsageError("spikefuse bench steps needs a CUDA device: its steps (--quick's too) run in CUDA graphs")
     if args.quick:
         quick_settings(args)
     device = torch.device("cuda")
-    torch.backends.cuda.matmul.allow_tf32 = True
-    torch.backends.cudnn.allow_tf32 = True
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     compile_batches = {int(b) for b in args.compile_batches.split(",") if b.strip()}
     compile_nets = {n.strip() for n in args.compile_nets.split(",") if n.strip()}

@@ -23,6 +23,7 @@ import traceback
 import torch
 from torch import nn
 
+from .. import precision as precisions
 from ..models.cifar import LIANG_LIF, CifarNet
 from .timing import median_ms
 from ..models.resnet import SpikingResNet
@@ -229,10 +230,9 @@ def add_floors(cases, flops_cache, rates):
                     case[f"memory_vs_{peer}"] = case["peak_mib"] / other["peak_mib"]
 
 
+@precisions.applied("fp32")  # TF32 matmuls and convolutions for every library alike; the caller's flags after
 def run(args) -> int:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    torch.backends.cuda.matmul.allow_tf32 = True  # TF32 for all implementations alike
-    torch.backends.cudnn.allow_tf32 = True
     torch.backends.cudnn.benchmark = args.cudnn_benchmark
     args.width, args.warmup, args.backend, args.image = 1.0, 3, "auto", 32
     resnet_T = [int(t) for t in args.resnet_time_steps.split(",") if t.strip()]

@@ -21,9 +21,9 @@ so each backward launch is again a matmul (gh[t+1] @ W) with the adjoint in its 
 dL/dx = gh, and dL/dW = sum_t gh[t]^T s[t-1]: one GEMM over all T*M rows after the loop.
 Saved for backward: h[t] (float32, 4 bytes per neuron-step) and the spikes.
 
-Matmul precision follows torch's: float32 is exact (IEEE FMA, no TF32) unless
-torch.backends.cuda.matmul.allow_tf32 is set, as for nn.Linear. The spikes (0/1) are
-exact in any precision; W is read as float32.
+Matmul precision follows torch's: float32 is exact (IEEE FMA, no TF32) unless torch's
+float32 matmuls use TF32 (torch.backends.cuda.matmul.allow_tf32, which spikefuse.precision's
+fp32 sets), as for nn.Linear. The spikes (0/1) are exact in any precision; W is read as float32.
 
 The step's tile, charge, epilogue and incoming gradients are helpers that the recurrent
 ALIF (spikefuse.ops.recurrent_alif) shares.
@@ -176,8 +176,18 @@ def _tiles(M, N):
     return 64, 64, 32, 4
 
 
+# torch >= 2.9 also names cuBLAS's TF32 choice fp32_precision; reading allow_tf32 raises once a
+# caller has set that newer name, so it is read where it exists
+_FP32_PRECISION = hasattr(torch.backends.cuda.matmul, "fp32_precision")
+
+
 def _tf32(x):
-    return x.is_cuda and torch.backends.cuda.matmul.allow_tf32
+    """Whether the kernels' dots take TF32 inputs: as torch's float32 matmuls do (cuBLAS)."""
+    if not x.is_cuda:
+        return False
+    if _FP32_PRECISION:
+        return torch.backends.cuda.matmul.fp32_precision == "tf32"
+    return torch.backends.cuda.matmul.allow_tf32
 
 
 def _forward(x, weight, decay, threshold, reset, v_reset, save, launch=EAGER):

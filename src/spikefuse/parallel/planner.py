@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from .. import precision as precisions
 from ..nn import LIF
 from .pipeline import check_layers, chunked_step, split_stages
 
@@ -485,20 +486,17 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--width", type=float, help="scale the model's layer widths (quick runs)")
 
 
+@precisions.applied("fp32")  # the caller's flags after
 def run(args) -> int:
-    """Measures on TF32 matmuls, as `spikefuse train` trains."""
+    """Measures in fp32, TF32 matmuls and convolutions, as `spikefuse train` trains by default."""
     from ..errors import UsageError
 
     kwargs = {"width": args.width} if args.width is not None else {}
     link = (args.link[0] * 1e-6, args.link[1] * 1e9) if args.link else None
-    precision = torch.get_float32_matmul_precision()
-    torch.set_float32_matmul_precision("high")
     try:
         result = plan(args.model, args.time_steps, args.batch, args.gpus, device=args.device, link=link, **kwargs)
     except ValueError as e:
         raise UsageError(str(e)) from None
-    finally:
-        torch.set_float32_matmul_precision(precision)
     print(format_plan(result), end="")
     return 0
 

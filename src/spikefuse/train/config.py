@@ -10,12 +10,12 @@ import math
 import sys
 from dataclasses import dataclass
 
+from ..precision import PRECISIONS  # fp32, fp32-strict, bf16, fp16: their meaning is there
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
     import tomli as tomllib
-
-PRECISIONS = ("fp32", "bf16", "fp16")
 
 
 class ConfigError(ValueError):

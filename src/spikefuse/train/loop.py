@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm.auto import tqdm
 
+from .. import precision as precisions
 from ..errors import RunError
 from . import checkpoint, metrics, plots, rundir
 from ..nn.sparse_linear import update_dispatch
@@ -38,7 +39,7 @@ from .spikes import SpikeMonitor
 if TYPE_CHECKING:  # spikefuse.parallel (torch.distributed) is imported only by those who use it
     from ..parallel.ddp import DataParallel
 
-PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+PRECISIONS = precisions.PRECISIONS
 
 
 class TrainingDiverged(RunError):
@@ -54,7 +55,12 @@ class Trainer:
         gives (trained on, no test metrics), or a pair (train_loader, test_loader). Such
         loaders keep their own batch size and order; for time-major loaders pass
         spikefuse.data.loader_splits(train, test, batch_first=False).
-    precision: "fp32", or "bf16"/"fp16" autocast (fp16 adds gradient scaling).
+    precision: what float32 math and autocast fit(), train_epoch() and evaluate() run in
+        (spikefuse.precision; the caller's settings come back afterwards):
+        "fp32": float32, matmuls and convolutions on TF32 tensor cores where the GPU has
+            them, as `spikefuse train` (PyTorch's default runs matmuls in IEEE float32);
+        "fp32-strict": IEEE float32 matmuls and convolutions (TF32 off);
+        "bf16"/"fp16": autocast, float32 leftovers as fp32 (fp16 adds gradient scaling).
     compile: run the forward through torch.compile (default mode; checkpoints keep the
         plain module). With capture on, the CUDA graph captures the compiled step: one of
         the two captures, never both.
@@ -84,8 +90,7 @@ class Trainer:
                  data_parallel: DataParallel | None = None):
         if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
             raise ValueError(f"batch_size: expected a positive int, got {batch_size!r}")
-        if precision not in PRECISIONS:
-            raise ValueError(f"precision: unknown {precision!r}; expected one of {list(PRECISIONS)}")
+        precisions.check(precision)
         if clip_grad_norm is not None and not (isinstance(clip_grad_norm, (int, float)) and clip_grad_norm > 0
                                                and math.isfinite(clip_grad_norm)):
             raise ValueError(f"clip_grad_norm: expected a finite number > 0 or None, got {clip_grad_norm!r}")
@@ -149,8 +154,9 @@ class Trainer:
 
     def _autocast(self):
         # no weight-cast cache: a cache entry made while capturing would outlive its graph
-        return torch.autocast(self.device.type, dtype=PRECISIONS[self.precision],
-                              enabled=self.precision != "fp32", cache_enabled=False)
+        dtype = precisions.autocast_dtype(self.precision)
+        return torch.autocast(self.device.type, dtype=dtype or torch.float32, enabled=dtype is not None,
+                              cache_enabled=False)
 
     def _train_step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """Forward, backward, optimizer step and metric sums: only tensor work, so that
@@ -172,6 +178,10 @@ class Trainer:
         return loss
 
     def train_epoch(self, epoch: int) -> dict:
+        with precisions.applied(self.precision):  # also when called alone, not from fit
+            return self._train_epoch(epoch)
+
+    def _train_epoch(self, epoch: int) -> dict:
         self.model.train()
         self.generator.manual_seed(self.seed + epoch)  # resuming at epoch e replays its order
         data = self._share(self.splits.train, pad=True)
@@ -199,9 +209,13 @@ class Trainer:
         return {"train_loss": loss_sum / seen, "train_acc": correct / seen,
                 "train_rate": monitor.rate(), "samples_per_s": seen / elapsed, "train_time_s": elapsed}
 
-    @torch.no_grad()
     def evaluate(self, data=None) -> dict:
         """Loss, accuracy and per-layer firing rates on `data` (default: the test split)."""
+        with precisions.applied(self.precision):  # also when called alone, not from fit
+            return self._evaluate(data)
+
+    @torch.no_grad()
+    def _evaluate(self, data) -> dict:
         data = self.splits.test if data is None else data
         if data is None:
             raise ValueError("data: no test split to evaluate (splits were given as one DataLoader)")
@@ -255,7 +269,7 @@ class Trainer:
             if split is not None and len(split) == 0:  # a test split of None: train only
                 raise ValueError(f"splits.{name}: the split is empty; fit needs at least one sample in "
                                  "both the train and the test split")
-        with self._locked(), self._watching():
+        with self._locked(), self._watching(), precisions.applied(self.precision):
             return self._fit()
 
     def _locked(self):
