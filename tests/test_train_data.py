@@ -63,12 +63,12 @@ def install(setattr=setattr, delay=0.0):
     datasets[NAME] = "stand-in for tests"
     real_load = getattr(data, "load", None)
 
-    def load(name, *, time_steps=None, root="~/.cache/spikefuse", seed=0, device="cpu"):
+    def load(name, *, time_steps=None, root="~/.cache/spikefuse", seed=0, device="cpu", progress=True):
         if name == NAME:
             return make_splits(time_steps=time_steps or 8, delay=delay)
         if real_load is None:
             raise ValueError(f"unknown data set {name!r}; expected one of {sorted(datasets)}")
-        return real_load(name, time_steps=time_steps, root=root, seed=seed, device=device)
+        return real_load(name, time_steps=time_steps, root=root, seed=seed, device=device, progress=progress)
 
     setattr(data, "DATASETS", datasets)
     setattr(data, "load", load)
