@@ -1,7 +1,192 @@
+"""Where the tests run, chosen once for the whole run, before anything imports triton:
+
+  - a machine with a CUDA GPU: the kernel tests run compiled on it (TRITON_INTERPRET is left
+    alone), and the `gpu` / `multi_gpu` tests run;
+  - a CPU-only machine: the fused kernels run on CPU tensors through Triton's interpreter
+    (TRITON_INTERPRET=1 is set here unless the environment sets it); `gpu` tests are skipped.
+
+SPIKEFUSE_TEST_DEVICE=cpu|cuda overrides the choice (cpu on a GPU machine: the interpreter run).
+Tests that need the CPU whatever the device (the gloo process tests) pin it themselves;
+`interpreter` tests (fused kernels on CPU tensors) run in a child pytest with the
+interpreter on where this process compiles the kernels. pyproject's addopts leave the `slow`
+tests out and ask pytest-xdist for `-n auto`, which is decided here: a worker per core on
+the CPU, none on a GPU machine.
+SPIKEFUSE_TEST_SUMMARY=PATH writes a JSON summary of the run there (for GPU machines, whose
+logs are not kept).
+"""
 import os
 
-# SPIKEFUSE_TEST_DEVICE=cuda runs the kernel tests compiled on a GPU; otherwise the fused
-# kernels run on the CPU through Triton's interpreter, chosen before triton is imported.
-if os.environ.get("SPIKEFUSE_TEST_DEVICE", "cpu") == "cpu":
-    os.environ.setdefault("TRITON_INTERPRET", "1")
+from helpers import DEVICE, interpreted  # first: imports torch, not triton
+
+if DEVICE == "cpu":
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # an explicit 0 stays (a GPU machine's view of CPU tensors)
+os.environ["SPIKEFUSE_TEST_DEVICE"] = DEVICE  # subprocesses of the tests choose alike
 os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "0")
+SUMMARY = os.environ.pop("SPIKEFUSE_TEST_SUMMARY", "")  # popped: a pytest a test starts must not write it
+
+import datetime  # noqa: E402
+import json  # noqa: E402
+import platform  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
+from pathlib import Path  # noqa: E402
+from xml.etree import ElementTree  # noqa: E402
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+
+def pytest_configure(config):
+    if DEVICE == "cuda" and not torch.cuda.is_available():
+        raise pytest.UsageError("SPIKEFUSE_TEST_DEVICE=cuda, but torch sees no CUDA GPU here "
+                                f"(torch {torch.__version__}); leave it unset to test on the CPU")
+    if DEVICE == "cuda" and interpreted():
+        # the kernels would run through the interpreter on GPU tensors, which no test expects
+        raise pytest.UsageError("TRITON_INTERPRET=1 on a GPU machine: unset it to test the compiled kernels "
+                                "on the GPU, or add SPIKEFUSE_TEST_DEVICE=cpu to test them on the CPU "
+                                "through the interpreter")
+
+
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: without it (-p no:xdist) it goes unused
+def pytest_xdist_auto_num_workers(config):
+    """-n auto (pyproject's addopts): a worker per core on a CPU-only machine (the interpreter
+    is one core's work); on a GPU machine none: parallel tests would compete for GPU memory."""
+    return 0 if DEVICE == "cuda" else min(os.cpu_count() or 1, 8)
+
+
+def _gpu_skip_reason(gpus_needed: int) -> str | None:
+    available = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if available == 0:
+        return "needs a CUDA GPU; this machine has none"
+    if DEVICE != "cuda":
+        return "SPIKEFUSE_TEST_DEVICE=cpu: this run tests the CPU; the GPU tests run without it"
+    if available < gpus_needed:
+        return f"needs {gpus_needed} CUDA GPUs; this machine has {available}"
+    return None
+
+
+def pytest_collection_modifyitems(config, items):
+    reasons = {"gpu": _gpu_skip_reason(1), "multi_gpu": _gpu_skip_reason(2)}
+    for item in items:
+        for marker, reason in reasons.items():
+            if reason is not None and item.get_closest_marker(marker) is not None:
+                item.add_marker(pytest.mark.skip(reason=reason))
+                break
+
+
+_CHILD_OUTCOMES: dict[str, tuple[str, str]] = {}  # nodeid -> (outcome, message) from a child pytest
+
+
+def _junit_key(nodeid: str) -> tuple[str, str]:
+    """The (classname, name) JUnit XML gives the test `nodeid`."""
+    path, *scopes, name = nodeid.split("::")
+    return ".".join([path.removesuffix(".py").replace("/", "."), *scopes]), name
+
+
+def _run_interpreter_tests_in_a_child(item) -> None:
+    """Run the selected `interpreter` tests of item's module in one child pytest with the
+    interpreter on, and note each one's outcome (one child per module: its start-up is seconds)."""
+    ids = [i.nodeid for i in item.session.items
+           if i.path == item.path and i.get_closest_marker("interpreter") is not None]
+    env = {**os.environ, "TRITON_INTERPRET": "1", "SPIKEFUSE_TEST_DEVICE": "cpu"}
+    with tempfile.TemporaryDirectory() as tmp:
+        report = Path(tmp) / "junit.xml"
+        child = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=",
+                                "-p", "no:xdist", f"--junitxml={report}", *ids],  # these tests, whatever addopts selects
+                               cwd=item.config.rootpath, env=env, capture_output=True, text=True)
+        cases = ElementTree.parse(report).getroot().iter("testcase") if report.exists() else []
+        found = {(c.get("classname"), c.get("name")): c for c in cases}
+    tail = "\n".join((child.stdout + child.stderr).strip().splitlines()[-30:])
+    for nodeid in ids:
+        case = found.get(_junit_key(nodeid))
+        if case is None:
+            _CHILD_OUTCOMES[nodeid] = ("failed", f"no result (child pytest exit {child.returncode}):\n{tail}")
+            continue
+        problem = next((e for e in case if e.tag in ("failure", "error", "skipped")), None)
+        outcome = "passed" if problem is None else "skipped" if problem.tag == "skipped" else "failed"
+        message = "" if problem is None else (problem.get("message") or "") + "\n" + (problem.text or "")
+        _CHILD_OUTCOMES[nodeid] = (outcome, message)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pyfunc_call(pyfuncitem):
+    """An `interpreter` test (fused kernels on CPU tensors, as on a CPU-only machine) where this
+    process compiles its kernels (a GPU machine: Triton decides when a kernel is defined): it
+    runs in a child pytest with the interpreter on, and passes, fails or skips as it does there."""
+    if pyfuncitem.get_closest_marker("interpreter") is None or interpreted():
+        return None
+    if pyfuncitem.nodeid not in _CHILD_OUTCOMES:
+        _run_interpreter_tests_in_a_child(pyfuncitem)
+    outcome, message = _CHILD_OUTCOMES.pop(pyfuncitem.nodeid)
+    where = "through Triton's interpreter in a child pytest"
+    if outcome == "failed":
+        pytest.fail(f"{where}:\n{message.strip()}", pytrace=False)
+    if outcome == "skipped":
+        pytest.skip(f"{where}: {message.strip()}")
+    return True
+
+
+@pytest.fixture(scope="session")
+def device() -> str:
+    """"cuda" or "cpu": where the kernel tests put their tensors (see helpers.DEVICE)."""
+    return DEVICE
+
+
+# ---- SPIKEFUSE_TEST_SUMMARY=PATH: a small record of the run ----
+
+def _commit(root: Path) -> str:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return out.stdout.strip() if out.returncode == 0 and out.stdout.strip() else "unknown"
+
+
+def _device_name() -> str:
+    if DEVICE == "cuda":
+        return f"{torch.cuda.get_device_name(0)} x {torch.cuda.device_count()}"
+    return f"cpu ({platform.machine()}, {os.cpu_count()} cores)"
+
+
+def _triton_version() -> str | None:
+    try:
+        import triton
+    except ImportError:
+        return None
+    return triton.__version__
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    if not SUMMARY or hasattr(config, "workerinput"):  # pytest-xdist: the controller writes it
+        return
+    stats = terminalreporter.stats
+
+    def ids(key):  # a test counts once per outcome, whichever phase reported it
+        return sorted({r.nodeid for r in stats.get(key, []) if getattr(r, "nodeid", None) is not None})
+
+    failed = ids("failed")
+    errors = ids("error")
+    summary = {
+        "commit": _commit(config.rootpath),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "device": _device_name(),
+        "torch": torch.__version__,
+        "triton": _triton_version(),
+        "interpreter": interpreted(),
+        "exit_status": int(exitstatus),
+        "passed": len(ids("passed")),
+        "failed": len(failed),
+        "skipped": len(ids("skipped")),
+        "errors": len(errors),
+        "failed_ids": failed,
+        "error_ids": errors,
+    }
+    target = Path(SUMMARY)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")  # same file system: atomic rename
+    with os.fdopen(fd, "w") as f:
+        json.dump(summary, f, indent=1)
+        f.write("\n")
+    os.replace(tmp, target)
+    terminalreporter.write_line(f"summary written to {target}")

@@ -1,7 +1,6 @@
 """Fused ALIF kernels (through the Triton interpreter) against the PyTorch reference."""
 import itertools
 import math
-import os
 
 import pytest
 import torch
@@ -14,8 +13,8 @@ from spikefuse.ops.surrogate import SURROGATES
 
 from two_state_neurons import (assert_state_match as shared_assert_state_match, check_module_record_potential,
                                check_potential_only_and_double_backward, rel_err)
+from helpers import DEVICE, every_value_once
 
-DEVICE = os.environ.get("SPIKEFUSE_TEST_DEVICE", "cpu")
 PARAMS = dict(decay=0.8, adapt_decay=0.7, beta=0.6, threshold=0.9, v_reset=-0.2)
 
 
@@ -61,7 +60,7 @@ def small_chunks(monkeypatch, BLOCK=32, K=4):
 CASES = list(itertools.product(["hard", "soft", "none"], SURROGATES, [False, True]))
 
 
-@pytest.mark.parametrize("case", range(len(CASES)))
+@pytest.mark.parametrize("case", every_value_once(CASES, range(len(CASES))))
 def test_alif_every_reset_surrogate_and_detach(case):
     reset, surrogate, detach = CASES[case]
     x = rand(9, 3, 13, seed=case)

@@ -52,6 +52,7 @@ def test_module_needs_time_and_batch():
 
 # ---- issue 14: the kernels never give a silent wrong answer ----
 
+@pytest.mark.interpreter  # fused kernels on CPU tensors
 def test_double_backward_is_not_silently_zero():
     """grad(create_graph=True) then a second grad through the fused LIF gave 0; now the reference's."""
     results = []
@@ -64,6 +65,7 @@ def test_double_backward_is_not_silently_zero():
     torch.testing.assert_close(results[0], results[1], rtol=1e-6, atol=0)
 
 
+@pytest.mark.interpreter  # fused kernels on CPU tensors
 @pytest.mark.parametrize("backend", ["fused", "reference"])
 def test_nan_input_or_decay_gives_nan_spikes_not_zeros(backend):
     nan = float("nan")
@@ -75,6 +77,7 @@ def test_nan_input_or_decay_gives_nan_spikes_not_zeros(backend):
     assert s[:, 0, 1].isnan().all() and not s[:, 0, [0, 2]].isnan().any()
 
 
+@pytest.mark.interpreter  # fused kernels on CPU tensors
 @pytest.mark.parametrize("reset,v_after", [("hard", -0.25), ("soft", float("inf")), ("none", float("inf"))])
 def test_infinite_input_is_the_same_on_both_backends(reset, v_after):
     """+inf fires; the hard reset gives v_reset (the reference used to give inf * 0 = NaN)."""
@@ -85,6 +88,7 @@ def test_infinite_input_is_the_same_on_both_backends(reset, v_after):
         assert v.flatten().tolist() == [v_after, -float("inf")]
 
 
+@pytest.mark.interpreter  # fused kernels on CPU tensors
 @pytest.mark.parametrize("backend", ["fused", "reference"])
 @pytest.mark.parametrize("training", [True, False])
 def test_bn_lif_batch_zero_gives_empty_spikes(backend, training):
@@ -105,6 +109,7 @@ def test_bn_lif_one_value_per_channel_in_training(backend):
         nn.BNLIF(3, backend=backend)(torch.zeros(1, 1, 3))
 
 
+@pytest.mark.interpreter  # fused kernels on CPU tensors
 def test_empty_per_channel_plif():
     x = torch.zeros(3, 0, 4, requires_grad=True)
     decay = torch.full((4,), 0.5, requires_grad=True)
@@ -112,6 +117,7 @@ def test_empty_per_channel_plif():
     assert decay.grad.tolist() == [0.0] * 4
 
 
+@pytest.mark.interpreter  # fused kernels on CPU tensors
 def test_fused_kernels_refuse_steps_past_32_bit_offsets():
     """Offsets within one time step are 32-bit: more neurons per step are refused by name
     (nothing is allocated: the BN+LIF input is a stride-0 view)."""

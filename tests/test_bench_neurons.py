@@ -8,6 +8,7 @@ from spikefuse import cli, reference
 from spikefuse.bench import neurons
 
 
+@pytest.mark.slow  # ~20 s on a CPU; the quick run below covers the CPU path
 def test_neurons_benchmark_quick(tmp_path):
     out = tmp_path / "results"
     assert cli.main(["bench", "neurons", "--quick", "--out", str(out)]) == 0

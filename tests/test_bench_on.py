@@ -18,6 +18,7 @@ def run_on(tmp_path, *extra):
     return json.loads(path.read_text()), path
 
 
+@pytest.mark.slow  # ~25 s on a CPU; the quick run covers the CPU path
 def test_toy_run_cross_checks_every_installed_library(tmp_path):
     payload, path = run_on(tmp_path)
     assert {"device", "versions", "date"} <= set(payload["environment"])

@@ -80,6 +80,7 @@ def test_usage_errors_are_one_line_before_anything_runs(gpus, machine, argv, exp
     assert not launched
 
 
+@pytest.mark.slow  # ~30 s on a CPU: the pipeline's run above, with --quick
 def test_quick_pipeline_on_two_cpu_processes_is_named_and_marked_quick(tmp_path, capfd):
     out = tmp_path / "results"
     assert cli.main(["bench", "parallel", "--quick", "--device", "cpu", "--out", str(out)]) == 0

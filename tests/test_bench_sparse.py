@@ -1,7 +1,6 @@
 """spikefuse bench sparse on the CPU: the fixed-activity mode does what it says, and the
 smoke run writes its results (the figures themselves come from a GPU)."""
 import json
-import os
 
 import pytest
 import torch
@@ -11,8 +10,7 @@ from spikefuse.cli import main
 from spikefuse.models.ipu import IPUNet
 from spikefuse.nn import LIF
 from spikefuse.nn.sparse_linear import SparseSpikingLinear
-
-DEVICE = os.environ.get("SPIKEFUSE_TEST_DEVICE", "cpu")
+from helpers import DEVICE
 
 
 @pytest.mark.parametrize("recurrent", [False, True])
@@ -53,6 +51,7 @@ def test_activity_list_is_checked():
             bench.parse_activities(bad)
 
 
+@pytest.mark.slow  # ~70 s on a CPU; the quick run below covers the CPU path
 def test_smoke_run_writes_both_activities(tmp_path, capsys):
     code = main(["bench", "sparse", "--smoke", "--no-kernel", "--modes", "dense,sparse",
                  "--activity", "natural,0.1", "--out", str(tmp_path)])
@@ -76,7 +75,7 @@ def test_bad_arguments_are_one_line_errors(argv, message, tmp_path, capsys):
     assert message in err and "Traceback" not in err and not list(tmp_path.iterdir())
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+@pytest.mark.gpu  # CUDA graphs
 def test_captured_replays_the_call():
     from spikefuse.bench.timing import captured
     x = torch.randn(64, 64, device="cuda")

@@ -1,6 +1,5 @@
 """Fused BatchNorm + LIF (Triton interpreter) against torch batch norm over T*B + reference LIF."""
 import copy
-import os
 
 import pytest
 import torch
@@ -9,8 +8,7 @@ import spikefuse.ops.bn_lif as bn_lif_ops
 from spikefuse.nn import BNLIF, TemporalBatchNorm2d
 from spikefuse.nn.layers import name_layers
 from spikefuse.ops.bn_lif import _statistics, is_channels_last
-
-DEVICE = os.environ.get("SPIKEFUSE_TEST_DEVICE", "cpu")
+from helpers import DEVICE
 
 
 @pytest.fixture(autouse=True)

@@ -16,7 +16,7 @@ from spikefuse.models import MODELS, build_model
 from spikefuse.train.capture import CaptureFallback, CapturedStep, prepare_optimizer
 from spikefuse.train.spikes import SpikeMonitor
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+pytestmark = pytest.mark.gpu  # CUDA graphs
 
 STEPS = 20
 IMAGE_MODELS = {"cifar-small", "cifar-medium", "cifar-large", "resnet18", "resnet34"}

@@ -8,7 +8,6 @@ Inductor cannot: it compiles each launched kernel with Triton for the tensors' d
 Triton has no CPU driver ("0 active drivers"); its test keeps the ops whole here, and
 tests/test_compile_gpu.py runs inductor's own launches on a GPU."""
 import copy
-import os
 
 import pytest
 import torch
@@ -19,6 +18,8 @@ import spikefuse.nn as snn
 from spikefuse.models import MODELS, build_model
 from torch._higher_order_ops.triton_kernel_wrap import kernel_side_table, triton_kernel_wrapper_functional
 from spikefuse.nn.spiking_layers import SpikingConv2d, SpikingLinear, without_onednn
+
+pytestmark = pytest.mark.interpreter  # fused kernels on CPU tensors
 
 # name -> (input_shape, classes, T, builder kwargs, static image input?): tiny on purpose
 CONFIGS = {
@@ -40,16 +41,14 @@ CONFIGS = {
 }
 TAKES_BACKEND = set(CONFIGS) - {"mlp"}
 NAMES = sorted(CONFIGS) + ["sequential"]
-# Models built from the same blocks as one trained below (deeper, or another input size):
-# the graph-break test traces them whole; training them compiled too adds ~60 s of
-# interpreted kernels on CPU and no new code path. SPIKEFUSE_COMPILE_ALL=1 trains them too.
-TWINS = {"resnet34": "resnet18", "cifar-medium": "cifar-small", "cifar-large": "cifar-small",
-         "ipu-shd": "ipu-dvsgesture", "ipu-nmnist": "ipu-dvsgesture",
-         "ipu-nmnist-recurrent": "ipu-shd-recurrent", "ipu-dvsgesture-recurrent": "ipu-shd-recurrent"}
-TRAINED = [name if name not in TWINS or os.environ.get("SPIKEFUSE_COMPILE_ALL") == "1"
-           else pytest.param(name, marks=pytest.mark.skip(
-               reason=f"same blocks as {TWINS[name]} (SPIKEFUSE_COMPILE_ALL=1 runs it)"))
-           for name in NAMES]
+# Compiled training by default: "sequential" (every spiking module), shd (an MLP) and
+# ipu-shd-recurrent (the recurrent layer); the other models are built from the same blocks and
+# are `slow` (tens of seconds of interpreted kernels each on a CPU; -m slow runs them).
+# The graph-break test traces the small ones whole by default, the deep or wide ones are `slow`.
+TRAINED_BY_DEFAULT = {"sequential", "shd", "ipu-shd-recurrent"}
+TRAINED = [name if name in TRAINED_BY_DEFAULT else pytest.param(name, marks=pytest.mark.slow) for name in NAMES]
+TRACED = [pytest.param(name, marks=pytest.mark.slow) if name in ("resnet18", "resnet34", "cifar-medium", "cifar-large")
+          else name for name in NAMES]
 
 
 @pytest.fixture(autouse=True)
@@ -111,7 +110,7 @@ def compiled_frames():
     return torch._dynamo.utils.counters["stats"]["unique_graphs"]
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", TRACED)
 def test_no_graph_breaks(name):
     model, batch = make(name)
     x, _ = batch(0)
@@ -163,7 +162,7 @@ def train_three_steps(name, eager, model, compiled, optimizer, batch):
         optimizer.step()
 
 
-@pytest.mark.parametrize("name", ["sequential", "cifar-small"])
+@pytest.mark.parametrize("name", ["sequential", pytest.param("cifar-small", marks=pytest.mark.slow)])
 def test_compiled_under_bf16_autocast_matches_eager(name):
     """Autocast does not reach inside a torch.library op: the traced spike Linear/Conv2d
     cast their arguments as autocast would, or the bf16 spikes meet a float32 weight."""

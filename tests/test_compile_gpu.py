@@ -9,7 +9,7 @@ import torch
 
 from spikefuse.models import build_model
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="inductor's Triton kernels need a GPU")
+pytestmark = pytest.mark.gpu  # inductor's Triton kernels
 
 # name -> (input shape, T, static image input?): narrow versions of the models
 CASES = {

@@ -1,7 +1,6 @@
 """Fused CUBA (synaptic LIF) kernels (through the Triton interpreter) against the PyTorch reference."""
 import itertools
 import math
-import os
 
 import pytest
 import torch
@@ -13,8 +12,8 @@ from spikefuse import reference
 from two_state_neurons import assert_state_match as shared_assert_state_match
 from two_state_neurons import (check_module_record_potential, check_potential_only_and_double_backward,
                                rel_err)
+from helpers import DEVICE
 
-DEVICE = os.environ.get("SPIKEFUSE_TEST_DEVICE", "cpu")
 PARAMS = dict(decay=0.8, syn_decay=0.6, threshold=0.9, v_reset=-0.2)
 
 

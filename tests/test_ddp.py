@@ -2,8 +2,10 @@
 train exactly what one process trains on the combined batch; `spikefuse train` under a
 2-process launch; a dying rank fails the others with a clear error, never a hang.
 
-Ranks are forked from the test process (torch, DDP and spikefuse already imported), except
-for one run through torch's elastic launcher, the path of `spikefuse train --gpus N`.
+Ranks are forked from the test process (torch, DDP and spikefuse already imported) where a
+fork can run them, spawned elsewhere (helpers.worker_start_method: after CUDA use, on a GPU
+machine), except for one run through torch's elastic launcher, the path of `spikefuse train
+--gpus N`. They run on the CPU whatever the test device.
 """
 from __future__ import annotations
 
@@ -30,6 +32,7 @@ from spikefuse.nn.layers import fold, unfold
 from spikefuse.parallel import convert_sync_batchnorm, init_data_parallel
 from spikefuse.parallel.ddp import Shard
 from spikefuse.train.loop import Trainer
+from helpers import worker_start_method
 
 TIMEOUT = 90  # seconds any multi-process test may take before it counts as a hang
 
@@ -57,11 +60,14 @@ def _rank_main(rank, fn, world, port, args):
         dist.destroy_process_group()
 
 
-def on_ranks(world: int, fn, *args):
-    """fn(DataParallel, *args) in `world` forked processes; a rank's exception fails the
-    test with its traceback, a run past TIMEOUT fails it as a hang."""
-    context = mp.start_processes(_rank_main, args=(fn, world, free_port(), args), nprocs=world,
-                                 join=False, start_method="fork")
+def on_ranks(world: int, fn, *args, interpreter: bool = False):
+    """fn(DataParallel, *args) in `world` processes (forked where they can be, see
+    helpers.worker_start_method); a rank's exception fails the test with its traceback, a
+    run past TIMEOUT fails it as a hang. interpreter: fn runs fused kernels on gloo's CPU
+    tensors, which needs Triton's interpreter."""
+    with worker_start_method(interpreter) as start_method:
+        context = mp.start_processes(_rank_main, args=(fn, world, free_port(), args), nprocs=world,
+                                     join=False, start_method=start_method)
     deadline = time.monotonic() + TIMEOUT
     while not context.join(timeout=1):
         if time.monotonic() > deadline:
@@ -145,7 +151,7 @@ def test_sync_bn_reference_equals_one_process_on_the_combined_batch(world):
 
 
 def test_sync_bn_fused_equals_one_process_on_the_combined_batch():
-    on_ranks(2, _steps_match_one_process, "fused", 4, 1)
+    on_ranks(2, _steps_match_one_process, "fused", 4, 1, interpreter=True)
 
 
 def test_convert_sync_batchnorm_marks_temporal_bn_layers_in_place():
@@ -271,12 +277,14 @@ def _cli_rank(rank, world, port, argv, fault, logs):
 
 def cli_on_ranks(world, argv, logs: Path, fault=None) -> list[tuple[int, str, str]]:
     """(exit code, stdout, stderr) of every rank of `spikefuse train argv` run by `world`
-    forked processes (torch, DDP and spikefuse already imported: no start-up cost)."""
+    processes (forked where they can be: torch, DDP and spikefuse already imported)."""
     logs.mkdir(exist_ok=True)
-    port, fork = free_port(), mp.get_context("fork")
-    ranks = [fork.Process(target=_cli_rank, args=(r, world, port, argv, fault, logs)) for r in range(world)]
-    for p in ranks:
-        p.start()
+    port = free_port()
+    with worker_start_method() as start_method:
+        context = mp.get_context(start_method)
+        ranks = [context.Process(target=_cli_rank, args=(r, world, port, argv, fault, logs)) for r in range(world)]
+        for p in ranks:
+            p.start()
     deadline = time.monotonic() + TIMEOUT
     for p in ranks:
         p.join(max(deadline - time.monotonic(), 0))

@@ -2,19 +2,13 @@
 the input and a Hessian-vector product w.r.t. the parameters equal the reference's (they
 used to be silently 0: the kernels' backward carries no graph)."""
 import copy
-import os
 
 import pytest
 import torch
 
 import spikefuse.functional as F
 from spikefuse.nn import BNLIF
-
-DEVICE = os.environ.get("SPIKEFUSE_TEST_DEVICE", "cpu")
-
-
-def rel_err(a, b):
-    return ((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30)).item()
+from helpers import DEVICE, rel_err
 
 
 def randn(*shape, seed=0, scale=1.0, shift=0.4):

@@ -7,7 +7,6 @@ take huge T with one neuron, N = 1 and B = 0. A failure prints its case; rerun o
 `-k "test_fuzz_lif and 7"`."""
 import copy
 import math
-import os
 import random
 
 import pytest
@@ -17,8 +16,8 @@ import spikefuse.functional as F
 from spikefuse.nn import BNLIF
 from spikefuse.ops.spike_pack import attached_bits, pack
 from spikefuse.ops.surrogate import SURROGATES
+from helpers import DEVICE
 
-DEVICE = os.environ.get("SPIKEFUSE_TEST_DEVICE", "cpu")
 nan, inf = float("nan"), float("inf")
 SPECIALS = [0.0, -0.0, inf, -inf, nan, 1e-40, -1e-40, 3e38, -3e38, 1.0]  # 1e-40: subnormal
 

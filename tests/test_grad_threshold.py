@@ -2,7 +2,6 @@
 Fused kernels (through the Triton interpreter on CPU) against the PyTorch reference."""
 import itertools
 import math
-import os
 
 import pytest
 import torch
@@ -11,13 +10,9 @@ import torch._dynamo
 import spikefuse.functional as F
 import spikefuse.nn as snn
 from spikefuse.ops.surrogate import SURROGATES, resolve, surrogate_grad
+from helpers import DEVICE, every_value_once, rel_err
 
-DEVICE = os.environ.get("SPIKEFUSE_TEST_DEVICE", "cpu")
 INF = float("inf")
-
-
-def rel_err(a, b):
-    return ((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30)).item()
 
 
 def rand(*shape, seed=0, scale=0.8, shift=0.4):
@@ -51,7 +46,7 @@ def assert_match(x, backend="fused", **kw):
 CASES = list(itertools.product(sorted(SURROGATES), ["hard", "soft"], [False, True]))
 
 
-@pytest.mark.parametrize("surrogate,reset,detach", CASES)
+@pytest.mark.parametrize("surrogate,reset,detach", every_value_once(CASES))
 def test_fused_matches_reference(surrogate, reset, detach):
     """Per-channel PLIF decay, v0 and the final state: every gradient the kernel makes."""
     x = rand(9, 2, 5, 3, seed=len(surrogate) + detach)

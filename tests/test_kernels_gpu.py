@@ -1,5 +1,5 @@
-"""Kernel guarantees only a GPU can show (issue 14); skipped without CUDA. Run on a GPU
-machine with `SPIKEFUSE_TEST_DEVICE=cuda python -m pytest -q tests/test_kernels_gpu.py`:
+"""Kernel guarantees only a GPU can show (issue 14); marked `gpu`, skipped without CUDA. On a
+GPU machine `python -m pytest -q tests/test_kernels_gpu.py` runs them:
   - every launch runs on its tensors' device (tensors on cuda:1 while cuda:0 is current;
     needs 2 GPUs);
   - 64-bit offsets: LIF and BN+LIF with more than 2^31 elements (about 40 GB of GPU memory
@@ -18,18 +18,14 @@ from spikefuse import reference
 from spikefuse.nn import BNLIF
 from spikefuse.ops.bn_lif import _statistics
 from spikefuse.ops.surrogate import spike
+from helpers import rel_err
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-needs_two_gpus = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
+pytestmark = pytest.mark.gpu
 
 
 def free_memory_gb():
     torch.cuda.empty_cache()
     return torch.cuda.mem_get_info()[0] / 2**30
-
-
-def rel_err(a, b):
-    return ((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30)).item()
 
 
 def randn(shape, seed, device, dtype=torch.float32, shift=0.3):
@@ -48,7 +44,7 @@ def lif_run(x, decay):
     return spikes, v, x.grad, d.grad
 
 
-@needs_two_gpus
+@pytest.mark.multi_gpu
 def test_launches_follow_the_tensors_device():
     """With cuda:0 current, LIF, BN+LIF and spike packing on cuda:1 tensors run on cuda:1
     (without the guard Triton launched them on cuda:0: an illegal address) and give what

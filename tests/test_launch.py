@@ -1,7 +1,6 @@
 """The cached Triton launcher: which launches reuse a compiled kernel, and that a pointer
 Triton would specialize differently (alignment) still gets its own compile."""
 import inspect
-import os
 from types import SimpleNamespace
 
 import pytest
@@ -10,8 +9,7 @@ import torch
 import spikefuse.functional as F
 from spikefuse import reference
 from spikefuse.ops.launch import CachedLaunch
-
-DEVICE = os.environ.get("SPIKEFUSE_TEST_DEVICE", "cpu")
+from helpers import DEVICE
 
 
 class FakeJIT:

@@ -70,6 +70,7 @@ def test_spiking_conv2d_matches_conv2d_and_saves_bits():
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.interpreter  # fused kernels on CPU tensors
 @pytest.mark.parametrize("kind", ["conv", "linear"])
 def test_layer_after_fused_bn_lif_reuses_its_bits(kind, monkeypatch):
     """A ConvBNLIF (LinearBNLIF) after another saves the bits the first block's BN+LIF

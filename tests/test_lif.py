@@ -1,18 +1,12 @@
 """Fused LIF kernels (through the Triton interpreter) against the PyTorch reference."""
 import itertools
-import os
 
 import pytest
 import torch
 
 import spikefuse.functional as F
 from spikefuse.ops.surrogate import SURROGATES
-
-DEVICE = os.environ.get("SPIKEFUSE_TEST_DEVICE", "cpu")
-
-
-def rel_err(a, b):
-    return ((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30)).item()
+from helpers import DEVICE, every_value_once, rel_err
 
 
 def run_both(x, **kw):
@@ -58,7 +52,7 @@ def rand(*shape, seed=0, dtype=torch.float32, scale=1.0):
 CASES = list(itertools.product(["hard", "soft", "none"], SURROGATES, [False, True]))
 
 
-@pytest.mark.parametrize("case", range(len(CASES)))
+@pytest.mark.parametrize("case", every_value_once(CASES, range(len(CASES))))
 def test_lif_float32_every_reset_and_surrogate(case):
     reset, surrogate, detach = CASES[case]
     x = rand(13, 3, 37, seed=case)

@@ -9,12 +9,9 @@ import torch
 import spikefuse.functional as F
 from spikefuse.ops.lif_loop import lif_loop
 from spikefuse.ops.surrogate import SURROGATES
+from helpers import rel_err
 
 nan, inf = float("nan"), float("inf")
-
-
-def rel_err(a, b):
-    return ((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30)).item()
 
 
 def run(backend, x, decay=0.7, v0=None, return_state=False, loss_on_spikes=True, **options):

@@ -54,6 +54,7 @@ def train(model, x, y, steps, opt=torch.optim.SGD, **opt_kw):
     return losses
 
 
+@pytest.mark.interpreter  # fused kernels on CPU tensors
 def test_medium_loss_trajectories_match():
     fused, vanilla = pair("cifar-medium")
     x, y = batch("cifar-medium")
@@ -65,7 +66,8 @@ def test_medium_loss_trajectories_match():
         torch.testing.assert_close(fused.state_dict()[key], value, rtol=1e-3, atol=1e-4, msg=key)
 
 
-@pytest.mark.parametrize("name", ["cifar-medium", "resnet18", "dvs-gesture"])
+@pytest.mark.interpreter  # fused kernels on CPU tensors
+@pytest.mark.parametrize("name", ["cifar-medium", pytest.param("resnet18", marks=pytest.mark.slow), "dvs-gesture"])
 def test_fused_conv_blocks_run_channels_last(name):
     """Conv weights, BN+LIF inputs and their spikes stay channels-last (cuDNN runs NHWC
     without conversions), and no float copy of spikes is saved for backward (but ResNet's
@@ -92,7 +94,8 @@ def test_fused_conv_blocks_run_channels_last(name):
     loss.backward()
 
 
-@pytest.mark.parametrize("name", ["resnet18", "shd", "dvs-gesture"])
+@pytest.mark.interpreter  # fused kernels on CPU tensors
+@pytest.mark.parametrize("name", [pytest.param("resnet18", marks=pytest.mark.slow), "shd", "dvs-gesture"])
 def test_other_models_match(name):
     fused, vanilla = pair(name)
     x, y = batch(name, seed=1)
@@ -137,6 +140,7 @@ def test_errors_name_the_layer_and_shape():
         build_model("dvs-gesture", (2, 24, 24), 11, 2)
 
 
+@pytest.mark.slow  # ~35 s on a CPU
 def test_train_benchmark_smoke(tmp_path):
     """The GPU benchmark's code paths, tiny, on the CPU (peers skipped when not installed)."""
     import json

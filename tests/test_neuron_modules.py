@@ -1,7 +1,10 @@
 """nn.LIF / IF / PLIF: backends agree, streaming in chunks equals one call, torch.compile."""
+import pytest
 import torch
 
 from spikefuse import nn
+
+pytestmark = pytest.mark.interpreter  # fused kernels on CPU tensors
 
 
 def test_modules_match_reference_backend():

@@ -3,7 +3,6 @@ family: every backend against spikefuse.reference (fused through the Triton inte
 module options, bad input. A tensor threshold runs fused (its gradient from the backward
 kernel) where a float one would, and on the reference on the CPU's auto path; its gradient
 is also checked against the derivation of DESIGN.md's equations."""
-import os
 import warnings
 
 import pytest
@@ -11,13 +10,9 @@ import torch
 
 import spikefuse.functional as F
 from spikefuse import nn
+from helpers import DEVICE, rel_err
 
-DEVICE = os.environ.get("SPIKEFUSE_TEST_DEVICE", "cpu")
 BACKENDS = ("fused", "auto", "reference")
-
-
-def rel_err(a, b):
-    return ((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30)).item()
 
 
 def rand(*shape, seed=0, scale=1.0):

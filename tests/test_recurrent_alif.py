@@ -6,7 +6,6 @@ tl.dot and torch's matmul agree bit for bit whatever order they add in, and the 
 be compared exactly."""
 import itertools
 import math
-import os
 
 import pytest
 import torch
@@ -15,13 +14,9 @@ from torch import nn
 import spikefuse.functional as F
 import spikefuse.nn as snn
 from spikefuse import reference
+from helpers import DEVICE, rel_err
 
-DEVICE = os.environ.get("SPIKEFUSE_TEST_DEVICE", "cpu")
 PARAMS = dict(decay=0.8, adapt_decay=0.7, beta=0.6, threshold=0.9, v_reset=-0.2)
-
-
-def rel_err(a, b):
-    return ((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30)).item()
 
 
 def rand(*shape, seed=0, dtype=torch.float32, scale=1.0):

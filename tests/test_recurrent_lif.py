@@ -5,7 +5,6 @@ partial sum of s[t-1] @ W^T is exact in float32: the kernel's tl.dot and torch's
 agree bit for bit whatever order they add in, and the spikes can be compared exactly."""
 import itertools
 import math
-import os
 
 import pytest
 import torch
@@ -15,13 +14,9 @@ import spikefuse.functional as F
 import spikefuse.nn as snn
 from spikefuse import reference
 from spikefuse.ops.surrogate import SURROGATES
+from helpers import DEVICE, every_value_once, rel_err
 
-DEVICE = os.environ.get("SPIKEFUSE_TEST_DEVICE", "cpu")
 PARAMS = dict(decay=0.8, threshold=0.9, v_reset=-0.2)
-
-
-def rel_err(a, b):
-    return ((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30)).item()
 
 
 def rand(*shape, seed=0, dtype=torch.float32, scale=1.0):
@@ -68,7 +63,7 @@ def assert_match(x, w, rtol=1e-5, **kw):
 CASES = list(itertools.product(["hard", "soft", "none"], SURROGATES, [False, True]))
 
 
-@pytest.mark.parametrize("case", range(len(CASES)))
+@pytest.mark.parametrize("case", every_value_once(CASES, range(len(CASES))))
 def test_every_reset_surrogate_and_detach(case):
     reset, surrogate, detach = CASES[case]
     assert_match(rand(7, 3, 13, seed=case), dyadic_weight(13, case), reset=reset, surrogate=surrogate,
@@ -197,7 +192,6 @@ def test_module():
         layer(torch.zeros(3, 6))
     with pytest.raises(ValueError, match="features"):
         snn.RecurrentLIF(0)
-
 
 
 @pytest.mark.parametrize("path", ["dense", "sparse"])

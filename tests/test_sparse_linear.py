@@ -1,6 +1,5 @@
 """Sparse spike execution: index lists, the sparse backward of SparseSpikingLinear, LazyAdam
 and dispatch, against dense float32 computations (Triton kernels through the interpreter)."""
-import os
 import warnings
 
 import pytest
@@ -15,8 +14,7 @@ from spikefuse.ops.sparse_linear import carrying_columns, gather_carrying, spars
 from spikefuse.ops.spike_index import active_indices, active_indices_reference, line_flags
 from spikefuse.ops.spike_linear import spike_linear
 from spikefuse.optim import LazyAdam
-
-DEVICE = os.environ.get("SPIKEFUSE_TEST_DEVICE", "cpu")
+from helpers import DEVICE
 
 
 def rel(a, b):

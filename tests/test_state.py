@@ -7,7 +7,7 @@ import torch
 from spikefuse import functional as F
 from spikefuse import nn as snn
 
-BACKENDS = ("fused", "reference")  # fused: Triton through the interpreter on the CPU
+BACKENDS = (pytest.param("fused", marks=pytest.mark.interpreter), "reference")  # fused: Triton on CPU tensors
 
 
 def _neurons(model):

@@ -2,7 +2,6 @@
 u = h - threshold) through spikefuse.functional.lif (auto: the loop path; reference),
 spikefuse.reference.lif and the nn.LIF/IF/PLIF modules."""
 import functools
-import os
 
 import pytest
 import torch
@@ -10,9 +9,7 @@ import torch
 import spikefuse.functional as F
 import spikefuse.nn as snn
 from spikefuse import reference
-
-
-DEVICE = os.environ.get("SPIKEFUSE_TEST_DEVICE", "cpu")  # where the custom surrogate's fused tests run
+from helpers import DEVICE, rel_err  # DEVICE: where the custom surrogate's fused tests run
 
 
 def on_device(*tensors):
@@ -26,10 +23,6 @@ def fast_sigmoid(u, alpha=10.0):
 
 def gaussian(u, sigma=0.4):
     return torch.exp(-0.5 * (u / sigma) ** 2) / (sigma * (2 * torch.pi) ** 0.5)
-
-
-def rel_err(a, b):
-    return ((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30)).item()
 
 
 def data(dtype=torch.float32, shape=(12, 3, 4), seed=0):

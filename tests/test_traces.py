@@ -1,14 +1,13 @@
 """Post-reset membrane traces (spikefuse.traces) from every neuron's spikes and pre-reset
 trace: v[t] must be what the neuron's next step decays, and v[T-1] its returned state."""
-import os
 
 import pytest
 import torch
 
 import spikefuse.functional as F
 from spikefuse.traces import adaptive_threshold_trace, membrane_trace
+from helpers import DEVICE
 
-DEVICE = os.environ.get("SPIKEFUSE_TEST_DEVICE", "cpu")
 RESETS = ["hard", "soft", "none"]
 
 

@@ -7,6 +7,8 @@ import torch
 from spikefuse.ops import weight_grad_queue
 from spikefuse.ops.spike_linear import spike_linear
 
+pytestmark = pytest.mark.interpreter  # fused kernels on CPU tensors
+
 
 def layer(seed=0, bias=True):
     g = torch.Generator().manual_seed(seed)

@@ -1,14 +1,8 @@
 """Checks shared by the two-state neurons' tests (ALIF: (v, a); CUBA: (v, i)): the fused
 path against the reference, given the neuron's function, module and parameters."""
-import os
-
 import torch
 
-DEVICE = os.environ.get("SPIKEFUSE_TEST_DEVICE", "cpu")
-
-
-def rel_err(a, b):
-    return ((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30)).item()
+from helpers import DEVICE, rel_err
 
 
 def check_potential_only_and_double_backward(neuron, x, **params):

@@ -1,0 +1,84 @@
+"""What the test files share: the device the kernel tests run on, and the relative error the
+fused kernels are compared to the reference with.
+
+DEVICE: "cuda" where a CUDA GPU is present (the kernels compiled), else "cpu" (the kernels
+through Triton's interpreter, which tests/conftest.py switches on before triton is imported);
+SPIKEFUSE_TEST_DEVICE=cpu|cuda overrides. Tests take it as the `device` fixture, module-level
+helpers (which build their tensors before any fixture exists) import it from here.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+
+import pytest
+import torch
+
+DEVICES = ("cpu", "cuda")
+
+
+def choose_device() -> str:
+    requested = os.environ.get("SPIKEFUSE_TEST_DEVICE", "")
+    if requested:
+        if requested not in DEVICES:
+            raise ValueError(f"SPIKEFUSE_TEST_DEVICE={requested!r}: expected one of {list(DEVICES)}")
+        return requested
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+DEVICE = choose_device()
+
+
+def interpreted() -> bool:
+    """Whether Triton's kernels run through its interpreter in this process."""
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    """|a - b| / |b| in float64 over the whole tensor (Frobenius norm): the fused kernels
+    compute in float32 in another order than the reference, so they agree to a relative
+    error, not elementwise."""
+    return ((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30)).item()
+
+
+def assert_close_rel(actual: torch.Tensor, expected: torch.Tensor, tol: float, what: str = "") -> None:
+    """rel_err(actual, expected) <= tol, with the error in the message."""
+    err = rel_err(actual, expected)
+    assert err <= tol, f"{what + ': ' if what else ''}relative error {err:.3g} > {tol:g}"
+
+
+@contextlib.contextmanager
+def worker_start_method(interpreter: bool = False):
+    """The start method for a test's CPU worker processes (gloo ranks): "fork" where a forked
+    child can run them (torch is imported already: seconds saved per process), else "spawn".
+    A forked child cannot run autograd or CUDA once this process has used CUDA (a GPU
+    machine's run), nor switch Triton's interpreter on, which Triton decides when a kernel is
+    defined; interpreter=True: the children run fused kernels on CPU tensors, so they are
+    spawned with TRITON_INTERPRET=1 where this process compiles its kernels. Start the
+    processes inside the `with`."""
+    spawn = torch.cuda.is_initialized() or (interpreter and not interpreted())
+    before = os.environ.get("TRITON_INTERPRET")
+    if spawn and interpreter:
+        os.environ["TRITON_INTERPRET"] = "1"
+    try:
+        yield "spawn" if spawn else "fork"
+    finally:
+        if before is None:
+            os.environ.pop("TRITON_INTERPRET", None)
+        else:
+            os.environ["TRITON_INTERPRET"] = before
+
+
+def every_value_once(cases, params=None):
+    """pytest parameters for `cases` (tuples of option values, e.g. itertools.product of
+    resets, surrogates, detach): a case that brings some option a value no earlier case had
+    runs by default; the others, combinations of values the default set has each tried, are
+    marked `slow` (-m slow takes them). params: what each case is passed as, one argument
+    (e.g. its index); by default the case itself, one argument per value."""
+    seen, out = set(), []
+    for i, case in enumerate(cases):
+        new = {(axis, repr(value)) for axis, value in enumerate(case)} - seen
+        seen |= new
+        values = (case if params is None else (params[i],))
+        out.append(pytest.param(*values, marks=() if new else pytest.mark.slow))
+    return out
