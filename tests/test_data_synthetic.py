@@ -188,7 +188,9 @@ def test_event_sets_load_framed_and_learnable(home, name, pool, floor):
 
 def narrow(monkeypatch, name: str, width: float = 1 / 16):
     builder, description = models.MODELS[name]
-    monkeypatch.setitem(models.MODELS, name, (functools.partial(builder, width=width), description))
+    narrowed = functools.partial(builder, width=width)
+    narrowed.__dict__.update(vars(builder))  # the builder's flags (static_images, sparse_training)
+    monkeypatch.setitem(models.MODELS, name, (narrowed, description))
 
 
 def train(out, model: str, dataset: str, time_steps: int, *extra: str) -> dict:

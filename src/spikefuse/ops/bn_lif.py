@@ -188,11 +188,11 @@ def _partial_means(part_ptr, p, c, c_mask, M, C, P, rows_per_program):
 @cached_launch
 @triton.jit
 def _stats_finalize_kernel(x_ptr, inner, part_ptr, stats_ptr, w_ptr, b_ptr, rm_ptr, rv_ptr,
-                           M, C, P, rows_per_program, eps, momentum, unbias,
+                           M, C, P, rows_per_program, eps, momentum, count,
                            BATCH: tl.constexpr, UPDATE: tl.constexpr, HAS_W: tl.constexpr,
                            HAS_B: tl.constexpr, PB: tl.constexpr, CB: tl.constexpr):
     """Combine the partials (or read the running statistics) into stats [mean; invstd; a; b]."""
-    eps, momentum, unbias = f32(eps), f32(momentum), f32(unbias)
+    eps, momentum, count = f32(eps), f32(momentum), f32(count)
     c = tl.program_id(0) * CB + tl.arange(0, CB)
     c_mask = c < C
     if BATCH:
@@ -214,6 +214,8 @@ def _stats_finalize_kernel(x_ptr, inner, part_ptr, stats_ptr, w_ptr, b_ptr, rm_p
             rm = tl.load(rm_ptr + c, mask=c_mask, other=0.0)
             rv = tl.load(rv_ptr + c, mask=c_mask, other=0.0)
             new_rm = rm.to(tl.float32) * (1 - momentum) + mean * momentum
+            unbias = count / tl.maximum(count - 1.0, 1.0)  # here, not on the host: under torch.compile's
+            # dynamic shapes a host-side ratio of two sizes reaches the launch as an expression typed int
             new_rv = rv.to(tl.float32) * (1 - momentum) + (var * unbias) * momentum
             tl.store(rm_ptr + c, new_rm.to(rm.dtype), mask=c_mask)
             tl.store(rv_ptr + c, new_rv.to(rv.dtype), mask=c_mask)
@@ -264,7 +266,7 @@ def _statistics(x, weight, bias, running_mean, running_var, use_batch, momentum,
         x, inner, part, stats, weight if weight is not None else unused, bias if bias is not None else unused,
         running_mean if running_mean is not None else unused,
         running_var if running_var is not None else unused,
-        M, C, P, rows_per_program, eps, momentum, count / max(count - 1, 1),
+        M, C, P, rows_per_program, eps, momentum, count,
         BATCH=use_batch, UPDATE=update, HAS_W=weight is not None, HAS_B=bias is not None,
         PB=128, CB=CB, num_warps=4)
     return stats

@@ -1,14 +1,14 @@
 """Watch the spiking layers: forward hooks on every module that emits spikes
-(spikefuse.nn.LIF, IF, PLIF and the fused BNLIF) count spikes for firing rates, or keep
-whole spike trains for rasters."""
+(spikefuse.nn.LIF, IF, PLIF, ALIF, CUBA, the recurrent LIF and ALIF, and the fused BNLIF)
+count spikes for firing rates, or keep whole spike trains for rasters."""
 from __future__ import annotations
 
 import torch
 from torch import nn
 
-from ..nn import BNLIF, LIF
+from ..nn import ALIF, BNLIF, CUBA, LIF, RecurrentALIF, RecurrentLIF
 
-SPIKING = (LIF, BNLIF)  # modules whose output is spikes
+SPIKING = (LIF, ALIF, CUBA, RecurrentLIF, RecurrentALIF, BNLIF)  # modules whose output is spikes
 
 
 def spiking_layers(model: nn.Module) -> dict[str, nn.Module]:
