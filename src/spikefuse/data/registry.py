@@ -160,7 +160,7 @@ def _load_objects(data, test, time_steps, sensor_size, num_classes, framing, roo
             return pack(foreign.Checked(sets[split], split), sensor, f"{type(sets[split]).__name__} {split}", progress)
         except ValueError as e:
             raise ValueError(f"{split}: {e}") from e
-    stores = _cached_stores(root, name, {"train": params, "test": params}, build, device)
+    stores = _cached_stores(root, name, params, build, device)  # each split keyed by its own contents
     has_y = "y" in stores[0].events.dtype.names
     if ("y" in stores[1].events.dtype.names) != has_y:
         raise ValueError("test: its events have other fields than the train set's (one has y, the other not)")
