@@ -51,7 +51,6 @@ except ImportError:  # the stand-in: only what the modules touch at import time
     tl = _Namespace()
 
 
-
 def _fix_interpreter_index():
     """Triton's interpreter holds a scalar kernel argument (T, N, ...) as a 1-element array,
     and up to Triton 3.6 turns it into a loop bound (`range(0, T // K)`) with int(array),
