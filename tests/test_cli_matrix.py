@@ -23,8 +23,6 @@ import pytest
 from spikefuse import refusals
 from spikefuse.models import MODELS, trains_sparse
 
-pytestmark = pytest.mark.gpu
-
 # model -> (data set, extra options): the smallest runs that still exercise the whole path
 RUNS = {
     "mlp": ("digits", []),
@@ -49,7 +47,7 @@ METRICS = ("epoch", "lr", "train_loss", "train_acc", "train_rate", "samples_per_
            "test_loss", "test_acc", "test_rate", "firing_rates")
 
 
-def test_every_model_has_a_run():
+def test_every_model_has_a_run():  # on every machine: a new model must join the matrix
     assert set(RUNS) == set(MODELS)
 
 
@@ -107,6 +105,7 @@ def _cases():
                 yield pytest.param(model, mode, id=f"{model}-{mode}")
 
 
+@pytest.mark.gpu
 @pytest.mark.parametrize("model, mode", list(_cases()))
 def test_train(model, mode, tmp_path):
     run_dir = tmp_path / "run"
@@ -125,6 +124,7 @@ def test_train(model, mode, tmp_path):
             assert (tmp_path / "model.nir").stat().st_size > 0
 
 
+@pytest.mark.gpu
 def test_sparse_compile_is_refused(tmp_path):
     result = spikefuse(*train_argv("ipu-shd", tmp_path / "run", "--epochs", "1", "--sparse", "--compile"))
     assert_refused(result, refusals.SPARSE_COMPILE, "train --sparse --compile")
@@ -144,6 +144,7 @@ def interrupted_after_first_epoch(argv: list[str], run_dir) -> subprocess.Comple
     return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
 
 
+@pytest.mark.gpu
 @pytest.mark.parametrize("model", list(RUNS))
 def test_resume_after_interruption(model, tmp_path):
     run_dir = tmp_path / "run"
@@ -158,6 +159,7 @@ def test_resume_after_interruption(model, tmp_path):
     assert_complete(read_metrics(run_dir), 3, f"{model} resumed after {done} epochs")
 
 
+@pytest.mark.gpu
 @pytest.mark.multi_gpu
 @pytest.mark.parametrize("model, extra", [("mlp", []), ("shd", []), ("cifar-small", []),
                                           ("ipu-shd", ["--sparse"])], ids=["mlp", "shd", "cifar-small", "ipu-shd-sparse"])
@@ -171,6 +173,7 @@ def test_two_gpus(model, extra, tmp_path):
 BENCH_PARTS = ("lif", "train", "steps", "sparse", "data", "neurons", "on")
 
 
+@pytest.mark.gpu
 @pytest.mark.parametrize("part", BENCH_PARTS)
 def test_bench_quick(part, tmp_path):
     result = spikefuse("bench", part, "--quick", "--out", str(tmp_path))
@@ -178,12 +181,14 @@ def test_bench_quick(part, tmp_path):
     assert any(tmp_path.iterdir()), f"bench {part} --quick wrote nothing"
 
 
+@pytest.mark.gpu
 @pytest.mark.multi_gpu
 def test_bench_parallel_quick(tmp_path):
     result = spikefuse("bench", "parallel", "--quick", "--out", str(tmp_path))
     assert_clean(result, "spikefuse bench parallel --quick")
 
 
+@pytest.mark.gpu
 def test_plan():
     result = spikefuse("plan", "--model", "deep-lif", "--time-steps", "256", "--batch", "4")
     assert_clean(result, "spikefuse plan")
