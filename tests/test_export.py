@@ -173,3 +173,22 @@ def test_to_nir_refuses_non_finite_parameters():
         net[0].weight[0, 0] = float("nan")  # diverged training
     with pytest.raises(ValueError, match=r"node 1 \(Affine\) would have a non-finite weight"):
         to_nir(net, (3,), time_steps=5)
+
+
+def test_export_never_overwrites_a_file_it_did_not_write(tmp_path, capsys):
+    """`--out RUN/checkpoint.pt` once wrote the graph over the run's checkpoint (exit 0)."""
+    trained_run(tmp_path)
+    ckpt = tmp_path / "checkpoint.pt"
+    before = ckpt.read_bytes()
+    assert main(["export", "--nir", str(tmp_path), "--out", str(ckpt)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "is not a NIR graph" in err[0] and "--out" in err[0]
+    assert ckpt.read_bytes() == before
+    # its own earlier export is replaced, atomically (no temporary file left behind)
+    out = tmp_path / "graph.nir"
+    assert main(["export", "--nir", str(tmp_path), "--out", str(out)]) == 0
+    assert main(["export", "--nir", str(tmp_path), "--out", str(out), "--dt", "0.001"]) == 0
+    assert isinstance(nir.read(out), nir.NIRGraph)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint.pt", "graph.nir"]
+    assert main(["export", "--nir", str(tmp_path), "--out", str(tmp_path)]) == 2  # a directory
+    assert main(["export", "--nir", str(tmp_path), "--out", str(tmp_path / "no" / "g.nir")]) == 2

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 from pathlib import Path
 
 from ..errors import UsageError, one_line
@@ -69,8 +70,29 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as e:
         raise UsageError(str(e)) from None
     out = Path(args.out) if args.out else run_dir / "model.nir"
-    nir.write(out, graph)
+    _check_writable(out, nir)
+    tmp = out.with_name(f".{out.name}.tmp")  # same folder: the rename below is atomic
+    try:
+        nir.write(tmp, graph)
+        os.replace(tmp, out)
+    finally:
+        tmp.unlink(missing_ok=True)
     print(f"wrote {out}: {len(graph.nodes)} NIR nodes ({', '.join(type(n).__name__ for n in graph.nodes.values())}), "
           f"dt = {args.dt} s per step, form {args.form}, readout {graph.metadata['readout']}"
           + (f" ({graph.metadata['readout_node']})" if graph.metadata["readout"] == "mean" else ""))
     return 0
+
+
+def _check_writable(out: Path, nir) -> None:
+    """Export writes a new file or replaces a NIR graph (an earlier export): never another file,
+    such as the run's checkpoint."""
+    if out.is_dir():
+        raise UsageError(f"--out {out} is a directory; pass a file name (default: RUN_DIR/model.nir)")
+    if not out.parent.is_dir():
+        raise UsageError(f"--out {out}: the folder {out.parent} does not exist")
+    if out.exists():
+        try:
+            nir.read(out)
+        except Exception:  # noqa: BLE001  (any file NIR cannot read is one export did not write)
+            raise UsageError(f"--out {out} exists and is not a NIR graph; export replaces only its own "
+                             "files: choose another --out") from None
