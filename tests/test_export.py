@@ -192,3 +192,11 @@ def test_export_never_overwrites_a_file_it_did_not_write(tmp_path, capsys):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint.pt", "graph.nir"]
     assert main(["export", "--nir", str(tmp_path), "--out", str(tmp_path)]) == 2  # a directory
     assert main(["export", "--nir", str(tmp_path), "--out", str(tmp_path / "no" / "g.nir")]) == 2
+
+
+def test_export_without_the_nir_extra_names_it(tmp_path, capsys, monkeypatch):
+    trained_run(tmp_path)
+    monkeypatch.setitem(__import__("sys").modules, "nir", None)  # as if not installed
+    assert main(["export", "--nir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "spikefuse[nir]" in err[0], err

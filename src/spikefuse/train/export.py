@@ -13,7 +13,7 @@ import math
 import os
 from pathlib import Path
 
-from ..errors import UsageError, one_line
+from ..errors import UsageError, one_line, require
 from ..nir import DEFAULT_DT, FORMS, READOUT_NODES, to_nir
 
 __all__ = ["to_nir", "DEFAULT_DT", "configure", "run"]
@@ -35,7 +35,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import nir
+    try:
+        nir = require("nir", "spikefuse export --nir")
+    except ImportError as e:  # the extra is missing: say which one, in one line
+        raise UsageError(str(e)) from None
 
     from . import checkpoint
     from ..models import MODELS, build_model
