@@ -175,3 +175,11 @@ def test_plan_command(capsys):
     assert run(args) == 0
     out = capsys.readouterr().out
     assert "link: 10 us + bytes / 50 GB/s (given)" in out and "asked for: 3 GPU(s)" in out
+
+
+def test_plan_command_names_its_own_option(capsys):
+    from spikefuse.cli import main
+
+    assert main(["plan", "--model", "nosuch", "--time-steps", "4", "--batch", "1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--model: unknown model 'nosuch'" in err[0] and "model_name" not in err[0]

@@ -490,7 +490,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args) -> int:
     """Measures in fp32, TF32 matmuls and convolutions, as `spikefuse train` trains by default."""
     from ..errors import UsageError
+    from ..models import MODELS
 
+    if args.model not in MODELS:  # named as the command line names it, not as plan()'s argument
+        raise UsageError(f"--model: unknown model {args.model!r}; expected one of: {', '.join(MODELS)}")
     kwargs = {"width": args.width} if args.width is not None else {}
     link = (args.link[0] * 1e-6, args.link[1] * 1e9) if args.link else None
     try:
