@@ -217,3 +217,20 @@ def test_run_directory_lock_is_reentrant_here_and_exclusive_across_processes(tmp
     with rundir.lock(tmp_path / "unused"):
         pass
     assert not (tmp_path / "unused").exists()  # created for a run that wrote nothing: removed again
+
+
+def test_a_new_run_in_a_directory_that_holds_one_is_refused(tmp_path):
+    """The getting-started snippet run twice with one run_dir used to mix both runs' metrics."""
+    make_trainer(tmp_path, epochs=1).fit()
+    before = (tmp_path / "metrics.jsonl").read_text(), (tmp_path / "checkpoint.pt").read_bytes()
+    with pytest.raises(ValueError, match=r"^run_dir: .* already holds a run .*trainer.resume\(\)"):
+        make_trainer(tmp_path, epochs=1).fit()
+    assert ((tmp_path / "metrics.jsonl").read_text(), (tmp_path / "checkpoint.pt").read_bytes()) == before
+    (tmp_path / "checkpoint.pt").unlink()  # a run that stopped before its first checkpoint: metrics only
+    with pytest.raises(ValueError, match="already holds a run"):
+        make_trainer(tmp_path, epochs=1).fit()
+    resumed = make_trainer(tmp_path / "other", epochs=1)
+    resumed.fit()
+    again = make_trainer(tmp_path / "other", epochs=2)
+    again.resume()  # resuming is how a run directory is reused
+    assert [r["epoch"] for r in again.fit()] == [1, 2]

@@ -110,9 +110,11 @@ def run(args: argparse.Namespace) -> int:
         if dp is not None:
             run_dir = dp.broadcast(run_dir)  # rank 0's: a default name holds the time
         with rundir.lock(run_dir):  # a second run on the same directory fails here, at once
-            if not args.resume and (run_dir / checkpoint.FILENAME).exists():
-                raise UsageError(f"{run_dir} already holds a run; continue it with --resume {run_dir} "
-                                 "or choose another --out")
+            if not args.resume and rundir.holds_run(run_dir):
+                how = (f"continue it with --resume {run_dir} or choose another --out"
+                       if (run_dir / checkpoint.FILENAME).exists() else
+                       "it stopped before its first checkpoint, so choose another --out (or remove that directory)")
+                raise UsageError(f"{run_dir} already holds a run; {how}")
             threads = torch.get_num_threads()
             # The reference backend's per-step ops are small: one thread is as fast as two on an idle
             # machine, and 10x faster on a busy one, where spinning worker threads wait on each other.

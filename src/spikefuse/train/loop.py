@@ -270,6 +270,11 @@ class Trainer:
                 raise ValueError(f"splits.{name}: the split is empty; fit needs at least one sample in "
                                  "both the train and the test split")
         with self._locked(), self._watching(), precisions.applied(self.precision):
+            # a new run never appends to another's metrics nor replaces its checkpoint; this
+            # Trainer's own earlier fit, or its resume(), set saved_epoch (every rank checks alike)
+            if self.run_dir is not None and self.saved_epoch is None and rundir.holds_run(self.run_dir):
+                raise ValueError(f"run_dir: {self.run_dir} already holds a run (its {checkpoint.FILENAME} or "
+                                 f"{metrics.FILENAME}); continue it with trainer.resume(), or pass another run_dir")
             return self._fit()
 
     def _locked(self):

@@ -29,6 +29,13 @@ class RunDirInUse(RunError):
     """Another process holds the run directory's lock."""
 
 
+def holds_run(directory) -> bool:
+    """Whether `directory` already holds a run's files (a checkpoint, or the metrics of a run
+    that stopped before its first checkpoint): a new run there is refused, only resumed."""
+    directory = Path(directory)
+    return (directory / checkpoint.FILENAME).exists() or (directory / metrics.FILENAME).exists()
+
+
 @contextlib.contextmanager
 def lock(directory):
     """Hold `directory`'s lock (creating the directory) for the `with` block; RunDirInUse at
