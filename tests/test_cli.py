@@ -339,3 +339,17 @@ def test_sparse_training_runs_with_lazy_adam_and_resumes(tmp_path, capsys, stand
     assert main(["train", "--resume", str(out), "--quiet"]) == 0  # the finished run: rebuilt and loaded
     assert isinstance(built[1][1], LazyAdam)
     assert "fluctuation-driven init" not in capsys.readouterr().out  # a resumed run keeps its weights
+
+
+def test_an_empty_out_and_a_key_given_twice_are_refused(tmp_path, capsys, monkeypatch):
+    """`--out ''` used to train into the default directory; a config setting both batch_size
+    and batch-size used to take one of them silently."""
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", "--out", "", "--epochs", "1", "--quiet"]) == 2
+    assert "out must name a directory" in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists()
+    config = tmp_path / "c.toml"
+    config.write_text("batch_size = 8\nbatch-size = 16\n")
+    assert main(["train", "--config", str(config), "--out", str(tmp_path / "r"), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "a second time" in err[0]

@@ -72,6 +72,8 @@ def read_toml(path: str) -> dict:
         if name not in FIELDS:
             valid = ", ".join(k.replace("_", "-") for k in FIELDS)
             raise ConfigError(f"config file {path}: unknown key {key!r}; valid keys: {valid}")
+        if name in values:  # batch_size and batch-size: which one was meant?
+            raise ConfigError(f"config file {path}: {key!r} sets {name.replace('_', '-')!r} a second time; keep one")
         values[name] = value
     return values
 
@@ -99,6 +101,9 @@ def make(*layers: dict) -> Config:
         raise ConfigError(f"lr must be a finite number > 0, got {cfg.lr}")
     if cfg.clip_grad is not None and not 0 < cfg.clip_grad < float("inf"):
         raise ConfigError(f"clip-grad must be a finite number > 0, got {cfg.clip_grad}")
+    if cfg.out is not None and not cfg.out.strip():  # '' would silently become the default name
+        raise ConfigError("out must name a directory, got an empty string; leave --out out for the default "
+                          "runs/<dataset>-<model>-<time>")
     if cfg.precision not in PRECISIONS:
         raise ConfigError(f"unknown precision {cfg.precision!r}; expected one of: {', '.join(PRECISIONS)}")
     return cfg
