@@ -18,6 +18,26 @@ SPLIT_SIZES = {"train": 8156, "test": 2264}
 FORMANTS = 3
 
 
+def split_size(split: str, sizes: dict, samples, seed) -> int:
+    """The sample count of a generated set's split, its arguments checked (shared by the
+    synthetic image and event sets)."""
+    if split not in sizes:
+        raise ValueError(f"split: expected one of {list(sizes)}, got {split!r}")
+    n = sizes[split] if samples is None else samples
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise ValueError(f"samples: expected a positive int or None, got {samples!r}")
+    if not isinstance(seed, int) or isinstance(seed, bool):
+        raise ValueError(f"seed: expected an int, got {seed!r}")
+    return n
+
+
+def balanced_targets(key: tuple, num_classes: int, n: int) -> np.ndarray:
+    """n labels in which each run of num_classes samples holds every class once, in an order
+    drawn for that run from (key, 1, run)."""
+    runs = [np.random.default_rng([*key, 1, r]).permutation(num_classes) for r in range(-(-n // num_classes))]
+    return np.concatenate(runs)[:n]
+
+
 class SyntheticSHD:
     """Indexable like a Tonic data set: `ds[i] -> (events, target)`."""
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from .events import event_dtype
+from .synthetic import balanced_targets, split_size
 
 NOISE = 0.05  # share of background events: uniform in space and time, random polarity
 JITTER = 0.35  # px: spread of an event around its edge point
@@ -110,22 +111,13 @@ class _Generator:
 
     def __init__(self, split: str = "train", *, samples: int | None = None, seed: int = 0,
                  mean_events: int | None = None):
-        if split not in self.split_sizes:
-            raise ValueError(f"split: expected one of {list(self.split_sizes)}, got {split!r}")
-        n = self.split_sizes[split] if samples is None else samples
-        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-            raise ValueError(f"samples: expected a positive int or None, got {samples!r}")
-        if not isinstance(seed, int) or isinstance(seed, bool):
-            raise ValueError(f"seed: expected an int, got {seed!r}")
+        n = split_size(split, self.split_sizes, samples, seed)
         mean_events = self.mean_events if mean_events is None else mean_events
         if not isinstance(mean_events, int) or isinstance(mean_events, bool) or mean_events < 1:
             raise ValueError(f"mean_events: expected a positive int, got {mean_events!r}")
         self.split, self.seed, self.mean_events = split, seed, mean_events
         self._key = (seed % 2**64, self.salt, list(self.split_sizes).index(split))  # numpy seeds are >= 0
-        c = len(self.classes)
-        # each run of c samples holds every class once, in an order drawn for that run
-        runs = [np.random.default_rng([*self._key, 1, r]).permutation(c) for r in range(-(-n // c))]
-        self.targets = np.concatenate(runs)[:n]
+        self.targets = balanced_targets(self._key, len(self.classes), n)
 
     def __len__(self) -> int:
         return len(self.targets)

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .synthetic import balanced_targets, split_size
+
 SHAPE = (3, 32, 32)
 NUM_CLASSES = 10
 SPLIT_SIZES = {"train": 2000, "test": 500}
@@ -26,13 +28,7 @@ class SyntheticCIFAR:
     classes = [str(c) for c in range(NUM_CLASSES)]
 
     def __init__(self, split: str = "train", *, samples: int | None = None, seed: int = 0):
-        if split not in SPLIT_SIZES:
-            raise ValueError(f"split: expected one of {list(SPLIT_SIZES)}, got {split!r}")
-        n = SPLIT_SIZES[split] if samples is None else samples
-        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-            raise ValueError(f"samples: expected a positive int or None, got {samples!r}")
-        if not isinstance(seed, int) or isinstance(seed, bool):
-            raise ValueError(f"seed: expected an int, got {seed!r}")
+        n = split_size(split, SPLIT_SIZES, samples, seed)
         self.split, self.seed = split, seed
         key = seed % 2**64  # numpy seeds are >= 0
         rng = np.random.default_rng([key, SALT, 0])
@@ -46,10 +42,7 @@ class SyntheticCIFAR:
             "blob_colour": rng.uniform(0, 1, (NUM_CLASSES, 3)),
         }
         self._key = (key, SALT, 1 + list(SPLIT_SIZES).index(split))
-        # each run of 10 samples holds every class once, in an order drawn for that run
-        runs = [np.random.default_rng([*self._key, 1, r]).permutation(NUM_CLASSES)
-                for r in range(-(-n // NUM_CLASSES))]
-        self.targets = np.concatenate(runs)[:n]
+        self.targets = balanced_targets(self._key, NUM_CLASSES, n)
 
     def __len__(self) -> int:
         return len(self.targets)
