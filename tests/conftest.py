@@ -12,7 +12,7 @@ interpreter on where this process compiles the kernels. pyproject's addopts leav
 tests out and ask pytest-xdist for `-n auto`, which is decided here: a worker per core on
 the CPU, none on a GPU machine.
 SPIKEFUSE_TEST_SUMMARY=PATH writes a JSON summary of the run there (for GPU machines, whose
-logs are not kept).
+logs are not kept); SPIKEFUSE_TEST_COMMIT names the commit where the tree's .git is not its own.
 """
 import os
 
@@ -30,6 +30,7 @@ import platform  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
+import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 from xml.etree import ElementTree  # noqa: E402
 
@@ -135,7 +136,12 @@ def device() -> str:
 
 # ---- SPIKEFUSE_TEST_SUMMARY=PATH: a small record of the run ----
 
+_STARTED = time.monotonic()
+
+
 def _commit(root: Path) -> str:
+    if os.environ.get("SPIKEFUSE_TEST_COMMIT"):  # a copy of the tree whose .git is not the tree's own
+        return os.environ["SPIKEFUSE_TEST_COMMIT"]
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.SubprocessError):
@@ -174,6 +180,8 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         "torch": torch.__version__,
         "triton": _triton_version(),
         "interpreter": interpreted(),
+        "selection": " ".join(config.invocation_params.args),
+        "duration_s": round(time.monotonic() - _STARTED, 1),
         "exit_status": int(exitstatus),
         "passed": len(ids("passed")),
         "failed": len(failed),
