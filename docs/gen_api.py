@@ -90,9 +90,21 @@ def public_names(module) -> list[str]:
             and getattr(obj, "__module__", None) == module.__name__]
 
 
+def torch_arguments(cls) -> str | None:
+    """The public torch class whose arguments `cls` takes unchanged (its __init__ is torch's),
+    if any: that signature varies with the torch version, so the page names the class."""
+    owner = next(c for c in cls.__mro__ if "__init__" in vars(c))
+    if not owner.__module__.startswith("torch."):
+        return None
+    public = next(c for c in cls.__mro__[1:] if c.__module__.startswith("torch.") and not c.__name__.startswith("_"))
+    return f"torch.nn.{public.__name__}" if public.__module__.startswith("torch.nn") else public.__qualname__
+
+
 def describe(name: str, obj) -> list[str]:
     if inspect.isclass(obj):
-        lines = [f"### class `{signature(obj, name)}`", ""]
+        base = torch_arguments(obj)
+        heading = f"`{signature(obj, name)}`" if base is None else f"`{name}(...)` (the arguments of `{base}`)"
+        lines = [f"### class {heading}", ""]
         text = first_paragraph(obj, block=True)
         if text:
             lines += [text, ""]

@@ -6,9 +6,9 @@ parameter gradient within 1e-6 relative (1e-7 absolute), spikes exactly.
 """
 import datetime
 import os
-import socket
 import tempfile
 import time
+import traceback
 from dataclasses import dataclass, field
 
 import pytest
@@ -131,28 +131,23 @@ def chunked_single_device(case):
 
 # ---- running ranks ----
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def launch(world, worker, *args):
     """Run worker(rank, world, *args) in `world` gloo processes; returns {rank: its result}
     for the ranks that returned one (a rank that exits on purpose returns none)."""
-    port = free_port()
     with tempfile.TemporaryDirectory() as out_dir:
         # forked where a fork can run them (no re-import of torch: seconds saved); the fused case needs the interpreter
         with worker_start_method(interpreter=True) as start_method:
             ctx = mp.get_context(start_method)
-            procs = [ctx.Process(target=_entry, args=(rank, world, port, out_dir, worker, args))
+            procs = [ctx.Process(target=_entry, args=(rank, world, out_dir, worker, args))
                      for rank in range(world)]
             for p in procs:
                 p.start()
         try:
-            for p in procs:
-                p.join(timeout=60)
-                assert p.exitcode == 0, f"a rank exited with {p.exitcode}"
+            for rank, p in enumerate(procs):
+                p.join(timeout=240)
+                error = os.path.join(out_dir, f"{rank}.err")
+                assert p.exitcode == 0, f"rank {rank} exited with {p.exitcode}:\n" + (
+                    open(error).read() if os.path.exists(error) else "(no traceback: killed or timed out)")
         finally:
             for p in procs:
                 if p.is_alive():
@@ -161,12 +156,18 @@ def launch(world, worker, *args):
         return {rank: torch.load(f, weights_only=False) for rank, f in files.items() if os.path.exists(f)}
 
 
-def _entry(rank, world, port, out_dir, worker, args):
+def _entry(rank, world, out_dir, worker, args):
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=30))
-    result = worker(rank, world, *args)
-    torch.save(result, os.path.join(out_dir, f"{rank}.pt"))
+    try:
+        # a file rendezvous: no port to race for with the other tests running beside this one
+        dist.init_process_group("gloo", init_method=f"file://{out_dir}/rendezvous", rank=rank, world_size=world,
+                                timeout=datetime.timedelta(seconds=120))  # a loaded machine's interpreter is slow
+        result = worker(rank, world, *args)
+        torch.save(result, os.path.join(out_dir, f"{rank}.pt"))
+    except BaseException:
+        with open(os.path.join(out_dir, f"{rank}.err"), "w") as f:
+            f.write(traceback.format_exc())
+        os._exit(1)
     os._exit(0)  # no teardown: after a dead peer, destroying the group could wait on it
 
 
