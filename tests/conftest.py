@@ -22,6 +22,9 @@ if DEVICE == "cpu":
     os.environ.setdefault("TRITON_INTERPRET", "1")  # an explicit 0 stays (a GPU machine's view of CPU tensors)
 os.environ["SPIKEFUSE_TEST_DEVICE"] = DEVICE  # subprocesses of the tests choose alike
 os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "0")
+# inductor compiles in the test's own process: a compile pool per xdist worker oversubscribes the
+# cores, and on a GPU machine a worker hung at exit in the pool's shutdown
+os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
 SUMMARY = os.environ.pop("SPIKEFUSE_TEST_SUMMARY", "")  # popped: a pytest a test starts must not write it
 
 import datetime  # noqa: E402

@@ -51,12 +51,13 @@ def assert_close_rel(actual: torch.Tensor, expected: torch.Tensor, tol: float, w
 def worker_start_method(interpreter: bool = False):
     """The start method for a test's CPU worker processes (gloo ranks): "fork" where a forked
     child can run them (torch is imported already: seconds saved per process), else "spawn".
-    A forked child cannot run autograd or CUDA once this process has used CUDA (a GPU
-    machine's run), nor switch Triton's interpreter on, which Triton decides when a kernel is
+    On a machine with a CUDA GPU a forked child cannot run autograd once this process has
+    (its engine started a thread per GPU, even for CPU tensors), nor CUDA; nor can it switch
+    Triton's interpreter on, which Triton decides when a kernel is
     defined; interpreter=True: the children run fused kernels on CPU tensors, so they are
     spawned with TRITON_INTERPRET=1 where this process compiles its kernels. Start the
     processes inside the `with`."""
-    spawn = torch.cuda.is_initialized() or (interpreter and not interpreted())
+    spawn = torch.cuda.is_available() or (interpreter and not interpreted())
     before = os.environ.get("TRITON_INTERPRET")
     if spawn and interpreter:
         os.environ["TRITON_INTERPRET"] = "1"

@@ -87,8 +87,9 @@ def test_captured_replays_the_call():
     assert result is out and torch.equal(out, torch.eye(64, device="cuda"))
 
 
-def test_quick_run_on_the_cpu_is_named_and_marked_quick(tmp_path):
+def test_quick_run_on_the_cpu_is_named_and_marked_quick(tmp_path, monkeypatch):
     # dense only and no kernel comparison: the sparse modes' CPU path is the smoke test's above
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # the CPU path on a GPU machine too
     assert main(["bench", "sparse", "--quick", "--modes", "dense", "--no-kernel", "--out", str(tmp_path)]) == 0
     (path,) = tmp_path.glob("sparse-*.json")
     assert path.name.startswith("sparse-quick-")
