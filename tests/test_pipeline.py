@@ -327,7 +327,10 @@ def test_a_lost_rank_makes_the_others_fail_within_the_timeout(how):
         else:
             assert "rank 1 (stage 1)" in message and "died or stalled" in message, message
     if how == "exits at start":
-        assert "Ranks 1 failed to pass monitoredBarrier" in results[0][0]  # rank 0 names the missing rank
+        # rank 0 names the missing rank, or, where it saw rank 1's connection close before the
+        # barrier's timeout (spawned ranks on a GPU machine), says so
+        assert ("Ranks 1 failed to pass monitoredBarrier" in results[0][0]
+                or "Connection closed by peer" in results[0][0]), results[0][0]
 
 
 # ---- single process: chunked BPTT, the cut, named errors ----
