@@ -50,10 +50,13 @@ def test_ddp_runs_one_process_then_all_then_the_merge(gpus):
 
 
 def test_a_failed_run_is_one_line_and_exit_code_1(monkeypatch, capsys):
-    monkeypatch.setattr(subprocess, "run", lambda command: subprocess.CompletedProcess(command, 1))
+    envs = []
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(subprocess, "run", lambda command, env: envs.append(env) or subprocess.CompletedProcess(command, 1))
     assert cli.main(["bench", "parallel", "--parts", "pipeline", "--device", "cpu", "--gpus", "2"]) == 1
     err = capsys.readouterr().err
     assert err == "spikefuse bench: error: the pipeline failed; the output above says why\n"
+    assert envs[0]["OMP_NUM_THREADS"] == "1"  # set for torchrun, which would print a banner setting it
 
 
 @pytest.mark.parametrize("machine, argv, expected", [

@@ -199,6 +199,20 @@ def test_metrics_append_leaves_no_half_line(tmp_path, monkeypatch):
     assert metrics.read(path) == [{"epoch": 1}, {"epoch": 3}]
 
 
+def test_ctrl_c_while_a_complete_line_is_synced_keeps_it(tmp_path, monkeypatch):
+    """The GPU CLI matrix's resume test found it: Ctrl-C during the fsync truncated the whole
+    line of an epoch whose checkpoint was already written."""
+    path = tmp_path / "metrics.jsonl"
+
+    def interrupted(fd):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(os, "fsync", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        metrics.append(path, {"epoch": 1})
+    monkeypatch.undo()
+    assert metrics.read(path) == [{"epoch": 1}]
+
+
 def test_run_directory_lock_is_reentrant_here_and_exclusive_across_processes(tmp_path):
     import subprocess
     import sys

@@ -17,6 +17,7 @@ settings reach the workers), and each worker's output printed as it comes.
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import subprocess
 import sys
@@ -141,4 +142,6 @@ def launch(nproc: int, module: str, argv: list[str]) -> int:
     inside this process: these runs are other modules, each wanting processes of its own.)"""
     command = [*LAUNCHER, f"--nproc-per-node={nproc}", "-m", module, *argv]
     print("$", shlex.join(["torchrun", *command[3:]]), flush=True)  # what is run, for the log
-    return subprocess.run(command).returncode
+    # torchrun's own default, set here so that it does not print a banner saying it set it
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    return subprocess.run(command, env=env).returncode

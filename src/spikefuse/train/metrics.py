@@ -52,10 +52,12 @@ def append(path: str | os.PathLike, record: dict) -> None:
             view = memoryview(data)
             while view:
                 view = view[os.write(fd, view):]
-            os.fsync(fd)
         except BaseException:  # a full disk or Ctrl-C: no half line for the next append to follow
             os.ftruncate(fd, start)
             raise
+        # outside the try: a Ctrl-C while the whole line is being synced keeps it (it once dropped
+        # the line of an epoch whose checkpoint was already written)
+        os.fsync(fd)
     finally:
         os.close(fd)
 
