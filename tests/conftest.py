@@ -59,6 +59,24 @@ def pytest_xdist_auto_num_workers(config):
     return 0 if DEVICE == "cuda" else min(os.cpu_count() or 1, 8)
 
 
+# files whose tests are independent and long (separate training runs, fuzz seeds): under
+# --dist loadfile their tests spread over the workers one by one, not as one file's unit
+SPREAD_FILES = {"tests/test_cli_matrix.py", "tests/test_fuzz.py"}
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    if config.getoption("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class SpreadingLoadFile(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            scope = super()._split_scope(nodeid)
+            return nodeid if scope in SPREAD_FILES else scope
+    return SpreadingLoadFile(config, log)
+
+
 def _gpu_skip_reason(gpus_needed: int) -> str | None:
     available = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if available == 0:
