@@ -37,7 +37,7 @@ def main(out=None):
     spikes = torch.empty_like(xd)
     vT = torch.empty(128, device="cuda")
     ckpt = torch.empty(1, 128, device="cuda")
-    BLOCK, K, warps = lif_ops._launch_config(128, torch.float32)
+    BLOCK, K, warps = lif_ops.launch_config(128, torch.float32)
 
     def bare_launch(kernel):
         kernel[(1,)](

@@ -17,7 +17,7 @@ from torch import nn
 
 from spikefuse.models import build_model
 from spikefuse.parallel.pipeline import PipelineTrainer
-from spikefuse.train.capture import CapturedStep
+from spikefuse.capture import CapturedStep
 
 rank = int(os.environ["RANK"])
 device = torch.device("cuda", rank)

@@ -69,7 +69,7 @@ def residency(compiled, warps, programs, sms):
 
 
 def probe_config(x, grad, BLOCK, K, warps, sms):
-    lif_ops._launch_config = lambda N, dtype: (BLOCK, K, warps)
+    lif_ops.launch_config = lambda N, dtype: (BLOCK, K, warps)
     T, N = x.shape[0], x[0].numel()
     _, _, xs, ckpt = lif_ops._forward(x, 0.5, None, None, 1.0, "hard", 0.0, True, False)
     fwd = graph_ms(lambda: lif_ops._forward(x, 0.5, None, None, 1.0, "hard", 0.0, True, False))
@@ -101,7 +101,7 @@ def fixed_cost(rows, key, bytes_per_element):
 
 def main(path):
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    original = lif_ops._launch_config
+    original = lif_ops.launch_config
     results = {"device": torch.cuda.get_device_name(), "sms": sms, "rows": [], "floors": [], "fits": []}
     plan = {
         torch.float32: [(64, 2, 1), (64, 4, 1), (64, 8, 1), (64, 16, 1), (128, 4, 1), (128, 8, 1)],
@@ -124,7 +124,7 @@ def main(path):
                     row = {"cfg": [BLOCK, K, warps], "T": T, "N": N, "error": repr(error)[:300]}
                 results["rows"].append(row)
                 print(json.dumps(row), flush=True)
-    lif_ops._launch_config = original
+    lif_ops.launch_config = original
     for cfg in plan[torch.float32]:
         rows = [r for r in results["rows"] if r["cfg"] == list(cfg) and r["N"] == 262144
                 and "error" not in r and r["dtype"] == str(torch.float32)]

@@ -4,7 +4,7 @@ Sweep the fused LIF's launch configuration (BLOCK, K, num_warps) per shape on a 
 
 Prints, per shape, forward and backward times of each configuration and the best, as
 bytes moved over time (GB/s) next to the copy bandwidth. Used to choose
-spikefuse.ops.lif._launch_config; results go to the JSON file given as argv[1].
+spikefuse.ops.lif.launch_config; results go to the JSON file given as argv[1].
 """
 import itertools
 import json
@@ -35,7 +35,7 @@ def main(out_path, table_path=None):
             esize = x.element_size()
             rows = []
             for cfg in CONFIGS[dtype]:
-                lif_ops._launch_config = lambda n, dtype, cfg=cfg: cfg
+                lif_ops.launch_config = lambda n, dtype, cfg=cfg: cfg
                 fwd = lambda: lif_ops._forward(x, 0.5, None, None, 1.0, "hard", 0.0, True)
                 _, _, xs, ckpt = fwd()
                 bwd = lambda: lif_ops._backward(gs, None, xs, ckpt, 0.5, None, 1.0, "hard",

@@ -29,7 +29,7 @@ MODULES = [
     "spikefuse.data",
     "spikefuse.models",
     "spikefuse.train",
-    "spikefuse.train.capture",
+    "spikefuse.capture",
     "spikefuse.optim",
     "spikefuse.nir",
     "spikefuse.parallel",
@@ -131,6 +131,12 @@ def describe(name: str, obj) -> list[str]:
     return [f"### `{name}`", "", f"Constant: `{text}`", ""]
 
 
+# old import paths kept working, each with the module that replaces it
+DEPRECATED_ALIASES = {
+    "spikefuse.train.capture": "spikefuse.capture",
+}
+
+
 def render() -> str:
     lines = ["# API reference", "",
              "Generated from the docstrings by `python docs/gen_api.py` (do not edit by hand; "
@@ -148,6 +154,11 @@ def render() -> str:
             lines += [text, ""]
         for name in public_names(module):
             lines += describe(name, getattr(module, name))
+    lines += ["## Deprecated aliases", "",
+              "These import paths still work and will be removed in a later release:", ""]
+    for old, new in DEPRECATED_ALIASES.items():
+        importlib.import_module(old)  # still importable
+        lines.append(f"- `{old}`: use `{new}` (the same names)")
     return "\n".join(lines).rstrip() + "\n"
 
 

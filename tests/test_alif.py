@@ -9,7 +9,7 @@ from torch import nn
 import spikefuse.functional as F
 import spikefuse.nn as snn
 from spikefuse import reference
-from spikefuse.ops.surrogate import SURROGATES
+from spikefuse.surrogates import SURROGATES
 
 from two_state_neurons import (assert_state_match as shared_assert_state_match, check_module_record_potential,
                                check_potential_only_and_double_backward, rel_err)
@@ -54,7 +54,7 @@ def small_chunks(monkeypatch, BLOCK=32, K=4):
     """Launch with short time chunks, so that few steps cover several chunks (cheap in the
     interpreter) and a narrow block, so that few neurons cover several programs."""
     from spikefuse.ops import alif as alif_ops
-    monkeypatch.setattr(alif_ops, "_launch_config", lambda num_neurons, dtype: (BLOCK, K, 1))
+    monkeypatch.setattr(alif_ops, "launch_config", lambda num_neurons, dtype: (BLOCK, K, 1))
 
 
 CASES = list(itertools.product(["hard", "soft", "none"], SURROGATES, [False, True]))

@@ -121,8 +121,8 @@ def test_empty_per_channel_plif():
 def test_fused_kernels_refuse_steps_past_32_bit_offsets():
     """Offsets within one time step are 32-bit: more neurons per step are refused by name
     (nothing is allocated: the BN+LIF input is a stride-0 view)."""
-    from spikefuse.ops.lif import _launch_config
+    from spikefuse.ops.kernel_base import launch_config
     with pytest.raises(ValueError, match="neurons per time step.*backend='reference'"):
-        _launch_config(2**31, torch.float32)
+        launch_config(2**31, torch.float32)
     with pytest.raises(ValueError, match="neurons per time step.*backend='reference'"):
         nn.BNLIF(1, backend="fused")(torch.zeros(1, 1, 1).expand(1, 2**31, 1))

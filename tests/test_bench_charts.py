@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from spikefuse.bench import charts
+from spikefuse.bench import chart, charts
 from spikefuse.cli import main
 
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
@@ -22,7 +22,7 @@ pytest.importorskip("matplotlib")
 def test_each_benchmark_draws_from_its_results_file(name, tmp_path):
     copy = tmp_path / Path(name).name
     shutil.copy(RESULTS / name, copy)
-    (png,) = charts.redraw([str(copy)])
+    (png,) = chart.redraw([str(copy)])
     data = Path(png).read_bytes()
     assert png == str(copy.with_suffix(".png")) and data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
 

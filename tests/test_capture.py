@@ -9,8 +9,8 @@ import torch
 
 from spikefuse.data import load
 from spikefuse.models import build_model
-from spikefuse.train import capture
-from spikefuse.train.capture import CaptureFallback, CapturedStep, prepare_optimizer
+from spikefuse import capture
+from spikefuse.capture import CaptureFallback, CapturedStep, prepare_optimizer
 from spikefuse.train.loop import Trainer
 
 

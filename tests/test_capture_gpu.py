@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from spikefuse.models import MODELS, build_model
-from spikefuse.train.capture import CaptureFallback, CapturedStep, prepare_optimizer
+from spikefuse.capture import CaptureFallback, CapturedStep, prepare_optimizer
 from spikefuse.train.spikes import SpikeMonitor
 
 pytestmark = pytest.mark.gpu  # CUDA graphs

@@ -53,7 +53,7 @@ def small_chunks(monkeypatch, BLOCK=32, K=4):
     """Short time chunks and a narrow block: few steps cover several chunks, few neurons
     several programs (cheap in the interpreter)."""
     from spikefuse.ops import cuba as cuba_ops
-    monkeypatch.setattr(cuba_ops, "_launch_config", lambda num_neurons, dtype: (BLOCK, K, 1))
+    monkeypatch.setattr(cuba_ops, "launch_config", lambda num_neurons, dtype: (BLOCK, K, 1))
 
 
 # every reset x detach, the surrogates spread over them (not the full product: interpreter time)

@@ -15,7 +15,7 @@ import torch
 import spikefuse.functional as F
 from spikefuse.nn import BNLIF
 from spikefuse.ops.spike_pack import attached_bits, pack
-from spikefuse.ops.surrogate import SURROGATES
+from spikefuse.surrogates import SURROGATES
 from helpers import DEVICE
 
 nan, inf = float("nan"), float("inf")

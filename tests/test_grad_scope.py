@@ -11,7 +11,7 @@ import torch._dynamo
 
 import spikefuse.functional as F
 import spikefuse.nn as snn
-from spikefuse.ops.surrogate import resolve, surrogate_grad
+from spikefuse.surrogates import resolve, surrogate_grad
 
 from test_grad_threshold import DEVICE, assert_match, rel_err, run  # the same fixed random loss and checks
 

@@ -9,7 +9,7 @@ import torch._dynamo
 
 import spikefuse.functional as F
 import spikefuse.nn as snn
-from spikefuse.ops.surrogate import SURROGATES, resolve, surrogate_grad
+from spikefuse.surrogates import SURROGATES, resolve, surrogate_grad
 from helpers import DEVICE, every_value_once, rel_err
 
 INF = float("inf")

@@ -17,7 +17,7 @@ import spikefuse.functional as F
 from spikefuse import reference
 from spikefuse.nn import BNLIF
 from spikefuse.ops.bn_lif import _statistics
-from spikefuse.ops.surrogate import spike
+from spikefuse.surrogates import spike
 from helpers import rel_err
 
 pytestmark = pytest.mark.gpu

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import spikefuse.functional as F
-from spikefuse.ops.surrogate import SURROGATES
+from spikefuse.surrogates import SURROGATES
 from helpers import DEVICE, every_value_once, rel_err
 
 
@@ -77,7 +77,7 @@ def test_lif_shapes(shape):
 def chunk_boundary_cases():
     """Shapes at the kernels' chunk edges for every tuned launch configuration: T a
     multiple of K (no partial chunk) or not, N a multiple of BLOCK (unmasked loads)."""
-    from spikefuse.ops.lif import LAUNCH_RULES
+    from spikefuse.ops.kernel_base import LAUNCH_RULES
     cases = []
     for dtype in (torch.float32, torch.bfloat16):
         for _, BLOCK, K, warps in LAUNCH_RULES[str(dtype).replace("torch.", "")]:
@@ -89,7 +89,7 @@ def chunk_boundary_cases():
 @pytest.mark.parametrize("dtype,config,T,N", chunk_boundary_cases())
 def test_lif_chunk_boundaries(dtype, config, T, N, monkeypatch):
     from spikefuse.ops import lif as lif_ops
-    monkeypatch.setattr(lif_ops, "_launch_config", lambda num_neurons, dtype: config)
+    monkeypatch.setattr(lif_ops, "launch_config", lambda num_neurons, dtype: config)
     x = rand(T, 1, N, seed=T + N, dtype=dtype)
     decay = torch.linspace(0.3, 0.9, N).to(DEVICE)  # per-channel PLIF: the decay gradient too
     v0 = rand(1, N, seed=N, scale=0.3)

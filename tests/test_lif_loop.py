@@ -8,7 +8,7 @@ import torch
 
 import spikefuse.functional as F
 from spikefuse.ops.lif_loop import lif_loop
-from spikefuse.ops.surrogate import SURROGATES
+from spikefuse.surrogates import SURROGATES
 from helpers import rel_err
 
 nan, inf = float("nan"), float("inf")

@@ -2,7 +2,7 @@
 family: every backend against spikefuse.reference (fused through the Triton interpreter),
 module options, bad input. A tensor threshold runs fused (its gradient from the backward
 kernel) where a float one would, and on the reference on the CPU's auto path; its gradient
-is also checked against the derivation of DESIGN.md's equations."""
+is also checked against a derivation from the LIF equations (docs/neurons.md)."""
 import warnings
 
 import pytest

@@ -13,7 +13,7 @@ from torch import nn
 import spikefuse.functional as F
 import spikefuse.nn as snn
 from spikefuse import reference
-from spikefuse.ops.surrogate import SURROGATES
+from spikefuse.surrogates import SURROGATES
 from helpers import DEVICE, every_value_once, rel_err
 
 PARAMS = dict(decay=0.8, threshold=0.9, v_reset=-0.2)

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from spikefuse import reference
-from spikefuse.ops.surrogate import DEFAULT_ALPHA, SURROGATES, spike, surrogate_grad
+from spikefuse.surrogates import DEFAULT_ALPHA, SURROGATES, spike, surrogate_grad
 
 # Each surrogate is the derivative of a smooth-ish "soft step"; autograd of the soft step
 # in float64 must equal the closed form used by every backend.

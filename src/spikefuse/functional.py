@@ -21,9 +21,9 @@ from typing import Callable
 import torch
 
 from . import reference
-from .ops.surrogate import resolve as resolve_surrogate
-from .ops.surrogate import resolve_any as _resolve_any_surrogate
-from .ops.surrogate import surrogate_name
+from .surrogates import resolve as resolve_surrogate
+from .surrogates import resolve_any as _resolve_any_surrogate
+from .surrogates import surrogate_name
 from .surrogates import CustomSurrogate
 
 RESETS = ("hard", "soft", "none")
@@ -52,7 +52,7 @@ def lif(
     decay: float in [0, 1], or a tensor (PLIF) that is a scalar or holds one value per
         channel, channel being dim 2 of x ([T, B, C, ...]).
     reset: "hard" (to v_reset), "soft" (subtract threshold) or "none".
-    surrogate, alpha: the backward ds/dh (see spikefuse.ops.surrogate); alpha=None
+    surrogate, alpha: the backward ds/dh (see spikefuse.surrogates); alpha=None
         takes the surrogate's default width/slope. `surrogate` may also be
         - spikefuse.surrogates.custom(triton_fn, torch_fn, alpha): your surrogate written for
           Triton and in torch; it runs fused wherever a name would (the backward kernel calls

@@ -10,7 +10,7 @@ it; where every row has gradient it is Adam (amsgrad off, no weight decay). Wher
 sparse backward noted which rows it wrote (spikefuse.ops.grad_rows), only those are read.
 
 Capturable: the step counters live on the parameters' device and the learning rate may
-be a device tensor (spikefuse.train.capture.prepare_optimizer makes it one), so a
+be a device tensor (spikefuse.capture.prepare_optimizer makes it one), so a
 CapturedStep can hold the whole update.
 """
 from __future__ import annotations

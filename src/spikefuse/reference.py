@@ -1,6 +1,6 @@
 """Pure-PyTorch, step-by-step neuron dynamics: the oracle every fused kernel is tested against.
 
-Equations (DESIGN.md), time-major x of shape [T, *]:
+Equations (docs/neurons.md gives them for every neuron), time-major x of shape [T, *]:
     h[t] = decay * v[t-1] + x[t]                     charge, v[-1] = v0 (default 0)
     s[t] = 1 if h[t] >= threshold else 0             fire (surrogate gradient in backward)
     v[t] = h[t]*(1-s[t]) + v_reset*s[t]              reset="hard"
@@ -19,7 +19,7 @@ from typing import Callable
 
 import torch
 
-from .ops.surrogate import spike
+from .surrogates import spike
 
 
 def lif(
@@ -45,7 +45,7 @@ def lif(
     `decay` is a float or a tensor broadcastable to one time step x[0] (PLIF: a scalar
     tensor, or per channel shaped [C, 1, ..., 1] for x of shape [T, B, C, ...]); so is
     `threshold` (a learnable threshold: autograd gives its gradient).
-    `surrogate` is a name of spikefuse.ops.surrogate or a callable sg(u) -> tensor of u's
+    `surrogate` is a name of spikefuse.surrogates or a callable sg(u) -> tensor of u's
     shape (ds/du for u = h - threshold; `alpha` is then ignored), called in backward.
     """
     v = torch.zeros_like(x[0]) if v0 is None else v0

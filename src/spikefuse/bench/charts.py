@@ -1,7 +1,7 @@
 """PNG charts of benchmark results, drawn from a results file's JSON payload alone, so that a
 committed result can be drawn again on any machine:
 
-    spikefuse bench chart benchmarks/results/lif-nvidia-h200.json [...]
+    spikefuse bench chart benchmarks/results/lif-nvidia-h200.json [...]   (spikefuse.bench.chart)
 
 One picture per file (lif, neurons, steps, train, data, ddp-scaling, the temporal pipeline:
 grouped bars drawn here; sparse and on: the charts their benchmarks draw). Times are on a log axis, because the entries span one to
@@ -11,10 +11,8 @@ step's own GPU kernel time) it is drawn as a black bar mark over its group.
 from __future__ import annotations
 
 import io
-import json
-import os
 
-from .report import atomic_write
+from .atomic import atomic_write
 
 
 def draw(payload: dict, path: str) -> str | None:
@@ -38,31 +36,6 @@ def draw(payload: dict, path: str) -> str | None:
     fig.savefig(buffer, format="png", dpi=110)
     atomic_write(path, buffer.getvalue())
     return path
-
-
-def redraw(json_paths: list[str]) -> list[str]:
-    """Charts next to results files (x.json -> x.png); the paths written."""
-    written = []
-    for json_path in json_paths:
-        with open(json_path) as f:
-            payload = json.load(f)
-        if not isinstance(payload, dict):
-            raise TypeError(f"{json_path} holds a JSON {type(payload).__name__}, not a results object")
-        png_path = os.path.splitext(json_path)[0] + ".png"
-        if payload.get("benchmark") == "on":  # the benchmarks that draw their own
-            from .on import write_chart
-            png = write_chart(payload, png_path)
-            png = png if png.endswith(".png") else None
-        elif payload.get("benchmark") == "sparse":
-            from .sparse import chart
-            png = chart(payload["cases"], png_path, quick=payload.get("quick", False))
-        else:
-            png = draw(payload, png_path)
-        if png:
-            written.append(png)
-        else:
-            print(f"{json_path}: no chart for benchmark {payload.get('benchmark')!r}")
-    return written
 
 
 def grouped_bars(ax, groups, series, floors=None, ylabel="ms (log scale)", floor_label="floor"):
@@ -178,20 +151,3 @@ TITLES = {"lif": "LIF forward+backward", "neurons": "ALIF, CUBA, recurrent neuro
           "steps": "whole training steps", "train": "training steps of the CIFAR networks",
           "data": "one epoch of SHD-shaped data", "ddp-scaling": "data-parallel training, scaling",
           "temporal pipeline": "layers as pipeline stages, time in chunks"}
-
-
-def configure(parser) -> None:
-    parser.add_argument("results", nargs="+", metavar="FILE.json", help="results files written by spikefuse bench")
-
-
-def run(args) -> int:
-    from ..errors import UsageError
-    for path in args.results:
-        if not os.path.isfile(path):
-            raise UsageError(f"{path}: no such results file")
-    try:
-        written = redraw(args.results)
-    except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as e:
-        raise UsageError(f"not a spikefuse results file ({type(e).__name__}: {e})") from None
-    print("wrote", *written) if written else None
-    return 0

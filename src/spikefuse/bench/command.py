@@ -11,7 +11,7 @@ BENCHMARKS = {
     "sparse": ("spikefuse.bench.sparse", "sparse against dense training steps of the IPU-study networks: where each wins"),
     "data": ("spikefuse.bench.data", "one epoch of SHD-shaped data through four loading pipelines"),
     "neurons": ("spikefuse.bench.neurons", "ALIF, CUBA, recurrent LIF/ALIF and learnable LIF forward+backward vs the PyTorch loop and peers"),
-    "chart": ("spikefuse.bench.charts", "draw the PNG chart of results files already written (no GPU needed)"),
+    "chart": ("spikefuse.bench.chart", "draw the PNG chart of results files already written (no GPU needed)"),
     "parallel": ("spikefuse.bench.parallel",
                  "multi-GPU: data-parallel scaling beside SpikingJelly, and the temporal pipeline beside the planner"),
     "on": ("spikefuse.bench.on", "the Open Neuromorphic benchmark, corrected: Linear(N, N) + LIF in every library, "

@@ -38,7 +38,7 @@ from spikefuse.bench.report import atomic_write, environment, table, write_resul
 from spikefuse.bench.timing import median_ms
 from spikefuse.models import build_model
 from spikefuse.parallel import convert_sync_batchnorm, init_data_parallel, launched
-from spikefuse.train.capture import CaptureFallback, CapturedStep, prepare_optimizer
+from spikefuse.capture import CaptureFallback, CapturedStep, prepare_optimizer
 
 BATCH, TIME_STEPS = 64, 10
 MODES = ("captured", "captured-local-bn", "eager", "eager-local-bn", "spikingjelly")

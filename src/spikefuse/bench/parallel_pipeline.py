@@ -38,7 +38,7 @@ from spikefuse.bench.report import environment, table, write_results
 from spikefuse.models import build_model
 from spikefuse.parallel.pipeline import PipelineTrainer, chunked_step
 from spikefuse.parallel.planner import format_plan, plan
-from spikefuse.train.capture import CapturedStep
+from spikefuse.capture import CapturedStep
 
 MODEL, FEATURES, CLASSES = "deep-lif", 2048, 10
 TIME_STEPS, CHUNKS = [256, 1024, 4096, 16384], [8, 16, 32, 64]  # defaults of --time-steps, --chunks

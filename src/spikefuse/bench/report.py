@@ -6,11 +6,13 @@ import importlib.metadata
 import json
 import os
 import platform
-import tempfile
 
 import torch
 
 import spikefuse
+
+from .atomic import atomic_write  # noqa: F401  (the benchmarks write through report)
+from . import charts
 
 PACKAGES = ("spikefuse", "torch", "triton", "snntorch", "norse", "spikingjelly", "tonic")
 QUICK_NOTE = ("Quick run (--quick): tiny sizes and few repetitions, to check that the benchmark runs; "
@@ -30,24 +32,6 @@ def environment() -> dict:
             "versions": versions, "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
 
 
-def atomic_write(path: str, content: str | bytes) -> None:
-    """Write text or bytes to a temporary file in the same folder, then rename: never a
-    half-written file."""
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-")
-    try:
-        with os.fdopen(fd, "wb" if isinstance(content, bytes) else "w") as f:
-            f.write(content)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)  # mkstemp makes 0600 files: results others may read
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
-
-
 def write_results(name: str, payload: dict, markdown: str, out_dir: str) -> tuple[str, str]:
     """benchmarks/results/<name>-<device>.json and .md, and the chart (.png) where
     spikefuse.bench.charts draws this benchmark; returns the JSON and markdown paths.
@@ -61,7 +45,6 @@ def write_results(name: str, payload: dict, markdown: str, out_dir: str) -> tupl
     base = os.path.join(out_dir, f"{name}-{tag}")
     atomic_write(base + ".json", json.dumps(payload, indent=2) + "\n")
     atomic_write(base + ".md", markdown)
-    from . import charts
     try:
         charts.draw(payload, base + ".png")
     except Exception as e:  # noqa: BLE001  (the results are written; a picture must not lose them)

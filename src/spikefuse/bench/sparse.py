@@ -39,7 +39,7 @@ from ..nn.recurrent_lif import RecurrentLIF
 from ..nn.sparse_linear import SparseSpikingLinear, update_dispatch
 from ..optim import LazyAdam
 from ..errors import UsageError
-from ..train.capture import CapturedStep, prepare_optimizer
+from ..capture import CapturedStep, prepare_optimizer
 from .report import environment, table, write_results
 from .steps import INPUT_DENSITY, spikingjelly_mlp
 from .timing import captured, median_ms

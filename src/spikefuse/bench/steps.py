@@ -1,5 +1,5 @@
 """One whole training step (forward, loss, backward, optimizer step) issued four ways, side
-by side in one run: eager (Python issues every kernel), captured (spikefuse.train.capture:
+by side in one run: eager (Python issues every kernel), captured (spikefuse.capture:
 one CUDA-graph replay), torch.compile default (also with inductor's C++ wrapper:
 "compiled-cpp-wrapper") and mode="reduce-overhead" (of the model; of the model and the
 optimizer step: "reduce-overhead-step"; of the whole step as one function, its backward
@@ -38,7 +38,7 @@ from .. import precision as precisions
 from ..errors import UsageError
 from ..models import build_model
 from ..ops.launch import through_triton
-from ..train.capture import CapturedStep, prepare_optimizer
+from ..capture import CapturedStep, prepare_optimizer
 from .report import environment, table, write_results
 from .timing import median_ms
 

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from .. import functional as F
-from ..ops.surrogate import resolve as resolve_surrogate
+from ..surrogates import resolve as resolve_surrogate
 from .batchnorm import step_momentum
 from .layers import check_input, fold, layer_name, unfold
 

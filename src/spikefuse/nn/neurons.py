@@ -36,8 +36,8 @@ import torch
 from torch import nn
 
 from .. import functional as F
-from ..ops.surrogate import resolve_any as resolve_surrogate
-from ..ops.surrogate import surrogate_name
+from ..surrogates import resolve_any as resolve_surrogate
+from ..surrogates import surrogate_name
 from .neuron_base import CarriesState, RecordsPotential, check_rank
 
 
@@ -74,7 +74,7 @@ class LIF(RecordsPotential, CarriesState):
         stops at each call's start, as before this option existed) or keep its graph
         across calls (False: full BPTT over the chunks; truncating is the caller's job,
         with spikefuse.nn.detach_state(model) or spikefuse.nn.reset(model)).
-    surrogate: a name (see spikefuse.ops.surrogate) or a callable sg(u) -> tensor of u's
+    surrogate: a name (see spikefuse.surrogates) or a callable sg(u) -> tensor of u's
         shape, ds/du for u = h - threshold (alpha is then ignored; see spikefuse.functional.lif).
     learn_threshold: make the threshold an nn.Parameter (`self.threshold`, initialised to
         `threshold`) that gets a gradient; threshold_channels=C learns one per channel (dim 2

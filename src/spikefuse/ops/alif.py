@@ -31,12 +31,12 @@ from __future__ import annotations
 
 import torch
 
-from .lif import (EAGER, RESET_CODES, TRACED, _cdiv, _launch_config, f32, load_chunk,  # noqa: F401
+from .kernel_base import (EAGER, RESET_CODES, TRACED, cdiv, launch_config, f32, load_chunk,  # noqa: F401
                   load_earlier_chunk, or_empty, program_neurons, reset_partials, reset_potential, row,
                   spike_value, store_chunk, surrogate_grad)
 from .double_backward import grads_with_graph
 from .launch import cached_launch
-from .surrogate import SURROGATES
+from ..surrogates import SURROGATES
 
 from .triton_or_stub import tl, triton  # noqa: E402, F401
 
@@ -265,15 +265,15 @@ def _forward(x, v0, a0, decay, adapt_decay, beta, threshold, reset, v_reset, sav
         x = x.contiguous()
     T = x.shape[0]
     N = x.numel() // T
-    BLOCK, K, warps = _launch_config(N, x.dtype)
+    BLOCK, K, warps = launch_config(N, x.dtype)
     spikes = torch.empty_like(x)
     vT = x.new_empty(x.shape[1:], dtype=torch.float32) if want_state else None
     aT = x.new_empty(x.shape[1:], dtype=torch.float32) if want_state else None
-    ckpt = torch.empty((2, _cdiv(T, K) if save else 0, N), device=x.device, dtype=torch.float32)
+    ckpt = torch.empty((2, cdiv(T, K) if save else 0, N), device=x.device, dtype=torch.float32)
     h = torch.empty_like(x) if want_h else None
     if N > 0:
         unused = launch.unused(x)
-        launch(_alif_forward_kernel)[(_cdiv(N, BLOCK),)](
+        launch(_alif_forward_kernel)[(cdiv(N, BLOCK),)](
             x, spikes, ckpt, kernel_arg(v0, unused), kernel_arg(a0, unused), kernel_arg(vT, unused),
             kernel_arg(aT, unused), kernel_arg(h, unused),
             decay, adapt_decay, beta, threshold, v_reset, T, N,
@@ -303,10 +303,10 @@ def _backward(grad_s, grad_vT, grad_aT, x, ckpt, decay, adapt_decay, beta, thres
     grad_x = torch.empty_like(x)
     gv0 = x.new_empty(x.shape[1:], dtype=torch.float32) if need_gv0 else None
     ga0 = x.new_empty(x.shape[1:], dtype=torch.float32) if need_ga0 else None
-    BLOCK, K, warps = _launch_config(N, x.dtype)
+    BLOCK, K, warps = launch_config(N, x.dtype)
     if N > 0:
         unused = launch.unused(gs)
-        launch(_alif_backward_kernel)[(_cdiv(N, BLOCK),)](
+        launch(_alif_backward_kernel)[(cdiv(N, BLOCK),)](
             gs, x, ckpt, kernel_arg(grad_vT, unused), kernel_arg(grad_aT, unused), grad_x,
             kernel_arg(grad_h, unused), kernel_arg(gv0, unused), kernel_arg(ga0, unused),
             decay, adapt_decay, beta, threshold, v_reset, alpha, T, N,

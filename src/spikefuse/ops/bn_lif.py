@@ -50,11 +50,11 @@ import os
 
 import torch
 
-from .lif import EAGER, RESET_CODES, TRACED, _cdiv, f32, _next_power_of_2, grad_h, load_per_neuron, or_empty, program_neurons, reset_potential, row, spike_value, surrogate_grad
+from .kernel_base import EAGER, RESET_CODES, TRACED, cdiv, f32, next_power_of_2, grad_h, load_per_neuron, or_empty, program_neurons, reset_potential, row, spike_value, surrogate_grad
 from .double_backward import grads_with_graph
 from .launch import cached_launch
 from .spike_pack import attach_bits
-from .surrogate import SURROGATES
+from ..surrogates import SURROGATES
 
 from .triton_or_stub import tl, triton  # noqa: E402
 
@@ -66,7 +66,7 @@ INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 
 
 def _steps(T: int) -> int:
-    return min(K_STEPS, _next_power_of_2(T))
+    return min(K_STEPS, next_power_of_2(T))
 
 
 # ---- layout ----
@@ -241,18 +241,18 @@ def _statistics(x, weight, bias, running_mean, running_var, use_batch, momentum,
     spikefuse.ops.lif.Launch."""
     C = x.shape[2]
     stats = torch.empty((4, C), device=x.device, dtype=torch.float32)
-    CB = min(STAT_CHANNELS, _next_power_of_2(C))
-    channel_blocks = _cdiv(C, CB)
+    CB = min(STAT_CHANNELS, next_power_of_2(C))
+    channel_blocks = cdiv(C, CB)
     unused = launch.unused(stats)
     part, M, P, rows_per_program, inner = unused, 0, 0, STAT_ROWS, 1
     if use_batch:
         data = x[:1] if x.shape[0] > 1 and x.stride(0) == 0 else x  # one step is enough
         M = data.numel() // C
-        tiles = _cdiv(M, STAT_ROWS)
+        tiles = cdiv(M, STAT_ROWS)
         # ~4 programs per GPU core; few partials, so the finalize launch stays short
         programs = max(1, (4 if INTERPRETED else 512) // channel_blocks)
-        tiles_per_program = _cdiv(tiles, min(max(tiles, 1), programs))
-        P = _cdiv(tiles, tiles_per_program)
+        tiles_per_program = cdiv(tiles, min(max(tiles, 1), programs))
+        P = cdiv(tiles, tiles_per_program)
         rows_per_program = tiles_per_program * STAT_ROWS
         inner = _geometry(data)[3]
         part = torch.empty((2, P, C), device=x.device, dtype=torch.float32)
@@ -433,7 +433,7 @@ def _config(num_neurons: int, dtype: torch.dtype) -> tuple[int, int]:
     H200 (benchmarks/results/tune-bn-lif-nvidia-h200.json): 64 neurons in float32, 256 in
     16-bit types (fewer, wider programs stream 2-byte data better)."""
     if INTERPRETED:
-        return min(_next_power_of_2(max(num_neurons, 1)), 1 << 14), 1
+        return min(next_power_of_2(max(num_neurons, 1)), 1 << 14), 1
     return (64 if dtype == torch.float32 else 256), 1
 
 
@@ -455,12 +455,12 @@ def _forward(x, residual, stats, decay, decay_tensor, threshold, reset, v_reset,
     T, C = x.shape[0], x.shape[2]
     channels_last, N, stride_t, inner = _geometry(x)
     spikes = _empty(x.shape, channels_last, x.dtype, x.device)
-    chunks = _cdiv(T, _steps(T))
+    chunks = cdiv(T, _steps(T))
     ckpt = torch.empty((chunks - 1 if save else 0, N), device=x.device, dtype=torch.float32)
     BLOCK, warps = _config(N, x.dtype)
     if N > 0:
         unused = launch.unused(x)
-        launch(_bn_lif_forward_kernel)[(_cdiv(N, BLOCK),)](
+        launch(_bn_lif_forward_kernel)[(cdiv(N, BLOCK),)](
             x, residual if residual is not None else unused, spikes, bits if bits is not None else unused,
             ckpt, stats, decay_tensor if decay_tensor is not None else unused,
             decay, threshold, v_reset, T, N, stride_t, inner, C,
@@ -486,7 +486,7 @@ def _backward(grad_s, x, residual, ckpt, stats, decay, decay_tensor, threshold, 
     BLOCK, warps = _config(N, x.dtype)
     if N > 0:
         unused = launch.unused(x)
-        launch(_bn_lif_backward_kernel)[(_cdiv(N, BLOCK),)](
+        launch(_bn_lif_backward_kernel)[(cdiv(N, BLOCK),)](
             x, residual if residual is not None else unused, gs, ckpt, gy, part, stats,
             decay_tensor if decay_tensor is not None else unused,
             decay, threshold, v_reset, alpha, T, N, stride_t, inner, C,
@@ -506,9 +506,9 @@ def _backward(grad_s, x, residual, ckpt, stats, decay, decay_tensor, threshold, 
     BLOCK2 = 1024
     if N > 0:
         rows = gx_shape[0]
-        launch(_bn_grad_x_kernel)[(_cdiv(N, BLOCK2), min(rows, MAX_GRID_Y))](
+        launch(_bn_grad_x_kernel)[(cdiv(N, BLOCK2), min(rows, MAX_GRID_Y))](
             part if summed else gy, x, gx, stats, mean_sums, float(count), T if summed else 1,
-            N, stride_t, inner, C, rows, _cdiv(rows, MAX_GRID_Y), BATCH_STATS=batch_stats, BLOCK=BLOCK2,
+            N, stride_t, inner, C, rows, cdiv(rows, MAX_GRID_Y), BATCH_STATS=batch_stats, BLOCK=BLOCK2,
             num_warps=4)
     gd = None
     if need_gd:  # dL/d decay: one value, or one per channel

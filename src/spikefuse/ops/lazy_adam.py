@@ -19,7 +19,7 @@ import math
 
 import torch
 
-from .lif import _cdiv  # noqa: F401  (first: it sets TRITON_INTERPRET on GPU-less machines)
+from . import kernel_base  # noqa: F401  (first: it chooses the interpreter on GPU-less machines)
 from .launch import cached_launch
 from .spike_index import nonzero_lines
 

@@ -27,7 +27,7 @@ import torch
 
 from ..reference import reached_grad_threshold
 from .double_backward import grads_with_graph
-from .surrogate import call_surrogate
+from ..surrogates import call_surrogate
 
 
 LOOP_DTYPES = (torch.float32, torch.float64)
@@ -79,7 +79,7 @@ def _forward(x, d, v0, threshold, reset, v_reset, save):
 
 
 def _surrogate_(u, name, alpha):
-    """sg(u) computed in place in u (the formulas of ops.surrogate.surrogate_grad, the same
+    """sg(u) computed in place in u (the formulas of surrogates.surrogate_grad, the same
     operations but for atan's final division, a reciprocal and a product here). A user
     callable is called on u (a fresh tensor: it may overwrite it) without autograd; its
     result, checked for shape, is made a dense tensor of its own (later steps write into it)."""

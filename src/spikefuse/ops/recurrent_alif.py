@@ -26,9 +26,9 @@ import torch
 from .alif import adaptive_grads
 from .double_backward import grads_with_graph
 from .launch import cached_launch
-from .lif import EAGER, RESET_CODES, TRACED, _cdiv, f32, surrogate_grad
-from .recurrent_lif import _tf32, _tiles, charge, fire_and_store, incoming_grads, step_tile, weight_grad
-from .surrogate import SURROGATES
+from .kernel_base import EAGER, RESET_CODES, TRACED, cdiv, f32, surrogate_grad
+from .recurrent_common import _tf32, _tiles, charge, fire_and_store, incoming_grads, step_tile, weight_grad
+from ..surrogates import SURROGATES
 from .triton_or_stub import tl, triton
 
 
@@ -96,7 +96,7 @@ def _forward(x, weight, decay, adapt_decay, beta, threshold, reset, v_reset, sav
     if x.numel() == 0:
         return spikes, v, a, h, adapt
     BLOCK_M, BLOCK_N, BLOCK_K, warps = _tiles(M, N)
-    grid = (_cdiv(M, BLOCK_M), _cdiv(N, BLOCK_N))
+    grid = (cdiv(M, BLOCK_M), cdiv(N, BLOCK_N))
     kernel = launch(_ralif_forward_step)
     unused = launch.unused(x)
     for t in range(T):
@@ -123,7 +123,7 @@ def _backward(grad_s, grad_vT, grad_aT, h, adapt, spikes, weight, decay, adapt_d
     if spikes.numel() == 0:
         return gh.to(spikes.dtype), torch.zeros_like(weight)
     BLOCK_M, BLOCK_N, BLOCK_K, warps = _tiles(M, N)
-    grid = (_cdiv(M, BLOCK_M), _cdiv(N, BLOCK_N))
+    grid = (cdiv(M, BLOCK_M), cdiv(N, BLOCK_N))
     kernel = launch(_ralif_backward_step)
     unused = launch.unused(gs)
     ghx = grad_h.contiguous() if grad_h is not None else None

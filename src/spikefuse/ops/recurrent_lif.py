@@ -10,7 +10,7 @@ launch of a kernel that is a small matmul with the neuron in its epilogue: a pro
 a [BLOCK_M, BLOCK_N] tile of (row, neuron), accumulates s[t-1] @ W^T for it in registers
 (W streams from L2: 4 MB at N = 1024 fp32), then charges, fires and resets in place; the
 potential v lives in a [M, N] float32 buffer between launches. T launches forward, T
-backward: cheap inside a captured step (spikefuse.train.capture), a few microseconds each
+backward: cheap inside a captured step (spikefuse.capture), a few microseconds each
 in eager mode, against SpikingJelly's per-step module calls.
 
 Backward walks the steps in reverse, one launch each. With gh[t] = dL/dh[t]:
@@ -34,55 +34,11 @@ import torch
 
 from .double_backward import grads_with_graph
 from .launch import cached_launch
-from .lif import EAGER, RESET_CODES, TRACED, _cdiv, f32, grad_h, reset_potential, spike_value, surrogate_grad
-from .surrogate import SURROGATES
+from .kernel_base import EAGER, RESET_CODES, TRACED, cdiv, f32
+from .recurrent_common import _rlif_backward_step, _tf32, _tiles, charge, fire_and_store, step_tile, weight_grad
+from . import sparse_recurrent_lif
+from ..surrogates import SURROGATES
 from .triton_or_stub import tl, triton
-
-
-@triton.jit
-def _accumulate(a_ptr, a_rows, b_ptr, stride_bk, stride_bn, cols, M, N, acc,
-                BLOCK_K: tl.constexpr, TF32: tl.constexpr):
-    """acc + A[rows, :] @ B[:, cols] over the N inner indices; A is [M, N] contiguous,
-    B is addressed through its strides."""
-    for k0 in range(0, N, BLOCK_K):
-        k = k0 + tl.arange(0, BLOCK_K)
-        a = tl.load(a_ptr + a_rows[:, None] * N + k[None, :],
-                    mask=(a_rows < M)[:, None] & (k < N)[None, :], other=0.0).to(tl.float32)
-        b = tl.load(b_ptr + k[:, None] * stride_bk + cols[None, :] * stride_bn,
-                    mask=(k < N)[:, None] & (cols < N)[None, :], other=0.0).to(tl.float32)
-        if TF32:
-            acc = tl.dot(a, b, acc, input_precision="tf32")
-        else:
-            acc = tl.dot(a, b, acc, input_precision="ieee")
-    return acc
-
-
-@triton.jit
-def step_tile(step, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """This program's [BLOCK_M, BLOCK_N] tile of (row, neuron): its rows, columns, mask and
-    offsets within one step [M, N], and step `step`'s offset in a [T, M, N] tensor."""
-    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask = (rows < M)[:, None] & (cols < N)[None, :]
-    return rows, cols, mask, rows[:, None] * N + cols[None, :], tl.cast(step, tl.int64) * M * N
-
-
-@triton.jit
-def charge(x_ptr, w_ptr, v_ptr, s_ptr, now, rows, cols, offs, mask, d, M, N, stride_wn, stride_wk,
-           FIRST: tl.constexpr, TF32: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-           BLOCK_K: tl.constexpr):
-    """h[t] = decay*v[t-1] + x[t] + s[t-1] @ W^T on this tile (v is the [M, N] buffer, x and s
-    the whole [T, M, N] tensors)."""
-    x = tl.load(x_ptr + now + offs, mask=mask, other=0.0).to(tl.float32)
-    if FIRST:  # v[-1] = 0 and s[-1] = 0
-        h = d * tl.zeros([BLOCK_M, BLOCK_N], tl.float32) + x
-    else:
-        # (s @ W^T)[m, n] = sum_k s[m, k] W[n, k]: B = W^T, B[k, n] at k*stride_wk + n*stride_wn
-        recurrent = _accumulate(s_ptr + (now - M * N), rows, w_ptr, stride_wk, stride_wn, cols, M, N,
-                                tl.zeros([BLOCK_M, BLOCK_N], tl.float32), BLOCK_K, TF32)
-        v = tl.load(v_ptr + offs, mask=mask, other=0.0)
-        h = (d * v + x) + recurrent
-    return h
 
 
 @cached_launch
@@ -102,94 +58,6 @@ def _rlif_forward_step(
     fire_and_store(h, s_ptr, v_ptr, h_ptr, now, offs, mask, threshold, v_reset, RESET, SAVE_H)
 
 
-@triton.jit
-def fire_and_store(h, s_ptr, v_ptr, h_ptr, now, offs, mask, threshold, v_reset, RESET: tl.constexpr,
-                   SAVE_H: tl.constexpr):
-    """A step's epilogue: spikes and reset potential from h, stored (and h, if SAVE_H); returns
-    the spikes (float32). threshold: a number, or a tile of them (the adaptive threshold)."""
-    u = h - threshold
-    fired = u >= 0.0
-    s = spike_value(u, fired)
-    tl.store(s_ptr + now + offs, s.to(s_ptr.dtype.element_ty), mask=mask)
-    tl.store(v_ptr + offs, reset_potential(h, fired, threshold, v_reset, RESET), mask=mask)
-    if SAVE_H:
-        tl.store(h_ptr + now + offs, h, mask=mask)
-    return s
-
-
-@triton.jit
-def incoming_grads(gs_ptr, gh_ptr, w_ptr, gvT_ptr, now, rows, cols, offs, mask, d, M, N, stride_wn,
-                   stride_wk, LAST: tl.constexpr, HAS_GVT: tl.constexpr, RECURRENT: tl.constexpr,
-                   TF32: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """What reaches step t from outside and from step t+1, on this tile: (dL/ds[t] = grad_s[t]
-    + gh[t+1] @ W, dL/dv[t] = decay * gh[t+1]); at LAST the final state's gradient, if any."""
-    gh_next_ptr = gh_ptr + (now + M * N)
-    gs = tl.load(gs_ptr + now + offs, mask=mask, other=0.0).to(tl.float32)
-    if LAST:  # nothing after step T-1 but the final state's gradient
-        if HAS_GVT:
-            gv = tl.load(gvT_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-        else:
-            gv = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    else:
-        # (gh[t+1] @ W)[m, k] = sum_n gh[m, n] W[n, k]: B = W, B[n, k] at n*stride_wn + k*stride_wk
-        if RECURRENT:
-            gs = _accumulate(gh_next_ptr, rows, w_ptr, stride_wn, stride_wk, cols, M, N, gs,
-                             BLOCK_K, TF32)
-        gv = d * tl.load(gh_next_ptr + offs, mask=mask, other=0.0)
-    return gs, gv
-
-
-@cached_launch
-@triton.jit
-def _rlif_backward_step(
-    gs_ptr, w_ptr, h_ptr, gvT_ptr, gh_ptr, ghx_ptr,
-    step, decay, threshold, v_reset, alpha, grad_floor, M, N, stride_wn, stride_wk,
-    RESET: tl.constexpr, DETACH: tl.constexpr, SURROGATE: tl.constexpr, LAST: tl.constexpr,
-    HAS_GVT: tl.constexpr, TF32: tl.constexpr, RECURRENT: tl.constexpr, HAS_GHX: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-):
-    """Reverse step `step`: gh[t] from grad_s[t], gh[t+1] (through W and the decay) and h[t].
-    RECURRENT=False leaves out the term through W (the sparse path adds it where it matters).
-    HAS_GHX: a loss on the returned potential trace adds its gradient ghx[t] to gh[t]."""
-    d, threshold, v_reset = f32(decay), f32(threshold), f32(v_reset)
-    alpha, grad_floor = f32(alpha), f32(grad_floor)
-    rows, cols, mask, offs, now = step_tile(step, M, N, BLOCK_M, BLOCK_N)
-    gs, gv = incoming_grads(gs_ptr, gh_ptr, w_ptr, gvT_ptr, now, rows, cols, offs, mask, d, M, N,
-                            stride_wn, stride_wk, LAST, HAS_GVT, RECURRENT, TF32, BLOCK_M, BLOCK_N, BLOCK_K)
-    h = tl.load(h_ptr + now + offs, mask=mask, other=0.0)
-    u = h - threshold
-    fired = u >= 0.0
-    sg = tl.where(h >= grad_floor, surrogate_grad(u, SURROGATE, alpha), 0.0)
-    gh = grad_h(gs, gv, h, fired, sg, threshold, v_reset, RESET, DETACH)
-    if HAS_GHX:
-        gh += tl.load(ghx_ptr + now + offs, mask=mask, other=0.0).to(tl.float32)
-    tl.store(gh_ptr + now + offs, gh, mask=mask)
-
-
-def _tiles(M, N):
-    """(BLOCK_M, BLOCK_N, BLOCK_K, num_warps): tl.dot needs 16 or more per dimension. Small
-    tiles keep enough programs busy at small batch (M = 32, N = 1024: 128 programs); on an
-    H100 16 x 16 was the best or within 5 % of it at B = 1-32, N = 1024-5888
-    (benchmarks/results/tune-rlif-*.txt)."""
-    if M <= 64:
-        return 16, 16, 32, 4
-    return 64, 64, 32, 4
-
-
-# torch >= 2.9 also names cuBLAS's TF32 choice fp32_precision; reading allow_tf32 raises once a
-# caller has set that newer name, so it is read where it exists
-_FP32_PRECISION = hasattr(torch.backends.cuda.matmul, "fp32_precision")
-
-
-def _tf32(x):
-    """Whether the kernels' dots take TF32 inputs: as torch's float32 matmuls do (cuBLAS)."""
-    if not x.is_cuda:
-        return False
-    if _FP32_PRECISION:
-        return torch.backends.cuda.matmul.fp32_precision == "tf32"
-    return torch.backends.cuda.matmul.allow_tf32
-
-
 def _forward(x, weight, decay, threshold, reset, v_reset, save, launch=EAGER):
     """spikes like x [T, M, N], v[T-1] [M, N] (float32) and h [T, M, N] (float32, empty
     unless `save`). x contiguous."""
@@ -200,7 +68,7 @@ def _forward(x, weight, decay, threshold, reset, v_reset, save, launch=EAGER):
     if x.numel() == 0:
         return spikes, v, h
     BLOCK_M, BLOCK_N, BLOCK_K, warps = _tiles(M, N)
-    grid = (_cdiv(M, BLOCK_M), _cdiv(N, BLOCK_N))
+    grid = (cdiv(M, BLOCK_M), cdiv(N, BLOCK_N))
     kernel = launch(_rlif_forward_step)
     unused = launch.unused(x)
     for t in range(T):
@@ -225,7 +93,7 @@ def _backward(grad_s, grad_vT, h, spikes, weight, decay, threshold, reset, v_res
     if spikes.numel() == 0:
         return gh.to(spikes.dtype), torch.zeros_like(weight)
     BLOCK_M, BLOCK_N, BLOCK_K, warps = _tiles(M, N)
-    grid = (_cdiv(M, BLOCK_M), _cdiv(N, BLOCK_N))
+    grid = (cdiv(M, BLOCK_M), cdiv(N, BLOCK_N))
     kernel = launch(_rlif_backward_step)
     unused = launch.unused(gs)
     ghx = grad_h.contiguous() if grad_h is not None else None
@@ -238,12 +106,6 @@ def _backward(grad_s, grad_vT, h, spikes, weight, decay, threshold, reset, v_res
             HAS_GVT=gvT is not None, TF32=_tf32(gs), RECURRENT=True, HAS_GHX=ghx is not None,
             BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, num_warps=warps, enable_fp_fusion=False)
     return gh.to(spikes.dtype), weight_grad(gh, spikes).to(weight.dtype)
-
-
-def weight_grad(gh, spikes):
-    """dL/dW[n, k] = sum over t >= 1 and rows of gh[t][m, n] * s[t-1][m, k]: one GEMM."""
-    N = spikes.shape[-1]
-    return gh[1:].reshape(-1, N).t() @ spikes[:-1].reshape(-1, N).float()
 
 
 def reference_grads(x, weight, grad_s, grad_vT, options, needs, grad_h=None):
@@ -273,7 +135,6 @@ class RLIFFunction(torch.autograd.Function):
         ctx.set_materialize_grads(False)
         ctx.sparse = sparse
         if sparse:
-            from . import sparse_recurrent_lif
             spikes, vT, h, wt, carry, carry_count, active_count = sparse_recurrent_lif.forward(
                 x, weight, decay, threshold, reset, v_reset, options[7], save or want_h)
             if activity is not None:
@@ -302,7 +163,6 @@ class RLIFFunction(torch.autograd.Function):
             return (*reference_grads(x, weight, grad_s, grad_vT, ctx.options, ctx.needs_input_grad[:2], grad_h),
                     *nones)
         if ctx.sparse:
-            from . import sparse_recurrent_lif
             gx, gw = sparse_recurrent_lif.backward(grad_s, grad_vT, h, spikes, *lists, weight, *ctx.options,
                                                    grad_h=grad_h)
         else:

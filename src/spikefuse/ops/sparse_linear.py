@@ -27,7 +27,7 @@ from __future__ import annotations
 import torch
 from torch.nn import functional as F
 
-from .lif import _cdiv  # first: it sets TRITON_INTERPRET on GPU-less machines
+from .kernel_base import cdiv  # first: it chooses the interpreter on GPU-less machines
 from . import grad_rows
 from .launch import cached_launch
 from .recurrent_lif import _tf32
@@ -135,7 +135,7 @@ def gather_carrying(gy2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torc
     cols, count = carrying_columns(gy2)
     gyt = torch.empty(OUT, R, device=gy2.device, dtype=gy2.dtype)
     if R > 0 and OUT > 0:
-        _gather_columns_kernel[(_cdiv(R, 32), _cdiv(OUT, 64))](gy2, cols, count, gyt, R, OUT, BR=32, BK=64)
+        _gather_columns_kernel[(cdiv(R, 32), cdiv(OUT, 64))](gy2, cols, count, gyt, R, OUT, BR=32, BK=64)
     return gyt, cols, count
 
 
@@ -146,7 +146,7 @@ def input_grad(gyt, weight, cols, count, precision):
     gs = torch.empty(R, IN, device=gyt.device, dtype=gyt.dtype)
     if R > 0 and IN > 0:
         br, bi, bk, warps = INPUT_GRAD_TILES
-        _input_grad_kernel[(_cdiv(R, br), _cdiv(IN, bi))](gyt, w, cols, count, gs, R, IN, BR=br, BI=bi, BK=bk,
+        _input_grad_kernel[(cdiv(R, br), cdiv(IN, bi))](gyt, w, cols, count, gs, R, IN, BR=br, BI=bi, BK=bk,
                                                           PRECISION=precision, num_warps=warps)
     return gs
 
@@ -158,7 +158,7 @@ def weight_grad(gyt, bits, cols, count, gw, precision):
     IN = gw.shape[1]
     if R > 0 and OUT > 0 and IN > 0:
         bk, bi, br, warps = WEIGHT_GRAD_TILES
-        programs = min(persistent_programs(gyt.device), _cdiv(OUT, bk) * _cdiv(IN, bi))
+        programs = min(persistent_programs(gyt.device), cdiv(OUT, bk) * cdiv(IN, bi))
         _weight_grad_kernel[(programs,)](gyt, bits, cols, count, gw, R, IN, programs, BK=bk, BI=bi, BR=br,
                                          PRECISION=precision, ALIGNED=IN % 8 == 0, num_warps=warps)
 

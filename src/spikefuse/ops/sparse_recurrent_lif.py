@@ -27,9 +27,9 @@ from __future__ import annotations
 import torch
 
 from .launch import cached_launch
-from .lif import EAGER, RESET_CODES, _cdiv, f32, grad_h, surrogate_grad
-from .recurrent_lif import _rlif_backward_step, _tf32, fire_and_store
-from .surrogate import SURROGATES
+from .kernel_base import EAGER, RESET_CODES, cdiv, f32, grad_h, surrogate_grad
+from .recurrent_common import _rlif_backward_step, _tf32, fire_and_store
+from ..surrogates import SURROGATES
 from .triton_or_stub import tl, triton
 
 SEG = 1024  # columns per list segment (one listing program each)
@@ -197,7 +197,7 @@ def _sparse_tiles(M):
 
 def _lists(T, N, device):
     """(index lists [T, NSEG, SEG], counts [T, NSEG]) int32, for active or carrying columns."""
-    nseg = _cdiv(N, SEG)
+    nseg = cdiv(N, SEG)
     return (torch.zeros((T, nseg, SEG), device=device, dtype=torch.int32),
             torch.zeros((T, nseg), device=device, dtype=torch.int32))
 
@@ -214,9 +214,9 @@ def forward(x, weight, decay, threshold, reset, v_reset, grad_threshold, save, l
     carry, carry_count = _lists(T if save else 0, N, x.device)
     if x.numel() == 0:
         return spikes, v, h, wt, carry, carry_count, active_count
-    nseg = _cdiv(N, SEG)
+    nseg = cdiv(N, SEG)
     BLOCK_M, BLOCK_N, BLOCK_K, warps = _sparse_tiles(M)
-    grid = (_cdiv(M, BLOCK_M), _cdiv(N, BLOCK_N))
+    grid = (cdiv(M, BLOCK_M), cdiv(N, BLOCK_N))
     row_blocks = grid[0]
     spiked = torch.empty((T, row_blocks, N), device=x.device, dtype=torch.int8)
     near = torch.empty((T if save else 0, row_blocks, N), device=x.device, dtype=torch.int8)
@@ -245,12 +245,12 @@ def backward(grad_s, grad_vT, h, spikes, wt, carry, carry_count, weight, decay, 
     gh = torch.empty((T, M, N), device=spikes.device, dtype=torch.float32)
     if spikes.numel() == 0:
         return gh.to(spikes.dtype), torch.zeros_like(weight)
-    nseg = _cdiv(N, SEG)
+    nseg = cdiv(N, SEG)
     BLOCK_M, BLOCK_N, BLOCK_K, warps = _sparse_tiles(M)
-    chunk = _cdiv(max(CHUNK, _cdiv(N, MAX_CHUNKS)), 32) * 32
-    nchunk = _cdiv(N, chunk)
+    chunk = cdiv(max(CHUNK, cdiv(N, MAX_CHUNKS)), 32) * 32
+    nchunk = cdiv(N, chunk)
     partials = torch.empty((nchunk, M, N), device=spikes.device, dtype=torch.float32)
-    lists = (_cdiv(M, BLOCK_M), nseg * (SEG // LIST_BLOCK))
+    lists = (cdiv(M, BLOCK_M), nseg * (SEG // LIST_BLOCK))
     elementwise = launch(_rlif_backward_step)
     partial, finish = launch(_carry_partial), launch(_carry_finish)
     unused = launch.unused(gs)
@@ -259,7 +259,7 @@ def backward(grad_s, grad_vT, h, spikes, wt, carry, carry_count, weight, decay, 
     for t in reversed(range(T)):
         last = t == T - 1
         # every column: the surrogate and leak terms, without the recurrent input's gradient
-        elementwise[(_cdiv(M, BLOCK_M), _cdiv(N, BLOCK_N))](
+        elementwise[(cdiv(M, BLOCK_M), cdiv(N, BLOCK_N))](
             gs, weight, h, gvT if gvT is not None else unused, gh, ghx_arg, t,
             decay, threshold, v_reset, alpha, grad_threshold, M, N, weight.stride(0), weight.stride(1),
             RESET=RESET_CODES[reset], DETACH=detach, SURROGATE=SURROGATES[surrogate], LAST=last,

@@ -21,7 +21,7 @@ import contextlib
 import torch
 from torch.nn import functional as F
 
-from .lif import EAGER, TRACED
+from .kernel_base import EAGER, TRACED
 from .spike_linear import autocast_args
 from .spike_pack import pack, unpack
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from .lif import _cdiv  # first: it sets TRITON_INTERPRET on GPU-less machines
+from .kernel_base import cdiv  # first: it chooses the interpreter on GPU-less machines
 from .launch import cached_launch
 from .spike_pack import use_triton
 
@@ -81,7 +81,7 @@ def line_flags(x: torch.Tensor, over: int) -> torch.Tensor:
     if lines:
         # columns: a line block is contiguous; rows: few rows per program, many programs
         bl, bo = (32, 32) if over == 0 else (4, 256)
-        _line_flags_kernel[(_cdiv(lines, bl),)](x, flags, lines, other, line_stride, other_stride, BL=bl, BO=bo)
+        _line_flags_kernel[(cdiv(lines, bl),)](x, flags, lines, other, line_stride, other_stride, BL=bl, BO=bo)
     return flags
 
 

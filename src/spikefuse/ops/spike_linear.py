@@ -19,7 +19,7 @@ import torch
 from torch.nn import functional as F
 
 from . import weight_grad_queue
-from .lif import EAGER, TRACED
+from .kernel_base import EAGER, TRACED
 from .spike_pack import pack, unpack
 
 

@@ -15,7 +15,7 @@ import os
 
 import torch
 
-from .lif import EAGER, _cdiv  # first: it sets TRITON_INTERPRET on GPU-less machines
+from .kernel_base import EAGER, cdiv  # first: it chooses the interpreter on GPU-less machines
 from .launch import cached_launch
 
 from .triton_or_stub import HAVE_TRITON, tl, triton  # noqa: E402
@@ -78,7 +78,7 @@ def pack(s: torch.Tensor, launch=EAGER) -> torch.Tensor:
     flat = flat.contiguous()
     out = torch.empty(n_bytes, dtype=torch.uint8, device=flat.device)
     if n:
-        launch(_pack_kernel)[(_cdiv(n_bytes, BLOCK),)](flat, out, n, n_bytes, BLOCK=BLOCK)
+        launch(_pack_kernel)[(cdiv(n_bytes, BLOCK),)](flat, out, n, n_bytes, BLOCK=BLOCK)
     return out
 
 
@@ -97,7 +97,7 @@ def unpack(packed: torch.Tensor, shape, dtype: torch.dtype = torch.float32, laun
         return bits.reshape(-1)[:n].to(dtype).view(shape)
     out = torch.empty(shape, dtype=dtype, device=packed.device)
     if n:
-        launch(_unpack_kernel)[(_cdiv(packed.numel(), BLOCK),)](packed, out, n, packed.numel(), BLOCK=BLOCK)
+        launch(_unpack_kernel)[(cdiv(packed.numel(), BLOCK),)](packed, out, n, packed.numel(), BLOCK=BLOCK)
     return out
 
 

@@ -216,7 +216,7 @@ class PipelineTrainer:
         """This stage's training step as CUDA-graph replays: step(x, target) -> loss runs
         forward, backward and, if given, optimizer.step(), with the chunk hand-offs (NCCL
         point-to-point) inside the graph, so the host issues one launch per step instead of
-        a few hundred per chunk (spikefuse.train.capture.CapturedStep: `warmup` eager steps
+        a few hundred per chunk (spikefuse.capture.CapturedStep: `warmup` eager steps
         per input shape, then one capture; every rank captures the same step and all replay
         or, if capturing fails anywhere, all run eagerly with a CaptureFallback warning).
 
@@ -225,7 +225,7 @@ class PipelineTrainer:
         After each call every parameter's .grad holds that step's gradient (set, not
         accumulated); the optimizer must be capturable (prepare_optimizer is applied to it).
         On the CPU (gloo) the same function runs eagerly."""
-        from ..train.capture import CapturedStep, prepare_optimizer
+        from ..capture import CapturedStep, prepare_optimizer
 
         device = next(iter(self.parameters()), torch.empty(0)).device
         if optimizer is not None and device.type == "cuda":

@@ -172,7 +172,7 @@ def _step_seconds_of(run, x: torch.Tensor, reps: int) -> float:
     the host's issuing of a few hundred launches per chunk."""
     if x.device.type != "cuda":
         return _seconds_of(lambda: run(x), x.device, reps)
-    from ..train.capture import CapturedStep
+    from ..capture import CapturedStep
 
     step = CapturedStep(run, warmup=2, name="planner step")
     for _ in range(3):  # warm-up steps, then the capture

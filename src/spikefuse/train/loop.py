@@ -33,7 +33,7 @@ from .. import precision as precisions
 from ..errors import RunError
 from . import checkpoint, metrics, plots, rundir
 from ..nn.sparse_linear import update_dispatch
-from .capture import CaptureFallback, CapturedStep, prepare_optimizer
+from ..capture import CaptureFallback, CapturedStep, prepare_optimizer
 from .spikes import SpikeMonitor
 
 if TYPE_CHECKING:  # spikefuse.parallel (torch.distributed) is imported only by those who use it
@@ -64,7 +64,7 @@ class Trainer:
     compile: run the forward through torch.compile (default mode; checkpoints keep the
         plain module). With capture on, the CUDA graph captures the compiled step: one of
         the two captures, never both.
-    capture: run each training step as a CUDA-graph replay (spikefuse.train.capture);
+    capture: run each training step as a CUDA-graph replay (spikefuse.capture);
         None = on for CUDA. The optimizer is prepared for it in place (learning rate as a
         device tensor, capturable state). fp16 trains eagerly: GradScaler decides on the
         host whether to skip a step. Evaluation runs eagerly (no gradients, no optimizer:

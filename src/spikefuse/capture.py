@@ -1,0 +1,227 @@
+"""A whole training step (forward, loss, backward, optimizer step, metric sums) captured in
+one CUDA graph and replayed per batch, so the host issues one launch per step instead of
+hundreds: small networks then run at the GPU's speed, not the host's.
+
+    prepare_optimizer(optimizer)                 # capturable state, learning rate as a tensor
+    step = CapturedStep(train_step)              # train_step(x, y) does the whole step
+    for x, y in batches:
+        loss = step(x, y)                        # eager warm-up, then capture, then replays
+
+How it works. Each input signature (shapes, dtypes, device) gets its own graph: its first
+`warmup` calls run eagerly on a side stream (they are real training steps, and they
+initialise lazy state: optimizer moments, cuBLAS/cuDNN handles, autotuned kernels), the
+next call copies its inputs into static buffers and captures, and every later call copies
+into those buffers and replays. So the last, shorter batch of an epoch gets a second graph
+after `warmup` epochs; until then it runs eagerly. `step_fn` must only read its arguments
+and tensors that outlive it (parameters, gradients, optimizer state, buffers, accumulators
+updated in place); what it returns is overwritten by the next call.
+
+Where capture is impossible it falls back to eager, with one warning naming the cause: CPU
+tensors, more input shapes than `max_graphs` (dynamic shapes), or an error raised while
+capturing (an op that syncs with the host, such as `.item()`, or allocates on the CPU).
+
+Memory: the graphs share one private memory pool that holds a step's working memory (its
+activations and temporaries, about the eager step's peak over the parameters and optimizer
+state) for as long as this object lives; `pool_bytes` reports it. Parameter gradients live
+in that pool too. Sharing is safe because nothing in the pool outlives a replay that
+another graph could overwrite: persistent state exists before the first capture (warm-up).
+"""
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+
+import torch
+from torch.utils._pytree import tree_map
+
+__all__ = ["CapturedStep", "prepare_optimizer", "CaptureFallback"]
+
+
+class CaptureFallback(UserWarning):
+    """Issued once when a CapturedStep runs eagerly instead of replaying a CUDA graph."""
+
+
+def prepare_optimizer(optimizer: torch.optim.Optimizer) -> str | None:
+    """Make `optimizer` steppable inside a CUDA graph, in place; returns None, or why it
+    cannot be (then capture must not be used with it).
+
+    The learning rate becomes a 0-d tensor on the parameters' device, so a scheduler that
+    changes it between steps (LRScheduler fills tensors in place) reaches the graph instead
+    of being frozen into it. Optimizers with a `capturable` flag (Adam, AdamW, RMSprop, ...)
+    get it set, their step counters moved to the device; SGD runs its fused kernel (its
+    foreach path reads a tensor learning rate on the host). Run eager steps with the same
+    prepared optimizer to get the same numbers as the captured ones.
+    """
+    for group in optimizer.param_groups:
+        params = group["params"]
+        if not params:
+            continue
+        device = params[0].device
+        if device.type != "cuda":
+            return f"{type(optimizer).__name__} holds parameters on {device}, not on a CUDA device"
+        if "capturable" in group:
+            group["capturable"] = True
+        elif isinstance(optimizer, torch.optim.SGD):
+            if group.get("differentiable") or group.get("foreach"):
+                return "SGD with foreach=True or differentiable=True reads its learning rate on the host"
+            group["fused"] = True
+        else:
+            return (f"{type(optimizer).__name__} has no capturable mode (its step reads values on "
+                    "the host); use Adam, AdamW, SGD or another optimizer with `capturable`")
+        lr = group["lr"]
+        group["lr"] = (lr.to(device=device, dtype=torch.float32) if isinstance(lr, torch.Tensor)
+                       else torch.tensor(float(lr), device=device))
+    for state in optimizer.state.values():  # after load_state_dict, or eager steps before
+        for key, value in state.items():
+            if key == "step" and isinstance(value, torch.Tensor) and value.device.type == "cpu":
+                state[key] = value.to(optimizer.param_groups[0]["params"][0].device, torch.float32)
+    return None
+
+
+class _Graph:
+    """One input signature: its warm-up count, then its graph, static inputs and outputs."""
+
+    def __init__(self):
+        self.calls = 0
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.inputs: tuple[torch.Tensor, ...] = ()
+        self.outputs = None
+
+
+class CapturedStep:
+    """step_fn(*inputs) run as CUDA-graph replays (see the module docstring).
+
+    warmup: eager calls per input signature before its capture (3 is PyTorch's advice;
+        at least 1, so lazy state exists before the capture).
+    max_graphs: input signatures captured at most; further ones run eagerly with a warning.
+    enabled: False runs every call eagerly (no warning): the --no-capture path.
+    agree_across: a torch.distributed process group whose ranks capture the same step
+        together (data parallel, the pipeline): after each capture they agree, so that all
+        replay or, if capturing failed on any rank, all run eagerly. Without it a rank that
+        replays would wait forever on a peer that runs the step eagerly.
+    stream: the CUDA side stream the warm-ups and captures run on (default: one of its
+        own); pass the stream a DistributedDataParallel model was built on
+        (DataParallel.wrap(stream=...)), so that its gradient hooks run where the step does.
+    """
+
+    def __init__(self, step_fn: Callable, *, warmup: int = 3, max_graphs: int = 4,
+                 enabled: bool = True, name: str = "training step", agree_across=None,
+                 stream: torch.cuda.Stream | None = None):
+        if not callable(step_fn):
+            raise TypeError(f"step_fn must be callable, got {type(step_fn).__name__}")
+        if not isinstance(warmup, int) or isinstance(warmup, bool) or warmup < 1:
+            raise ValueError(f"warmup: expected an int >= 1 (eager calls before capture), got {warmup!r}")
+        if not isinstance(max_graphs, int) or isinstance(max_graphs, bool) or max_graphs < 1:
+            raise ValueError(f"max_graphs: expected an int >= 1, got {max_graphs!r}")
+        self.step_fn, self.warmup, self.max_graphs, self.name = step_fn, warmup, max_graphs, name
+        self.enabled = bool(enabled)
+        self.agree_across = agree_across
+        self.fallback_reason: str | None = None  # set once capture is given up, with the warning
+        self.graphs: dict[tuple, _Graph] = {}
+        self._pool = None
+        self._side_stream = stream
+        self._warned_shapes = False
+        self.pool_bytes = 0  # device memory reserved while capturing (the private pool)
+
+    @property
+    def captured(self) -> int:
+        """How many input signatures have a graph."""
+        return sum(entry.graph is not None for entry in self.graphs.values())
+
+    def __call__(self, *inputs: torch.Tensor):
+        if not self.enabled or self.fallback_reason is not None:
+            return self.step_fn(*inputs)
+        reason = self._unsupported(inputs)
+        if reason is not None:
+            return self._give_up(reason, inputs)
+        key = tuple((tuple(t.shape), t.dtype, t.device) for t in inputs)
+        entry = self.graphs.get(key)
+        if entry is None:
+            if len(self.graphs) >= self.max_graphs:
+                return self._eager_for_new_shape(key, inputs)
+            entry = self.graphs[key] = _Graph()
+        if entry.graph is not None:
+            for static, new in zip(entry.inputs, inputs):
+                if static.data_ptr() != new.data_ptr():
+                    static.copy_(new, non_blocking=True)
+            entry.graph.replay()
+            return entry.outputs
+        if entry.calls < self.warmup:
+            entry.calls += 1
+            return self._warm_up(inputs)
+        return self._capture(entry, inputs)
+
+    @staticmethod
+    def _unsupported(inputs) -> str | None:
+        if inputs and all(isinstance(t, torch.Tensor) and t.is_cuda for t in inputs):
+            return None
+        where = sorted({str(t.device) if isinstance(t, torch.Tensor) else type(t).__name__ for t in inputs})
+        return f"CUDA graphs need CUDA tensors as inputs, got {', '.join(where) or 'no inputs'}"
+
+    # ---- the three ways a call runs ----
+
+    def _warm_up(self, inputs):
+        """One eager step on a side stream (PyTorch's rule for what will be captured)."""
+        device = inputs[0].device
+        if self._side_stream is None:
+            self._side_stream = torch.cuda.Stream(device)
+        main = torch.cuda.current_stream(device)
+        self._side_stream.wait_stream(main)
+        with torch.cuda.stream(self._side_stream):
+            outputs = self.step_fn(*inputs)
+        main.wait_stream(self._side_stream)
+        return outputs
+
+    def _capture(self, entry: _Graph, inputs):
+        device = inputs[0].device
+        static = tuple(t.clone(memory_format=torch.preserve_format) for t in inputs)
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        graph = torch.cuda.CUDAGraph()
+        torch.cuda.empty_cache()  # as capturing does first: then the growth is the pool's
+        reserved = torch.cuda.memory_reserved(device)
+        failure = None
+        try:
+            with torch.cuda.graph(graph, pool=self._pool, stream=self._side_stream,  # the warm-ups' stream
+                                  capture_error_mode="thread_local"):
+                outputs = self.step_fn(*static)
+        except Exception as e:  # the step did not run: run it eagerly, and from now on
+            first_line = (str(e).strip().splitlines() or [""])[0]
+            failure = f"capturing failed: {type(e).__name__}: {first_line}"
+        if self.agree_across is not None:  # nothing ran yet on any rank: all replay, or all go eager
+            failure = self._agree(failure, device)
+        if failure is not None:
+            return self._give_up(failure, inputs)
+        self.pool_bytes += torch.cuda.memory_reserved(device) - reserved
+        # detached: the capture's autograd graph would otherwise stay alive with its
+        # AccumulateGrad nodes bound to the capture stream, and later eager steps would
+        # synchronise with that stream
+        outputs = tree_map(lambda t: t.detach() if isinstance(t, torch.Tensor) else t, outputs)
+        entry.graph, entry.inputs, entry.outputs = graph, static, outputs
+        graph.replay()  # capturing recorded the step without running it
+        return outputs
+
+    def _agree(self, failure: str | None, device) -> str | None:
+        import torch.distributed as dist
+
+        failed = torch.tensor([failure is not None], dtype=torch.int32, device=device)
+        dist.all_reduce(failed, op=dist.ReduceOp.MAX, group=self.agree_across)
+        if failed.item() and failure is None:
+            failure = "capturing failed on another rank (its warning says why)"
+        return failure
+
+    def _give_up(self, reason, inputs):
+        self.fallback_reason = reason
+        self.graphs.clear()
+        warnings.warn(f"{self.name} runs eagerly, not as a CUDA graph: {reason}", CaptureFallback, stacklevel=3)
+        return self.step_fn(*inputs)
+
+    def _eager_for_new_shape(self, key, inputs):
+        if not self._warned_shapes:
+            self._warned_shapes = True
+            shapes = ", ".join(str([list(s) for s, _, _ in k]) for k in list(self.graphs)[:3])
+            warnings.warn(f"{self.name}: input shapes {[list(s) for s, _, _ in key]} make more than "
+                          f"max_graphs={self.max_graphs} shapes (already captured: {shapes}, ...); "
+                          "steps of new shapes run eagerly. Fixed batch shapes (drop_last, padding) "
+                          "keep every step captured.", CaptureFallback, stacklevel=3)
+        return self.step_fn(*inputs)

@@ -1,0 +1,281 @@
+"""The kernels' base: what every fused op under spikefuse.ops builds on.
+
+- the interpreter choice: without a CUDA GPU, Triton can only run kernels through its
+  interpreter, so TRITON_INTERPRET=1 is the default there (set before any kernel below is
+  defined: Triton reads it when a function is decorated);
+- launching: `EAGER` launches a kernel through its CachedLaunch, `TRACED` (inside the
+  torch.library.triton_ops that torch.compile traces) as a wrap_triton graph node;
+- device functions the neuron kernels share: float32 arguments, the built-in surrogates, the
+  reset and its partials, per-neuron parameters, and the chunk loaders and stores of the
+  time-chunked kernels (a program owns BLOCK neurons and walks time K rows at a time);
+- host helpers: launch rules per dtype (measured, ops/lif_tuning.json), cdiv, powers of 2.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+
+import torch
+
+if not torch.cuda.is_available():  # no GPU: Triton can only run through its interpreter
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from .triton_or_stub import tl, triton  # noqa: E402
+
+RESET_CODES = {"hard": 0, "soft": 1, "none": 2}
+
+
+class Launch:
+    """How the host functions below launch a kernel (a CachedLaunch) and fill a pointer the
+    kernel will not read. EAGER: through the CachedLaunch, an existing tensor as the filler.
+    TRACED (the bodies of the torch.library.triton_ops, what torch.compile traces):
+    wrap_triton(kernel), so the launch is a graph node that inductor launches from its own
+    generated code; None as the filler, so that no tensor is passed twice (functionalization
+    clones each argument a kernel may write, and of two clones of one tensor keeps one)."""
+
+    def __init__(self, traced: bool):
+        self.traced = traced
+
+    def __call__(self, launcher):
+        return torch.library.wrap_triton(_jit(launcher)) if self.traced else launcher
+
+    def unused(self, t):
+        return None if self.traced else t
+
+
+EAGER, TRACED = Launch(False), Launch(True)
+
+
+def _jit(launcher):
+    """The launcher's JITFunction. Under the interpreter (CPU tests) @triton.jit gives an
+    InterpretedFunction, which wrap_triton leaves untraceable: a JITFunction twin that runs
+    through the interpreter stands in (made once per kernel: dynamo keys on its identity)."""
+    kernel = launcher.kernel
+    if isinstance(kernel, triton.runtime.JITFunction):
+        return kernel
+    twin = getattr(launcher, "interpreted_jit", None)
+    if twin is None:
+        twin = launcher.interpreted_jit = _InterpretedJIT(kernel)
+    return twin
+
+
+class _InterpretedJIT(triton.runtime.JITFunction):
+    def __init__(self, interpreted):
+        super().__init__(interpreted.fn)
+        self.interpreted = interpreted
+
+    @property
+    def cache_key(self):  # Triton's hashes the helpers it calls, which are not JITFunctions here
+        return f"{self.fn.__module__}.{self.fn.__qualname__}"
+
+    def run(self, *args, grid, warmup, **kwargs):
+        return self.interpreted.run(*args, grid=grid, warmup=warmup, **kwargs)
+
+
+@triton.jit
+def f32(x):
+    """A float argument as float32: Triton's launcher passes Python floats as fp32,
+    inductor's generated launches (torch.compile) as fp64."""
+    return tl.cast(x, tl.float32)
+
+
+@triton.jit
+def surrogate_grad(u, SURROGATE: tl.constexpr, alpha):
+    """sg(u) for the surrogate code (see surrogate.py for the formulas)."""
+    if SURROGATE == 0:  # rectangular
+        return tl.where(tl.abs(u) < alpha * 0.5, 1.0 / alpha, 0.0)
+    elif SURROGATE == 1:  # triangle
+        return tl.maximum(1.0 - tl.abs(u) / alpha, 0.0, propagate_nan=tl.PropagateNan.ALL) / alpha  # NaN stays
+    elif SURROGATE == 2:  # fast sigmoid / SuperSpike
+        d = alpha * tl.abs(u) + 1.0
+        return 1.0 / (d * d)
+    elif SURROGATE == 3:  # sigmoid
+        sig = 1.0 / (1.0 + tl.exp(-alpha * u))
+        return alpha * sig * (1.0 - sig)
+    else:  # atan
+        z = 1.5707963267948966 * alpha * u  # pi / 2, as a literal: inductor compiles this source without its module globals
+        return (alpha * 0.5) / (1.0 + z * z)
+
+
+@triton.jit
+def reset_potential(h, fired, threshold, v_reset, RESET: tl.constexpr):
+    """v[t] from h[t] and s[t]: hard, soft (subtract) or no reset."""
+    if RESET == 0:
+        return tl.where(fired, v_reset, h)
+    elif RESET == 1:
+        return tl.where(fired, h - threshold, h)
+    else:
+        return h
+
+
+@triton.jit
+def spike_value(u, fired):
+    """s[t] as a float: 1.0 or 0.0, and NaN where u = h - threshold is NaN (NaN >= 0 is
+    False: without this a NaN potential would read as "no spike"). Two instructions."""
+    return tl.where(u == u, fired.to(tl.float32), u)
+
+
+@triton.jit
+def reset_partials(h, fired, threshold, v_reset, RESET: tl.constexpr, DETACH: tl.constexpr):
+    """(dv[t]/dh[t] with s held, dv[t]/ds[t]) of the reset (the second 0 with detach_reset)."""
+    if RESET == 0:
+        direct = tl.where(fired, 0.0, 1.0)
+        through_spike = 0.0 if DETACH else v_reset - h
+    elif RESET == 1:
+        direct = 1.0
+        through_spike = 0.0 if DETACH else -threshold
+    else:
+        direct = 1.0
+        through_spike = 0.0
+    return direct, through_spike
+
+
+@triton.jit
+def grad_h(gs, gv, h, fired, sg, threshold, v_reset, RESET: tl.constexpr, DETACH: tl.constexpr):
+    """dL/dh[t] from dL/ds[t] and dL/dv[t]: through the spike (surrogate) and the reset."""
+    direct, through_spike = reset_partials(h, fired, threshold, v_reset, RESET, DETACH)
+    return (gs + gv * through_spike) * sg + gv * direct
+
+
+@triton.jit
+def load_per_neuron(ptr, value, n, mask, inner, C, MODE: tl.constexpr):
+    """A parameter per neuron (the decay or the threshold): MODE 0 = the float `value`,
+    1 = one tensor value, 2 = one per channel."""
+    if MODE == 0:
+        return value
+    elif MODE == 1:
+        return tl.load(ptr).to(tl.float32)
+    else:
+        return tl.load(ptr + (n // inner) % C, mask=mask, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def row(X, sel):
+    """Row `sel` of a [K, BLOCK] chunk. K lies in each thread's registers and the other
+    rows are -0.0 (x + -0.0 == x exactly, unlike + 0.0), so this folds to a register move."""
+    return tl.sum(tl.where(sel, X, -0.0), axis=0)
+
+
+@triton.jit
+def program_neurons(BLOCK: tl.constexpr):
+    """This program's BLOCK neuron indices, declared contiguous only in runs of BLOCK // 32:
+    then each thread of a one-warp program loads its own run for all K rows of a chunk. Told the
+    whole block is contiguous, Triton splits a row's vector loads over fewer threads and gives
+    each row to several threads (bfloat16 from BLOCK = 128), and every row extraction becomes
+    warp shuffles (bfloat16 ran at half the bandwidth)."""
+    n = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    if BLOCK >= 32:
+        n = tl.max_contiguous(n, BLOCK // 32)
+    return n
+
+
+@triton.jit
+def chunk_ptrs(ptr, t0, offs, N):
+    """Pointers to a chunk's rows: a 64-bit row base (T*N may pass 2^31) plus the
+    chunk's 32-bit offsets (K*N < 2^31 is checked by the launcher)."""
+    return ptr + tl.cast(t0, tl.int64) * N + offs
+
+
+@triton.jit
+def load_chunk(ptr, t0, offs, k, n_mask, T, N, EVEN_N: tl.constexpr):
+    """The [K, BLOCK] chunk starting at step t0 (zeros past T). Only the chunk that
+    crosses T pays for a per-row mask: the masks were a third of the kernel's
+    instructions when every chunk carried them."""
+    K: tl.constexpr = offs.shape[0]
+    ptrs = chunk_ptrs(ptr, t0, offs, N)
+    if t0 + K <= T:
+        if EVEN_N:
+            X = tl.load(ptrs)
+        else:
+            X = tl.load(ptrs, mask=n_mask[None, :], other=0.0)
+    else:
+        X = tl.load(ptrs, mask=((t0 + k) < T)[:, None] & n_mask[None, :], other=0.0)
+    return X
+
+
+@triton.jit
+def load_earlier_chunk(ptr, t0, offs, n_mask, N, EVEN_N: tl.constexpr):
+    """A whole chunk before the current one in the reverse walk; nothing is read when
+    t0 < 0 (one warp-uniform predicate: a branch here doubled the live registers)."""
+    mask = tl.full(offs.shape, t0, tl.int32) >= 0
+    if not EVEN_N:
+        mask = mask & n_mask[None, :]
+    return tl.load(chunk_ptrs(ptr, t0, offs, N), mask=mask, other=0.0)
+
+
+@triton.jit
+def store_chunk(ptr, t0, offs, k, n_mask, T, N, value, EVEN_N: tl.constexpr):
+    """Store a [K, BLOCK] chunk starting at step t0, dropping rows past T."""
+    K: tl.constexpr = offs.shape[0]
+    ptrs = chunk_ptrs(ptr, t0, offs, N)
+    value = value.to(ptr.dtype.element_ty)
+    if t0 + K <= T:
+        if EVEN_N:
+            tl.store(ptrs, value)
+        else:
+            tl.store(ptrs, value, mask=n_mask[None, :])
+    else:
+        tl.store(ptrs, value, mask=((t0 + k) < T)[:, None] & n_mask[None, :])
+
+
+_TUNING_FILE = os.path.join(os.path.dirname(__file__), "lif_tuning.json")
+_DEFAULT_RULES = {"float32": [(0, 64, 16, 1)], "bfloat16": [(0, 32, 4, 1)], "float16": [(0, 32, 4, 1)]}
+
+
+def _load_tuning() -> dict:
+    """Per dtype, rules (min_neurons, BLOCK, K, num_warps) with min_neurons descending, as
+    measured by benchmarks/tune_lif.py on a GPU: the first rule with N >= min_neurons holds
+    (fewer neurons want narrower programs, so that enough of them fill the GPU)."""
+    try:
+        with open(_TUNING_FILE) as f:
+            table = json.load(f)["rules"]
+        return {**_DEFAULT_RULES, **{name: [tuple(rule) for rule in rules] for name, rules in table.items()}}
+    except (OSError, ValueError, KeyError):
+        return dict(_DEFAULT_RULES)
+
+
+LAUNCH_RULES = _load_tuning()
+_RULES_BY_DTYPE = {getattr(torch, name): rules for name, rules in LAUNCH_RULES.items()}
+
+
+# host-side twins of triton.cdiv / triton.next_power_of_2, which are ConstexprFunctions in
+# newer Triton: several us a call, on every launch
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def next_power_of_2(n: int) -> int:
+    return 1 << max(n - 1, 0).bit_length()
+
+
+def launch_config(num_neurons: int, dtype: torch.dtype) -> tuple[int, int, int]:
+    """(BLOCK, K, num_warps). One warp per program: with more, Triton spreads a chunk's
+    K rows over warps and every row extraction becomes a shared-memory reduction (10x
+    slower in an earlier sweep on an H200)."""
+    for min_neurons, BLOCK, K, warps in _RULES_BY_DTYPE[dtype]:
+        if num_neurons >= min_neurons:
+            break
+    if K * max(num_neurons, BLOCK) >= 2**31:
+        raise ValueError(f"x has {num_neurons} neurons per time step; the fused LIF supports "
+                         f"fewer than {2**31 // K} (use backend='reference')")
+    return BLOCK, K, warps
+
+
+def param_mode(tensor):
+    """load_per_neuron's MODE for a decay or threshold: 0 = a float, 1 = one tensor value,
+    2 = one per channel."""
+    return 0 if tensor is None else 1 if tensor.numel() == 1 else 2
+
+
+def channel_layout(shape, *params):
+    """(channels, elements per channel within one sample) of x [T, B, C, ...] where one of
+    the params is per channel; else (1, 1), the kernels' launch arguments of before."""
+    if any(p is not None and p.numel() > 1 for p in params):
+        return shape[2], math.prod(shape[3:])
+    return 1, 1
+
+
+def or_empty(t, like):
+    """t, or an empty float32 tensor: an op may not return None (nor one tensor twice)."""
+    return t if t is not None else like.new_empty(0, dtype=torch.float32)
