@@ -197,6 +197,104 @@ def test_bad_graphs_name_the_node():
         from_nir({"nodes": {}})
 
 
+def _lif(n=2, **fields):
+    values = dict(tau=np.full(n, 1e-3), r=np.ones(n), v_leak=np.zeros(n), v_threshold=np.ones(n), v_reset=np.zeros(n))
+    return nir.LIF(**{**values, **fields})
+
+
+def _with(array, index, value):
+    array = np.array(array, np.float64)
+    array[index] = value
+    return array
+
+
+# Every float parameter of every node kind, with NaN, +inf or -inf: refused naming node and field.
+NON_FINITE = {
+    "affine-weight-nan": (lambda: [nir.Affine(weight=_with(np.ones((2, 3)), (1, 2), np.nan), bias=np.zeros(2)),
+                                   _lif()], "affine", "Affine", "weight"),
+    "affine-bias-inf": (lambda: [nir.Affine(weight=np.ones((2, 3)), bias=_with(np.zeros(2), 0, np.inf)), _lif()],
+                        "affine", "Affine", "bias"),
+    "linear-weight-neg-inf": (lambda: [nir.Linear(weight=_with(np.ones((2, 3)), (0, 0), -np.inf)), _lif()],
+                              "linear", "Linear", "weight"),
+    "conv-weight-nan": (lambda: [nir.Conv2d(input_shape=(4, 4), weight=_with(np.ones((2, 1, 3, 3)), (0, 0, 1, 1), np.nan),
+                                            stride=1, padding=0, dilation=1, groups=1, bias=np.zeros(2))],
+                        "conv2d", "Conv2d", "weight"),
+    "conv-bias-inf": (lambda: [nir.Conv2d(input_shape=(4, 4), weight=np.ones((2, 1, 3, 3)), stride=1, padding=0,
+                                          dilation=1, groups=1, bias=_with(np.zeros(2), 1, np.inf))],
+                      "conv2d", "Conv2d", "bias"),
+    "lif-tau-nan": (lambda: [nir.Affine(weight=np.ones((2, 3)), bias=np.zeros(2)), _lif(tau=_with(np.full(2, 1e-3), 0, np.nan))],
+                    "lif", "LIF", "tau"),
+    "lif-threshold-inf": (lambda: [nir.Affine(weight=np.ones((2, 3)), bias=np.zeros(2)),
+                                   _lif(v_threshold=np.full(2, np.inf))], "lif", "LIF", "v_threshold"),
+    "lif-v-leak-nan": (lambda: [nir.Affine(weight=np.ones((2, 3)), bias=np.zeros(2)),
+                                _lif(v_leak=_with(np.zeros(2), 1, np.nan))], "lif", "LIF", "v_leak"),
+    "lif-v-reset-neg-inf": (lambda: [nir.Affine(weight=np.ones((2, 3)), bias=np.zeros(2)),
+                                     _lif(v_reset=np.full(2, -np.inf))], "lif", "LIF", "v_reset"),
+    "if-r-nan": (lambda: [nir.Affine(weight=np.ones((2, 3)), bias=np.zeros(2)),
+                          nir.IF(r=_with(np.ones(2), 0, np.nan), v_threshold=np.ones(2), v_reset=np.zeros(2))],
+                 "if", "IF", "r"),
+    "li-tau-inf": (lambda: [nir.Affine(weight=np.ones((2, 3)), bias=np.zeros(2)),
+                            nir.LI(tau=np.full(2, np.inf), r=np.ones(2), v_leak=np.zeros(2))], "li", "LI", "tau"),
+    "i-r-nan": (lambda: [nir.Affine(weight=np.ones((2, 3)), bias=np.zeros(2)), nir.I(r=np.full(2, np.nan))],
+                "i", "I", "r"),
+}
+
+
+@pytest.mark.parametrize("case", list(NON_FINITE))
+@pytest.mark.parametrize("via", ["graph", "file"])
+def test_non_finite_parameters_are_refused_naming_node_and_field(case, via, tmp_path):
+    nodes, key, kind, field = NON_FINITE[case]
+    graph = nir.NIRGraph.from_list(*nodes())
+    if via == "file":
+        nir.write(tmp_path / "g.nir", graph)
+        graph = tmp_path / "g.nir"
+    with pytest.raises(ValueError, match=rf"^node '{key}' \({kind}\): {field} is not finite \((nan|-?inf) at index"):
+        from_nir(graph, dt=1e-4)
+
+
+@pytest.mark.parametrize("node, message", [
+    (lambda: nir.Affine(weight=np.ones((2, 3)), bias=np.zeros(3)),
+     r"node 'affine': bias has 3 values \(shape \(3,\)\); expected 2, one per output of weight \(2, 3\)"),
+    (lambda: nir.Affine(weight=np.ones((2, 3)), bias=np.zeros(1)), r"node 'affine': bias has 1 values.*expected 2"),
+    (lambda: nir.Conv2d(input_shape=(4, 4), weight=np.ones((2, 1, 3, 3)), stride=1, padding=0, dilation=1, groups=1,
+                        bias=np.zeros(5)), r"node 'conv2d': bias has 5 values.*expected 2"),
+    (lambda: nir.Conv2d(input_shape=(4, 4), weight=np.ones((2, 1, 3)), stride=1, padding=0, dilation=1, groups=1,
+                        bias=np.zeros(2)), r"node 'conv2d': Conv2d weight must be 4-D"),
+], ids=["affine-bias-long", "affine-bias-short", "conv-bias-long", "conv-weight-3d"])
+def test_parameters_of_the_wrong_shape_name_the_node_and_expected_size(node, message):
+    with pytest.raises(ValueError, match=message):
+        from_nir(nir.NIRGraph.from_list(node()), dt=1e-4)
+
+
+def _h5_without_nir(path):
+    import h5py
+    with h5py.File(path, "w") as f:
+        f["something"] = 1
+
+
+BAD_FILES = {
+    "not-hdf5": lambda p, good: p.write_bytes(b"this is not an HDF5 file\n"),
+    "empty": lambda p, good: p.write_bytes(b""),
+    "truncated": lambda p, good: p.write_bytes(good.read_bytes()[: good.stat().st_size // 2]),
+    "hdf5-not-nir": lambda p, good: _h5_without_nir(p),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_FILES))
+def test_unreadable_files_are_one_line_with_the_cause_chained(case, tmp_path):
+    good = tmp_path / "good.nir"
+    nir.write(good, nir.NIRGraph.from_list(nir.Affine(weight=np.ones((2, 3)), bias=np.zeros(2)), _lif()))
+    bad = tmp_path / "bad.nir"
+    BAD_FILES[case](bad, good)
+    with pytest.raises(ValueError, match=r"^graph: .*bad.nir is not a readable NIR file \(\w+") as info:
+        from_nir(bad, dt=1e-4)
+    assert "\n" not in str(info.value) and info.value.__cause__ is not None
+    for missing in (tmp_path / "nosuch.nir", tmp_path):  # absent, or a directory
+        with pytest.raises(FileNotFoundError, match="graph: no such NIR file"):
+            from_nir(missing)
+    assert isinstance(from_nir(good, dt=1e-4)[0], nn.Linear)
+
+
 def test_models_that_are_not_sequential_are_refused():
     with pytest.raises(ValueError, match=r"cannot export DVSGestureNet to NIR: its max pooling"):
         to_nir(build_model("dvs-gesture", (2, 8, 8), 3, width=1 / 32))

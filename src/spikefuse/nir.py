@@ -345,7 +345,7 @@ def from_nir(graph, dt: float | None = None) -> nn.Sequential:
     nir = require("nir", "NIR export and import")
 
     if isinstance(graph, (str, Path)):
-        graph = nir.read(graph)
+        graph = _read(nir, Path(graph))
     if not isinstance(graph, nir.NIRGraph):
         raise TypeError(f"graph: expected a nir.NIRGraph or a path, got {type(graph).__name__}")
     metadata = graph.metadata if isinstance(graph.metadata, dict) else {}
@@ -355,6 +355,7 @@ def from_nir(graph, dt: float | None = None) -> nn.Sequential:
         raise ValueError(f"dt: expected a finite number of seconds > 0, got {dt!r}")
     reader = _Reader(dt)
     for key in _chain(graph):
+        _check_finite_node(key, graph.nodes[key])
         reader.add(key, graph.nodes[key])
     model = nn.Sequential(*reader.modules)
     readout = metadata.get("readout")
@@ -362,6 +363,32 @@ def from_nir(graph, dt: float | None = None) -> nn.Sequential:
     model.readout = readout if readout in ("mean", "count") else "none"
     model.dt = dt
     return model
+
+
+def _read(nir, path: Path):
+    """nir.read, with h5py's errors on a truncated, foreign or non-HDF5 file as one line."""
+    if not path.is_file():
+        raise FileNotFoundError(f"graph: no such NIR file: {path}")
+    try:
+        return nir.read(path)
+    except Exception as e:  # h5py raises OSError, KeyError, AttributeError...: all mean "not a NIR file"
+        from .errors import one_line
+        raise ValueError(f"graph: {path} is not a readable NIR file ({one_line(e)})") from e
+
+
+def _check_finite_node(key, node) -> None:
+    """Refuse NaN/inf in any float parameter of a node (export refuses to write them; a NaN
+    weight or tau would otherwise load silently or be misreported). Loading may sync."""
+    for field, value in vars(node).items():
+        if isinstance(value, torch.Tensor):
+            value = value.detach().cpu().numpy()
+        if isinstance(value, float) or (isinstance(value, np.ndarray) and value.dtype.kind in "fc"):
+            bad = ~np.isfinite(np.asarray(value))
+            if bad.any():
+                where = tuple(int(i) for i in np.argwhere(bad)[0]) if np.ndim(value) else ()
+                shown = np.asarray(value)[where] if where else np.asarray(value).reshape(-1)[0]
+                raise ValueError(f"node {key!r} ({type(node).__name__}): {field} is not finite "
+                                 f"({shown} at index {list(where)}); NIR parameters must be finite")
 
 
 def _chain(graph) -> list[str]:
@@ -411,6 +438,14 @@ def _arr(value) -> np.ndarray:
     return np.asarray(value, np.float64)
 
 
+def _bias(key, weight, bias):
+    """The bias as one value per output of `weight`, or a ValueError naming the node."""
+    if bias is not None and bias.size != weight.shape[0]:
+        raise ValueError(f"node {key!r}: bias has {bias.size} values (shape {bias.shape}); expected "
+                         f"{weight.shape[0]}, one per output of weight {weight.shape}")
+    return None if bias is None else bias.reshape(-1)
+
+
 def _per_channel(key, field, value) -> np.ndarray:
     """A neuron parameter as one value per channel ([1] if uniform): NIR gives one per neuron."""
     a = np.atleast_1d(_arr(value))
@@ -457,13 +492,17 @@ class _Reader:
             bias = _arr(node.bias) if isinstance(node, nir.Affine) and node.bias is not None else None
             if weight.ndim != 2:
                 raise ValueError(f"node {key!r}: {type(node).__name__} weight must be 2-D, got shape {weight.shape}")
+            bias = _bias(key, weight, bias)
             layer = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None)
             self.weighted = dict(module=layer, weight=weight, bias=bias)
             self._set(self.weighted)
             self.modules.append(layer)
         elif isinstance(node, nir.Conv2d):
             weight = _arr(node.weight)
-            bias = _arr(node.bias) if node.bias is not None else None
+            if weight.ndim != 4:
+                raise ValueError(f"node {key!r}: Conv2d weight must be 4-D [out, in/groups, kh, kw], "
+                                 f"got shape {weight.shape}")
+            bias = _bias(key, weight, _arr(node.bias) if node.bias is not None else None)
             if bias is not None and not bias.any():
                 bias = None
             padding = node.padding if isinstance(node.padding, str) else np.atleast_1d(node.padding)
