@@ -180,3 +180,109 @@ def test_under_torch_compile_a_double_backward_is_refused_not_zero():
     with pytest.raises(RuntimeError, match="double backward"):
         torch.autograd.grad(gx.pow(2).sum(), x)
     torch._dynamo.reset()
+
+
+# ---- the layers that save their spike input as bits (issue 36): second derivatives equal
+# torch's own nn.Linear / nn.Conv2d with the same weights (the term through the input was lost)
+
+def spikes(*shape, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.rand(shape, generator=g) > 0.5).float().to(DEVICE)
+
+
+def torch_twin(layer, cls):
+    """A plain torch layer with the same parameters, applied to [T, B, ...] as `layer` is."""
+    twin = copy.deepcopy(layer)
+    twin.__class__ = cls
+    if cls is torch.nn.Linear:
+        return twin, twin
+    return twin, lambda s: twin(s.flatten(0, 1)).unflatten(0, s.shape[:2])
+
+
+def second_order(forward, params, s, penalise):
+    """Gradients w.r.t. the input and every parameter of a penalty on first-order gradients
+    (those named by `penalise`: "x", "weight" and/or "bias"), taken with create_graph."""
+    x = s.clone().requires_grad_()
+    y = forward(x)
+    loss = (y ** 2 * weights_like(y)).sum()
+    inputs = {"x": x, **params}
+    first = dict(zip(inputs, torch.autograd.grad(loss, list(inputs.values()), create_graph=True)))
+    penalty = sum((first[name] ** 2).sum() for name in penalise if name in first)
+    return first, dict(zip(inputs, torch.autograd.grad(penalty, list(inputs.values()), allow_unused=True)))
+
+
+def assert_like_torch(layer, cls, s, penalise=("x", "weight", "bias")):
+    twin, twin_forward = torch_twin(layer, cls)
+    ours = second_order(layer, dict(layer.named_parameters()), s, penalise)
+    theirs = second_order(twin_forward, dict(twin.named_parameters()), s, penalise)
+    for order, (a, b) in enumerate(zip(ours, theirs), 1):
+        for name in b:
+            assert b[name] is not None and b[name].abs().max() > 0, f"degenerate: d{order}/d{name} is 0"
+            assert a[name] is not None, f"d{order}/d{name} missing"
+            assert rel_err(a[name], b[name]) < 1e-5, f"d{order}/d{name}: {rel_err(a[name], b[name])}"
+
+
+def test_spiking_linear_weight_gradient_penalty_reaches_the_input():
+    """The issue's case: |d/dx sum(gW^2)| was 443.6 against nn.Linear's 1097.8."""
+    from spikefuse.nn.spiking_layers import SpikingLinear
+    torch.manual_seed(0)
+    layer = SpikingLinear(20, 10).to(DEVICE)
+    assert_like_torch(layer, torch.nn.Linear, spikes(4, 3, 20, seed=1), penalise=("weight",))
+
+
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("contiguous", [True, False])
+def test_spiking_linear_second_derivatives_equal_nn_linear(bias, contiguous):
+    from spikefuse.nn.spiking_layers import SpikingLinear
+    torch.manual_seed(1)
+    layer = SpikingLinear(13, 7, bias=bias).to(DEVICE)
+    s = spikes(5, 3, 2, 13, seed=2)  # odd sizes, an extra dimension
+    if not contiguous:
+        s = spikes(5, 2, 3, 13, seed=2).transpose(1, 2)
+        assert not s.is_contiguous()
+    assert_like_torch(layer, torch.nn.Linear, s)
+
+
+def test_spiking_conv_weight_gradient_penalty_reaches_the_input():
+    """The issue's case: 44253 against nn.Conv2d's 82817."""
+    from spikefuse.nn.spiking_layers import SpikingConv2d
+    torch.manual_seed(0)
+    layer = SpikingConv2d(3, 4, 3, padding=1).to(DEVICE)
+    assert_like_torch(layer, torch.nn.Conv2d, spikes(3, 2, 3, 6, 6, seed=3), penalise=("weight",))
+
+
+@pytest.mark.parametrize("conv,layout", [
+    (dict(kernel_size=3, padding=1), "contiguous"),
+    (dict(kernel_size=3, stride=2, padding=1, bias=False), "strided"),
+    (dict(kernel_size=(3, 1), dilation=(2, 1), groups=2), "channels_last"),
+    (dict(kernel_size=1, stride=2), "channels_last_weight"),
+])
+def test_spiking_conv_second_derivatives_equal_nn_conv2d(conv, layout):
+    from spikefuse.nn.spiking_layers import SpikingConv2d, channels_last_conv
+    torch.manual_seed(2)
+    layer = SpikingConv2d(4, 6, **conv).to(DEVICE)
+    s = spikes(3, 2, 4, 7, 5, seed=4)  # odd spatial sizes
+    if layout == "strided":
+        s = spikes(3, 2, 4, 5, 7, seed=4).transpose(3, 4)
+        assert not s.is_contiguous()
+    elif layout == "channels_last":
+        s = s.movedim(2, -1).contiguous().movedim(-1, 2)
+    elif layout == "channels_last_weight":
+        layer = channels_last_conv(layer)
+    assert_like_torch(layer, torch.nn.Conv2d, s)
+
+
+def test_spiking_layers_first_order_backward_keeps_no_graph():
+    """Without create_graph the bits path runs as before: gradients without a graph, equal to
+    torch's, and the input's graph edge costs one element."""
+    from spikefuse.nn.spiking_layers import SpikingLinear
+    torch.manual_seed(3)
+    layer = SpikingLinear(9, 5).to(DEVICE)
+    twin, _ = torch_twin(layer, torch.nn.Linear)
+    s = spikes(4, 2, 9, seed=5)
+    grads = []
+    for m in (layer, twin):
+        x = s.clone().requires_grad_()
+        grads.append(torch.autograd.grad(m(x).pow(2).sum(), [x, m.weight, m.bias]))
+    for a, b in zip(*grads):
+        assert not a.requires_grad and rel_err(a, b) < 1e-5

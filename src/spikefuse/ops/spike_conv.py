@@ -22,7 +22,7 @@ import torch
 from torch.nn import functional as F
 
 from .kernel_base import EAGER, TRACED
-from .spike_linear import autocast_args
+from .spike_linear import autocast_args, graph_edge, spikes_with_graph
 from .spike_pack import pack, unpack
 
 _NHWC, _FROM_NHWC = (0, 2, 3, 1), (0, 3, 1, 2)
@@ -55,15 +55,20 @@ def without_onednn():
 
 
 def _backward(gy, packed, weight, s_shape, s_dtype, channels_last, has_bias, conv,
-              need_s, need_w, need_b, launch=EAGER):
+              need_s, need_w, need_b, launch=EAGER, graph=False, edge=None):
     """(dL/ds, dL/dweight, dL/dbias), each None unless needed; conv = (stride, padding,
-    dilation, groups)."""
+    dilation, groups). graph (create_graph, eager only): the weight gradient is
+    differentiable w.r.t. s too, through `edge` (spike_linear.GraphEdge)."""
     stride, padding, dilation, groups = conv
     w = weight.to(gy.dtype)
     if need_w:  # transient, in the forward's layout: only for this call
         n, c, h, wd = s_shape
         shape = (n, h, wd, c) if channels_last else (n, c, h, wd)
-        s = unpack(packed, shape, gy.dtype, launch)
+        if graph:
+            edge = memory_order(edge, channels_last) if edge is not None else None
+            s = spikes_with_graph(packed, edge, shape, gy.dtype)
+        else:
+            s = unpack(packed, shape, gy.dtype, launch)
         s = s.permute(_FROM_NHWC) if channels_last else s
     else:  # the input gradient needs only the input's shape
         s = gy.new_empty(1).expand(s_shape)
@@ -79,19 +84,21 @@ def _backward(gy, packed, weight, s_shape, s_dtype, channels_last, has_bias, con
 
 class SpikeConv2dFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, s, weight, bias, stride, padding, dilation, groups, bits):
-        """bits: pack(memory_order(s)), or None when no weight gradient will be taken."""
-        ctx.save_for_backward(bits, weight)
+    def forward(ctx, s, weight, bias, stride, padding, dilation, groups, bits, edge):
+        """bits: pack(memory_order(s)), or None when no weight gradient will be taken;
+        edge: graph_edge(s)."""
+        ctx.save_for_backward(bits, weight, edge)
         ctx.s_shape, ctx.s_dtype, ctx.channels_last = s.shape, s.dtype, is_channels_last(s)
         ctx.has_bias, ctx.conv = bias is not None, (stride, padding, dilation, groups)
         return F.conv2d(s, weight, bias, stride, padding, dilation, groups)
 
     @staticmethod
     def backward(ctx, gy):
-        packed, weight = ctx.saved_tensors
+        packed, weight, edge = ctx.saved_tensors
         grads = _backward(gy, packed, weight, ctx.s_shape, ctx.s_dtype, ctx.channels_last,
-                          ctx.has_bias, ctx.conv, *ctx.needs_input_grad[:3])
-        return (*grads, None, None, None, None, None)
+                          ctx.has_bias, ctx.conv, *ctx.needs_input_grad[:3],
+                          graph=torch.is_grad_enabled(), edge=edge)
+        return (*grads, None, None, None, None, None, None)
 
 
 # ---- torch.library registration: what torch.compile sees (an op with autograd that
@@ -152,7 +159,7 @@ def spike_conv2d(s: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
         if save and bits is None:
             bits = pack(memory_order(s, is_channels_last(s)))
         return SpikeConv2dFunction.apply(s, weight, bias, stride, padding, dilation, groups,
-                                         bits if save else None)
+                                         bits if save else None, graph_edge(s, save))
     s, weight, bias = autocast_args(s.device.type, s, weight, bias)
     return spike_conv2d_forward(s, weight, bias, list(stride), list(padding), list(dilation),
                                 groups, is_channels_last(s), save)[0]

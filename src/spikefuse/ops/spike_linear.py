@@ -10,6 +10,10 @@ can take the bits a fused BN+LIF attached to s; while dynamo traces, the torch.l
 spike_linear_forward/_backward run instead (triton_ops: single nodes to dynamo, which
 inductor decomposes into the matmuls and its own launches of the pack kernels), and they
 pack for themselves (fake tensors carry no attached bits).
+
+A backward with create_graph (second derivatives) computes from the unpacked bits plus a
+one-element graph edge to s (GraphEdge), so it equals nn.Linear's; under torch.compile
+PyTorch refuses a double backward itself.
 """
 from __future__ import annotations
 
@@ -33,13 +37,43 @@ def autocast_args(device_type: str, *tensors):
     return tuple(t.to(dtype) if t is not None and t.is_floating_point() else t for t in tensors)
 
 
-def _backward(gy, packed, weight, s_shape, s_dtype, need_s, need_w, need_b, launch=EAGER):
-    """(dL/ds, dL/dweight, dL/dbias), each None unless needed."""
+class GraphEdge(torch.autograd.Function):
+    """A zero tensor shaped like s that holds s's place in the autograd graph, not its memory
+    (one element, expanded). A backward run with create_graph adds it to the unpacked bits,
+    so the weight gradient, a product with s, is differentiable w.r.t. s as torch's own
+    layer's is: the bits alone carry no graph, and that term of a second derivative was lost."""
+
+    @staticmethod
+    def forward(ctx, s):
+        ctx.set_materialize_grads(False)  # a first-order backward sends it nothing: no zeros
+        return s.new_zeros(()).expand(s.shape)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g
+
+
+def graph_edge(s: torch.Tensor, save: bool) -> torch.Tensor | None:
+    """GraphEdge(s) when s's bits are saved and s has a graph to hand a gradient to."""
+    return GraphEdge.apply(s) if save and s.requires_grad else None
+
+
+def spikes_with_graph(packed, edge, shape, dtype) -> torch.Tensor:
+    """The saved spikes for a backward with create_graph: the bits (exact, s is binary), plus
+    the edge to s's graph. Used as torch's layer uses its saved input."""
+    s = unpack(packed, shape, edge.dtype if edge is not None else dtype)
+    return (s if edge is None else s + edge).to(dtype)
+
+
+def _backward(gy, packed, weight, s_shape, s_dtype, need_s, need_w, need_b, launch=EAGER, s=None):
+    """(dL/ds, dL/dweight, dL/dbias), each None unless needed. s: the spikes with their graph
+    (spikes_with_graph) under create_graph, else None (unpacked here, no graph)."""
     gy2 = gy.reshape(-1, gy.shape[-1])
     gs = (gy2 @ weight.to(gy.dtype)).view(s_shape).to(s_dtype) if need_s else None
     gw = gb = None
     if need_w:
-        s = unpack(packed, s_shape, gy.dtype, launch)  # transient: only for this product
+        if s is None:  # transient: only for this product
+            s = unpack(packed, s_shape, gy.dtype, launch)
         gw = (gy2.t() @ s.reshape(-1, s.shape[-1])).to(weight.dtype)
     if need_b:
         gb = gy2.sum(0).to(weight.dtype)
@@ -58,24 +92,27 @@ def _queued_weight_grads(gy, packed, weight, bias, s_shape, need_w, need_b):
 
 class SpikeLinearFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, s, weight, bias, bits):
-        """bits: pack(s), or None when no weight gradient will be taken."""
-        ctx.save_for_backward(bits, weight)
+    def forward(ctx, s, weight, bias, bits, edge):
+        """bits: pack(s), or None when no weight gradient will be taken; edge: graph_edge(s)."""
+        ctx.save_for_backward(bits, weight, edge)
         ctx.s_shape, ctx.s_dtype, ctx.has_bias = s.shape, s.dtype, bias is not None
         ctx.later, ctx.bias = weight_grad_queue.active(), bias
         return F.linear(s, weight, bias)
 
     @staticmethod
     def backward(ctx, gy):
-        packed, weight = ctx.saved_tensors
+        packed, weight, edge = ctx.saved_tensors
         need_s, need_w, need_b = ctx.needs_input_grad[:3]
         need_b = need_b and ctx.has_bias
-        if ctx.later is not None and (need_w or need_b):  # dL/ds now, the rest when the queue runs
+        s = None
+        if torch.is_grad_enabled():  # create_graph: differentiable products, nothing queued
+            s = spikes_with_graph(packed, edge, ctx.s_shape, gy.dtype) if need_w else None
+        elif ctx.later is not None and (need_w or need_b):  # dL/ds now, the rest when the queue runs
             ctx.later.append(partial(_queued_weight_grads, gy, packed, weight, ctx.bias, ctx.s_shape,
                                      need_w, need_b))
             need_w = need_b = False
-        grads = _backward(gy, packed, weight, ctx.s_shape, ctx.s_dtype, need_s, need_w, need_b)
-        return (*grads, None)
+        grads = _backward(gy, packed, weight, ctx.s_shape, ctx.s_dtype, need_s, need_w, need_b, s=s)
+        return (*grads, None, None)
 
 
 # ---- torch.library registration: what torch.compile sees (an op with autograd that
@@ -127,5 +164,5 @@ def spike_linear(s: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     if not torch.compiler.is_dynamo_compiling():
         if save and bits is None:
             bits = pack(s)
-        return SpikeLinearFunction.apply(s, weight, bias, bits if save else None)
+        return SpikeLinearFunction.apply(s, weight, bias, bits if save else None, graph_edge(s, save))
     return spike_linear_forward(*autocast_args(s.device.type, s, weight, bias), save)[0]
