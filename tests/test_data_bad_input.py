@@ -65,7 +65,7 @@ def test_bad_parameters():
         ToFrame((4, 1, 1))
     with pytest.raises(ValueError, match="exactly one of"):
         ToFrame((4, 1, 1), time_window=10, n_time_bins=3)
-    with pytest.raises(ValueError, match="time_window: must be > 0"):
+    with pytest.raises(ValueError, match="time_window: must be a finite number > 0"):
         ToFrame((4, 1, 1), time_window=0)
     with pytest.raises(ValueError, match="overlap"):
         ToFrame((4, 1, 1), time_window=10, overlap=10)
@@ -167,3 +167,122 @@ def test_load_refuses_more_memory_than_there_is(monkeypatch):
         data.load("digits", time_steps=100_000)
     with pytest.raises(ValueError, match="seed"):
         data.load("digits", seed=2**70)
+
+
+# ---- issue 36: every number checked where it enters (the constructor), by name ----
+
+NOT_NUMBERS = [float("inf"), float("-inf"), float("nan"), True, "10", [10]]
+COUNTS = ["event_count", "n_time_bins", "n_event_bins"]
+
+
+@pytest.mark.parametrize("mode", ["time_window", *COUNTS])
+@pytest.mark.parametrize("value", [*NOT_NUMBERS, 0, -3, 2**70, 1e300])
+def test_framing_modes_refuse_bad_numbers_at_construction(mode, value):
+    # inf, NaN and 2**70 used to pass the constructor and fail inside the first call
+    kind = "a finite number" if mode == "time_window" else "an integer"
+    with pytest.raises(ValueError, match=rf"^{mode}: must be {kind} > 0 and at most 2\*\*62, got "):
+        ToFrame((4, 1, 1), **{mode: value})
+
+
+@pytest.mark.parametrize("mode", COUNTS)
+def test_counts_refuse_fractions_and_take_whole_floats(mode):
+    with pytest.raises(ValueError, match=rf"^{mode}: must be an integer > 0"):
+        ToFrame((4, 1, 1), **{mode: 2.5})
+    frame = ToFrame((4, 1, 1), **{mode: np.float64(2.0)})
+    assert getattr(frame, mode) == 2 and type(getattr(frame, mode)) is int
+    assert frame(events([0, 1, 2, 3], [0, 1, 2, 3])).shape[1:] == (1, 4)
+
+
+@pytest.mark.parametrize("field", ["start_time", "end_time"])
+@pytest.mark.parametrize("value", [*NOT_NUMBERS, 2**70, -(2**70)])
+def test_start_and_end_time_refuse_bad_numbers_at_construction(field, value):
+    with pytest.raises(ValueError, match=rf"^{field}: must be a finite number >= -2\*\*62 and at most 2\*\*62"):
+        ToFrame((4, 1, 1), time_window=10, **{field: value})
+
+
+@pytest.mark.parametrize("value", [*NOT_NUMBERS, -1])
+def test_overlap_refuses_bad_numbers(value):
+    with pytest.raises(ValueError, match="^overlap: must be a finite number >= 0"):
+        ToFrame((4, 1, 1), time_window=10, overlap=value)
+
+
+@pytest.mark.parametrize("sensor", [(float("inf"), 1, 1), (float("nan"), 1, 1), (4.5, 1, 1), (0, 1, 1), (True, 1, 1),
+                                    (2**31, 1, 1), (4, 1), "abc", None])
+def test_sensor_size_refuses_bad_values(sensor):
+    with pytest.raises(ValueError, match=r"^sensor_size: expected 3 positive ints \(W, H, P\)"):
+        ToFrame(sensor, time_window=10)
+
+
+@pytest.mark.parametrize("field", ["time_factor", "spatial_factor"])
+@pytest.mark.parametrize("value", [*NOT_NUMBERS, 0, -0.5, 1e300])
+def test_downsample_refuses_bad_factors_at_construction(field, value):
+    # time_factor=inf used to give INT64_MIN timestamps
+    with pytest.raises(ValueError, match=rf"^{field}: must be a finite number > 0"):
+        Downsample(**{field: value})
+    if field == "spatial_factor":
+        with pytest.raises(ValueError, match=rf"^{field}: must be a finite number > 0"):
+            Downsample(spatial_factor=(0.5, value))
+
+
+def test_downsample_refuses_bad_sizes_and_results_that_overflow():
+    with pytest.raises(ValueError, match=r"spatial_factor: expected one factor or \(fx, fy\)"):
+        Downsample(spatial_factor=(0.5, 0.5, 0.5))
+    for size in [(0, 4), (2.5, 4), (float("inf"), 4)]:
+        with pytest.raises(ValueError, match="^target_size: must be an integer > 0"):
+            Downsample(sensor_size=(8, 8, 2), target_size=size)
+    with pytest.raises(ValueError, match=r"^target_size: expected \(W', H'\)"):
+        Downsample(sensor_size=(8, 8, 2), target_size=(4,))
+    with pytest.raises(ValueError, match="^sensor_size: expected 3 positive ints"):
+        Downsample(sensor_size=(8, float("nan"), 2), target_size=(4, 4))
+    # finite factors whose result leaves the column's dtype: refused on the CPU, not wrapped
+    with pytest.raises(ValueError, match=r"^time_factor: 1099511627776 scales t to 1\.2\d+e\+24, beyond its torch.int64"):
+        Downsample(time_factor=2**40)(events([2**40], [1]))
+    with pytest.raises(ValueError, match=r"^spatial_factor: 10000\.0 scales x to 100000, beyond its torch.int16"):
+        Downsample(spatial_factor=1e4)(events([0, 1], [10, 3]))
+    assert Downsample(time_factor=2**20)(events([2**40], [1]))["t"].item() == 2**60
+
+
+@pytest.mark.parametrize("target", [2.5, -1, float("nan"), float("inf"), -0.5, 2**70, "a"])
+def test_targets_that_are_not_class_indices_are_refused_naming_the_sample(target):
+    from spikefuse.data import DenseSpikeDataset, EventStore, StaticImageDataset
+
+    message = r"^targets: (sample 1 has target|expected integer class indices >= 0)"
+    with pytest.raises(ValueError, match=message):
+        EventStore.from_samples([(events([0], [1]), 0), (events([0], [2]), target)], (4, 1, 1), progress=False)
+    if isinstance(target, float):  # what a tensor of targets can hold
+        with pytest.raises(ValueError, match=message):
+            DenseSpikeDataset(torch.zeros(2, 3, 4), torch.tensor([0.0, target, 1.0]))
+        with pytest.raises(ValueError, match=message):
+            StaticImageDataset(torch.zeros(3, 4), torch.tensor([0.0, target, 1.0]), time_steps=2)
+        with pytest.raises(ValueError, match=message):
+            EventStore(events([0, 1, 2], [1, 2, 3]), np.array([0, 1, 2, 3]), np.array([0.0, target, 1.0]), (4, 1, 1))
+
+
+def test_whole_number_targets_of_any_numeric_type_are_accepted():
+    from spikefuse.data import DenseSpikeDataset, EventStore
+
+    store = EventStore.from_samples([(events([0], [1]), np.int16(2)), (events([0], [2]), torch.tensor(1)),
+                                     (events([0], [3]), 3.0)], (4, 1, 1), progress=False)
+    assert store.targets.tolist() == [2, 1, 3] and store.targets.dtype == torch.int64
+    assert DenseSpikeDataset(torch.zeros(2, 2, 4), torch.tensor([1.0, 0.0])).targets.dtype == torch.int64
+    with pytest.raises(ValueError, match=r"targets: expected one class index per sample \(1-D\)"):
+        DenseSpikeDataset(torch.zeros(2, 2, 4), torch.zeros(2, 3))  # one-hot
+
+
+def test_load_of_objects_refuses_negative_and_fractional_targets():
+    class Set(torch.utils.data.Dataset):
+        sensor_size = (4, 1, 1)
+
+        def __init__(self, bad):
+            self.bad = bad
+
+        def __len__(self):
+            return 3
+
+        def __getitem__(self, i):
+            return events([0, 1], [0, 1]), self.bad if i == 2 else i
+
+    with pytest.raises(ValueError, match=r"targets: sample 2 has target -1; expected a class index"):
+        data.load(Set(-1), test=Set(0), time_steps=2)
+    with pytest.raises(TypeError, match=r"item 2 has target 1.5"):
+        data.load(Set(1.5), test=Set(0), time_steps=2)

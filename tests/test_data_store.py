@@ -113,6 +113,81 @@ def test_cache_rebuilds_damaged_entry(tmp_path, source, damage):
     assert np.array_equal(rebuilt.events, good)
 
 
+@pytest.mark.parametrize("manifest", ["[1, 2]", "1", "null", '"manifest"', '{"format": 1, "files": []}',
+                                      '{"format": 1, "files": {"events.npy": "big"}}'])
+def test_cache_rebuilds_a_manifest_that_is_json_but_not_ours(tmp_path, source, manifest):
+    # valid JSON of another shape used to end in AttributeError, and the entry was never rebuilt
+    build = Builder(source)
+    good = np.array(cached_store(tmp_path, "syn", "train", {"v": 1}, build).events)
+    entry = entry_path(tmp_path, "syn", "train", {"v": 1})
+    (entry / "manifest.json").write_text(manifest)
+    assert not is_valid(entry)
+    rebuilt = cached_store(tmp_path, "syn", "train", {"v": 1}, build)
+    assert build.calls == 2 and is_valid(entry) and np.array_equal(rebuilt.events, good)
+
+
+def _unsound(store, what):
+    """A copy of `store` whose contents are wrong in one way the packing checks refuse."""
+    events = np.array(store.events)
+    if what == "x-outside-sensor":
+        events["x"][5] = SENSOR[0] + 3
+    elif what == "negative-x":
+        events["x"][5] = -1
+    elif what == "negative-t":
+        events["t"][0] = -7
+    elif what == "unsorted-t":
+        a, b = store.offsets_host[:2]
+        events["t"][a:b] = events["t"][a:b][::-1].copy()
+    elif what == "two-polarities":
+        events["p"][3] = 1 - events["p"][2]
+    bad = EventStore(events, store.offsets_host, store.targets.numpy(), store.sensor_size)
+    if what == "negative-target":
+        bad.targets[2] = -1  # behind the constructor's back, as an older release might have written it
+    return bad
+
+
+@pytest.mark.parametrize("what, message", [
+    ("x-outside-sensor", r"sensor_size: events have x in \[0, 703\] but sensor_size gives x < 700"),
+    ("negative-x", r"sensor_size: events have x in \[-1, "),
+    ("negative-t", "negative timestamps"),
+    ("unsorted-t", "must be sorted within each sample"),
+    ("two-polarities", "single polarity sensor"),
+    ("negative-target", r"targets: sample 2 has target -1"),
+])
+def test_an_entry_with_unsound_contents_is_checked_when_read_and_rebuilt(tmp_path, source, what, message):
+    """A manifest proves the files are the ones written, not that what was written is sound (an
+    older release, a hand-made entry): the contents are checked when read from disk."""
+    from spikefuse.data.cache import write_entry
+
+    build = Builder(source)
+    good = cached_store(tmp_path, "syn", "train", {"v": 1}, build)
+    entry = entry_path(tmp_path, "syn", "train", {"v": 1})
+    write_entry(entry, _unsound(good, what), {"v": 1})
+    assert is_valid(entry)  # the manifest agrees with the files
+    with pytest.raises(ValueError, match=message):
+        EventStore.load(entry)
+    rebuilt = cached_store(tmp_path, "syn", "train", {"v": 1}, build)
+    assert build.calls == 2 and np.array_equal(rebuilt.events, good.events)
+    assert torch.equal(rebuilt.targets, good.targets)
+
+
+def test_load_checks_a_store_larger_than_one_chunk(tmp_path, monkeypatch):
+    """The load check runs over chunks of whole samples: a bad event in a later chunk is found."""
+    import spikefuse.data.store as store_module
+
+    samples = [(np.rec.fromarrays([np.arange(10), np.full(10, i % 7), np.ones(10)],
+                                  dtype=[("t", "<i8"), ("x", "<i2"), ("p", "<i1")]), i % 3) for i in range(20)]
+    store = EventStore.from_samples(samples, (8, 1, 1), progress=False)
+    events = np.array(store.events)
+    events["x"][-1] = 8
+    EventStore(events, store.offsets_host, store.targets.numpy(), (8, 1, 1)).save(tmp_path)
+    monkeypatch.setattr(store_module, "CHECK_CHUNK", 25)  # 200 events: 8 chunks, cut at sample edges
+    with pytest.raises(ValueError, match=r"events have x in \[\d, 8\]"):
+        EventStore.load(tmp_path)
+    store.save(tmp_path)
+    assert torch.equal(EventStore.load(tmp_path).targets, store.targets)
+
+
 def test_cache_rebuilds_when_a_parameter_changes(tmp_path, source):
     first = Downsample(spatial_factor=100 / 700)
     b1 = Builder(source, first)

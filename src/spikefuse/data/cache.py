@@ -4,7 +4,8 @@ An entry is a folder `<root>/cache/<name>-<split>-<key>/` holding the store's fi
 written last, `manifest.json` with every file's size and sha256. An entry is built in a
 temporary sibling folder and moved into place with one os.replace, so a reader sees
 either nothing or a whole entry; one that fails its manifest (missing, truncated,
-corrupted) is deleted and rebuilt, never read as data.
+corrupted, or not a JSON object) or whose contents fail packing's checks when read
+(an older release's entry, a hand-made one) is deleted and rebuilt, never read as data.
 """
 from __future__ import annotations
 
@@ -44,7 +45,7 @@ def is_valid(entry: Path) -> bool:
     """True only if the manifest exists and every file has its recorded size and checksum."""
     try:
         manifest = json.loads((entry / "manifest.json").read_text())
-        if manifest.get("format") != FORMAT_VERSION:
+        if not isinstance(manifest, dict) or manifest.get("format") != FORMAT_VERSION:  # valid JSON, not ours
             return False
         for fname in FILES:
             info = manifest["files"][fname]
@@ -84,7 +85,13 @@ def cached_store(root, name: str, split: str, params: dict, build: Callable[[], 
     The store is memory-mapped from disk; resident=True copies it onto `device`.
     """
     entry = entry_path(root, name, split, params)
-    if not is_valid(entry):
+    store = None
+    if is_valid(entry):
+        try:
+            store = EventStore.load(entry, device=device)
+        except (ValueError, KeyError, TypeError):  # the files are as written, but unsound: rebuild
+            pass
+    if store is None:
         write_entry(entry, build(), params)
-    store = EventStore.load(entry, device=device)
+        store = EventStore.load(entry, device=device)
     return store.to(device, resident=True) if resident else store

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .events import class_indices
 from .framing import ToFrame
 from .store import EventStore
 
@@ -39,7 +40,7 @@ class SpikeDataset:
     time_major = True
 
     def __init__(self, targets: torch.Tensor, input_shape: tuple[int, ...], time_steps: int):
-        self.targets = torch.as_tensor(targets, dtype=torch.int64)
+        self.targets = class_indices(targets)  # casting would make 2.5 class 2 and keep -1
         self.input_shape = tuple(input_shape)
         self.time_steps = int(time_steps)
 

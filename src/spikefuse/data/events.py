@@ -7,6 +7,7 @@ columns plus int64 `offsets` of length B+1, sample i being events[offsets[i]:off
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -15,6 +16,46 @@ import torch
 Columns = dict[str, torch.Tensor]
 
 REQUIRED = ("t", "x", "p")
+LIMIT = 2**62  # times, counts and factors past this overflow the int64 arithmetic of framing
+
+
+def check_number(name: str, value, *, integer: bool = False, low: float = 0, low_open: bool = True):
+    """`value` as a Python int (integer=True) or float, or a ValueError naming `name`: a bool,
+    a non-number, NaN/inf, a fraction where an integer is wanted, a value <= low (< low if not
+    low_open) or beyond 2**62 in magnitude. Used where a parameter enters (a transform's or
+    framing's constructor), so that nothing past it meets an inf or an int64 overflow."""
+    real = isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_))
+    ok = real and math.isfinite(value) and (not integer or float(value).is_integer())
+    ok = ok and (value > low if low_open else value >= low) and abs(value) <= LIMIT
+    if not ok:
+        kind = "an integer" if integer else "a finite number"
+        bound = "-2**62" if low == -LIMIT else low
+        raise ValueError(f"{name}: must be {kind} {'>' if low_open else '>='} {bound} and at most 2**62, "
+                         f"got {value!r}")
+    return int(value) if integer else float(value)
+
+
+def class_indices(targets, name: str = "targets") -> torch.Tensor:
+    """`targets` as an int64 tensor of class indices, or a ValueError naming the first bad one:
+    a fraction, a negative value, NaN/inf or a non-number (casting would turn 2.5 into class 2 and
+    keep -1: silently wrong labels). Checked where targets enter (a data set or store is built
+    or loaded); on a GPU tensor the check is one sync, at load time."""
+    try:
+        t = torch.as_tensor(targets)
+    except (TypeError, ValueError, OverflowError, RuntimeError) as e:  # strings, objects, ints past int64
+        preview = ", ".join(repr(v) for v in list(np.asarray(targets, dtype=object).reshape(-1)[:4]))
+        raise ValueError(f"{name}: expected integer class indices >= 0 (within int64), got {preview}, ...") from e
+    if t.dim() != 1:
+        raise ValueError(f"{name}: expected one class index per sample (1-D), got shape {tuple(t.shape)}")
+    if t.dtype == torch.bool or t.is_complex():
+        raise ValueError(f"{name}: expected integer class indices >= 0, got dtype {t.dtype}")
+    bad = t < 0
+    if t.is_floating_point():
+        bad |= ~torch.isfinite(t) | (t != t.trunc()) | (t.abs() > LIMIT)
+    if bool(bad.any()):
+        i = int(bad.nonzero()[0, 0])
+        raise ValueError(f"{name}: sample {i} has target {t[i].item()!r}; expected a class index, an integer >= 0")
+    return t.to(torch.int64, copy=True)  # never an alias of the caller's array
 
 
 def event_dtype(has_y: bool, sensor_size: Sequence[int] | None = None) -> np.dtype:

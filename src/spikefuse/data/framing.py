@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from . import memory
-from .events import Columns, as_columns, check_events, check_offsets, segment_ids
+from .events import LIMIT, Columns, as_columns, check_events, check_number, check_offsets, segment_ids
 
 MAX_WINDOWS = 2**62  # window counts are clamped here before becoming int64 (memory checks refuse far less)
 TABLE_BYTES = 48  # per (sample, window): the float64/int64 window tables `_windows` builds
@@ -44,27 +44,27 @@ class ToFrame:
     end_time: float | None = None
 
     def __post_init__(self):
-        if self.sensor_size is None or len(self.sensor_size) != 3:
-            raise ValueError(f"sensor_size: expected (W, H, P), got {self.sensor_size}")
-        if any(int(s) != s or s < 1 for s in self.sensor_size):
-            raise ValueError(f"sensor_size: expected 3 positive ints (W, H, P), got {self.sensor_size}")
-        object.__setattr__(self, "sensor_size", tuple(int(s) for s in self.sensor_size))
+        object.__setattr__(self, "sensor_size", _sensor(self.sensor_size))
         modes = {k: getattr(self, k) for k in ("time_window", "event_count", "n_time_bins", "n_event_bins")}
         chosen = [k for k, v in modes.items() if v is not None]
         if len(chosen) != 1:
             raise ValueError(f"ToFrame: set exactly one of {list(modes)}, got {chosen or 'none'}")
         mode = chosen[0]
-        if not modes[mode] > 0:
-            raise ValueError(f"{mode}: must be > 0, got {modes[mode]}")
-        if mode in ("n_time_bins", "n_event_bins", "event_count") and int(modes[mode]) != modes[mode]:
-            raise ValueError(f"{mode}: must be an integer, got {modes[mode]}")
+        # every number checked here, once: past this point no inf, NaN or int64 overflow can arise
+        value = check_number(mode, modes[mode], integer=mode != "time_window")
+        if mode != "time_window":
+            object.__setattr__(self, mode, value)  # a count as a Python int (3.0 and np.int64(3) -> 3)
+        overlap = check_number("overlap", self.overlap, low=0, low_open=False)
         if mode in ("n_time_bins", "n_event_bins"):
-            if not 0 <= self.overlap < 1:
+            if not overlap < 1:
                 raise ValueError(f"overlap: for {mode} a fraction in [0, 1), got {self.overlap}")
-        elif not 0 <= self.overlap < modes[mode]:
+        elif not overlap < value:
             raise ValueError(f"overlap: must be in [0, {mode}), got {self.overlap}")
-        if (self.start_time is not None or self.end_time is not None) and mode != "time_window":
-            raise ValueError("start_time/end_time: only used with time_window")
+        for name in ("start_time", "end_time"):
+            if getattr(self, name) is not None:
+                if mode != "time_window":
+                    raise ValueError("start_time/end_time: only used with time_window")
+                check_number(name, getattr(self, name), low=-LIMIT, low_open=False)
 
     @property
     def mode(self) -> str:
@@ -398,10 +398,20 @@ class Downsample:
     def __post_init__(self):
         if self.target_size is not None and self.sensor_size is None:
             raise ValueError("sensor_size: required when target_size is given")
-        for name, f in (("time_factor", self.time_factor), ("spatial_factor", self.spatial_factor)):
-            for v in f if isinstance(f, tuple) else (f,):
-                if not v > 0:
-                    raise ValueError(f"{name}: must be > 0, got {f}")
+        # an infinite factor used to scale timestamps to INT64_MIN: refused here, by name
+        check_number("time_factor", self.time_factor)
+        f = self.spatial_factor
+        if isinstance(f, tuple) and len(f) != 2:
+            raise ValueError(f"spatial_factor: expected one factor or (fx, fy), got {f!r}")
+        for v in f if isinstance(f, tuple) else (f,):
+            check_number("spatial_factor", v)
+        if self.sensor_size is not None:
+            object.__setattr__(self, "sensor_size", _sensor(self.sensor_size))
+        if self.target_size is not None:
+            size = self.target_size
+            if not (isinstance(size, (tuple, list)) and len(size) == 2):
+                raise ValueError(f"target_size: expected (W', H'), got {size!r}")
+            object.__setattr__(self, "target_size", tuple(check_number("target_size", v, integer=True) for v in size))
 
     def factors(self) -> tuple[float, float]:
         if self.target_size is not None:
@@ -418,16 +428,36 @@ class Downsample:
     def __call__(self, events) -> Columns:
         cols = dict(as_columns(events))
         fx, fy = self.factors()
-        cols["t"] = _scale(cols["t"], self.time_factor)
-        cols["x"] = _scale(cols["x"], fx)
+        cols["t"] = _scale(cols["t"], self.time_factor, "time_factor", "t")
+        cols["x"] = _scale(cols["x"], fx, "spatial_factor", "x")
         if "y" in cols:
-            cols["y"] = _scale(cols["y"], fy)
+            cols["y"] = _scale(cols["y"], fy, "spatial_factor", "y")
         return cols
 
 
-def _scale(v: torch.Tensor, factor) -> torch.Tensor:
+def _sensor(sensor_size) -> tuple[int, int, int]:
+    """sensor_size as (W, H, P) positive ints, or a ValueError naming it."""
+    ok = isinstance(sensor_size, (tuple, list, np.ndarray)) and len(sensor_size) == 3
+    try:  # x and y are stored as int16 or int32 (events.event_dtype)
+        ok = ok and all(check_number("sensor_size", s, integer=True) < 2**31 for s in sensor_size)
+    except ValueError:
+        ok = False
+    if not ok:
+        raise ValueError(f"sensor_size: expected 3 positive ints (W, H, P), got {sensor_size!r}")
+    return tuple(int(s) for s in sensor_size)
+
+
+def _scale(v: torch.Tensor, factor, name: str = "factor", field: str = "value") -> torch.Tensor:
     """v * factor cast back to v's dtype: integer factors stay exact, float ones go through
-    float64 and truncate toward zero, as numpy does when assigning into an int field."""
+    float64 and truncate toward zero, as numpy does when assigning into an int field. On the
+    CPU (no sync) a result beyond v's dtype is refused: it would wrap (Tonic wraps silently)."""
+    scaled = v.to(torch.float64) * float(factor)
+    if v.device.type == "cpu" and len(v) and not v.is_floating_point():
+        info = torch.iinfo(v.dtype)
+        lo, hi = float(scaled.min()), float(scaled.max())
+        if lo < info.min or hi >= info.max + 1:
+            raise ValueError(f"{name}: {factor} scales {field} to {hi if hi >= info.max + 1 else lo:.6g}, "
+                             f"beyond its {v.dtype} column")
     if isinstance(factor, int) and not isinstance(factor, bool):
         return v * factor
-    return (v.to(torch.float64) * float(factor)).trunc().to(v.dtype)
+    return scaled.trunc().to(v.dtype)

@@ -15,9 +15,11 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from .events import Columns, as_columns, check_events, check_fits, check_same_fields, event_dtype, segment_ids
+from .events import (Columns, as_columns, check_events, check_fits, check_same_fields, class_indices, event_dtype,
+                     segment_ids)
 
 FILES = ("events.npy", "offsets.npy", "targets.npy", "meta.json")
+CHECK_CHUNK = 1 << 22  # events checked at a time when a store is loaded
 
 
 class EventStore:
@@ -25,7 +27,7 @@ class EventStore:
 
     def __init__(self, events: np.ndarray, offsets: np.ndarray, targets: np.ndarray,
                  sensor_size: tuple[int, int, int], device="cpu", columns: Columns | None = None):
-        if len(offsets) != len(targets) + 1 or offsets[0] != 0 or offsets[-1] != len(events):
+        if len(offsets) != len(np.asarray(targets)) + 1 or offsets[0] != 0 or offsets[-1] != len(events):
             raise ValueError(f"offsets: expected {len(targets) + 1} values from 0 to {len(events)}")
         self.events = events  # host copy, maybe a memory map
         self.sensor_size = tuple(int(s) for s in sensor_size)
@@ -36,7 +38,7 @@ class EventStore:
         self.lengths_host = np.diff(self._offsets_np)
         self._first_last = None
         self.offsets = torch.from_numpy(np.array(offsets, dtype=np.int64)).to(self.device)
-        self.targets = torch.from_numpy(np.array(targets, dtype=np.int64)).to(self.device)
+        self.targets = class_indices(targets).to(self.device)
         self.columns = columns  # device-resident columns, or None
 
     def __len__(self) -> int:
@@ -90,7 +92,7 @@ class EventStore:
             for k in dtype.names:
                 part[k] = cols[k].numpy()
             parts.append(part)
-            targets.append(int(target))
+            targets.append(target)  # checked with the others when the store is built: 2.5 is not class 2
             lengths.append(len(part))
         if not parts:
             raise ValueError("samples: no samples to pack")
@@ -99,7 +101,7 @@ class EventStore:
         events = np.concatenate(parts)
         cols = as_columns(events)
         check_events(cols, torch.from_numpy(offsets), sensor_size, need_sorted=True)
-        return cls(events, offsets, np.asarray(targets, dtype=np.int64), sensor_size)
+        return cls(events, offsets, _target_array(targets), sensor_size)
 
     def save(self, directory: Path) -> None:
         """Write the .npy files and meta.json into `directory` (the caller makes it atomic)."""
@@ -112,16 +114,27 @@ class EventStore:
 
     @classmethod
     def load(cls, directory: Path, device="cpu", mmap: bool = True) -> EventStore:
+        """The store saved in `directory`, its contents checked as `from_samples` checks them
+        (offsets, targets, every event inside the sensor, time sorted within each sample): a
+        manifest proves the files are the ones written, not that what was written is sound
+        (an older release, or a hand-made entry). ValueError naming the field otherwise."""
         directory = Path(directory)
         meta = json.loads((directory / "meta.json").read_text())
         mode = "r" if mmap else None
-        return cls(
-            np.load(directory / "events.npy", mmap_mode=mode),
-            np.load(directory / "offsets.npy"),
-            np.load(directory / "targets.npy"),
-            tuple(meta["sensor_size"]),
-            device=device,
-        )
+        events = np.load(directory / "events.npy", mmap_mode=mode)
+        if events.dtype.names is None or any(k not in events.dtype.names for k in ("t", "x", "p")):
+            raise ValueError(f"{directory}: events.npy holds {events.dtype}, not packed events")
+        store = cls(events, np.load(directory / "offsets.npy"), np.load(directory / "targets.npy"),
+                    tuple(meta["sensor_size"]), device=device)
+        # reads every event once (the manifest's checksum just did too), in chunks of whole
+        # samples so that a memory-mapped split is never copied whole
+        offsets = store.offsets_host
+        cuts = np.unique(np.searchsorted(offsets, np.arange(0, len(events), CHECK_CHUNK), side="right") - 1)
+        for a, b in zip(cuts, [*cuts[1:], len(offsets) - 1]):
+            part = offsets[a:b + 1]
+            check_events(as_columns(events[part[0]:part[-1]]), torch.from_numpy(part - part[0]), store.sensor_size,
+                         need_sorted=True)
+        return store
 
     def to(self, device, resident: bool = True) -> EventStore:
         """A store whose batches come out on `device`; resident=True also copies the events there."""
@@ -157,3 +170,9 @@ class EventStore:
         offsets = np.zeros(len(ids) + 1, dtype=np.int64)
         np.cumsum(hi - lo, out=offsets[1:])
         return as_columns(part, device=self.device), torch.from_numpy(offsets).to(self.device)
+
+
+def _target_array(targets: list) -> np.ndarray:
+    """Per-sample targets (ints, numpy or 0-d tensor scalars) as one array for `class_indices`."""
+    return np.array([t.item() if isinstance(t, (torch.Tensor, np.generic, np.ndarray)) and np.ndim(t) == 0 else t
+                     for t in targets])
