@@ -18,7 +18,7 @@ from spikefuse.errors import UsageError
 
 from . import peers
 from .report import environment, table, write_results
-from .timing import copy_bandwidth_gbs, median_ms, peak_extra_mib
+from .timing import captured, copy_bandwidth_gbs, median_ms, peak_extra_mib
 
 MAIN_SHAPES = [(100, 64, 4096), (500, 16, 4096), (1000, 8, 8192)]
 SWEEP_T = [32, 128, 512, 2048, 8192]
@@ -55,19 +55,11 @@ def forward_backward(run, x, grad):
 def captured_forward_backward(run, x, grad):
     """(replay, spikes): one forward+backward captured in a CUDA graph, as a training loop
     with static shapes would run it (the host then issues one launch per call)."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # warm-up off the default stream, as torch.cuda.graph asks
-        # a fresh leaf: x's autograd node from the eager calls belongs to the default stream
-        x = x.detach().clone().requires_grad_(True)
-        for _ in range(3):
-            forward_backward(run, x, grad)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        spikes, _ = forward_backward(run, x, grad)
-    graph.replay()
-    return graph.replay, spikes
+    # a fresh leaf: x's autograd node from the eager calls belongs to the default stream, and
+    # the warm-ups (spikefuse.bench.timing.captured) run on a side stream
+    x = x.detach().clone().requires_grad_(True)
+    replay, (spikes, _) = captured(lambda: forward_backward(run, x, grad))
+    return replay, spikes
 
 
 def measure_graph(run, x, grad, ours_spikes, quick=False):

@@ -577,13 +577,3 @@ def _map_chart(pairs, path, quick=False):
     if quick:
         fig.suptitle("Quick run: not benchmark figures", fontsize=10)
     return str(_save(fig, path))
-
-
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    configure(parser)
-    return run(parser.parse_args(argv))
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -400,13 +400,3 @@ def markdown(payload) -> str:
             for c in payload["cases"]]
     out.append(table(header, rows))
     return "\n".join(out)
-
-
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    configure(parser)
-    return run(parser.parse_args(argv))
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

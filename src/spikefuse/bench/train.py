@@ -10,9 +10,8 @@ optimizer and batch already held), and a floor measured in the same run:
 the two add). Input: random CIFAR-shaped images, direct encoding (repeated over T; the
 fused form convolves the image once and reuses it at every step).
 
-    python -m spikefuse.bench.train --out benchmarks/results
-    python -m spikefuse.bench.train --smoke --out /tmp/bench   # tiny, CPU-friendly
-    spikefuse bench train --quick --out /tmp/bench              # the same sizes, train-quick-<device>.*
+    spikefuse bench train --out benchmarks/results
+    spikefuse bench train --quick --out /tmp/bench   # tiny, CPU-friendly: train-quick-<device>.*
 """
 from __future__ import annotations
 
@@ -292,13 +291,3 @@ def markdown(payload) -> str:
              c.get("memory_vs_spikefuse-vanilla"), c.get("error", "")] for c in payload["cases"]]
     out.append(table(header, rows))
     return "\n".join(out)
-
-
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    configure(parser)
-    return run(parser.parse_args(argv))
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -96,6 +96,22 @@ def incoming_grads(gs_ptr, gh_ptr, w_ptr, gvT_ptr, now, rows, cols, offs, mask, 
     return gs, gv
 
 
+@triton.jit
+def store_adjoint(gs, gv, h_ptr, gh_ptr, ghx_ptr, now, offs, mask, threshold, v_reset, alpha, grad_floor,
+                  RESET: tl.constexpr, DETACH: tl.constexpr, SURROGATE: tl.constexpr, HAS_GHX: tl.constexpr):
+    """gh[t] = dL/dh[t] from dL/ds[t] (gs) and dL/dv[t] (gv) through the surrogate, cut below
+    grad_floor, and the reset (ops.kernel_base.grad_h), plus ghx[t] where a loss is on the
+    returned potential trace (HAS_GHX); stored in gh[t]."""
+    h = tl.load(h_ptr + now + offs, mask=mask, other=0.0)
+    u = h - threshold
+    fired = u >= 0.0
+    sg = tl.where(h >= grad_floor, surrogate_grad(u, SURROGATE, alpha), 0.0)
+    gh = grad_h(gs, gv, h, fired, sg, threshold, v_reset, RESET, DETACH)
+    if HAS_GHX:
+        gh += tl.load(ghx_ptr + now + offs, mask=mask, other=0.0).to(tl.float32)
+    tl.store(gh_ptr + now + offs, gh, mask=mask)
+
+
 @cached_launch
 @triton.jit
 def _rlif_backward_step(
@@ -113,14 +129,8 @@ def _rlif_backward_step(
     rows, cols, mask, offs, now = step_tile(step, M, N, BLOCK_M, BLOCK_N)
     gs, gv = incoming_grads(gs_ptr, gh_ptr, w_ptr, gvT_ptr, now, rows, cols, offs, mask, d, M, N,
                             stride_wn, stride_wk, LAST, HAS_GVT, RECURRENT, TF32, BLOCK_M, BLOCK_N, BLOCK_K)
-    h = tl.load(h_ptr + now + offs, mask=mask, other=0.0)
-    u = h - threshold
-    fired = u >= 0.0
-    sg = tl.where(h >= grad_floor, surrogate_grad(u, SURROGATE, alpha), 0.0)
-    gh = grad_h(gs, gv, h, fired, sg, threshold, v_reset, RESET, DETACH)
-    if HAS_GHX:
-        gh += tl.load(ghx_ptr + now + offs, mask=mask, other=0.0).to(tl.float32)
-    tl.store(gh_ptr + now + offs, gh, mask=mask)
+    store_adjoint(gs, gv, h_ptr, gh_ptr, ghx_ptr, now, offs, mask, threshold, v_reset, alpha, grad_floor,
+                  RESET, DETACH, SURROGATE, HAS_GHX)
 
 
 def _tiles(M, N):

@@ -27,8 +27,8 @@ from __future__ import annotations
 import torch
 
 from .launch import cached_launch
-from .kernel_base import EAGER, RESET_CODES, cdiv, f32, grad_h, surrogate_grad
-from .recurrent_common import _rlif_backward_step, _tf32, fire_and_store
+from .kernel_base import EAGER, RESET_CODES, cdiv, f32
+from .recurrent_common import _rlif_backward_step, _tf32, fire_and_store, store_adjoint
 from ..surrogates import SURROGATES
 from .triton_or_stub import tl, triton
 
@@ -177,14 +177,8 @@ def _carry_finish(
         now = tl.cast(step, tl.int64) * M * N
         gs = tl.load(gs_ptr + now + offs, mask=mask, other=0.0).to(tl.float32) + recurrent
         gv = d * tl.load(gh_ptr + now + M * N + offs, mask=mask, other=0.0)
-        h = tl.load(h_ptr + now + offs, mask=mask, other=0.0)
-        u = h - threshold
-        fired = u >= 0.0
-        sg = tl.where(h >= grad_floor, surrogate_grad(u, SURROGATE, alpha), 0.0)
-        gh = grad_h(gs, gv, h, fired, sg, threshold, v_reset, RESET, DETACH)
-        if HAS_GHX:  # a loss on the returned potential trace
-            gh += tl.load(ghx_ptr + now + offs, mask=mask, other=0.0).to(tl.float32)
-        tl.store(gh_ptr + now + offs, gh, mask=mask)
+        store_adjoint(gs, gv, h_ptr, gh_ptr, ghx_ptr, now, offs, mask, threshold, v_reset, alpha, grad_floor,
+                      RESET, DETACH, SURROGATE, HAS_GHX)
 
 
 def _sparse_tiles(M):
