@@ -141,7 +141,7 @@ def test_out_naming_a_file(tmp_path, capsys, standin):
 def test_model_that_does_not_fit_the_data_set(tmp_path, capsys):
     err = failure(["train", "--model", "cifar-small", "--dataset", "digits", "--out", str(tmp_path / "r"),
                    *QUICK], capsys, 2)
-    assert "'cifar-small' does not fit data set 'digits'" in err and "(64,)" in err and "(3, 32, 32)" in err
+    assert "--model 'cifar-small' does not fit --dataset 'digits'" in err and "(64,)" in err and "(3, 32, 32)" in err
     assert not (tmp_path / "r").exists()  # a run that never started leaves no directory behind
 
 

@@ -32,6 +32,18 @@ class LazyAdam(torch.optim.Optimizer):
             raise ValueError(f"eps must be non-negative, got {eps}")
         super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, capturable=True))
 
+    # The update runs in float32 with float32 moments (ops/lazy_adam.py): right for float32, bf16
+    # and fp16 parameters, but float64 ones would silently get float32 steps. Refused where they
+    # enter (the constructor and add_param_group both come here).
+    DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+    def add_param_group(self, param_group: dict) -> None:
+        params = param_group["params"]
+        params = [params] if isinstance(params, torch.Tensor) else list(params)  # once: it may be an iterator
+        for i, p in enumerate(params):  # before the group is added: a refusal changes nothing
+            _check_dtype(p, f"params[{i}] of group {len(self.param_groups)}")
+        super().add_param_group({**param_group, "params": params})
+
     @torch.no_grad()
     def step(self, closure=None):
         loss = None
@@ -48,6 +60,7 @@ class LazyAdam(torch.optim.Optimizer):
                                      "use torch.optim.SparseAdam for sparse tensors")
                 state = self.state[p]
                 if not state:
+                    _check_dtype(p, "a parameter")  # its dtype may have changed since (module.double())
                     state["step"] = torch.zeros((), device=p.device, dtype=torch.float32)
                     state["exp_avg"] = torch.zeros_like(p, dtype=torch.float32, memory_format=torch.contiguous_format)
                     state["exp_avg_sq"] = torch.zeros_like(state["exp_avg"])
@@ -69,6 +82,13 @@ class LazyAdam(torch.optim.Optimizer):
             for p in group["params"]:
                 grad_rows.clear(p)
         super().zero_grad(set_to_none)
+
+
+def _check_dtype(p: torch.Tensor, which: str) -> None:
+    if p.dtype not in LazyAdam.DTYPES:
+        raise TypeError(f"LazyAdam: {which} is {p.dtype}; LazyAdam updates float32, bfloat16 and float16 "
+                        "parameters (its moments and arithmetic are float32): use torch.optim.Adam for "
+                        f"{p.dtype}, or convert the model with .float()")
 
 
 __all__ = ["LazyAdam"]

@@ -17,6 +17,7 @@ import torch
 from ..errors import one_line
 
 FILENAME = "checkpoint.pt"
+VERSION = 1  # the layout Trainer.state_dict writes; resume refuses any other (rundir.check_resume)
 TMP_GLOB = f".{FILENAME}.*.tmp"  # save()'s temp files: a killed write leaves one (rundir.py removes it)
 
 

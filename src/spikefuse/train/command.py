@@ -79,7 +79,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add("--stop-on-nan", action=argparse.BooleanOptionalAction, default=s,
         help="stop when an epoch's training loss is NaN or infinite, keeping the last finite checkpoint "
              "(default: on)")
-    add("--threads", type=int, default=s, metavar="N", help="CPU threads for PyTorch ops (default: 1)")
+    add("--threads", type=int, default=s, metavar="N", help="CPU threads for PyTorch ops, at most 1024 (default: 1)")
     add("--out", default=s, metavar="DIR", help="run directory (default: runs/<dataset>-<model>-<time>)")
     add("--resume", metavar="DIR", help="continue the run in DIR from its last checkpoint")
     add("--config", metavar="FILE", help="TOML file with option values")
@@ -142,7 +142,7 @@ def run(args: argparse.Namespace) -> int:
 def _options(args):
     """(options, run directory, checkpoint state or None) from the command line, config
     file and, with --resume, the run's checkpoint."""
-    from . import checkpoint
+    from . import checkpoint, rundir
 
     given = {k: v for k, v in vars(args).items() if k in FIELDS}
     state = None
@@ -153,8 +153,9 @@ def _options(args):
         else:
             cfg = make(read_toml(args.config) if args.config else {}, given)
             run_dir = Path(cfg.out or f"runs/{cfg.dataset}-{cfg.model}-{time.strftime('%Y%m%d-%H%M%S')}")
-            if run_dir.exists() and not run_dir.is_dir():
-                raise UsageError(f"--out {run_dir} is a file; expected a run directory")
+            reason = rundir.unusable(run_dir)
+            if reason is not None:
+                raise UsageError(f"--out {run_dir} {reason}; expected a run directory")
     except ConfigError as e:
         where = f"the options saved in {args.resume}/{checkpoint.FILENAME}: " if args.resume else ""
         raise UsageError(where + str(e)) from None
@@ -284,12 +285,13 @@ def _model_text(spec: dict) -> str:
 
 
 def _resume_state(args, given):
-    from . import checkpoint
+    from . import checkpoint, rundir
 
     run_dir = Path(args.resume)
     path = run_dir / checkpoint.FILENAME
-    if run_dir.is_file():
-        raise UsageError(f"cannot resume: {run_dir} is a file; pass the run directory that holds "
+    reason = rundir.unusable(run_dir)
+    if reason is not None:  # a file, a symbolic link loop or to nothing
+        raise UsageError(f"cannot resume: --resume {run_dir} {reason}; pass the run directory that holds "
                          f"{checkpoint.FILENAME}")
     if not path.is_file():
         what = "does not exist" if not run_dir.exists() else f"has no {checkpoint.FILENAME}"
@@ -308,6 +310,12 @@ def _resume_state(args, given):
     if not isinstance(options, dict) or not isinstance(state["config"].get("model", {}), dict):
         raise UsageError(f"{path} holds no `spikefuse train` options (config['options'] is missing); "
                          "resume runs written by `spikefuse train`")
+    epochs = options.get("epochs")  # checked by config.make later; here only a whole number counts
+    try:  # before the data loads; Trainer.resume checks again
+        rundir.check_resume(run_dir, state, epochs if isinstance(epochs, int) and not isinstance(epochs, bool)
+                            else None)
+    except checkpoint.CheckpointError as e:
+        raise UsageError(str(e)) from None
     return run_dir, state
 
 
@@ -396,13 +404,19 @@ def _check_memory(cfg, splits, device):
 def _build_model(model_args, dataset: str | None = None):
     from ..models import MODELS, build_model
 
+    name, shape = model_args["name"], tuple(model_args["input_shape"])
+    default = inspect.signature(MODELS[name][0]).parameters.get("input_shape")
+    default = None if default is None or default.default is inspect.Parameter.empty else tuple(default.default)
+    source = f"--dataset {dataset!r}" if dataset else "the data"
+    # the convolutional builders unpack (C, H, W): flat input failed inside them with an error
+    # about their code ("max() arg is an empty sequence"), so the rank is checked here
+    if default is not None and len(default) == 3 and len(shape) != 3:
+        raise UsageError(f"--model {name!r} does not fit {source}: the model "
+                         f"takes images [C, H, W] like {default}, the data set gives input of shape {shape}; "
+                         "choose an image data set or a model that takes any input shape (such as mlp)")
     try:
-        return build_model(model_args["name"], model_args["input_shape"], model_args["num_classes"],
-                           model_args["time_steps"], **model_args["kwargs"])
+        return build_model(name, shape, model_args["num_classes"], model_args["time_steps"], **model_args["kwargs"])
     except (ValueError, TypeError, IndexError) as e:  # the builder cannot take the data's shape
-        default = inspect.signature(MODELS[model_args["name"]][0]).parameters.get("input_shape")
-        expects = (f"expects input like {tuple(default.default)}" if default is not None
-                   and default.default is not inspect.Parameter.empty else "cannot take that shape")
-        source = f"data set {dataset!r}" if dataset else "the data"
-        raise UsageError(f"model {model_args['name']!r} does not fit {source}: the data has input shape "
-                         f"{tuple(model_args['input_shape'])}, the model {expects} ({one_line(e)})") from None
+        expects = f"expects input like {default}" if default is not None else "cannot take that shape"
+        raise UsageError(f"model {name!r} does not fit {source}: the data has input shape "
+                         f"{shape}, the model {expects} ({one_line(e)})") from None

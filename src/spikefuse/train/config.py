@@ -50,7 +50,14 @@ TYPES = {"dataset": str, "model": str, "epochs": int, "batch_size": int, "lr": f
          "time_steps": int, "device": str, "precision": str, "compile": bool, "capture": bool,
          "clip_grad": float, "sparse": bool, "seed": int, "stop_on_nan": bool, "threads": int,
          "out": str}
-MAX_COUNT = 2**31 - 1  # epochs, batch size, time steps, threads: far beyond use, still an int32
+MAX_COUNT = 2**31 - 1  # epochs, batch size, time steps: far beyond use, still an int32
+# Not the machine's core count: a run's saved options must resume on another machine. 1024 is
+# far past any useful count; libgomp fails to start ~10^4 threads and the process then dies of
+# SIGSEGV (and --threads 100000 did, leaving the run directory behind).
+MAX_THREADS = 1024
+# lr and clip-grad act on float32 values: outside float32's normal range they overflow (the
+# optimizer's RuntimeError: --lr 1e300) or round to zero or a subnormal (nothing trains)
+FLOAT32_RANGE = (1.1754943508222875e-38, 3.4028234663852886e+38)
 SEED_RANGE = (-(2**63), 2**63 - 1)  # what torch.manual_seed takes (an int64)
 
 
@@ -90,17 +97,23 @@ def make(*layers: dict) -> Config:
         values[name] = _check_type(name, value)
     cfg = Config(**values)
     for name in ("epochs", "batch_size", "time_steps", "threads"):
-        value = getattr(cfg, name)
+        value, most = getattr(cfg, name), MAX_THREADS if name == "threads" else MAX_COUNT
         if value is not None and value < 1:
             raise ConfigError(f"{name.replace('_', '-')} must be at least 1, got {value}")
-        if value is not None and value > MAX_COUNT:
-            raise ConfigError(f"{name.replace('_', '-')} must be at most {MAX_COUNT}, got {value}")
+        if value is not None and value > most:
+            raise ConfigError(f"{name.replace('_', '-')} must be at most {most}, got {value}")
     if not SEED_RANGE[0] <= cfg.seed <= SEED_RANGE[1]:
         raise ConfigError(f"seed must be an integer from -2**63 to 2**63 - 1 (a 64-bit seed), got {cfg.seed}")
-    if not (cfg.lr > 0 and math.isfinite(cfg.lr)):
-        raise ConfigError(f"lr must be a finite number > 0, got {cfg.lr}")
-    if cfg.clip_grad is not None and not 0 < cfg.clip_grad < float("inf"):
-        raise ConfigError(f"clip-grad must be a finite number > 0, got {cfg.clip_grad}")
+    for name in ("lr", "clip_grad"):
+        value = getattr(cfg, name)
+        if value is None:
+            continue
+        if not (value > 0 and math.isfinite(value)):
+            raise ConfigError(f"{name.replace('_', '-')} must be a finite number > 0, got {value}")
+        if not FLOAT32_RANGE[0] <= value <= FLOAT32_RANGE[1]:
+            raise ConfigError(f"{name.replace('_', '-')} must lie in float32's normal range, "
+                              f"{FLOAT32_RANGE[0]:.3g} to {FLOAT32_RANGE[1]:.3g} (training runs in float32), "
+                              f"got {value:g}")
     if cfg.out is not None and not cfg.out.strip():  # '' would silently become the default name
         raise ConfigError("out must name a directory, got an empty string; leave --out out for the default "
                           "runs/<dataset>-<model>-<time>")

@@ -49,6 +49,9 @@ class TrainingDiverged(RunError):
 class Trainer:
     """Trains `model` on `splits.train`, evaluates on `splits.test` after each epoch.
 
+    model: maps x [T, B, ...] to [B, C] (logits, rates) or to a time-major [T, B, C] for a
+        loss_fn that takes it (spikefuse.loss); accuracy reads [T, B, C] through its mean over time.
+
     splits: anything with .train and .test datasets offering
         `batches(batch_size, shuffle=..., generator=...)` -> (x [T, B, ...], y [B]); or a
         torch DataLoader yielding (x, y), x batch-first [B, T, ...] as Tonic's PadTensors()
@@ -174,7 +177,7 @@ class Trainer:
         self.scaler.update()
         with torch.no_grad():
             self.sums[0].add_(loss.detach().double() * y.shape[0])
-            self.sums[1].add_((logits.argmax(1) == y).sum())
+            self.sums[1].add_((metrics.predicted(logits) == y).sum())
         return loss
 
     def train_epoch(self, epoch: int) -> dict:
@@ -236,7 +239,7 @@ class Trainer:
                 with self._autocast():
                     logits = self.eval_forward(x).float()
                 loss_sum += self.loss_fn(logits, y, reduction="sum")
-                correct += (logits.argmax(1) == y).sum()
+                correct += (metrics.predicted(logits) == y).sum()
                 seen += len(y)
         if self.parallel is not None:
             self.parallel.sum_(loss_sum, correct, monitor.counts)
@@ -326,7 +329,7 @@ class Trainer:
         `rng_ranks` gathers each rank's RNG states, `rng` is this rank's)."""
         rng = checkpoint.rng_state(self.generator)
         state = {
-            "version": 1,
+            "version": checkpoint.VERSION,
             "epoch": self.epoch,
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
@@ -366,9 +369,12 @@ class Trainer:
         self.saved_epoch = self.epoch
 
     def resume(self) -> None:
-        """Load run_dir/checkpoint.pt; metrics.jsonl is cut back to the checkpoint's epochs."""
+        """Load run_dir/checkpoint.pt; metrics.jsonl is cut back to the checkpoint's epochs.
+        A checkpoint that cannot be resumed as it is (rundir.check_resume: format version, epoch,
+        history, metrics.jsonl of another run) raises checkpoint.CheckpointError, changing nothing."""
         with self._locked():
             state = checkpoint.load(self.run_dir / checkpoint.FILENAME)  # RNG states must stay on the CPU
+            rundir.check_resume(self.run_dir, state, self.epochs)  # before any state is touched
             self.load_state_dict(state)
             self.saved_epoch = self.epoch
             if self.main:

@@ -19,6 +19,13 @@ class DivergedWarning(RuntimeWarning):
     """A metric was NaN or infinite: training diverged."""
 
 
+def predicted(output):
+    """The class each sample is predicted as, for the accuracy metrics: a model's [B, C] output
+    (logits, rates) or a time-major [T, B, C] one (potentials or spikes per step, as
+    spikefuse.loss takes) read through its mean over time."""
+    return (output.mean(0) if output.dim() == 3 else output).argmax(-1)
+
+
 def finite(record: dict) -> tuple[dict, list[str]]:
     """(`record` with every non-finite float replaced by None, the keys that were)."""
     bad: list[str] = []

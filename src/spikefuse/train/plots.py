@@ -24,6 +24,7 @@ from pathlib import Path
 
 import torch
 
+from . import metrics
 from .spikes import SpikeMonitor
 
 LAYOUT = ("time-major [T, B, C] (time steps, samples, neurons), or [T, B, ...] whose trailing "
@@ -234,7 +235,7 @@ def plot_raster(model, x, label=None, path=None):
     model.eval()
     try:
         with SpikeMonitor(model, keep=True) as monitor:
-            pred = model(x).argmax(1).tolist()
+            pred = metrics.predicted(model(x)).tolist()
     finally:
         model.train(training)
     panels = {"input": as_raster(x, "x")}

@@ -9,11 +9,13 @@ both take it); under torchrun only rank 0 takes it.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 from pathlib import Path
 
-from ..errors import RunError
+from ..errors import RunError, one_line
 from . import checkpoint, metrics
+from .checkpoint import CheckpointError
 
 try:
     import fcntl
@@ -36,14 +38,92 @@ def holds_run(directory) -> bool:
     return (directory / checkpoint.FILENAME).exists() or (directory / metrics.FILENAME).exists()
 
 
+def check_resume(directory, state: dict, epochs: int | None = None) -> None:
+    """Refuse (CheckpointError, one line) a checkpoint that cannot be resumed as it is: a format
+    version this release does not know, an epoch out of range (past `epochs`, where known), a
+    history that is not epochs 1 to its epoch, or a metrics.jsonl that is not this run's.
+
+    metrics.jsonl may run ahead of the checkpoint (a diverged epoch's line, or a checkpoint cut
+    back by hand: resume drops those lines) or lag it by one line (killed between writing the
+    checkpoint and appending the epoch's line: resume writes it from the history)."""
+    directory = Path(directory)
+    path = directory / checkpoint.FILENAME
+    version = state.get("version")
+    if version is None:
+        raise CheckpointError(f"checkpoint {path} has no format version: not a spikefuse training checkpoint")
+    if version != checkpoint.VERSION or isinstance(version, bool):
+        raise CheckpointError(f"checkpoint {path} has format version {version!r}; this release reads version "
+                              f"{checkpoint.VERSION} only (was it written by another release of spikefuse?)")
+    epoch, history = state.get("epoch"), state.get("history")
+    if not isinstance(epoch, int) or isinstance(epoch, bool) or epoch < 0:
+        raise CheckpointError(f"checkpoint {path} is at epoch {epoch!r}; expected a whole number >= 0")
+    if epochs is not None and epoch > epochs:
+        raise CheckpointError(f"checkpoint {path} is at epoch {epoch}, past the {epochs} epochs of the run "
+                              "resuming it")
+    saved = [r.get("epoch") if isinstance(r, dict) else r for r in history] if isinstance(history, list) else None
+    if saved != list(range(1, epoch + 1)):
+        held = "no list" if saved is None else _epochs_text(saved)
+        raise CheckpointError(f"checkpoint {path} is at epoch {epoch} but its history holds {held}; "
+                              f"expected epochs 1 to {epoch}")
+    _check_metrics(directory / metrics.FILENAME, path, epoch, history)
+
+
+def _check_metrics(file: Path, path: Path, epoch: int, history: list) -> None:
+    try:
+        lines = metrics.read(file)
+    except FileNotFoundError:
+        lines = []
+    except (OSError, ValueError) as e:  # unreadable, or not JSON lines
+        raise CheckpointError(f"cannot read {file}: {one_line(e)}") from e
+    found = [r.get("epoch") if isinstance(r, dict) else r for r in lines]
+    if found != list(range(1, len(lines) + 1)):  # duplicated, missing or unordered epochs
+        raise CheckpointError(f"{file} holds {_epochs_text(found)}, not epochs 1, 2, 3, ... in order: "
+                              f"it is not the metrics of one run (its checkpoint is at epoch {epoch})")
+    if len(lines) < epoch - 1:
+        raise CheckpointError(f"{file} holds {_epochs_text(found)}, but {path} is at epoch {epoch}: "
+                              "they are not of one run")
+    for record, line in zip(history, lines):  # as append wrote it: non-finite as null, through JSON
+        if json.loads(json.dumps(metrics.finite(record)[0])) != line:
+            raise CheckpointError(f"{file} differs from the history in {path} at epoch {line['epoch']}: "
+                                  "they are not of one run")
+
+
+def _epochs_text(epochs: list) -> str:
+    if not epochs:
+        return "no epochs"
+    shown = epochs if len(epochs) <= 8 else [*epochs[:3], "...", *epochs[-3:]]
+    return "epochs " + ", ".join(map(str, shown))
+
+
+def unusable(directory) -> str | None:
+    """Why `directory` can be neither used nor created as a run directory (completing "DIR ..."),
+    or None: asked before anything is created or locked."""
+    try:
+        if not os.path.isdir(directory) and os.path.exists(directory):
+            return "is a file"
+        os.stat(directory)
+    except FileNotFoundError:
+        # a dangling link, here or above, makes mkdir fail with "File exists"
+        path = Path(directory)
+        for part in (path, *path.parents):
+            if os.path.islink(part) and not os.path.exists(part):
+                return f"leads through the symbolic link {part} to a missing {os.readlink(part)}"
+            if os.path.exists(part):  # the rest is missing: mkdir makes it
+                return None
+    except OSError as e:  # a symbolic link loop, a name too long, no permission
+        return f"cannot be used: {e.strerror or e}"
+    return None
+
+
 @contextlib.contextmanager
 def lock(directory):
     """Hold `directory`'s lock (creating the directory) for the `with` block; RunDirInUse at
     once if another process holds it. A directory this call created and the run left empty
-    is removed again."""
+    is removed again. A path that cannot be a directory is a ValueError (rundir.unusable)."""
     directory = Path(directory)
-    if directory.exists() and not directory.is_dir():
-        raise NotADirectoryError(f"run directory {directory} is a file, expected a directory")
+    reason = unusable(directory)
+    if reason is not None:
+        raise ValueError(f"run_dir: {directory} {reason}; expected a run directory")
     if fcntl is None or os.environ.get("RANK", "0") != "0":
         yield
         return
