@@ -2,6 +2,7 @@
 the chunk choice, the memory model, the table and the command."""
 import argparse
 import math
+import re
 
 import pytest
 
@@ -183,3 +184,59 @@ def test_plan_command_names_its_own_option(capsys):
     assert main(["plan", "--model", "nosuch", "--time-steps", "4", "--batch", "1"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--model: unknown model 'nosuch'" in err[0] and "model_name" not in err[0]
+
+
+# ---- issue 36: the link and the device checked where they enter, before anything is measured ----
+
+BAD_LINKS = [(math.nan, math.nan), (-1, 5), (0, 0), (1, -2), (1, math.inf), (math.inf, 1), (True, 1), ("1", 1)]
+
+
+@pytest.mark.parametrize("link", BAD_LINKS + [(1,), (1, 2, 3), 5])
+def test_plan_refuses_a_link_that_is_not_finite_or_positive(link, monkeypatch):
+    import spikefuse.parallel.planner as planner
+
+    monkeypatch.setattr(planner, "profile_layers", None)  # refused before measuring: never called
+    with pytest.raises(ValueError, match=r"^link: expected (a latency >= 0 s and a bandwidth > 0 B/s, both finite|"
+                                         r"\(latency s, bandwidth B/s\)), got"):
+        plan("deep-lif", 4, 1, link=link)
+
+
+@pytest.mark.parametrize("device, message", [
+    ("banana", r"expected a device such as 'cpu' or 'cuda', got 'banana'"),
+    (3.5, r"expected a device such as 'cpu' or 'cuda', got 3.5"),
+    ("meta", r"the planner measures on 'cpu' or 'cuda', got 'meta'"),
+    ("cuda:99", r"'cuda:99' requested but"),
+])
+def test_plan_refuses_a_device_it_cannot_measure_on(device, message):
+    with pytest.raises(ValueError, match=rf"^device: {message}"):
+        plan("deep-lif", 4, 1, device=device)
+
+
+CLI_MISTAKES = [
+    (["--link", "nan", "nan"], r"--link: expected a latency >= 0 us and a bandwidth > 0 GB/s, both finite, got nan nan"),
+    (["--link", "-1", "5"], r"--link: .* got -1.0 5.0"),
+    (["--link", "5", "-0.5"], r"--link: .* got 5.0 -0.5"),
+    (["--link", "0", "0"], r"--link: .* got 0.0 0.0"),  # was ZeroDivisionError, exit 1
+    (["--link", "1", "inf"], r"--link: .* got 1.0 inf"),
+    (["--link", "1", "1e300"], r"--link: .* got 1e-06 inf"),  # finite as given, infinite in B/s
+    (["--device", "banana"], r"--device: expected a device such as 'cpu' or 'cuda', got 'banana'"),
+    (["--device", "meta"], r"--device: the planner measures on 'cpu' or 'cuda'"),
+    (["--device", "cuda:99"], r"--device: 'cuda:99' requested but"),
+    (["--time-steps", "0"], r"--time-steps: expected an integer >= 1, got 0"),
+    (["--batch", "-1"], r"--batch: expected an integer >= 1, got -1"),
+    (["--gpus", "0"], r"--gpus: expected an integer >= 1, got 0"),
+]
+
+
+@pytest.mark.parametrize("extra, message", CLI_MISTAKES)
+def test_plan_command_mistakes_exit_2_naming_the_option(extra, message, capsys):
+    from spikefuse.cli import main
+
+    base = {"--model": "deep-lif", "--time-steps": "4", "--batch": "1", "--width": "0.004"}
+    for flag in extra:  # an option given in `extra` replaces the base's
+        base.pop(flag, None)
+    args = [a for kv in base.items() for a in kv]
+    assert main(["plan", *args, *extra]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("spikefuse plan: error: --"), err
+    assert re.search(message, err[0]), err[0]

@@ -306,8 +306,12 @@ def plan(model_name: str, time_steps: int, batch: int, gpus: int | None = None, 
             raise ValueError(f"{name}: expected an integer >= 1, got {value!r}")
     if gpus is not None and (isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1):
         raise ValueError(f"gpus: expected an integer >= 1, got {gpus!r}")
+    if link is not None:
+        if not (isinstance(link, (tuple, list)) and len(link) == 2):
+            raise ValueError(f"link: expected (latency s, bandwidth B/s), got {link!r}")
+        check_link(*link)
     max_gpus = max(max_gpus, gpus or 1)
-    device = torch.device(device if device is not None else "cuda" if torch.cuda.is_available() else "cpu")
+    device = _measuring_device(device)
     defaults = inspect.signature(MODELS[model_name][0]).parameters
     input_shape = _default(input_shape, defaults, "input_shape", model_name)
     num_classes = _default(num_classes, defaults, "num_classes", model_name)
@@ -334,7 +338,7 @@ def plan(model_name: str, time_steps: int, batch: int, gpus: int | None = None, 
     chunked = {c: chunked_seconds(layers, x, c, reps) for c in counts}
 
     if link is not None:
-        link, source = (float(link[0]), float(link[1])), "given"
+        link, source = (float(link[0]), float(link[1])), "given"  # checked above, before measuring
     elif device.type == "cuda" and torch.cuda.device_count() >= 2:
         link, source = measure_link(), "measured cuda:0 -> cuda:1 copies"
     else:
@@ -345,6 +349,25 @@ def plan(model_name: str, time_steps: int, batch: int, gpus: int | None = None, 
                 *link, source, profiles, input_bytes,
                 stage_memory(profiles, range(len(layers)), time_steps, 1, input_bytes), single_peak,
                 predict(layers, profiles, time_steps, ts, chunked, link, input_bytes, max_gpus), gpus)
+
+
+def check_link(latency, bandwidth, name: str = "link", units: tuple[str, str] = ("s", "B/s")) -> None:
+    """A hand-off link: latency finite and >= 0, bandwidth finite and > 0 (NaN, inf and negative
+    figures used to give a "plan", a zero bandwidth a ZeroDivisionError); ValueError naming it."""
+    real = all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in (latency, bandwidth))
+    if not (real and latency >= 0 and bandwidth > 0):
+        raise ValueError(f"{name}: expected a latency >= 0 {units[0]} and a bandwidth > 0 {units[1]}, both finite, "
+                         f"got {latency!r} {bandwidth!r}")
+
+
+def _measuring_device(device) -> torch.device:
+    """Where to measure: cpu or a CUDA device this machine has (ValueError naming `device` otherwise)."""
+    from ..data.registry import check_device
+
+    device = check_device(device if device is not None else "cuda" if torch.cuda.is_available() else "cpu")
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError(f"device: the planner measures on 'cpu' or 'cuda', got {str(device)!r}")
+    return device
 
 
 def _default(value, defaults, name, model_name):
@@ -486,6 +509,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--width", type=float, help="scale the model's layer widths (quick runs)")
 
 
+FLAGS = {"time_steps": "--time-steps", "batch": "--batch", "gpus": "--gpus", "device": "--device", "link": "--link"}
+
+
 @precisions.applied("fp32")  # the caller's flags after
 def run(args) -> int:
     """Measures in fp32, TF32 matmuls and convolutions, as `spikefuse train` trains by default."""
@@ -495,15 +521,18 @@ def run(args) -> int:
     if args.model not in MODELS:  # named as the command line names it, not as plan()'s argument
         raise UsageError(f"--model: unknown model {args.model!r}; expected one of: {', '.join(MODELS)}")
     kwargs = {"width": args.width} if args.width is not None else {}
-    link = (args.link[0] * 1e-6, args.link[1] * 1e9) if args.link else None
     try:
+        if args.link:  # checked in the units given; plan() checks the converted figures again
+            check_link(*args.link, name="--link", units=("us", "GB/s"))
+        link = (args.link[0] * 1e-6, args.link[1] * 1e9) if args.link else None
         result = plan(args.model, args.time_steps, args.batch, args.gpus, device=args.device, link=link, **kwargs)
-    except ValueError as e:
-        raise UsageError(str(e)) from None
+    except ValueError as e:  # plan()'s parameter names as the command line spells them
+        name, sep, rest = str(e).partition(": ")
+        raise UsageError(f"{FLAGS[name]}: {rest}" if sep and name in FLAGS else str(e)) from None
     print(format_plan(result), end="")
     return 0
 
 
 __all__ = ["paper_speedup", "paper_optimum", "ideal_pipeline_speedup", "pipeline_time", "pipeline_speedup",
            "Plan", "PlanRow", "LayerProfile", "profile_layers", "saved_bytes", "step_seconds", "chunked_seconds",
-           "measure_link", "plan", "predict", "predict_row", "stage_memory", "format_plan"]
+           "measure_link", "check_link", "plan", "predict", "predict_row", "stage_memory", "format_plan"]
