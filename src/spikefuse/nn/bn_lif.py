@@ -32,7 +32,9 @@ class BNLIF(nn.modules.batchnorm._BatchNorm):
     Batch 0: empty spikes, running statistics unchanged (as torch's BatchNorm). Non-finite
     values: as spikefuse.functional.lif on y = BN(x); in training a NaN or inf in a
     channel's input makes its batch variance NaN, so all its spikes are NaN and its running
-    statistics non-finite (as torch). Double backward: as functional.lif (through torch).
+    statistics non-finite (as torch). threshold and v_reset must be finite Python numbers
+    (TypeError otherwise, at construction and forward, on every backend). Double backward:
+    as functional.lif (through torch).
     """
 
     sync = None  # a spikefuse.parallel.sync_bn.RankSync once converted to SyncBN
@@ -50,8 +52,8 @@ class BNLIF(nn.modules.batchnorm._BatchNorm):
             raise ValueError(f"backend: unknown {backend!r}; expected one of {list(F.BACKENDS)}")
         F._check_decay(decay, None)
         self.surrogate, self.alpha = resolve_surrogate(surrogate, alpha)
-        self.decay, self.threshold, self.reset = float(decay), float(threshold), reset
-        self.v_reset, self.detach_reset, self.backend = float(v_reset), bool(detach_reset), backend
+        self.threshold, self.v_reset = F._check_finite("threshold", threshold), F._check_finite("v_reset", v_reset)
+        self.decay, self.reset, self.detach_reset, self.backend = float(decay), reset, bool(detach_reset), backend
         if learn_decay:
             if not 0.0 < decay < 1.0:
                 raise ValueError(f"learn_decay needs an initial decay strictly inside (0, 1), got {decay}")
@@ -84,8 +86,7 @@ class BNLIF(nn.modules.batchnorm._BatchNorm):
         momentum = step_momentum(self)
         sync = self.sync if self.training else None  # as torch.nn.SyncBatchNorm: eval stays local
         decay = torch.sigmoid(self.decay_logit) if self.decay_logit is not None else self.decay
-        lif = dict(threshold=self.threshold, reset=self.reset, v_reset=self.v_reset,
-                   detach_reset=self.detach_reset, surrogate=self.surrogate, alpha=self.alpha)
+        lif = self._lif_options()
         # the compiled fused op has no hook for SyncBN's all-reduces: torch batch norm then
         if F._use_fused(self.backend, x) and not (sync is not None and torch.compiler.is_dynamo_compiling()):
             from ..ops.bn_lif import bn_lif_fused
@@ -93,7 +94,7 @@ class BNLIF(nn.modules.batchnorm._BatchNorm):
             decay_value, decay_tensor = (1.0, decay.reshape(1)) if isinstance(decay, torch.Tensor) else (decay, None)
             return bn_lif_fused(x, self.weight, self.bias, self.running_mean, self.running_var,
                                 training, momentum, self.eps, decay_value, decay_tensor,
-                                self.threshold, self.reset, self.v_reset, self.detach_reset,
+                                lif["threshold"], self.reset, lif["v_reset"], self.detach_reset,
                                 self.surrogate, self.alpha, residual, steps,
                                 sync=sync.fused() if sync is not None else None)
         x = x.expand(steps, *x.shape[1:])
@@ -106,6 +107,14 @@ class BNLIF(nn.modules.batchnorm._BatchNorm):
         if residual is not None:
             y = y + residual
         return F.lif(y, decay=decay, backend="reference", **lif)
+
+    def _lif_options(self) -> dict:
+        """The LIF options, checked before either backend runs (the fused kernels would take an
+        infinite threshold or a NaN v_reset without a word): F.lif's checks and messages.
+        Checked at every forward (as at construction), so an attribute set later is too."""
+        return dict(threshold=F._check_finite("threshold", self.threshold), reset=self.reset,
+                    v_reset=F._check_finite("v_reset", self.v_reset), detach_reset=self.detach_reset,
+                    surrogate=self.surrogate, alpha=self.alpha)
 
     def extra_repr(self):
         return (f"{super().extra_repr()}, decay={self.decay}, threshold={self.threshold}, "
