@@ -67,7 +67,11 @@ def lif(
           of spikefuse.ops.lif_loop for float32/float64 (CPU or CUDA; backend="auto") and
           on the reference otherwise, with a one-time warning where (on CUDA) the fused
           kernels would have run; backend="fused" with a callable raises ValueError.
-    v0: initial membrane potential, shaped like x[0]; default zeros.
+    v0: initial membrane potential, shaped like x[0]; default zeros. Any floating dtype: the
+        results do not take v0's dtype on any backend, as the fused kernels give them (they
+        read v0 into float32): spikes and h in x's dtype, and the final state too (except
+        the fused kernels' for a bfloat16/float16 x: float32, the state they keep); v0's
+        gradient comes in v0's dtype. A decay tensor of another dtype likewise.
     threshold: a finite float, or a floating tensor (a learnable threshold: it gets a
         gradient) that is a scalar or holds one value per channel (dim 2 of x), on x's device
         and finite (checked on the CPU). A tensor threshold runs fused wherever a float one
@@ -149,6 +153,10 @@ def lif(
         return _fused_lif()(x, decay_value, decay_tensor, threshold, reset, v_reset,
                             bool(detach_reset), surrogate, alpha, v0, bool(return_state), grad_threshold,
                             return_potential, threshold_tensor, grad_scope)
+    # the fused kernels' rule on every path: results in x's dtype, whatever v0's or the decay's
+    # (the casts are autograd ops: the gradients come back in v0's and the decay's dtypes)
+    v0 = v0.to(x.dtype) if v0 is not None else None
+    decay_tensor = decay_tensor.to(x.dtype) if decay_tensor is not None else None
     # a callable (a custom surrogate's torch twin) runs on the loop path on any device, a name on the CPU
     if backend == "auto" and _loop_lif().usable(x, decay_tensor, v0, any_device=callable(surrogate)):
         return _loop_lif().lif_loop(x, decay_value, decay_tensor, threshold, reset, v_reset,
@@ -383,7 +391,8 @@ def alif(
         dtype, differentiable): spikes, then h, then (v, a) if return_state.
     state0: the initial state (v0, a0), each a floating tensor shaped like x[0] on x's device,
         or None for zeros; both get gradients. A previous call's final state continues it:
-        chunks of a sequence give the spikes of one call over the whole.
+        chunks of a sequence give the spikes of one call over the whole. Any floating dtype:
+        the results are in x's dtype on every backend (as `lif`'s v0).
     backend: "fused" (spikefuse.ops.alif; on a CPU tensor through the Triton interpreter),
         "reference" (spikefuse.reference.alif) or "auto" (fused on CUDA, else reference).
         Under torch.compile, return_potential runs on the reference.
@@ -486,7 +495,7 @@ def cuba(
         decay * v[t-1] + i[t]; not the current i), as `lif`: x's dtype, differentiable;
         spikes, then h, then (v, i) if return_state.
     state0: the initial state (v0, i0), as `alif`'s (v0, a0): tensors shaped like x[0] or
-        None for zeros, both differentiable.
+        None for zeros, both differentiable; the results are in x's dtype whatever theirs.
     backend: "fused" (spikefuse.ops.cuba; on a CPU tensor through the Triton interpreter),
         "reference" (spikefuse.reference.cuba) or "auto" (fused on CUDA, else reference).
         Under torch.compile, return_potential runs on the reference.

@@ -48,7 +48,7 @@ def lif(
     `surrogate` is a name of spikefuse.surrogates or a callable sg(u) -> tensor of u's
     shape (ds/du for u = h - threshold; `alpha` is then ignored), called in backward.
     """
-    v = torch.zeros_like(x[0]) if v0 is None else v0
+    v = torch.zeros_like(x[0]) if v0 is None else v0.to(x.dtype)  # results in x's dtype, as fused
     sparse = grad_threshold > float("-inf")
     cut = None
     if sparse and grad_scope != "step":  # a first pass finds the neurons that reach the cut
@@ -152,8 +152,9 @@ def alif(
 
 
 def _initial_state(x, state0):
-    """The two initial state tensors (ALIF's v0, a0; CUBA's v0, i0): state0's, zeros where None."""
-    return tuple(torch.zeros_like(x[0]) if t is None else t for t in (state0 or (None, None)))
+    """The two initial state tensors (ALIF's v0, a0; CUBA's v0, i0): state0's in x's dtype (the
+    results are x's, as the fused kernels give them), zeros where None."""
+    return tuple(torch.zeros_like(x[0]) if t is None else t.to(x.dtype) for t in (state0 or (None, None)))
 
 
 def _outputs(spikes, potentials, state):
