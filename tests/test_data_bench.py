@@ -1,6 +1,7 @@
 """Smoke test of the data-loading benchmark on the CPU with tiny sizes."""
 import json
 
+import pytest
 import torch
 
 from spikefuse.bench import data as bench
@@ -43,3 +44,31 @@ def test_data_benchmark_smoke(tmp_path, monkeypatch):
 def test_data_benchmark_rejects_bad_group(tmp_path, capsys):
     assert bench.main(["--group", "0", "--samples", "4", "--root", str(tmp_path)]) == 2
     assert "--group" in capsys.readouterr().err
+
+
+# ---- issue 36: every option checked before anything is built; exit 2 naming it ----
+
+@pytest.mark.parametrize("option, values", [
+    ("--samples", ["0", "-5", "3", str(2**31)]),  # --samples 0 was SyntheticSHD's ValueError, exit 1
+    ("--batch-size", ["0", "-1", str(2**31)]),
+    ("--workers", ["-1", "100000"]),
+    ("--warmup", ["-1"]),
+    ("--seed", ["-1", str(2**63), str(10**23)]),
+    ("--group", ["0", "-3"]),
+    ("--device", ["banana", "meta:x", "cuda:99"]),
+    ("--pipelines", ["", "xz", "abq"]),
+])
+def test_data_benchmark_refuses_bad_options_naming_them(option, values, tmp_path, capsys):
+    for value in values:
+        assert bench.main(["--quick", option, value, "--out", str(tmp_path / "out"), "--root", str(tmp_path)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith(f"spikefuse bench data: error: {option}: "), err
+    assert not (tmp_path / "out").exists()  # refused before anything ran
+
+
+def test_data_benchmark_mistakes_through_the_cli(tmp_path, capsys):
+    from spikefuse.cli import main
+
+    assert main(["bench", "data", "--samples", "0", "--root", str(tmp_path), "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["spikefuse bench data: error: --samples: expected an integer from 4 to 2147483647, got 0"]

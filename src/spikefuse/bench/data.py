@@ -185,6 +185,32 @@ def _epoch(batches, model, opt, device, limit=None):
     return time.perf_counter() - start, step_s, steps
 
 
+MAX_INT = 2**31 - 1  # counts: what an int32 index holds (the limit `spikefuse train` uses)
+MAX_WORKERS = 1024  # DataLoader worker processes: more would only exhaust the machine
+
+
+def usage_problem(args: argparse.Namespace) -> str | None:
+    """What is wrong with the options, named as given (exit 2), or None: every option checked
+    here, before anything is built (--samples 0 used to end in SyntheticSHD's ValueError, exit 1)."""
+    from spikefuse.data.registry import check_device
+
+    ranges = [("--samples", args.samples, 4, MAX_INT, True), ("--batch-size", args.batch_size, 1, MAX_INT, False),
+              ("--workers", args.workers, 0, MAX_WORKERS, False), ("--warmup", args.warmup, 0, MAX_INT, False),
+              ("--seed", args.seed, 0, 2**63 - 2, False), ("--group", args.group, 1, MAX_INT, True)]
+    for flag, value, low, high, optional in ranges:
+        if not (value is None and optional) and not (isinstance(value, int) and low <= value <= high):
+            top = "2**63 - 2" if high == 2**63 - 2 else high
+            return f"{flag}: expected an integer from {low} to {top}, got {value}"
+    try:
+        check_device(args.device)
+    except ValueError as e:
+        return f"--{e}"  # "device: ..." -> "--device: ..."
+    unknown = [key for key in args.pipelines if key not in PIPELINES]
+    if unknown or not args.pipelines:
+        return f"--pipelines: expected some of a, b, c, d, got {args.pipelines!r}"
+    return None
+
+
 def run(args: argparse.Namespace) -> int:
     from spikefuse.bench.report import environment, table, write_results
     from spikefuse.data import ToFrame
@@ -196,23 +222,17 @@ def run(args: argparse.Namespace) -> int:
         for name, value in QUICK.items():
             if getattr(args, name) == defaults[name]:
                 setattr(args, name, value)
+    problem = usage_problem(args)
+    if problem:
+        print(f"spikefuse bench data: error: {problem}", file=sys.stderr)
+        return 2
     device = torch.device(args.device)
     root = os.path.expanduser(args.root)
     source = SyntheticSHD("train", samples=args.samples, seed=args.seed)
-    if len(source) < 4:
-        print("spikefuse bench data: error: --samples must be at least 4", file=sys.stderr)
-        return 2
-    if args.group is not None and args.group < 1:
-        print(f"spikefuse bench data: error: --group must be at least 1, got {args.group}", file=sys.stderr)
-        return 2
     frame = ToFrame((CHANNELS, 1, 1), time_window=WINDOW_US, include_incomplete=True)
     order_seed = args.seed + 1
     results, first_batches, batches_match, skipped = {}, {}, {}, {}
 
-    for key in args.pipelines:
-        if key not in PIPELINES:
-            print(f"spikefuse bench data: error: unknown pipeline {key!r}; choose from abcd", file=sys.stderr)
-            return 2
     for key in args.pipelines:
         if key in "ab" and importlib.util.find_spec("tonic") is None:  # a peer: skipped with a note
             skipped[key] = "tonic is not installed"
