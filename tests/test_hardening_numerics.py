@@ -1,7 +1,10 @@
 """Issue 36, the numerical cases, by class of attack: a parameter the fused BNLIF took and the
 reference refused (one check, one message, every backend); an initial state of another dtype
-than x (the results in x's dtype on every backend). Fused kernels on CPU tensors run through
-Triton's interpreter: tiny shapes."""
+than x (the results in x's dtype on every backend); NaN input (gradients NaN in the same
+places on the reference as in the fused kernels: NaN in, NaN out). Fused kernels on CPU
+tensors run through Triton's interpreter: tiny shapes."""
+import itertools
+
 import pytest
 import torch
 
@@ -96,3 +99,103 @@ def test_plif_decay_of_another_dtype_keeps_x_dtype(backend):
     assert s.dtype == h.dtype == v.dtype == torch.float32
     (g,) = torch.autograd.grad((s * randn(*s.shape, seed=5)).sum(), decay)
     assert g.dtype == torch.float64
+
+
+# ---- 3. NaN input: the reference's gradients are NaN where the fused kernels' are (it gave 0
+# at the last step of a NaN neuron with the rectangular surrogate: autograd skips the final
+# state's unused adjoint, where the kernels multiply its 0 by a NaN)
+
+W = randn(3, 3, seed=6) * 0.6
+
+
+def gradients(name, backend, x, weight_grad, **kw):
+    """dL/dx (and dL/dweight for the recurrent neurons), L = <spikes, g>."""
+    x = x.clone().requires_grad_()
+    w = W.clone().requires_grad_(weight_grad)
+    call = {"alif": lambda: F.alif(x, backend=backend, **kw), "cuba": lambda: F.cuba(x, backend=backend, **kw),
+            "rlif": lambda: F.rlif(x, w, backend=backend, **kw), "ralif": lambda: F.ralif(x, w, backend=backend, **kw)}
+    s = call[name]()
+    leaves = [x, w] if name.startswith("r") and weight_grad else [x]
+    return s, torch.autograd.grad((s * randn(*s.shape, seed=7)).sum(), leaves)
+
+
+PLACEMENTS = {"first step": [(0, 0, 0)], "middle": [(2, 1, 1)], "last step": [(4, 0, 2)],
+              "two neurons": [(1, 0, 1), (3, 1, 2)], "a whole step": [(2, slice(None), slice(None))]}
+
+
+RECURRENT_CUT_AT_NAN = pytest.mark.xfail(strict=True, reason=(
+    "the recurrent fused kernels (ops/recurrent_common.py, ops/recurrent_alif.py) cut the surrogate "
+    "with tl.where(h >= grad_floor, sg, 0), False at NaN h even without a cut: dL/dx 0 where the "
+    "reference (and the policy) give NaN, with a surrogate that is NaN at NaN (triangle)"))
+
+
+def nan_cases():
+    for name, (reset, detach), surrogate in itertools.product(
+            ["alif", "cuba", "rlif", "ralif"], [("hard", False), ("soft", False), ("none", False), ("hard", True)],
+            ["rectangular", "triangle"]):
+        kernel_bug = name.startswith("r") and surrogate == "triangle" and (reset, detach) != ("hard", False)
+        yield pytest.param(name, reset, detach, surrogate, marks=[RECURRENT_CUT_AT_NAN] if kernel_bug else [])
+
+
+@pytest.mark.parametrize("name,reset,detach,surrogate", nan_cases())
+def test_nan_input_gives_nan_gradients_where_the_fused_kernels_do(name, reset, detach, surrogate):
+    """Spikes NaN alike, gradients NaN in the same places, equal elsewhere. With the
+    rectangular surrogate (0 at NaN) and no reset slope to multiply (soft with a fixed
+    threshold, none, detach_reset) both give no NaN gradient at all."""
+    nan_seen = 0
+    for where, positions in PLACEMENTS.items():
+        x = randn(5, 2, 3, seed=8, shift=0.8)
+        for pos in positions:
+            x[pos] = nan
+        results = [gradients(name, b, x, weight_grad=name.startswith("r"), reset=reset, detach_reset=detach,
+                             surrogate=surrogate) for b in ("fused", "reference")]
+        (s1, g1), (s2, g2) = results
+        assert torch.equal(s1.isnan(), s2.isnan()), where
+        for what, a, b in zip(("x", "weight"), g1, g2):
+            assert torch.equal(a.isnan(), b.isnan()), f"{where}: dL/d{what} NaN at different places"
+            nan_seen += int(a.isnan().sum())
+            both = ~a.isnan()
+            assert rel_err(a[both], b[both]) < 1e-5, f"{where}: dL/d{what}"
+    if surrogate != "rectangular" or (reset == "hard" and not detach):
+        assert nan_seen > 0, "degenerate: no NaN gradient anywhere"
+
+
+@pytest.mark.parametrize("name", ["alif", "cuba", "rlif", "ralif"])
+def test_nan_gradient_places_on_auto_follow_the_kernels(name):
+    """On the CPU `auto` takes the reference: the issue's case (default options)."""
+    x = randn(5, 2, 3, seed=9, shift=0.8)
+    x[0, 0, 0] = nan
+    g_fused = gradients(name, "fused", x, False)[1][0]
+    g_auto = gradients(name, "auto", x, False)[1][0]
+    assert g_fused[:, 0, 0].isnan().all() and torch.equal(g_fused.isnan(), g_auto.isnan())
+
+
+@pytest.mark.parametrize("name", ["alif", "cuba"])
+def test_nan_gradients_with_a_loss_on_the_potential_or_the_state(name):
+    """The tie that gives the last step its 0 * NaN also runs when only h, or only the final
+    state, carries the loss."""
+    x = randn(5, 2, 3, seed=10, shift=0.8)
+    x[1, 1, 0] = nan
+    for loss_on in ("h", "state"):
+        grads = []
+        for backend in ("fused", "reference"):
+            xi = x.clone().requires_grad_()
+            fn = F.alif if name == "alif" else F.cuba
+            s, h, (v, other) = fn(xi, backend=backend, return_state=True, return_potential=True)
+            loss = (h * randn(*h.shape, seed=11)).sum() if loss_on == "h" else (v * 0.5 + other).sum()
+            grads.append(torch.autograd.grad(loss, xi)[0])
+        assert grads[0].isnan().any() and torch.equal(grads[0].isnan(), grads[1].isnan()), loss_on
+
+
+def test_finite_gradients_are_unchanged_by_the_tie():
+    """Without NaN, the reference's gradients are those of the plain equations (the fused
+    kernels' to 1e-5), bit for bit whether or not the last step is tied."""
+    x = randn(6, 2, 4, seed=12, shift=0.6)
+    for name, kw in itertools.product(["alif", "ralif"], [dict(reset="hard"), dict(reset="soft")]):
+        W4 = randn(4, 4, seed=13) * 0.5
+        grads = []
+        for backend in ("fused", "reference"):
+            xi = x.clone().requires_grad_()
+            s = F.alif(xi, backend=backend, **kw) if name == "alif" else F.ralif(xi, W4, backend=backend, **kw)
+            grads.append(torch.autograd.grad((s * randn(*s.shape, seed=14)).sum(), xi)[0])
+        assert rel_err(*grads) < 1e-5, (name, kw)

@@ -12,6 +12,11 @@ Gradients come from autograd alone, so this file is deliberately the plainest po
 reading of the equations.
 Non-finite values (spikefuse.functional.lif): a NaN potential gives a NaN spike, and
 h = +inf fires and, with the hard reset, resets to v_reset (not inf * 0 = NaN).
+ALIF, CUBA and the recurrent neurons add one thing to autograd: the last step's 0 * dv/ds
+(_LastStepAdjoint), so that their NaN gradients fall where the fused kernels' do (NaN in,
+NaN out). LIF is left as it was (tested one-sided against the kernels and the loop path:
+with a hard reset and the rectangular surrogate it gives 0 at the last step of a NaN neuron
+where they give NaN).
 """
 from __future__ import annotations
 
@@ -148,7 +153,8 @@ def alif(
         a = adapt_decay * a + s
         spikes.append(s)
         potentials.append(h)
-    return _outputs(spikes, potentials if return_potential else None, (v, a) if return_state else None)
+    return _outputs(spikes, potentials if return_potential else None, (v, a) if return_state else None,
+                    (h, _reset_slope(h, theta, reset, v_reset, detach_reset)))
 
 
 def _initial_state(x, state0):
@@ -157,8 +163,41 @@ def _initial_state(x, state0):
     return tuple(torch.zeros_like(x[0]) if t is None else t.to(x.dtype) for t in (state0 or (None, None)))
 
 
-def _outputs(spikes, potentials, state):
-    """spikes [T, *], then h [T, *] unless potentials is None, then the state unless None."""
+class _LastStepAdjoint(torch.autograd.Function):
+    """The last step's (s, h), copied; backward adds 0 * dv[T-1]/ds[T-1] to dL/ds[T-1]. The
+    fused kernels run the adjoint recurrence from dL/dv[T-1] = 0 when no loss reads the
+    final state (and dL/ds = 0 where no loss reads the spikes), so dL/ds[T-1] gets
+    0 * (v_reset - h) (hard reset) or 0 * -theta (soft), NaN where h or theta is NaN: NaN in,
+    NaN out. Autograd skips that unused path, and with the rectangular surrogate (0 at NaN)
+    gave 0 there. Finite gradients are unchanged (+ 0)."""
+
+    @staticmethod
+    def forward(ctx, s, h, dv_ds):
+        ctx.save_for_backward(dv_ds)
+        return s.clone(), h.clone()
+
+    @staticmethod
+    def backward(ctx, gs, gh):
+        (dv_ds,) = ctx.saved_tensors
+        return gs + 0.0 * dv_ds, gh, None
+
+
+def _reset_slope(h, theta, reset, v_reset, detach_reset):
+    """dv[t]/ds[t] of the reset, detached (None where it is 0: no reset, or detach_reset)."""
+    if detach_reset or reset == "none" or (reset == "soft" and not isinstance(theta, torch.Tensor)):
+        return None  # 0, or a finite constant: 0 * it adds nothing
+    return (v_reset - h if reset == "hard" else -theta).detach()
+
+
+def _outputs(spikes, potentials, state, last=None):
+    """spikes [T, *], then h [T, *] unless potentials is None, then the state unless None.
+    last: (h[T-1], dv[T-1]/ds[T-1] or None): the last step, tied through _LastStepAdjoint
+    when a gradient may flow. spikes (and potentials) are lists, changed in place."""
+    h, dv_ds = last if last is not None else (None, None)
+    if dv_ds is not None and torch.is_grad_enabled() and (spikes[-1].requires_grad or h.requires_grad):
+        spikes[-1], h = _LastStepAdjoint.apply(spikes[-1], h, dv_ds)
+        if potentials is not None:
+            potentials[-1] = h
     out = (torch.stack(spikes),)
     if potentials is not None:
         out += (torch.stack(potentials),)
@@ -198,12 +237,8 @@ def rlif(
         v = _reset(h, s.detach() if detach_reset else s, threshold, reset, v_reset)
         spikes.append(s)
         potentials.append(h)
-    out = [torch.stack(spikes)]
-    if return_potential:
-        out.append(torch.stack(potentials))
-    if return_state:
-        out.append(v)
-    return tuple(out) if len(out) > 1 else out[0]
+    return _outputs(spikes, potentials if return_potential else None, v if return_state else None,
+                    (h, _reset_slope(h, threshold, reset, v_reset, detach_reset)))
 
 
 def ralif(
@@ -243,7 +278,8 @@ def ralif(
         a = adapt_decay * a + s
         spikes.append(s)
         potentials.append(h)
-    return _outputs(spikes, potentials if return_potential else None, (v, a) if return_state else None)
+    return _outputs(spikes, potentials if return_potential else None, (v, a) if return_state else None,
+                    (h, _reset_slope(h, theta, reset, v_reset, detach_reset)))
 
 
 def cuba(
@@ -280,4 +316,5 @@ def cuba(
         v = _reset(h, s.detach() if detach_reset else s, threshold, reset, v_reset)
         spikes.append(s)
         potentials.append(h)
-    return _outputs(spikes, potentials if return_potential else None, (v, i) if return_state else None)
+    return _outputs(spikes, potentials if return_potential else None, (v, i) if return_state else None,
+                    (h, _reset_slope(h, threshold, reset, v_reset, detach_reset)))
