@@ -123,18 +123,11 @@ PLACEMENTS = {"first step": [(0, 0, 0)], "middle": [(2, 1, 1)], "last step": [(4
               "two neurons": [(1, 0, 1), (3, 1, 2)], "a whole step": [(2, slice(None), slice(None))]}
 
 
-RECURRENT_CUT_AT_NAN = pytest.mark.xfail(strict=True, reason=(
-    "the recurrent fused kernels (ops/recurrent_common.py, ops/recurrent_alif.py) cut the surrogate "
-    "with tl.where(h >= grad_floor, sg, 0), False at NaN h even without a cut: dL/dx 0 where the "
-    "reference (and the policy) give NaN, with a surrogate that is NaN at NaN (triangle)"))
-
-
 def nan_cases():
     for name, (reset, detach), surrogate in itertools.product(
             ["alif", "cuba", "rlif", "ralif"], [("hard", False), ("soft", False), ("none", False), ("hard", True)],
             ["rectangular", "triangle"]):
-        kernel_bug = name.startswith("r") and surrogate == "triangle" and (reset, detach) != ("hard", False)
-        yield pytest.param(name, reset, detach, surrogate, marks=[RECURRENT_CUT_AT_NAN] if kernel_bug else [])
+        yield name, reset, detach, surrogate
 
 
 @pytest.mark.parametrize("name,reset,detach,surrogate", nan_cases())

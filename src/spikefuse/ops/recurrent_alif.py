@@ -76,7 +76,7 @@ def _ralif_backward_step(
     ga = tl.load(ga_ptr + offs, mask=mask, other=0.0)
     u = h - theta
     fired = u >= 0.0
-    sg = tl.where(h >= grad_floor, surrogate_grad(u, SURROGATE, alpha), 0.0)
+    sg = tl.where(h < grad_floor, 0.0, surrogate_grad(u, SURROGATE, alpha))  # NaN h keeps its NaN (as ops.lif)
     gh, gtheta = adaptive_grads(gs + ga, gv, h, theta, fired, sg, v_reset, RESET, DETACH)
     if HAS_GHX:
         gh += tl.load(ghx_ptr + now + offs, mask=mask, other=0.0).to(tl.float32)
