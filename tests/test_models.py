@@ -155,3 +155,15 @@ def test_train_benchmark_smoke(tmp_path):
     fused = next(c for c in cases if c["impl"] == "spikefuse-fused")
     assert fused["floor_ms"] > 0 and fused["neuron_steps"] > 0 and fused["speedup_vs_spikefuse-vanilla"] > 0
     assert (tmp_path / result.name.replace(".json", ".md")).exists()
+
+
+def test_convolutional_models_refuse_other_input_ranks_naming_input_shape():
+    """From Python as from the CLI: a flat shape failed inside the builders' own code; the
+    IPU nets flatten any shape and still take one."""
+    from spikefuse.models import takes_images
+    for name in MODELS:
+        if takes_images(name):
+            with pytest.raises(ValueError, match=r"^input_shape: model .* takes images \[C, H, W\]"):
+                build_model(name, (64,), 10, 2)
+    build_model("ipu-nmnist", (64,), 10, 2)
+    build_model("ipu-dvsgesture-recurrent", (64,), 10, 2)

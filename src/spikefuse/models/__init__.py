@@ -3,11 +3,21 @@ a builder takes (input_shape, num_classes, time_steps, **kwargs) and returns a m
 mapping time-major input [T, B, *input_shape] to logits [B, num_classes]."""
 from __future__ import annotations
 
+import inspect
+
 from . import mlp
 
 MODELS = {
     "mlp": (mlp.build, "spiking MLP: Linear-LIF x2 (256 units), mean-over-time linear readout"),
 }
+
+
+CONVOLUTIONAL = {"cifar-small", "cifar-medium", "cifar-large", "resnet18", "resnet34", "dvs-gesture"}
+
+
+def takes_images(name: str) -> bool:
+    """Whether the model's builder needs input_shape (C, H, W) (its first layers convolve)."""
+    return name in CONVOLUTIONAL
 
 
 def trains_sparse(name: str) -> bool:
@@ -27,10 +37,15 @@ def build_model(name: str, input_shape, num_classes: int, time_steps: int | None
     if name not in MODELS:
         raise ValueError(f"unknown model {name!r}; expected one of {sorted(MODELS)}")
     builder, _ = MODELS[name]
-    return builder(tuple(input_shape), int(num_classes), time_steps, **kwargs)
+    shape = tuple(input_shape)
+    # these builders unpack (C, H, W): other shapes failed inside them, naming their code
+    if takes_images(name) and len(shape) != 3:
+        default = inspect.signature(builder).parameters["input_shape"].default
+        raise ValueError(f"input_shape: model {name!r} takes images [C, H, W] like {tuple(default)}, got {shape}")
+    return builder(shape, int(num_classes), time_steps, **kwargs)
 
 
-__all__ = ["MODELS", "build_model", "takes_static_images", "trains_sparse"]
+__all__ = ["MODELS", "build_model", "takes_images", "takes_static_images", "trains_sparse"]
 
 from . import cifar, deep_lif, dvs, ipu, resnet, shd  # noqa: E402
 
