@@ -112,7 +112,8 @@ def gradients(name, backend, x, weight_grad, **kw):
     """dL/dx (and dL/dweight for the recurrent neurons), L = <spikes, g>."""
     x = x.clone().requires_grad_()
     w = W.clone().requires_grad_(weight_grad)
-    call = {"alif": lambda: F.alif(x, backend=backend, **kw), "cuba": lambda: F.cuba(x, backend=backend, **kw),
+    call = {"lif": lambda: F.lif(x, backend=backend, **kw),
+            "alif": lambda: F.alif(x, backend=backend, **kw), "cuba": lambda: F.cuba(x, backend=backend, **kw),
             "rlif": lambda: F.rlif(x, w, backend=backend, **kw), "ralif": lambda: F.ralif(x, w, backend=backend, **kw)}
     s = call[name]()
     leaves = [x, w] if name.startswith("r") and weight_grad else [x]
@@ -125,7 +126,7 @@ PLACEMENTS = {"first step": [(0, 0, 0)], "middle": [(2, 1, 1)], "last step": [(4
 
 def nan_cases():
     for name, (reset, detach), surrogate in itertools.product(
-            ["alif", "cuba", "rlif", "ralif"], [("hard", False), ("soft", False), ("none", False), ("hard", True)],
+            ["lif", "alif", "cuba", "rlif", "ralif"], [("hard", False), ("soft", False), ("none", False), ("hard", True)],
             ["rectangular", "triangle"]):
         yield name, reset, detach, surrogate
 

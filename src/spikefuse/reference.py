@@ -12,11 +12,10 @@ Gradients come from autograd alone, so this file is deliberately the plainest po
 reading of the equations.
 Non-finite values (spikefuse.functional.lif): a NaN potential gives a NaN spike, and
 h = +inf fires and, with the hard reset, resets to v_reset (not inf * 0 = NaN).
-ALIF, CUBA and the recurrent neurons add one thing to autograd: the last step's 0 * dv/ds
-(_LastStepAdjoint), so that their NaN gradients fall where the fused kernels' do (NaN in,
-NaN out). LIF is left as it was (tested one-sided against the kernels and the loop path:
-with a hard reset and the rectangular surrogate it gives 0 at the last step of a NaN neuron
-where they give NaN).
+Every neuron adds one thing to autograd: the last step's 0 * dv/ds (_LastStepAdjoint), so
+that its NaN gradients fall where the fused kernels' and the loop path's do (NaN in, NaN out:
+with a hard reset and the rectangular surrogate, plain autograd gave 0 at the last step of a
+NaN neuron).
 """
 from __future__ import annotations
 
@@ -69,12 +68,8 @@ def lif(
         spikes.append(s)
         if return_potential:
             potentials.append(h)
-    out = (torch.stack(spikes),)
-    if return_potential:
-        out += (torch.stack(potentials),)
-    if return_state:
-        out += (v,)
-    return out if len(out) > 1 else out[0]
+    last = (h, _reset_slope(h, threshold, reset, v_reset, detach_reset)) if spikes else None
+    return _outputs(spikes, potentials if return_potential else None, v if return_state else None, last)
 
 
 def reached_grad_threshold(h: torch.Tensor, grad_threshold: float, grad_scope: str) -> torch.Tensor:
