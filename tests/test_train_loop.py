@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -248,3 +249,13 @@ def test_a_new_run_in_a_directory_that_holds_one_is_refused(tmp_path):
     again = make_trainer(tmp_path / "other", epochs=2)
     again.resume()  # resuming is how a run directory is reused
     assert [r["epoch"] for r in again.fit()] == [1, 2]
+
+
+@pytest.mark.parametrize("lr", [float("nan"), float("inf"), -1e-3])
+def test_a_learning_rate_that_is_not_finite_or_negative_is_refused(lr):
+    """fit from Python, as the CLI's --lr: caught before the first step, naming the group."""
+    model = torch.nn.Linear(3, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    optimizer.param_groups[0]["lr"] = lr  # torch's own constructors refuse some of these; a scheduler may not
+    with pytest.raises(ValueError, match=r"^optimizer: parameter group 0 has learning rate"):
+        Trainer(model, SimpleNamespace(train=[], test=[]), optimizer, epochs=1)

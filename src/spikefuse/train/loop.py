@@ -97,6 +97,11 @@ class Trainer:
         if clip_grad_norm is not None and not (isinstance(clip_grad_norm, (int, float)) and clip_grad_norm > 0
                                                and math.isfinite(clip_grad_norm)):
             raise ValueError(f"clip_grad_norm: expected a finite number > 0 or None, got {clip_grad_norm!r}")
+        for i, group in enumerate(getattr(optimizer, "param_groups", [])):
+            lr = group.get("lr")  # a tensor lr (capturable optimizers) is the caller's to keep finite: no sync
+            if isinstance(lr, (int, float)) and not (math.isfinite(lr) and lr >= 0):
+                raise ValueError(f"optimizer: parameter group {i} has learning rate {lr!r}; expected a finite "
+                                 "number >= 0 (training would make every weight NaN)")
         if data_parallel is not None and batch_size % data_parallel.world_size:
             raise ValueError(f"batch_size: {batch_size} does not split evenly over {data_parallel.world_size} "
                              "processes; pass a multiple of the world size (it is the global batch)")
