@@ -83,3 +83,13 @@ def every_value_once(cases, params=None):
         values = (case if params is None else (params[i],))
         out.append(pytest.param(*values, marks=() if new else pytest.mark.slow))
     return out
+
+
+@pytest.fixture
+def one_thread():
+    """As the CLI does on the CPU: small per-step ops run fastest on one thread (a test file
+    makes it autouse: `pytestmark = pytest.mark.usefixtures("one_thread")`)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

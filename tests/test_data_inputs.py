@@ -9,17 +9,13 @@ from torch.utils.data import DataLoader, TensorDataset
 import spikefuse.data as data
 from spikefuse.models import build_model
 from spikefuse.train.loop import Trainer, fit
+from helpers import one_thread  # noqa: F401  (the fixture)
 
 AUDIO = np.dtype([("t", np.int64), ("x", np.int64), ("p", np.int64)])
 DVS = np.dtype([("x", np.int16), ("y", np.int16), ("t", np.int64), ("p", np.bool_)])
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # helpers.one_thread, for every test here
 
 
 class FakeTonic:

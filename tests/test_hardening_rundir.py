@@ -18,16 +18,12 @@ from spikefuse.cli import main
 from spikefuse.train import checkpoint, metrics, rundir
 from spikefuse.train.loop import Trainer, fit
 from test_train_data import install, make_splits
+from helpers import one_thread  # noqa: F401  (the fixture)
 
 QUICK = ["--dataset", "standin", "--batch-size", "64", "--quiet"]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # helpers.one_thread, for every test here
 
 
 def failure(argv, capsys):

@@ -14,18 +14,13 @@ from spikefuse.train.config import ConfigError, make, read_toml
 from spikefuse.train.loop import Trainer
 from spikefuse.train.spikes import SpikeMonitor
 from test_train_data import make_splits
+from helpers import one_thread  # noqa: F401  (the fixture)
 
 DETERMINISTIC = ("epoch", "lr", "train_loss", "train_acc", "train_rate", "test_loss", "test_acc",
                  "test_rate", "firing_rates")
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """As the CLI does on the CPU: small per-step ops run fastest on one thread."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # helpers.one_thread, for every test here
 
 
 def make_trainer(run_dir=None, epochs=3, seed=0):

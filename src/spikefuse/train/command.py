@@ -402,21 +402,15 @@ def _check_memory(cfg, splits, device):
 
 
 def _build_model(model_args, dataset: str | None = None):
-    from ..models import MODELS, build_model, takes_images
+    from ..models import MODELS, build_model
 
     name, shape = model_args["name"], tuple(model_args["input_shape"])
     default = inspect.signature(MODELS[name][0]).parameters.get("input_shape")
     default = None if default is None or default.default is inspect.Parameter.empty else tuple(default.default)
     source = f"--dataset {dataset!r}" if dataset else "the data"
-    # the convolutional builders unpack (C, H, W) (flat input failed inside them: "max() arg is
-    # an empty sequence"); build_model refuses it too, but this message names the options
-    if takes_images(name) and len(shape) != 3:
-        raise UsageError(f"--model {name!r} does not fit {source}: the model "
-                         f"takes images [C, H, W] like {default}, the data set gives input of shape {shape}; "
-                         "choose an image data set or a model that takes any input shape (such as mlp)")
     try:
         return build_model(name, shape, model_args["num_classes"], model_args["time_steps"], **model_args["kwargs"])
     except (ValueError, TypeError, IndexError) as e:  # the builder cannot take the data's shape
         expects = f"expects input like {default}" if default is not None else "cannot take that shape"
-        raise UsageError(f"model {name!r} does not fit {source}: the data has input shape "
+        raise UsageError(f"--model {name!r} does not fit {source}: the data has input shape "
                          f"{shape}, the model {expects} ({one_line(e)})") from None
