@@ -290,7 +290,10 @@ def _main(args):
         torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")
-    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=datetime.timedelta(minutes=10))
+    # device_id starts NCCL at once (eager): the pipeline's send/recv then use the group's own
+    # communicator instead of NCCL creating (and announcing on stderr) one per neighbour pair.
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=datetime.timedelta(minutes=10),
+                            device_id=device if device.type == "cuda" else None)
     global HOST
     HOST = dist.new_group(backend="gloo")
     start = time.perf_counter()

@@ -155,7 +155,9 @@ def init_data_parallel(device: str = "auto", timeout: datetime.timedelta = TIMEO
         raise ValueError(f"device {device!r}: under torchrun each process uses the GPU of its LOCAL_RANK; "
                          "pass cuda, cpu or auto")
     if not dist.is_initialized():
-        dist.init_process_group("nccl" if where.type == "cuda" else "gloo", timeout=timeout)
+        # device_id: NCCL starts at once (eager), not lazily at the first collective or send/recv.
+        dist.init_process_group("nccl" if where.type == "cuda" else "gloo", timeout=timeout,
+                                device_id=where if where.type == "cuda" else None)
     if (dist.get_rank(), dist.get_world_size()) != (rank, world):
         raise ValueError(f"the process group has rank {dist.get_rank()} of {dist.get_world_size()}, but "
                          f"the environment says rank {rank} of {world}")
