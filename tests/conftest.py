@@ -95,6 +95,35 @@ def pytest_collection_modifyitems(config, items):
             if reason is not None and item.get_closest_marker(marker) is not None:
                 item.add_marker(pytest.mark.skip(reason=reason))
                 break
+    if DEVICE == "cuda":  # xdist hands out files in this order: longest first, the whole-GPU tests last
+        in_child = {i.path for i in items if i.get_closest_marker("interpreter") is not None}
+        items.sort(key=lambda i: 2 if i.get_closest_marker("whole_gpu") else 0 if i.path in in_child else 1)
+
+
+# ---- whole_gpu tests (tens of GB) run alone on the GPU: a readers-writer lock between workers ----
+
+@pytest.fixture(autouse=True)
+def _gpu_turn(request):
+    """Under pytest-xdist on a GPU: every test holds a shared lock, a `whole_gpu` test an
+    exclusive one; a waiting whole_gpu test holds the gate, so new tests wait behind it.
+    After a test its worker hands its cached GPU memory back for the tests of others."""
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    if DEVICE != "cuda" or not run:
+        yield
+        return
+    import fcntl
+    base = Path(tempfile.gettempdir()) / f"spikefuse-tests-{run}"
+    whole = request.node.get_closest_marker("whole_gpu") is not None
+    with open(f"{base}.gate", "a") as gate, open(f"{base}.room", "a") as room:
+        fcntl.flock(gate, fcntl.LOCK_EX)
+        fcntl.flock(room, fcntl.LOCK_EX if whole else fcntl.LOCK_SH)
+        if not whole:
+            fcntl.flock(gate, fcntl.LOCK_UN)
+        try:
+            yield
+        finally:
+            if torch.cuda.is_initialized():
+                torch.cuda.empty_cache()
 
 
 _CHILD_OUTCOMES: dict[str, tuple[str, str]] = {}  # nodeid -> (outcome, message) from a child pytest
@@ -114,8 +143,10 @@ def _run_interpreter_tests_in_a_child(item) -> None:
     env = {**os.environ, "TRITON_INTERPRET": "1", "SPIKEFUSE_TEST_DEVICE": "cpu"}
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "junit.xml"
+        workers = min(4, len(ids) // 10)  # a long module (test_compile's ~40 tests) is the run's long pole
+        spread = ["-n", str(workers), "--dist", "load"] if workers >= 2 else ["-p", "no:xdist"]
         child = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=",
-                                "-p", "no:xdist", f"--junitxml={report}", *ids],  # these tests, whatever addopts selects
+                                *spread, f"--junitxml={report}", *ids],  # these tests, whatever addopts selects
                                cwd=item.config.rootpath, env=env, capture_output=True, text=True)
         cases = ElementTree.parse(report).getroot().iter("testcase") if report.exists() else []
         found = {(c.get("classname"), c.get("name")): c for c in cases}

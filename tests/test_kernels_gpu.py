@@ -83,6 +83,7 @@ def test_launches_follow_the_tensors_device():
 
 # ---- more than 2^31 elements ----
 
+@pytest.mark.whole_gpu
 def test_lif_beyond_2_31_elements():
     """T * N > 2^31 in bfloat16 (~21 GB): the last neurons' spikes and gradients at the
     last steps (offsets past 2^31) equal the reference run on those neurons alone."""
@@ -107,6 +108,7 @@ def test_lif_beyond_2_31_elements():
     del x, spikes, grad_s, gx
 
 
+@pytest.mark.whole_gpu
 def test_bn_lif_beyond_2_31_elements():
     """[9, 2^14, 1, 128, 128] in bfloat16: 2.4e9 elements, one channel, so the statistics
     pass also indexes more than 2^31 rows (~40 GB with the backward). Statistics against

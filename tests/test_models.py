@@ -143,11 +143,14 @@ def test_errors_name_the_layer_and_shape():
 @pytest.mark.slow  # ~35 s on a CPU
 def test_train_benchmark_smoke(tmp_path):
     """The GPU benchmark's code paths, tiny, on the CPU (peers skipped when not installed)."""
+    import argparse
     import json
 
     from spikefuse.bench import train
 
-    assert train.main(["--smoke", "--out", str(tmp_path)]) == 0
+    parser = argparse.ArgumentParser()
+    train.configure(parser)
+    assert train.run(parser.parse_args(["--smoke", "--out", str(tmp_path)])) == 0
     (result,) = tmp_path.glob("train-smoke-*.json")
     cases = json.loads(result.read_text())["cases"]
     ran = {(c["impl"], c["net"], c["precision"]) for c in cases if "ms" in c}

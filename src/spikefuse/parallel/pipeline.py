@@ -539,13 +539,21 @@ class _Peers:
             work, _, what_before, peer_before = self.pending.pop(0)
             self.wait(work, what_before, peer_before)  # (raises if it failed)
         with self._guard(what, peer):
-            work = dist.isend(tensor, peer, group=self.group, tag=tag)
+            work = self._post(dist.isend, tensor, peer, tag)
         self.pending.append((work, tensor, what, peer))
 
     def _recv(self, buffer, peer, tag, finish, what):
         with self._guard(what, peer):
-            work = dist.irecv(buffer, peer, group=self.group, tag=tag)
+            work = self._post(dist.irecv, buffer, peer, tag)
         return _Incoming(self, work, buffer, finish, what, peer)
+
+    def _post(self, op, tensor, peer, tag):
+        if self.gloo:
+            return op(tensor, peer, group=self.group, tag=tag)
+        # NCCL: as a batch (of one), which runs on the group's communicator without serialising
+        # with the group's other ops (an unbatched send/recv does, and NCCL says so on stderr)
+        (work,) = dist.batch_isend_irecv([dist.P2POp(op, tensor, peer, self.group, tag)])
+        return work
 
     def flush(self):
         """Wait for the sends in flight (their buffers may be reused after)."""
