@@ -78,3 +78,4 @@ def test_every_module_is_in_a_layer():
     unplaced = sorted(m for m in graph().modules
                       if m != "spikefuse" and not any(m == l or m.startswith(l + ".") for l in layers))
     assert unplaced == [], f"place these in pyproject's [tool.importlinter] layers: {unplaced}"
+

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import importlib.util
 import math
-import os
 import warnings
 from typing import Callable
 
@@ -304,7 +303,7 @@ def _use_fused(backend, x):
         if not fusable:
             raise TypeError(f"x dtype {x.dtype} has no fused kernel; expected one of "
                             f"{[str(d) for d in FUSED_DTYPES]} or backend='reference'")
-        if not x.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":  # else Triton's error says less
+        if not x.is_cuda and not _interpreted():  # else Triton's error says less
             raise RuntimeError(FUSED_ON_CPU)
         return True
     return fusable and x.is_cuda and _triton_available()
@@ -323,6 +322,12 @@ _LIF_FUSED = None
 
 def _triton_available():
     return _TRITON_AVAILABLE
+
+
+def _interpreted() -> bool:
+    """Whether Triton's interpreter runs the fused kernels (spikefuse.ops.triton_or_stub chooses)."""
+    from .ops.triton_or_stub import INTERPRETED
+    return INTERPRETED
 
 
 def _loop_lif():

@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import functools
 import math
-import os
 
 import torch
 
@@ -56,13 +55,12 @@ from .launch import cached_launch
 from .spike_pack import attach_bits
 from ..surrogates import SURROGATES
 
-from .triton_or_stub import tl, triton  # noqa: E402
+from .triton_or_stub import INTERPRETED, tl, triton  # noqa: E402
 
 K_STEPS = 8  # time steps per chunk = checkpoint spacing (fewer when T is shorter)
 STAT_ROWS, STAT_CHANNELS = 64, 64  # statistics tile: positions x channels
 MAX_GRID_Y = 65535  # CUDA's limit on a grid's second dimension
 MAX_STEP = 2**31 - 2**16  # neurons per time step: offsets within a step (n < N + BLOCK) are int32
-INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 
 
 def _steps(T: int) -> int:

@@ -1,8 +1,6 @@
 """The kernels' base: what every fused op under spikefuse.ops builds on.
 
-- the interpreter choice: without a CUDA GPU, Triton can only run kernels through its
-  interpreter, so TRITON_INTERPRET=1 is the default there (set before any kernel below is
-  defined: Triton reads it when a function is decorated);
+- INTERPRETED: whether the kernels run through Triton's interpreter (read in triton_or_stub);
 - launching: `EAGER` launches a kernel through its CachedLaunch, `TRACED` (inside the
   torch.library.triton_ops that torch.compile traces) as a wrap_triton graph node;
 - device functions the neuron kernels share: float32 arguments, the built-in surrogates, the
@@ -18,10 +16,7 @@ import os
 
 import torch
 
-if not torch.cuda.is_available():  # no GPU: Triton can only run through its interpreter
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-
-from .triton_or_stub import tl, triton  # noqa: E402
+from .triton_or_stub import INTERPRETED, tl, triton  # noqa: F401  (INTERPRETED: for the ops)
 
 RESET_CODES = {"hard": 0, "soft": 1, "none": 2}
 

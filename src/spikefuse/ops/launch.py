@@ -22,10 +22,14 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
-import os
 
 import torch
 
+from .triton_or_stub import INTERPRETED
+
+KERNEL_ON_CPU = ("a fused kernel was given CPU tensors: the kernels run on CUDA tensors, or on the CPU "
+                 "through Triton's interpreter with TRITON_INTERPRET=1 set before spikefuse is imported "
+                 "(slow: for tests)")
 _I32_MIN, _I32_MAX, _I64_MAX = -2**31, 2**31 - 1, 2**63 - 1
 
 
@@ -98,7 +102,7 @@ class CachedLaunch:
 
     def __init__(self, kernel):
         self.kernel = kernel
-        self.interpreted = os.environ.get("TRITON_INTERPRET") == "1"
+        self.interpreted = INTERPRETED
         self._compiled = {}
         params = inspect.signature(kernel.fn).parameters
         self._names = list(params)
@@ -119,6 +123,8 @@ class CachedLaunch:
         if target != device and target >= 0:  # Triton launches on the current device: make it x's
             with torch.cuda.device(target):
                 return self._launch(grid, args, meta)
+        if target < 0 and isinstance(args[0], torch.Tensor):  # on the CPU (Triton says "0 active drivers")
+            raise RuntimeError(KERNEL_ON_CPU)
         if _through_triton:
             return self.kernel[grid](*args, **meta)
         key = (device, *meta.items(), *_argument_classes(args))

@@ -15,10 +15,10 @@ import os
 
 import torch
 
-from .kernel_base import EAGER, cdiv  # first: it chooses the interpreter on GPU-less machines
+from .kernel_base import EAGER, cdiv
 from .launch import cached_launch
 
-from .triton_or_stub import HAVE_TRITON, tl, triton  # noqa: E402
+from .triton_or_stub import HAVE_TRITON, INTERPRETED, tl, triton
 
 DEBUG = os.environ.get("SPIKEFUSE_DEBUG", "0") not in ("", "0")
 BLOCK = 1024  # bytes per program: 8 KiB of spikes in, 1 KiB out
@@ -49,7 +49,7 @@ def _unpack_kernel(p_ptr, out_ptr, n, n_bytes, BLOCK: tl.constexpr):
 
 def use_triton(t: torch.Tensor) -> bool:
     """Whether the Triton kernels run on t: on CUDA, or on the CPU under the interpreter."""
-    return HAVE_TRITON and (t.is_cuda or os.environ.get("TRITON_INTERPRET") == "1")
+    return HAVE_TRITON and (t.is_cuda or INTERPRETED)
 
 
 def check_binary(s: torch.Tensor, name: str = "spikes") -> None:

@@ -4,8 +4,19 @@ Triton runs our kernels on GPUs (CUDA builds of torch bring it) and, through its
 in the CPU tests (the test extra installs it). A CPU-only install of the core has no use for
 it (a 1 GB package): there every op takes its pure-PyTorch path, and a kernel launched anyway
 raises an error that says how to get Triton.
+
+The interpreter switch is Triton's own, TRITON_INTERPRET=1 in the environment before
+spikefuse (and so Triton) is imported: the kernels then run through Triton's interpreter, on
+CPU tensors, instead of compiled for a GPU. It is read once, here, as `INTERPRETED`; the ops
+ask that, never the environment, and spikefuse sets no environment variable. It must be set
+before the import because Triton fixes a function's kind when it is decorated, its own
+library's functions included (its later setting, triton.knobs.runtime.interpret, leaves those
+compiled, and a kernel that calls them then fails). Without it, backend="fused" on a CPU
+tensor is refused with a message saying so; the default backend runs the PyTorch paths there.
 """
 from __future__ import annotations
+
+import os
 
 try:
     import triton
@@ -75,7 +86,8 @@ def _fix_interpreter_index():
     interpreter._patch_lang_tensor = patched
 
 
+INTERPRETED = HAVE_TRITON and os.environ.get("TRITON_INTERPRET", "").strip().lower() in ("1", "true", "on")
 if HAVE_TRITON:
     _fix_interpreter_index()
 
-__all__ = ["triton", "tl", "HAVE_TRITON"]
+__all__ = ["triton", "tl", "HAVE_TRITON", "INTERPRETED"]
