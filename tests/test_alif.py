@@ -53,8 +53,8 @@ def assert_match(x, rtol=1e-5, **kw):
 def small_chunks(monkeypatch, BLOCK=32, K=4):
     """Launch with short time chunks, so that few steps cover several chunks (cheap in the
     interpreter) and a narrow block, so that few neurons cover several programs."""
-    from spikefuse.ops import alif as alif_ops
-    monkeypatch.setattr(alif_ops, "launch_config", lambda num_neurons, dtype: (BLOCK, K, 1))
+    from spikefuse.ops import kernel_base
+    monkeypatch.setattr(kernel_base, "launch_config", lambda num_neurons, dtype: (BLOCK, K, 1))
 
 
 CASES = list(itertools.product(["hard", "soft", "none"], SURROGATES, [False, True]))

@@ -52,8 +52,8 @@ def assert_match(x, rtol=1e-5, check_rate=True, **kw):
 def small_chunks(monkeypatch, BLOCK=32, K=4):
     """Short time chunks and a narrow block: few steps cover several chunks, few neurons
     several programs (cheap in the interpreter)."""
-    from spikefuse.ops import cuba as cuba_ops
-    monkeypatch.setattr(cuba_ops, "launch_config", lambda num_neurons, dtype: (BLOCK, K, 1))
+    from spikefuse.ops import kernel_base
+    monkeypatch.setattr(kernel_base, "launch_config", lambda num_neurons, dtype: (BLOCK, K, 1))
 
 
 # every reset x detach, the surrogates spread over them (not the full product: interpreter time)

@@ -88,8 +88,8 @@ def chunk_boundary_cases():
 
 @pytest.mark.parametrize("dtype,config,T,N", chunk_boundary_cases())
 def test_lif_chunk_boundaries(dtype, config, T, N, monkeypatch):
-    from spikefuse.ops import lif as lif_ops
-    monkeypatch.setattr(lif_ops, "launch_config", lambda num_neurons, dtype: config)
+    from spikefuse.ops import kernel_base
+    monkeypatch.setattr(kernel_base, "launch_config", lambda num_neurons, dtype: config)
     x = rand(T, 1, N, seed=T + N, dtype=dtype)
     decay = torch.linspace(0.3, 0.9, N).to(DEVICE)  # per-channel PLIF: the decay gradient too
     v0 = rand(1, N, seed=N, scale=0.3)

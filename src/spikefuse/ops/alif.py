@@ -31,14 +31,14 @@ from __future__ import annotations
 
 import torch
 
-from .kernel_base import (EAGER, RESET_CODES, TRACED, cdiv, launch_config, f32, load_chunk,  # noqa: F401
-                  load_earlier_chunk, or_empty, program_neurons, reset_partials, reset_potential, row,
-                  spike_value, store_chunk, surrogate_grad)
+from .kernel_base import (EAGER, RESET_CODES, TRACED, cdiv, chunk_registers, f32, load_chunk,  # noqa: F401
+                          load_earlier_chunks, or_empty, program_neurons, reset_partials, reset_potential, row,
+                          spike_value, state_buffer, store_chunk, store_outputs, surrogate_grad, time_major)
 from .double_backward import grads_with_graph
 from .launch import cached_launch
 from ..surrogates import SURROGATES
 
-from .triton_or_stub import tl, triton  # noqa: E402, F401
+from .triton_or_stub import tl, triton  # noqa: F401
 
 
 @triton.jit
@@ -72,10 +72,7 @@ def alif_forward_chunk(X, v, a, d, ad, beta, t0, T, threshold, v_reset,
     potentials h [K, BLOCK] float32 (zeros unless STORE_H), v, a after).
     TAIL: the chunk crosses T, and the state must stop at step T-1."""
     K: tl.constexpr = X.shape[0]
-    k = tl.arange(0, K)
-    Xf = X.to(tl.float32)
-    S = tl.zeros(X.shape, tl.float32)
-    H = tl.zeros(X.shape, tl.float32)
+    k, Xf, S, H = chunk_registers(X)
     for j in tl.static_range(K):
         sel = (k == j)[:, None]
         h = d * v + row(Xf, sel)
@@ -125,9 +122,7 @@ def _alif_forward_kernel(
             tl.store(a_ckpt_ptr + tl.cast(c, tl.int64) * N + n, a, mask=n_mask)
         S, H, v, a = alif_forward_chunk(X, v, a, d, ad, beta, t0, T, threshold, v_reset, RESET, False,
                                         STORE_H)
-        store_chunk(s_ptr, t0, offs, k, n_mask, T, N, S, EVEN_N)
-        if STORE_H:  # the pre-reset potential trace, when asked for (return_potential)
-            store_chunk(h_ptr, t0, offs, k, n_mask, T, N, H, EVEN_N)
+        store_outputs(s_ptr, h_ptr, t0, offs, k, n_mask, T, N, S, H, EVEN_N, STORE_H)
         X = X_next
     if full * K < T:  # the last, partial chunk
         if SAVE_CKPT:
@@ -135,9 +130,7 @@ def _alif_forward_kernel(
             tl.store(a_ckpt_ptr + tl.cast(full, tl.int64) * N + n, a, mask=n_mask)
         S, H, v, a = alif_forward_chunk(X, v, a, d, ad, beta, full * K, T, threshold, v_reset, RESET, True,
                                         STORE_H)
-        store_chunk(s_ptr, full * K, offs, k, n_mask, T, N, S, EVEN_N)
-        if STORE_H:
-            store_chunk(h_ptr, full * K, offs, k, n_mask, T, N, H, EVEN_N)
+        store_outputs(s_ptr, h_ptr, full * K, offs, k, n_mask, T, N, S, H, EVEN_N, STORE_H)
     if STORE_STATE:
         tl.store(vT_ptr + n, v, mask=n_mask)
         tl.store(aT_ptr + n, a, mask=n_mask)
@@ -152,10 +145,7 @@ def alif_backward_chunk(X, GS, v, a, gv, ga, d, ad, beta, t0, T, threshold, v_re
     dL/dv, dL/da at the chunk's start).
     HAS_GH: GH is the chunk of dL/dh from a loss on the returned potential, added to dL/dh[t]."""
     K: tl.constexpr = X.shape[0]
-    k = tl.arange(0, K)
-    Xf = X.to(tl.float32)
-    H = tl.zeros(X.shape, tl.float32)
-    TH = tl.zeros(X.shape, tl.float32)
+    k, Xf, H, TH = chunk_registers(X)
     for j in tl.static_range(K):
         sel = (k == j)[:, None]
         h = d * v + row(Xf, sel)
@@ -222,11 +212,8 @@ def _alif_backward_kernel(
     a = tl.load(a_ckpt_ptr + tl.cast(last, tl.int64) * N + n, mask=n_mask, other=0.0)
     if full * K < T:  # the partial chunk first
         prev = tl.cast(tl.maximum(last - 1, 0), tl.int64) * N + n
-        X_prev = load_earlier_chunk(x_ptr, (last - 1) * K, offs, n_mask, N, EVEN_N)
-        GS_prev = load_earlier_chunk(gs_ptr, (last - 1) * K, offs, n_mask, N, EVEN_N)
-        GH_prev = GS_prev
-        if HAS_GH:
-            GH_prev = load_earlier_chunk(gh_ptr, (last - 1) * K, offs, n_mask, N, EVEN_N)
+        X_prev, GS_prev, GH_prev = load_earlier_chunks(x_ptr, gs_ptr, gh_ptr, (last - 1) * K, offs, n_mask, N, EVEN_N,
+                                                           HAS_GH)
         v_prev = tl.load(ckpt_ptr + prev, mask=n_mask, other=0.0)
         a_prev = tl.load(a_ckpt_ptr + prev, mask=n_mask, other=0.0)
         GX, gv, ga = alif_backward_chunk(X, GS, v, a, gv, ga, d, ad, beta, last * K, T, threshold,
@@ -238,11 +225,8 @@ def _alif_backward_kernel(
         t0 = c * K
         # prefetch the chunk before (nothing is read when c == 0)
         prev = tl.cast(tl.maximum(c - 1, 0), tl.int64) * N + n
-        X_prev = load_earlier_chunk(x_ptr, t0 - K, offs, n_mask, N, EVEN_N)
-        GS_prev = load_earlier_chunk(gs_ptr, t0 - K, offs, n_mask, N, EVEN_N)
-        GH_prev = GS_prev
-        if HAS_GH:
-            GH_prev = load_earlier_chunk(gh_ptr, t0 - K, offs, n_mask, N, EVEN_N)
+        X_prev, GS_prev, GH_prev = load_earlier_chunks(x_ptr, gs_ptr, gh_ptr, t0 - K, offs, n_mask, N, EVEN_N,
+                                                           HAS_GH)
         v_prev = tl.load(ckpt_ptr + prev, mask=n_mask, other=0.0)
         a_prev = tl.load(a_ckpt_ptr + prev, mask=n_mask, other=0.0)
         GX, gv, ga = alif_backward_chunk(X, GS, v, a, gv, ga, d, ad, beta, t0, T, threshold,
@@ -261,14 +245,10 @@ def _forward(x, v0, a0, decay, adapt_decay, beta, threshold, reset, v_reset, sav
     x, the checkpoints [2, ceil(T/K), N] (v then a; empty unless `save`) and the pre-reset
     potential trace h (x's dtype; None unless `want_h`). v0, a0: the initial state (shaped
     like x[0]) or None for zeros."""
-    if not x.is_contiguous():
-        x = x.contiguous()
-    T = x.shape[0]
-    N = x.numel() // T
-    BLOCK, K, warps = launch_config(N, x.dtype)
+    x, T, N, BLOCK, K, warps = time_major(x)
     spikes = torch.empty_like(x)
-    vT = x.new_empty(x.shape[1:], dtype=torch.float32) if want_state else None
-    aT = x.new_empty(x.shape[1:], dtype=torch.float32) if want_state else None
+    vT = state_buffer(x, want_state)
+    aT = state_buffer(x, want_state)
     ckpt = torch.empty((2, cdiv(T, K) if save else 0, N), device=x.device, dtype=torch.float32)
     h = torch.empty_like(x) if want_h else None
     if N > 0:
@@ -295,15 +275,11 @@ def _backward(grad_s, grad_vT, grad_aT, x, ckpt, decay, adapt_decay, beta, thres
     the contiguous input saved by _forward; grad_s may be None (only the final state was
     used), grad_vT / grad_aT None when the state was not used, grad_h None or dL/dh for the
     returned potential trace (added to the recurrence's dL/dh)."""
-    T = x.shape[0]
-    N = x.numel() // T
-    if grad_s is None:
-        grad_s = torch.zeros_like(x)
-    gs = grad_s.contiguous()
+    x, T, N, BLOCK, K, warps = time_major(x)
+    gs = torch.zeros_like(x) if grad_s is None else grad_s.contiguous()
     grad_x = torch.empty_like(x)
-    gv0 = x.new_empty(x.shape[1:], dtype=torch.float32) if need_gv0 else None
-    ga0 = x.new_empty(x.shape[1:], dtype=torch.float32) if need_ga0 else None
-    BLOCK, K, warps = launch_config(N, x.dtype)
+    gv0 = state_buffer(x, need_gv0)
+    ga0 = state_buffer(x, need_ga0)
     if N > 0:
         unused = launch.unused(gs)
         launch(_alif_backward_kernel)[(cdiv(N, BLOCK),)](

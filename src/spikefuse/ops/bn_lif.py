@@ -55,7 +55,7 @@ from .launch import cached_launch
 from .spike_pack import attach_bits
 from ..surrogates import SURROGATES
 
-from .triton_or_stub import INTERPRETED, tl, triton  # noqa: E402
+from .triton_or_stub import INTERPRETED, tl, triton
 
 K_STEPS = 8  # time steps per chunk = checkpoint spacing (fewer when T is shorter)
 STAT_ROWS, STAT_CHANNELS = 64, 64  # statistics tile: positions x channels

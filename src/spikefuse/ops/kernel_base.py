@@ -1,12 +1,13 @@
 """The kernels' base: what every fused op under spikefuse.ops builds on.
 
-- INTERPRETED: whether the kernels run through Triton's interpreter (read in triton_or_stub);
 - launching: `EAGER` launches a kernel through its CachedLaunch, `TRACED` (inside the
   torch.library.triton_ops that torch.compile traces) as a wrap_triton graph node;
 - device functions the neuron kernels share: float32 arguments, the built-in surrogates, the
   reset and its partials, per-neuron parameters, and the chunk loaders and stores of the
-  time-chunked kernels (a program owns BLOCK neurons and walks time K rows at a time);
-- host helpers: launch rules per dtype (measured, ops/lif_tuning.json), cdiv, powers of 2.
+  time-chunked kernels (a program owns BLOCK neurons and walks time K rows at a time: the
+  chunk's registers, the reverse walk's prefetch, the spikes-and-potentials store);
+- host helpers: x as [T, N] with its launch rule per dtype (measured, ops/lif_tuning.json),
+  state buffers, cdiv, powers of 2.
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import os
 
 import torch
 
-from .triton_or_stub import INTERPRETED, tl, triton  # noqa: F401  (INTERPRETED: for the ops)
+from .triton_or_stub import tl, triton
 
 RESET_CODES = {"hard": 0, "soft": 1, "none": 2}
 
@@ -200,6 +201,33 @@ def load_earlier_chunk(ptr, t0, offs, n_mask, N, EVEN_N: tl.constexpr):
 
 
 @triton.jit
+def load_earlier_chunks(x_ptr, gs_ptr, gh_ptr, t0, offs, n_mask, N, EVEN_N: tl.constexpr, HAS_GH: tl.constexpr):
+    """The reverse walk's prefetch: the chunks at t0 of x, of dL/ds and, with HAS_GH, of dL/dh
+    (without it, dL/ds again: a placeholder the walk does not read)."""
+    X = load_earlier_chunk(x_ptr, t0, offs, n_mask, N, EVEN_N)
+    GS = load_earlier_chunk(gs_ptr, t0, offs, n_mask, N, EVEN_N)
+    GH = GS
+    if HAS_GH:
+        GH = load_earlier_chunk(gh_ptr, t0, offs, n_mask, N, EVEN_N)
+    return X, GS, GH
+
+
+@triton.jit
+def chunk_registers(X):
+    """For a [K, BLOCK] chunk: the step index k, the chunk as float32 and two float32 zero
+    buffers of its shape, which a walk through the chunk fills row by row."""
+    return tl.arange(0, X.shape[0]), X.to(tl.float32), tl.zeros(X.shape, tl.float32), tl.zeros(X.shape, tl.float32)
+
+
+@triton.jit
+def store_outputs(s_ptr, h_ptr, t0, offs, k, n_mask, T, N, S, H, EVEN_N: tl.constexpr, STORE_H: tl.constexpr):
+    """A chunk's spikes and, with STORE_H (return_potential), its pre-reset potentials."""
+    store_chunk(s_ptr, t0, offs, k, n_mask, T, N, S, EVEN_N)
+    if STORE_H:
+        store_chunk(h_ptr, t0, offs, k, n_mask, T, N, H, EVEN_N)
+
+
+@triton.jit
 def store_chunk(ptr, t0, offs, k, n_mask, T, N, value, EVEN_N: tl.constexpr):
     """Store a [K, BLOCK] chunk starting at step t0, dropping rows past T."""
     K: tl.constexpr = offs.shape[0]
@@ -242,6 +270,20 @@ def cdiv(a: int, b: int) -> int:
 
 def next_power_of_2(n: int) -> int:
     return 1 << max(n - 1, 0).bit_length()
+
+
+def time_major(x: torch.Tensor):
+    """(x contiguous, T, N, BLOCK, K, num_warps): x as [T, N] neurons per step, and the launch
+    rule for its N and dtype."""
+    x = x.contiguous()
+    T = x.shape[0]
+    N = x.numel() // T
+    return (x, T, N, *launch_config(N, x.dtype))
+
+
+def state_buffer(x: torch.Tensor, wanted: bool):
+    """A float32 buffer shaped like x[0] (a neuron state, or its gradient), or None unless wanted."""
+    return x.new_empty(x.shape[1:], dtype=torch.float32) if wanted else None
 
 
 def launch_config(num_neurons: int, dtype: torch.dtype) -> tuple[int, int, int]:

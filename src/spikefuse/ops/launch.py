@@ -115,6 +115,14 @@ class CachedLaunch:
     def __getitem__(self, grid):
         return lambda *args, **meta: self._launch(grid, args, meta)
 
+    def _through_jit(self, grid, args, meta, target):
+        try:
+            return self.kernel[grid](*args, **meta)
+        except RuntimeError as e:  # CPU tensors, compiled kernels: Triton says "0 active drivers"
+            if target < 0 and isinstance(args[0], torch.Tensor):
+                raise RuntimeError(KERNEL_ON_CPU) from e
+            raise
+
     def _launch(self, grid, args, meta):
         if self.interpreted:
             return self.kernel[grid](*args, **meta)
@@ -123,16 +131,14 @@ class CachedLaunch:
         if target != device and target >= 0:  # Triton launches on the current device: make it x's
             with torch.cuda.device(target):
                 return self._launch(grid, args, meta)
-        if target < 0 and isinstance(args[0], torch.Tensor):  # on the CPU (Triton says "0 active drivers")
-            raise RuntimeError(KERNEL_ON_CPU)
         if _through_triton:
-            return self.kernel[grid](*args, **meta)
+            return self._through_jit(grid, args, meta, target)
         key = (device, *meta.items(), *_argument_classes(args))
         entry = self._compiled.get(key)
         if entry is None:  # Triton compiles (or finds) it and launches it
             tail = tuple(meta[name] if name in meta else self._defaults[name]
                          for name in self._names[len(args):])
-            compiled = self.kernel[grid](*args, **meta)
+            compiled = self._through_jit(grid, args, meta, target)
             self._compiled[key] = (compiled, tail, _runner_is_mirrored(type(compiled)))
             return
         compiled, tail, direct = entry

@@ -19,11 +19,9 @@ import math
 
 import torch
 
-from . import kernel_base  # noqa: F401  (first: it chooses the interpreter on GPU-less machines)
 from .launch import cached_launch
 from .spike_index import nonzero_lines
-
-from .triton_or_stub import tl, triton  # noqa: E402
+from .triton_or_stub import tl, triton
 
 PROGRAMS = 1024  # each walks every PROGRAMS-th work item
 

@@ -30,10 +30,10 @@ import math
 
 import torch
 
-from .kernel_base import (EAGER, RESET_CODES, TRACED, cdiv, channel_layout, f32, grad_h, launch_config,  # first:
-                          load_chunk, load_earlier_chunk, load_per_neuron, or_empty, param_mode,  # it chooses
-                          program_neurons, reset_partials, reset_potential, row, spike_value,  # the interpreter
-                          store_chunk, surrogate_grad)
+from .kernel_base import (EAGER, RESET_CODES, TRACED, cdiv, channel_layout, chunk_registers, f32, grad_h,
+                          load_chunk, load_earlier_chunks, load_per_neuron, or_empty, param_mode,
+                          program_neurons, reset_partials, reset_potential, row, spike_value, state_buffer,
+                          store_chunk, store_outputs, surrogate_grad, time_major)
 from .triton_or_stub import tl, triton
 from .launch import cached_launch
 from .double_backward import grads_with_graph
@@ -70,10 +70,7 @@ def forward_chunk(X, v, d, t0, T, threshold, v_reset, RESET: tl.constexpr, TAIL:
     TAIL: the chunk crosses T, and v must stop at step T-1. TRACK: `reached` becomes 1 where
     some step's h >= grad_floor (or is NaN, so that NaN gradients are never cut)."""
     K: tl.constexpr = X.shape[0]
-    k = tl.arange(0, K)
-    Xf = X.to(tl.float32)
-    S = tl.zeros(X.shape, tl.float32)
-    H = tl.zeros(X.shape, tl.float32)
+    k, Xf, S, H = chunk_registers(X)
     for j in tl.static_range(K):
         sel = (k == j)[:, None]
         h = d * v + row(Xf, sel)
@@ -122,18 +119,14 @@ def _lif_forward_kernel(
             tl.store(ckpt_ptr + tl.cast(c, tl.int64) * N + n, v, mask=n_mask)
         S, H, v, reached = forward_chunk(X, v, d, t0, T, threshold, v_reset, RESET, False, STORE_H,
                                          reached, grad_floor, TRACK)
-        store_chunk(s_ptr, t0, offs, k, n_mask, T, N, S, EVEN_N)
-        if STORE_H:  # the pre-reset potential trace, when asked for (return_potential)
-            store_chunk(h_ptr, t0, offs, k, n_mask, T, N, H, EVEN_N)
+        store_outputs(s_ptr, h_ptr, t0, offs, k, n_mask, T, N, S, H, EVEN_N, STORE_H)
         X = X_next
     if full * K < T:  # the last, partial chunk
         if SAVE_CKPT:
             tl.store(ckpt_ptr + tl.cast(full, tl.int64) * N + n, v, mask=n_mask)
         S, H, v, reached = forward_chunk(X, v, d, full * K, T, threshold, v_reset, RESET, True, STORE_H,
                                          reached, grad_floor, TRACK)
-        store_chunk(s_ptr, full * K, offs, k, n_mask, T, N, S, EVEN_N)
-        if STORE_H:
-            store_chunk(h_ptr, full * K, offs, k, n_mask, T, N, H, EVEN_N)
+        store_outputs(s_ptr, h_ptr, full * K, offs, k, n_mask, T, N, S, H, EVEN_N, STORE_H)
     if STORE_VT:
         tl.store(vT_ptr + n, v, mask=n_mask)
     if TRACK:
@@ -151,10 +144,7 @@ def backward_chunk(X, GS, v, gv, gd, gthr, d, t0, T, threshold, v_reset, alpha, 
     HAS_GH: GH is the chunk of dL/dh from a loss on the returned potential, added to dL/dh[t].
     KEEP: the cut is per neuron, not per step: the surrogate is kept where keep != 0."""
     K: tl.constexpr = X.shape[0]
-    k = tl.arange(0, K)
-    Xf = X.to(tl.float32)
-    H = tl.zeros(X.shape, tl.float32)
-    V_before = tl.zeros(X.shape, tl.float32)
+    k, Xf, H, V_before = chunk_registers(X)
     for j in tl.static_range(K):
         sel = (k == j)[:, None]
         h = d * v + row(Xf, sel)
@@ -227,11 +217,8 @@ def _lif_backward_kernel(
         GH = load_chunk(gh_ptr, last * K, offs, k, n_mask, T, N, EVEN_N)
     v = tl.load(ckpt_ptr + tl.cast(last, tl.int64) * N + n, mask=n_mask, other=0.0)
     if full * K < T:  # the partial chunk first
-        X_prev = load_earlier_chunk(x_ptr, (last - 1) * K, offs, n_mask, N, EVEN_N)
-        GS_prev = load_earlier_chunk(gs_ptr, (last - 1) * K, offs, n_mask, N, EVEN_N)
-        GH_prev = GS_prev
-        if HAS_GH:
-            GH_prev = load_earlier_chunk(gh_ptr, (last - 1) * K, offs, n_mask, N, EVEN_N)
+        X_prev, GS_prev, GH_prev = load_earlier_chunks(x_ptr, gs_ptr, gh_ptr, (last - 1) * K, offs, n_mask, N, EVEN_N,
+                                                           HAS_GH)
         v_prev = tl.load(ckpt_ptr + tl.cast(tl.maximum(last - 1, 0), tl.int64) * N + n, mask=n_mask, other=0.0)
         GX, gv, gd, gthr = backward_chunk(X, GS, v, gv, gd, gthr, d, last * K, T, threshold, v_reset, alpha,
                                           grad_floor, keep, RESET, DETACH, SURROGATE, CUSTOM_FN, NEED_GD, True,
@@ -242,11 +229,8 @@ def _lif_backward_kernel(
         c = full - 1 - i
         t0 = c * K
         # prefetch the chunk before (nothing is read when c == 0)
-        X_prev = load_earlier_chunk(x_ptr, t0 - K, offs, n_mask, N, EVEN_N)
-        GS_prev = load_earlier_chunk(gs_ptr, t0 - K, offs, n_mask, N, EVEN_N)
-        GH_prev = GS_prev
-        if HAS_GH:
-            GH_prev = load_earlier_chunk(gh_ptr, t0 - K, offs, n_mask, N, EVEN_N)
+        X_prev, GS_prev, GH_prev = load_earlier_chunks(x_ptr, gs_ptr, gh_ptr, t0 - K, offs, n_mask, N, EVEN_N,
+                                                           HAS_GH)
         v_prev = tl.load(ckpt_ptr + tl.cast(tl.maximum(c - 1, 0), tl.int64) * N + n, mask=n_mask, other=0.0)
         GX, gv, gd, gthr = backward_chunk(X, GS, v, gv, gd, gthr, d, t0, T, threshold, v_reset, alpha,
                                           grad_floor, keep, RESET, DETACH, SURROGATE, CUSTOM_FN, NEED_GD, False,
@@ -272,13 +256,9 @@ def _forward(x, decay, decay_tensor, v0, threshold, reset, v_reset, save, want_s
     h (x's dtype) follows as a fifth value. threshold_tensor (float32, one value or one per
     channel) stands in for the float threshold when given. A per-neuron cut (grad_scope other
     than "step") adds a row of flags after the checkpoints (tracks_cut)."""
-    if not x.is_contiguous():
-        x = x.contiguous()
-    T = x.shape[0]
-    N = x.numel() // T
-    BLOCK, K, warps = launch_config(N, x.dtype)
+    x, T, N, BLOCK, K, warps = time_major(x)
     spikes = torch.empty_like(x)
-    vT = x.new_empty(x.shape[1:], dtype=torch.float32) if want_state else None
+    vT = state_buffer(x, want_state)
     track = save and tracks_cut(grad_threshold, grad_scope)
     ckpt = torch.empty((cdiv(T, K) + track if save else 0, N), device=x.device, dtype=torch.float32)
     C, inner = channel_layout(x.shape, decay_tensor, threshold_tensor)
@@ -323,18 +303,16 @@ def _backward(grad_s, grad_vT, x, ckpt, decay, decay_tensor, threshold, reset,
     dL/d(threshold_tensor) partial sums (summed over time), or None. x is the contiguous input
     saved by _forward. grad_h: None, or dL/dh for the returned potential trace (shaped like x),
     added to the recurrence's dL/dh."""
-    T = x.shape[0]
-    N = x.numel() // T
+    x, T, N, BLOCK, K, warps = time_major(x)
     keep = keep_flags(ckpt, x, grad_threshold, grad_scope)
     gs = grad_s if grad_s.is_contiguous() else grad_s.contiguous()
     grad_x = torch.empty_like(x)
-    gv0 = torch.empty(x.shape[1:], device=x.device, dtype=torch.float32) if need_gv0 else None
+    gv0 = state_buffer(x, need_gv0)
     gd = torch.empty(N, device=x.device, dtype=torch.float32) if need_gd else None
     gthr = torch.empty(N, device=x.device, dtype=torch.float32) if need_gthr else None
     gvT = grad_vT.contiguous() if grad_vT is not None else None
     gh = grad_h.contiguous() if grad_h is not None else None
     C, inner = channel_layout(x.shape, decay_tensor, threshold_tensor)
-    BLOCK, K, warps = launch_config(N, x.dtype)
     custom = surrogate if isinstance(surrogate, CustomSurrogate) else None  # its Triton twin is a constexpr
     if N > 0:
         unused = launch.unused(gs)

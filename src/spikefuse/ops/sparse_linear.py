@@ -27,7 +27,7 @@ from __future__ import annotations
 import torch
 from torch.nn import functional as F
 
-from .kernel_base import cdiv  # first: it chooses the interpreter on GPU-less machines
+from .kernel_base import cdiv
 from . import grad_rows
 from .launch import cached_launch
 from .recurrent_lif import _tf32
@@ -35,7 +35,7 @@ from .spike_index import line_flags, nonzero_lines
 from .spike_linear import _backward as dense_backward
 from .spike_pack import pack, use_triton
 
-from .triton_or_stub import tl, triton  # noqa: E402
+from .triton_or_stub import tl, triton
 
 
 @cached_launch

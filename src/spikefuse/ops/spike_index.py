@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import torch
 
-from .kernel_base import cdiv  # first: it chooses the interpreter on GPU-less machines
+from .kernel_base import cdiv
 from .launch import cached_launch
 from .spike_pack import use_triton
 
-from .triton_or_stub import tl, triton  # noqa: E402
+from .triton_or_stub import tl, triton
 
 BLOCK = 1024
 
