@@ -12,6 +12,7 @@ Also: docs/api.md is what docs/gen_api.py writes now, and docs/index.md links ev
 from __future__ import annotations
 
 import importlib.util
+import linecache
 import re
 import runpy
 import warnings
@@ -104,7 +105,10 @@ def test_page_examples_run(page, sandbox):
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # e.g. the trainer's CaptureFallback on the CPU
-                exec(compile(code, f"{page.name}:{line}", "exec"), namespace)
+                source = f"{page.name}:{line}"
+                # the block's source for inspect (Triton reads a kernel's source when it is defined)
+                linecache.cache[source] = (len(code), None, code.splitlines(keepends=True), source)
+                exec(compile(code, source, "exec"), namespace)
         except ModuleNotFoundError as e:
             if (e.name or "").split(".")[0] not in OPTIONAL:
                 raise

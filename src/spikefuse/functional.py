@@ -412,7 +412,7 @@ def alif(
     if _use_fused(backend, x) and not (return_potential and torch.compiler.is_dynamo_compiling()):
         from .ops.alif import alif_fused
         return alif_fused(x, decay, adapt_decay, beta, threshold, reset, v_reset, bool(detach_reset),
-                          surrogate, alpha, bool(return_state), return_potential, state0)
+                          surrogate, alpha, bool(return_state), return_potential=return_potential, state0=state0)
     return reference.alif(x, decay, adapt_decay, beta, threshold, reset, v_reset, bool(detach_reset),
                           surrogate, alpha, bool(return_state), return_potential, state0)
 
@@ -514,7 +514,7 @@ def cuba(
     if _use_fused(backend, x) and not (return_potential and torch.compiler.is_dynamo_compiling()):
         from .ops.cuba import cuba_fused
         return cuba_fused(x, decay, syn_decay, threshold, reset, v_reset, bool(detach_reset),
-                          surrogate, alpha, bool(return_state), return_potential, state0)
+                          surrogate, alpha, bool(return_state), return_potential=return_potential, state0=state0)
     return reference.cuba(x, decay, syn_decay, threshold, reset, v_reset, bool(detach_reset),
                           surrogate, alpha, bool(return_state), return_potential, state0)
 

@@ -31,24 +31,14 @@ from __future__ import annotations
 
 import torch
 
-from .kernel_base import (EAGER, RESET_CODES, TRACED, cdiv, chunk_registers, f32, load_chunk,  # noqa: F401
-                          load_earlier_chunks, or_empty, program_neurons, reset_partials, reset_potential, row,
-                          spike_value, state_buffer, store_chunk, store_outputs, surrogate_grad, time_major)
-from .double_backward import grads_with_graph
+from .kernel_base import (EAGER, RESET_CODES, cdiv, chunk_registers, f32, kernel_arg, load_chunk,  # noqa: F401
+                          load_earlier_chunks, load_or_zeros, program_neurons, reset_partials, reset_potential,
+                          row, spike_value, state_buffer, store_chunk, store_outputs, surrogate_grad, time_major)
 from .launch import cached_launch
+from .neuron_op import TwoStateNeuron, register
 from ..surrogates import SURROGATES
 
 from .triton_or_stub import tl, triton  # noqa: F401
-
-
-@triton.jit
-def load_or_zeros(ptr, n, n_mask, BLOCK: tl.constexpr, LOAD: tl.constexpr):
-    """A per-neuron float32 vector: loaded when LOAD (an initial state, a final state's
-    gradient), else zeros (nothing read)."""
-    if LOAD:
-        return tl.load(ptr + n, mask=n_mask, other=0.0).to(tl.float32)
-    else:
-        return tl.zeros([BLOCK], tl.float32)
 
 
 @triton.jit
@@ -263,12 +253,6 @@ def _forward(x, v0, a0, decay, adapt_decay, beta, threshold, reset, v_reset, sav
     return spikes, vT, aT, x, ckpt, h
 
 
-def kernel_arg(tensor, unused):
-    """A kernel's pointer argument: the tensor (made contiguous: the kernels index it as
-    [N] or [T, N]), or the filler of a pointer the kernel will not read."""
-    return unused if tensor is None else tensor.contiguous()
-
-
 def _backward(grad_s, grad_vT, grad_aT, x, ckpt, decay, adapt_decay, beta, threshold, reset,
               v_reset, detach, surrogate, alpha, need_gv0=False, need_ga0=False, launch=EAGER, grad_h=None):
     """(dL/dx like x, dL/dv0, dL/da0 (float32, shaped like x[0]; None unless needed)). x is
@@ -293,138 +277,5 @@ def _backward(grad_s, grad_vT, grad_aT, x, ckpt, decay, adapt_decay, beta, thres
     return grad_x, gv0, ga0
 
 
-def reference_grads(neuron, x, state0, grad_outputs, options, needs):
-    """(dL/dx, and dL/d of each initial-state tensor; None where not `needs`) for a backward
-    that will itself be differentiated (create_graph=True): the forward is run again
-    through spikefuse.reference's `neuron` ("alif" or "cuba"; float32, spike for spike the
-    kernel's) and differentiated with create_graph, so second derivatives are its.
-    grad_outputs: dL/d(spikes, h, final state...), each None where unused; needs: whether
-    x and each of state0 need a gradient."""
-    from .. import reference
-
-    inputs = (x, *state0)
-    with torch.enable_grad():
-        state0 = tuple(None if t is None else t.float() for t in state0)
-        spikes, h, state = getattr(reference, neuron)(x.float(), *options, return_state=True,
-                                                      return_potential=True, state0=state0)
-        return grads_with_graph((spikes, h, *state), grad_outputs, inputs, needs)
-
-
-def grad_like(grad, tensor, needed):
-    """A kernel's float32 gradient for an initial-state tensor, in that tensor's dtype
-    (None where not needed)."""
-    return grad.to(tensor.dtype) if needed else None
-
-
-class ALIFFunction(torch.autograd.Function):
-    """The eager path (a plain autograd.Function: less Python per call than a custom op).
-    v0, a0: the initial state or None. options: (decay, adapt_decay, beta, threshold, reset,
-    v_reset, detach, surrogate, alpha, want_state, want_h); the outputs are spikes, then h
-    if want_h, then v[T-1], a[T-1] if want_state."""
-
-    @staticmethod
-    def forward(ctx, x, v0, a0, options):
-        *options, want_state, want_h = options
-        save = any(ctx.needs_input_grad[:3])
-        spikes, vT, aT, x_saved, ckpt, h = _forward(x, v0, a0, *options[:6], save, want_state, want_h=want_h)
-        ctx.set_materialize_grads(False)
-        if save:
-            ctx.save_for_backward(x_saved, ckpt, v0, a0)
-            ctx.options = tuple(options)
-            ctx.want = (want_h, want_state)
-        out = (spikes,) + ((h,) if want_h else ()) + ((vT, aT) if want_state else ())
-        return out if len(out) > 1 else spikes
-
-    @staticmethod
-    def backward(ctx, grad_s, *grads):
-        x, ckpt, v0, a0 = ctx.saved_tensors
-        grads = iter(grads)
-        grad_h = next(grads) if ctx.want[0] else None
-        grad_vT, grad_aT = (next(grads), next(grads)) if ctx.want[1] else (None, None)
-        if grad_s is None and grad_h is None and grad_vT is None and grad_aT is None:
-            return None, None, None, None
-        needs = ctx.needs_input_grad[:3]
-        if torch.is_grad_enabled():  # create_graph=True: this backward will be differentiated
-            return (*reference_grads("alif", x, (v0, a0), (grad_s, grad_h, grad_vT, grad_aT),
-                                     ctx.options, needs), None)
-        gx, gv0, ga0 = _backward(grad_s, grad_vT, grad_aT, x, ckpt, *ctx.options, needs[1], needs[2],
-                                 grad_h=grad_h)
-        return gx, grad_like(gv0, v0, needs[1]), grad_like(ga0, a0, needs[2]), None
-
-
-# ---- torch.library registration: what torch.compile sees (an op with autograd whose
-# body launches the Triton kernels) ----
-
-@torch.library.triton_op("spikefuse::alif_forward", mutates_args=())
-def alif_forward(x: torch.Tensor, v0: torch.Tensor | None, a0: torch.Tensor | None, decay: float,
-                 adapt_decay: float, beta: float, threshold: float, reset: str, v_reset: float, detach: bool,
-                 surrogate: str, alpha: float, save: bool
-                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Spikes, v[T-1], a[T-1] (float32) and the checkpoints (empty unless `save`), from the
-    initial state (v0, a0) (None: zeros). detach, surrogate and alpha are only used by the
-    backward. (A triton_op's body is also its fake kernel: only torch ops, launches and
-    Python on shapes.)"""
-    spikes, vT, aT, _, ckpt, _ = _forward(x, v0, a0, decay, adapt_decay, beta, threshold, reset, v_reset, save,
-                                          launch=TRACED)
-    return spikes, vT, aT, ckpt
-
-
-@torch.library.triton_op("spikefuse::alif_backward", mutates_args=())
-def alif_backward(grad_s: torch.Tensor, grad_vT: torch.Tensor | None, grad_aT: torch.Tensor | None,
-                  x: torch.Tensor, ckpt: torch.Tensor, decay: float, adapt_decay: float, beta: float,
-                  threshold: float, reset: str, v_reset: float, detach: bool, surrogate: str,
-                  alpha: float, need_gv0: bool, need_ga0: bool
-                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """dL/dx, dL/dv0 and dL/da0 (float32; the last two empty unless needed)."""
-    gx, gv0, ga0 = _backward(grad_s, grad_vT, grad_aT, x.contiguous(), ckpt, decay, adapt_decay, beta,
-                             threshold, reset, v_reset, detach, surrogate, alpha, need_gv0, need_ga0,
-                             launch=TRACED)
-    return gx, or_empty(gv0, x), or_empty(ga0, x)
-
-
-def _setup_context(ctx, inputs, output):
-    x, v0, a0, *options, _save = inputs
-    ctx.save_for_backward(x, output[3], v0, a0)
-    ctx.options = tuple(options)
-
-
-def _backward_rule(ctx, grad_s, grad_vT, grad_aT, _grad_ckpt):
-    x, ckpt, v0, a0 = ctx.saved_tensors
-    nones = (None,) * 10
-    if grad_s is None and grad_vT is None and grad_aT is None:
-        return (None, None, None, *nones)
-    needs = ctx.needs_input_grad[:3]
-    if torch.is_grad_enabled():  # create_graph=True (AOT autograd traces backward without it)
-        return (*reference_grads("alif", x, (v0, a0), (grad_s, None, grad_vT, grad_aT), ctx.options,
-                                 needs), *nones)
-    if grad_s is None:
-        grad_s = torch.zeros_like(x)
-    gx, gv0, ga0 = alif_backward(grad_s, grad_vT, grad_aT, x, ckpt, *ctx.options, needs[1], needs[2])
-    return (gx, grad_like(gv0, v0, needs[1]), grad_like(ga0, a0, needs[2]), *nones)
-
-
-alif_forward.register_autograd(_backward_rule, setup_context=_setup_context)
-
-
-def alif_fused(x, decay, adapt_decay, beta, threshold, reset, v_reset, detach, surrogate, alpha,
-               return_state, return_potential=False, state0=(None, None)):
-    """Entry point for spikefuse.functional.alif (arguments already checked there).
-    Returns spikes, then h if return_potential, then (v[T-1], a[T-1]) if return_state.
-    state0: the initial (v0, a0), either None for zeros.
-    return_potential (eager only: spikefuse.functional sends it to the reference while dynamo
-    traces): the forward kernel also writes h, and the backward adds dL/dh into its recurrence."""
-    v0, a0 = state0
-    if not torch.compiler.is_dynamo_compiling():
-        options = (decay, adapt_decay, beta, threshold, reset, v_reset, detach, surrogate, alpha,
-                   return_state, return_potential)
-        if not x.is_contiguous():  # copied here, not inside: the x saved for backward keeps its graph
-            x = x.contiguous()
-        out = ALIFFunction.apply(x, v0, a0, options)
-        if not return_state:
-            return out
-        *head, vT, aT = out
-        return (*head, (vT, aT))
-    save = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, v0, a0))
-    spikes, vT, aT, _ = alif_forward(x, v0, a0, decay, adapt_decay, beta, threshold, reset, v_reset, detach,
-                                     surrogate, alpha, save)
-    return (spikes, (vT, aT)) if return_state else spikes
+alif_fused = register(TwoStateNeuron("alif", state=("v", "a"), params=("decay", "adapt_decay", "beta"),
+                                    forward=_forward, backward=_backward))

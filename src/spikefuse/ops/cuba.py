@@ -31,11 +31,11 @@ from __future__ import annotations
 
 import torch
 
-from .alif import grad_like, kernel_arg, load_or_zeros, reference_grads
-from .kernel_base import (EAGER, RESET_CODES, TRACED, cdiv, chunk_registers, f32, grad_h,  # noqa: F401
-                          load_chunk, load_earlier_chunks, or_empty, program_neurons, reset_potential, row,
+from .kernel_base import (EAGER, RESET_CODES, cdiv, chunk_registers, f32, grad_h, kernel_arg,  # noqa: F401
+                          load_chunk, load_earlier_chunks, load_or_zeros, program_neurons, reset_potential, row,
                           spike_value, state_buffer, store_chunk, store_outputs, surrogate_grad, time_major)
 from .launch import cached_launch
+from .neuron_op import TwoStateNeuron, register
 from ..surrogates import SURROGATES
 
 from .triton_or_stub import tl, triton  # noqa: F401
@@ -255,111 +255,5 @@ def _backward(grad_s, grad_vT, grad_iT, x, ckpt, decay, syn_decay, threshold, re
     return grad_x, gv0, gi0
 
 
-class CUBAFunction(torch.autograd.Function):
-    """The eager path. v0, i0: the initial state or None. options: (decay, syn_decay,
-    threshold, reset, v_reset, detach, surrogate, alpha, want_state, want_h); the outputs are
-    spikes, then h if want_h, then v[T-1], i[T-1] if want_state."""
-
-    @staticmethod
-    def forward(ctx, x, v0, i0, options):
-        *options, want_state, want_h = options
-        save = any(ctx.needs_input_grad[:3])
-        spikes, vT, iT, x_saved, ckpt, h = _forward(x, v0, i0, *options[:5], save, want_state, want_h=want_h)
-        ctx.set_materialize_grads(False)
-        if save:
-            ctx.save_for_backward(x_saved, ckpt, v0, i0)
-            ctx.options = tuple(options)
-            ctx.want = (want_h, want_state)
-        out = (spikes,) + ((h,) if want_h else ()) + ((vT, iT) if want_state else ())
-        return out if len(out) > 1 else spikes
-
-    @staticmethod
-    def backward(ctx, grad_s, *grads):
-        x, ckpt, v0, i0 = ctx.saved_tensors
-        grads = iter(grads)
-        grad_h = next(grads) if ctx.want[0] else None
-        grad_vT, grad_iT = (next(grads), next(grads)) if ctx.want[1] else (None, None)
-        if grad_s is None and grad_h is None and grad_vT is None and grad_iT is None:
-            return None, None, None, None
-        needs = ctx.needs_input_grad[:3]
-        if torch.is_grad_enabled():  # create_graph=True: this backward will be differentiated
-            return (*reference_grads("cuba", x, (v0, i0), (grad_s, grad_h, grad_vT, grad_iT),
-                                     ctx.options, needs), None)
-        gx, gv0, gi0 = _backward(grad_s, grad_vT, grad_iT, x, ckpt, *ctx.options, needs[1], needs[2],
-                                 grad_h=grad_h)
-        return gx, grad_like(gv0, v0, needs[1]), grad_like(gi0, i0, needs[2]), None
-
-
-# ---- torch.library registration: what torch.compile sees ----
-
-@torch.library.triton_op("spikefuse::cuba_forward", mutates_args=())
-def cuba_forward(x: torch.Tensor, v0: torch.Tensor | None, i0: torch.Tensor | None, decay: float,
-                 syn_decay: float, threshold: float, reset: str, v_reset: float, detach: bool, surrogate: str,
-                 alpha: float, save: bool
-                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Spikes, v[T-1], i[T-1] (float32) and the checkpoints (empty unless `save`), from the
-    initial state (v0, i0) (None: zeros). detach, surrogate and alpha are only used by the
-    backward."""
-    spikes, vT, iT, _, ckpt, _ = _forward(x, v0, i0, decay, syn_decay, threshold, reset, v_reset, save,
-                                          launch=TRACED)
-    return spikes, vT, iT, ckpt
-
-
-@torch.library.triton_op("spikefuse::cuba_backward", mutates_args=())
-def cuba_backward(grad_s: torch.Tensor, grad_vT: torch.Tensor | None, grad_iT: torch.Tensor | None,
-                  x: torch.Tensor, ckpt: torch.Tensor, decay: float, syn_decay: float,
-                  threshold: float, reset: str, v_reset: float, detach: bool, surrogate: str,
-                  alpha: float, need_gv0: bool, need_gi0: bool
-                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """dL/dx, dL/dv0 and dL/di0 (float32; the last two empty unless needed)."""
-    gx, gv0, gi0 = _backward(grad_s, grad_vT, grad_iT, x.contiguous(), ckpt, decay, syn_decay, threshold,
-                             reset, v_reset, detach, surrogate, alpha, need_gv0, need_gi0, launch=TRACED)
-    return gx, or_empty(gv0, x), or_empty(gi0, x)
-
-
-def _setup_context(ctx, inputs, output):
-    x, v0, i0, *options, _save = inputs
-    ctx.save_for_backward(x, output[3], v0, i0)
-    ctx.options = tuple(options)
-
-
-def _backward_rule(ctx, grad_s, grad_vT, grad_iT, _grad_ckpt):
-    x, ckpt, v0, i0 = ctx.saved_tensors
-    nones = (None,) * 9
-    if grad_s is None and grad_vT is None and grad_iT is None:
-        return (None, None, None, *nones)
-    needs = ctx.needs_input_grad[:3]
-    if torch.is_grad_enabled():  # create_graph=True (AOT autograd traces backward without it)
-        return (*reference_grads("cuba", x, (v0, i0), (grad_s, None, grad_vT, grad_iT), ctx.options,
-                                 needs), *nones)
-    if grad_s is None:
-        grad_s = torch.zeros_like(x)
-    gx, gv0, gi0 = cuba_backward(grad_s, grad_vT, grad_iT, x, ckpt, *ctx.options, needs[1], needs[2])
-    return (gx, grad_like(gv0, v0, needs[1]), grad_like(gi0, i0, needs[2]), *nones)
-
-
-cuba_forward.register_autograd(_backward_rule, setup_context=_setup_context)
-
-
-def cuba_fused(x, decay, syn_decay, threshold, reset, v_reset, detach, surrogate, alpha,
-               return_state, return_potential=False, state0=(None, None)):
-    """Entry point for spikefuse.functional.cuba (arguments already checked there).
-    Returns spikes, then the membrane's pre-reset h if return_potential, then (v[T-1], i[T-1])
-    if return_state. state0: the initial (v0, i0), either None for zeros.
-    return_potential (eager only: spikefuse.functional sends it to the reference while dynamo
-    traces): the forward kernel also writes h, and the backward adds dL/dh into its recurrence."""
-    v0, i0 = state0
-    if not torch.compiler.is_dynamo_compiling():
-        options = (decay, syn_decay, threshold, reset, v_reset, detach, surrogate, alpha,
-                   return_state, return_potential)
-        if not x.is_contiguous():  # copied here, not inside: the x saved for backward keeps its graph
-            x = x.contiguous()
-        out = CUBAFunction.apply(x, v0, i0, options)
-        if not return_state:
-            return out
-        *head, vT, iT = out
-        return (*head, (vT, iT))
-    save = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, v0, i0))
-    spikes, vT, iT, _ = cuba_forward(x, v0, i0, decay, syn_decay, threshold, reset, v_reset, detach,
-                                     surrogate, alpha, save)
-    return (spikes, (vT, iT)) if return_state else spikes
+cuba_fused = register(TwoStateNeuron("cuba", state=("v", "i"), params=("decay", "syn_decay"),
+                                    forward=_forward, backward=_backward))

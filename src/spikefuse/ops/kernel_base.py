@@ -201,6 +201,16 @@ def load_earlier_chunk(ptr, t0, offs, n_mask, N, EVEN_N: tl.constexpr):
 
 
 @triton.jit
+def load_or_zeros(ptr, n, n_mask, BLOCK: tl.constexpr, LOAD: tl.constexpr):
+    """A per-neuron float32 vector: loaded when LOAD (an initial state, a final state's
+    gradient), else zeros (nothing read)."""
+    if LOAD:
+        return tl.load(ptr + n, mask=n_mask, other=0.0).to(tl.float32)
+    else:
+        return tl.zeros([BLOCK], tl.float32)
+
+
+@triton.jit
 def load_earlier_chunks(x_ptr, gs_ptr, gh_ptr, t0, offs, n_mask, N, EVEN_N: tl.constexpr, HAS_GH: tl.constexpr):
     """The reverse walk's prefetch: the chunks at t0 of x, of dL/ds and, with HAS_GH, of dL/dh
     (without it, dL/ds again: a placeholder the walk does not read)."""
@@ -270,6 +280,12 @@ def cdiv(a: int, b: int) -> int:
 
 def next_power_of_2(n: int) -> int:
     return 1 << max(n - 1, 0).bit_length()
+
+
+def kernel_arg(tensor, unused):
+    """A kernel's pointer argument: the tensor (made contiguous: the kernels index it as
+    [N] or [T, N]), or the filler of a pointer the kernel will not read."""
+    return unused if tensor is None else tensor.contiguous()
 
 
 def time_major(x: torch.Tensor):
