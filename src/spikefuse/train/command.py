@@ -75,6 +75,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="sparse training (the ipu-* models): gradient only through neurons that came near threshold "
              "(0.9), the sparse backward where measured activity makes it pay, LazyAdam; starts from the "
              "fluctuation-driven init (docs/sparse.md)")
+    add("--max-rate", type=float, default=s, metavar="RATE",
+        help="keep each hidden neuron's firing rate (spikes per time step) under RATE: a penalty on the "
+             "squared excess, added to the loss inside the step (default: off)")
+    add("--rate-weight", type=float, default=s, metavar="W", help="the --max-rate penalty's weight (default: 100)")
     add("--seed", type=int, default=s, help="seeds init, data order and every RNG (default: 0)")
     add("--stop-on-nan", action=argparse.BooleanOptionalAction, default=s,
         help="stop when an epoch's training loss is NaN or infinite, keeping the last finite checkpoint "
@@ -242,7 +246,8 @@ def _train(cfg, device, run_dir, args, state, dp=None) -> int:
                       scheduler=scheduler, device=device, precision=cfg.precision, compile=cfg.compile,
                       capture=None if cfg.capture else False, clip_grad_norm=cfg.clip_grad,
                       seed=cfg.seed, run_dir=run_dir, progress=not args.quiet, stop_on_nan=cfg.stop_on_nan,
-                      config={"options": cfg.as_dict(), "model": model_args}, data_parallel=dp)
+                      config={"options": cfg.as_dict(), "model": model_args}, data_parallel=dp,
+                      max_rate=cfg.max_rate, rate_weight=cfg.rate_weight)
     if args.resume:
         try:
             trainer.resume()

@@ -36,6 +36,8 @@ class Config:
     capture: bool = True  # CUDA-graph training steps on CUDA (--no-capture turns it off)
     clip_grad: float | None = None  # max total gradient norm; None: no clipping
     sparse: bool = False  # sparse training (the ipu-* models: spikefuse.models.trains_sparse)
+    max_rate: float | None = None  # bound on each hidden neuron's firing rate (RateRegularizer); None: off
+    rate_weight: float = 100.0  # the rate penalty's weight
     seed: int = 0
     stop_on_nan: bool = True  # stop when an epoch's training loss is NaN or inf
     threads: int = 1  # CPU threads for PyTorch ops (why 1: see command.py)
@@ -48,7 +50,7 @@ class Config:
 FIELDS = {f.name: f for f in dataclasses.fields(Config)}
 TYPES = {"dataset": str, "model": str, "epochs": int, "batch_size": int, "lr": float,
          "time_steps": int, "device": str, "precision": str, "compile": bool, "capture": bool,
-         "clip_grad": float, "sparse": bool, "seed": int, "stop_on_nan": bool, "threads": int,
+         "clip_grad": float, "sparse": bool, "max_rate": float, "rate_weight": float, "seed": int, "stop_on_nan": bool, "threads": int,
          "out": str}
 MAX_COUNT = 2**31 - 1  # epochs, batch size, time steps: far beyond use, still an int32
 # Not the machine's core count: a run's saved options must resume on another machine. 1024 is
@@ -114,6 +116,11 @@ def make(*layers: dict) -> Config:
             raise ConfigError(f"{name.replace('_', '-')} must lie in float32's normal range, "
                               f"{FLOAT32_RANGE[0]:.3g} to {FLOAT32_RANGE[1]:.3g} (training runs in float32), "
                               f"got {value:g}")
+    from .activity import check_rate_options
+    try:
+        check_rate_options(0.0 if cfg.max_rate is None else cfg.max_rate, cfg.rate_weight)
+    except ValueError as e:
+        raise ConfigError(str(e).replace("max_rate: ", "max-rate: ").replace("rate_weight: ", "rate-weight: ")) from None
     if cfg.out is not None and not cfg.out.strip():  # '' would silently become the default name
         raise ConfigError("out must name a directory, got an empty string; leave --out out for the default "
                           "runs/<dataset>-<model>-<time>")

@@ -34,6 +34,7 @@ from ..errors import RunError
 from . import checkpoint, metrics, plots, rundir
 from ..nn.sparse_linear import update_dispatch
 from ..capture import CaptureFallback, CapturedStep, prepare_optimizer
+from .activity import RateRegularizer, check_rate_options
 from .spikes import SpikeMonitor
 
 if TYPE_CHECKING:  # spikefuse.parallel (torch.distributed) is imported only by those who use it
@@ -77,6 +78,10 @@ class Trainer:
     stop_on_nan: when an epoch's summed training loss is NaN or infinite, write its metrics
         (non-finite values as null) and raise TrainingDiverged without checkpointing it.
         Checked at the per-epoch read of the device sums: no extra sync. False trains on.
+    max_rate, rate_weight: keep hidden activity low (spikefuse.train.activity.RateRegularizer):
+        rate_weight * the squared excess of each neuron's firing rate over max_rate, averaged
+        per layer, added to the loss inside the step; its epoch mean is `rate_penalty` in the
+        metrics (train_loss stays the task's). None: no penalty.
     config: saved in the checkpoint as is (the CLI stores its options there).
     data_parallel: this process's spikefuse.parallel.DataParallel, or None (one process).
         batch_size is then the global batch, split evenly over the ranks (it must divide);
@@ -90,7 +95,8 @@ class Trainer:
                  compile: bool = False, capture: bool | None = None, clip_grad_norm: float | None = None,
                  seed: int = 0, run_dir=None, config: dict | None = None,
                  loss_fn=F.cross_entropy, progress: bool = True, stop_on_nan: bool = True,
-                 data_parallel: DataParallel | None = None):
+                 data_parallel: DataParallel | None = None, max_rate: float | None = None,
+                 rate_weight: float = 100.0):
         if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
             raise ValueError(f"batch_size: expected a positive int, got {batch_size!r}")
         precisions.check(precision)
@@ -111,6 +117,8 @@ class Trainer:
         if data_parallel is not None and not getattr(splits.train, "shardable", True):
             raise ValueError("splits: DataLoaders are not sharded over processes; under data_parallel "
                              "pass spikefuse.data.load(...)'s splits")
+        if max_rate is not None:
+            check_rate_options(max_rate, rate_weight)
         self.device = torch.device(device)
         self.model = model.to(self.device)
         self.parallel = data_parallel
@@ -126,9 +134,10 @@ class Trainer:
         self.epoch = 0  # epochs completed
         self.saved_epoch: int | None = None  # the epoch run_dir's checkpoint holds, once known
         self.history: list[dict] = []
-        # per epoch: summed loss, correct predictions; on the device, updated inside the step
-        self.sums = torch.zeros(2, dtype=torch.float64, device=self.device)
+        # per epoch: summed loss, correct predictions, summed rate penalty; on the device, updated in the step
+        self.sums = torch.zeros(3, dtype=torch.float64, device=self.device)
         self.monitors = {mode: SpikeMonitor(self.model, mode=mode, device=self.device) for mode in ("train", "eval")}
+        self.regularizer = RateRegularizer(self.model, max_rate, rate_weight) if max_rate is not None else None
         captured = self._capture_wanted(capture)
         # one side stream for DDP's hooks, the warm-ups and the capture (DataParallel.wrap says why)
         stream = torch.cuda.Stream(self.device) if captured else None
@@ -172,9 +181,10 @@ class Trainer:
         with self._autocast():
             logits = self.forward(x)
             loss = self.loss_fn(logits.float(), y)
+        penalty = self.regularizer.take(self.device) if self.regularizer is not None else None
         # DDP's gradients are views into its all-reduce buckets: zeroed there, never reallocated
         self.optimizer.zero_grad(set_to_none=self.ddp is None)
-        self.scaler.scale(loss).backward()
+        self.scaler.scale(loss if penalty is None else loss + penalty).backward()
         if self.clip_grad_norm is not None:
             self.scaler.unscale_(self.optimizer)
             nn.utils.clip_grad_norm_(self.model.parameters(), self.clip_grad_norm, foreach=True)
@@ -183,6 +193,8 @@ class Trainer:
         with torch.no_grad():
             self.sums[0].add_(loss.detach().double() * y.shape[0])
             self.sums[1].add_((metrics.predicted(logits) == y).sum())
+            if penalty is not None:
+                self.sums[2].add_(penalty.detach().double() * y.shape[0])
         return loss
 
     def train_epoch(self, epoch: int) -> dict:
@@ -212,10 +224,13 @@ class Trainer:
         if self.parallel is not None:
             self.parallel.sum_(self.sums, monitor.counts)
             seen *= world  # every rank's slices are equally long
-        loss_sum, correct = self.sums.tolist()  # the epoch's one sync
+        loss_sum, correct, penalty_sum = self.sums.tolist()  # the epoch's one sync
         elapsed = time.perf_counter() - start
-        return {"train_loss": loss_sum / seen, "train_acc": correct / seen,
-                "train_rate": monitor.rate(), "samples_per_s": seen / elapsed, "train_time_s": elapsed}
+        record = {"train_loss": loss_sum / seen, "train_acc": correct / seen, "train_rate": monitor.rate(),
+                  "train_firing_rates": monitor.rates(), "samples_per_s": seen / elapsed, "train_time_s": elapsed}
+        if self.regularizer is not None:
+            record["rate_penalty"] = penalty_sum / seen
+        return record
 
     def evaluate(self, data=None) -> dict:
         """Loss, accuracy and per-layer firing rates on `data` (default: the test split)."""
@@ -266,7 +281,7 @@ class Trainer:
         if self.monitors["train"].handles:
             yield
             return
-        with self.monitors["train"], self.monitors["eval"]:
+        with self.monitors["train"], self.monitors["eval"], self.regularizer or contextlib.nullcontext():
             yield
 
     # ---- the whole run ----
@@ -311,7 +326,8 @@ class Trainer:
             if self.progress:
                 tqdm.write(f"epoch {epoch + 1:3d}/{self.epochs}  loss {record['train_loss']:.4f}  "
                            f"train {record['train_acc']:.2%}  test {record.get('test_acc', math.nan):.2%}  "
-                           f"rate {record['train_rate']:.3f}  {record['samples_per_s']:.0f} samples/s")
+                           f"rate {record['train_rate']:.3f} {_layer_rates(record['train_firing_rates'])}  "
+                           f"{record['samples_per_s']:.0f} samples/s")
         if self.run_dir is not None and self.main and self.history:  # the pictures `spikefuse train` gives
             shown = self.splits.test if self.splits.test is not None else self.splits.train
             plots.plot_run(self.run_dir, self.history, self.model, shown, self.device)
@@ -402,13 +418,23 @@ class _Progress:
         if self.cuda and self.pending and not self.event.query():
             return  # the last copy has not landed: try again at the next call
         if self.pending and self.seen:
-            loss_sum, correct = self.host.tolist()
+            loss_sum, correct = self.host.tolist()[:2]
             bar.set_postfix(loss=f"{loss_sum / self.seen:.3f}", acc=f"{correct / self.seen:.3f}",
                             sps=f"{seen * self.world / (time.perf_counter() - start):.0f}", refresh=False)
         self.host.copy_(self.sums, non_blocking=self.cuda)
         self.seen, self.pending = seen, True
         if self.cuda:
             self.event.record()
+
+
+def _layer_rates(rates: dict) -> str:
+    """The per-layer firing rates of an epoch line: each layer's, or their range when many."""
+    if not rates:
+        return ""
+    values = list(rates.values())
+    if len(values) <= 6:
+        return "[" + " ".join(f"{r:.3f}" for r in values) + "]"
+    return f"[{min(values):.3f}-{max(values):.3f} over {len(values)} layers]"
 
 
 def fit(model, splits, optimizer, **kwargs) -> list[dict]:

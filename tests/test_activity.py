@@ -1,0 +1,125 @@
+"""The rate regulariser (spikefuse.train.activity, issue 32): its penalty is the formula on the
+spikes the layers emit, only training forwards with gradients add to it, it lowers the hidden
+rates of a short training run, and bad options are refused naming them (fit and CLI)."""
+import pytest
+import torch
+
+import spikefuse.nn as snn
+from spikefuse.cli import main
+from spikefuse.data import load
+from spikefuse.models import build_model
+from spikefuse.train import fit
+from spikefuse.train.activity import RateRegularizer
+from helpers import one_thread  # noqa: F401  (the fixture)
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def two_layers():
+    """Two spiking layers after linear maps: [T, B, 6] -> [T, B, 4]."""
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(6, 5), snn.LIF(threshold=0.3, backend="reference"),
+                               torch.nn.Linear(5, 4), snn.LIF(threshold=0.3, backend="reference"))
+
+
+def test_penalty_is_the_squared_excess_of_each_neurons_rate():
+    model = two_layers()
+    x = torch.randn(7, 3, 6)
+    spikes = {}
+    model[1].register_forward_hook(lambda m, i, out: spikes.__setitem__(1, out.detach()))
+    model[3].register_forward_hook(lambda m, i, out: spikes.__setitem__(3, out.detach()))
+    with RateRegularizer(model, max_rate=0.2, weight=3.0) as reg:
+        model(x)
+        penalty = reg.take()
+    expected = 3.0 * sum(torch.relu(spikes[i].mean(dim=(0, 1)) - 0.2).square().mean() for i in (1, 3))
+    assert spikes[1].sum() > 0 and spikes[3].sum() > 0  # the case tests something
+    torch.testing.assert_close(penalty, expected)
+    assert reg.take() == 0  # taken: the next step starts from nothing
+
+
+def test_penalty_reaches_the_inputs_through_the_surrogate():
+    model = two_layers()
+    x = torch.randn(7, 3, 6, requires_grad=True)
+    with RateRegularizer(model, max_rate=0.0) as reg:
+        model(x)
+        reg.take().backward()
+    assert x.grad is not None and x.grad.abs().sum() > 0
+
+
+def test_evaluation_and_no_grad_forwards_add_nothing():
+    model = two_layers()
+    x = torch.randn(7, 3, 6) + 1.0
+    with RateRegularizer(model, max_rate=0.0) as reg:
+        model.eval()
+        model(x)
+        assert reg.take() == 0
+        model.train()
+        with torch.no_grad():
+            model(x)
+        assert reg.take() == 0
+        model(x)
+        assert reg.take() > 0
+    model(x)  # detached: no hooks left
+    assert reg.terms == []
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(max_rate=1.0), "max_rate: expected a firing rate in \\[0, 1\\)"),
+    (dict(max_rate=-0.1), "max_rate"),
+    (dict(max_rate=float("nan")), "max_rate"),
+    (dict(max_rate=True), "max_rate"),
+    (dict(max_rate=0.05, rate_weight=0.0), "rate_weight: expected a finite number > 0"),
+    (dict(max_rate=0.05, rate_weight=float("inf")), "rate_weight"),
+])
+def test_bad_options_are_refused_naming_them(kwargs, message):
+    splits = load("digits")
+    model = build_model("mlp", splits.input_shape, splits.num_classes, splits.time_steps)
+    with pytest.raises(ValueError, match=message):
+        fit(model, splits, torch.optim.Adam(model.parameters()), epochs=1, progress=False, **kwargs)
+
+
+def test_a_model_without_spiking_layers_is_refused():
+    with pytest.raises(ValueError, match="^model: it has no spiking layers"):
+        RateRegularizer(torch.nn.Linear(3, 2), max_rate=0.1)
+
+
+@pytest.mark.parametrize("option, value, message", [
+    ("--max-rate", "1.5", "max-rate: expected a firing rate in [0, 1)"),
+    ("--rate-weight", "0", "rate-weight: expected a finite number > 0"),
+])
+def test_cli_refuses_bad_rate_options_in_one_line(option, value, message, tmp_path, capsys):
+    assert main(["train", option, value, "--out", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0], err
+    assert not (tmp_path / "run").exists()
+
+
+def test_training_with_a_bound_keeps_hidden_rates_low():
+    """The CLI's default network on digits, 2 epochs, the same seed with and without a 3% bound:
+    the bounded run's hidden rates end lower, near the bound, and it still learns."""
+    splits = load("digits")
+    runs = {}
+    for max_rate in (None, 0.03):
+        torch.manual_seed(0)
+        model = build_model("mlp", splits.input_shape, splits.num_classes, splits.time_steps)
+        runs[max_rate] = fit(model, splits, torch.optim.Adam(model.parameters(), lr=2e-3), epochs=2,
+                             batch_size=64, progress=False, max_rate=max_rate)[-1]
+    free, bounded = runs[None], runs[0.03]
+    assert bounded["train_rate"] < 0.6 * free["train_rate"], (free["train_firing_rates"], bounded["train_firing_rates"])
+    assert max(bounded["train_firing_rates"].values()) < 0.06, bounded["train_firing_rates"]
+    assert bounded["rate_penalty"] > 0 and "rate_penalty" not in free
+    assert bounded["test_acc"] > 0.6
+
+
+@pytest.mark.gpu
+def test_the_penalty_is_inside_the_captured_step():
+    """On CUDA the step is one CUDA graph: the penalty's terms are recorded at capture and
+    recomputed at each replay (the epoch mean of a replayed penalty is not the capture's)."""
+    splits = load("shd-synthetic", device="cuda")
+    torch.manual_seed(0)
+    model = build_model("ipu-shd", splits.input_shape, splits.num_classes, splits.time_steps, width=0.25)
+    history = fit(model, splits, torch.optim.Adam(model.parameters(), lr=2e-3, capturable=True), epochs=2,
+                  batch_size=64, device="cuda", progress=False, max_rate=0.02)
+    assert all(r["rate_penalty"] > 0 for r in history)
+    assert history[-1]["rate_penalty"] < history[0]["rate_penalty"]
+    assert max(history[-1]["train_firing_rates"].values()) < 0.08, history[-1]["train_firing_rates"]
