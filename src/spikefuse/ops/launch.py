@@ -118,7 +118,8 @@ class CachedLaunch:
     def _through_jit(self, grid, args, meta, target):
         try:
             return self.kernel[grid](*args, **meta)
-        except RuntimeError as e:  # CPU tensors, compiled kernels: Triton says "0 active drivers"
+        except (RuntimeError, ValueError) as e:  # CPU tensors, compiled kernels: Triton says "0 active
+            # drivers" where there is no GPU, "Pointer argument ... cannot be accessed" where there is
             if target < 0 and isinstance(args[0], torch.Tensor):
                 raise RuntimeError(KERNEL_ON_CPU) from e
             raise
