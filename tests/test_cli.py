@@ -274,7 +274,8 @@ def test_diverged_training_stops_with_one_line_and_valid_json_metrics(tmp_path, 
     assert main(["train", "--dataset", "standin", "--out", str(run), *QUICK]) == 1
     warning, err = capsys.readouterr().err.strip().splitlines()  # one line each
     # NaN weights give NaN spikes (never silent zeros), so the spike rate is not finite either
-    assert warning == "spikefuse train: warning: training diverged at epoch 1: train_loss, train_rate not finite, written as null"
+    assert warning == ("spikefuse train: warning: training diverged at epoch 1: train_loss, train_rate, "
+                       "train_firing_rates.layers.2, train_firing_rates.layers.4 not finite, written as null")
     assert "training diverged: the training loss of epoch 1 is nan" in err and "--no-stop-on-nan" in err
     line = (run / "metrics.jsonl").read_text().splitlines()[0]
     record = json.loads(line, parse_constant=lambda c: pytest.fail(f"non-standard JSON {c}"))
