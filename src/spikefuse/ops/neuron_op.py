@@ -197,6 +197,5 @@ def register(neuron: TwoStateNeuron) -> Callable:
 
     fused.Function, fused.forward_op, fused.backward_op = Function, forward_op, backward_op
     fused.__name__ = fused.__qualname__ = f"{short}_fused"
-    fused.__doc__ = (f"Entry point for the fused {short} (arguments already checked by the caller): "
-                     f"{register.__doc__.split('returns its entry point', 1)[1].strip()}")
+    fused.__doc__ = f"The fused {short}'s entry point (see spikefuse.ops.neuron_op.register)."
     return fused
