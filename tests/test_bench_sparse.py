@@ -97,3 +97,43 @@ def test_quick_run_on_the_cpu_is_named_and_marked_quick(tmp_path, monkeypatch):
     assert payload["quick"] is True and {r["net"] for r in payload["cases"]} == {"ipu-shd", "ipu-shd-recurrent"}
     assert all("step_ms" in r for r in payload["cases"])
     assert path.with_suffix(".md").read_text().startswith("**Quick run (--quick)")
+
+
+def test_training_runs_quick_on_the_cpu(tmp_path, monkeypatch):
+    """bench sparse --train (issue 32's harness): every run of a case starts from the same
+    weights and records what the time-to-accuracy figures are read from."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert main(["bench", "sparse", "--train", "--quick", "--max-rate", "0.05", "--out", str(tmp_path)]) == 0
+    payload = json.loads((tmp_path / "sparse-train-quick-cpu.json").read_text())
+    assert payload["quick"] is True and payload["recipe"]["max_rate"] == 0.05
+    runs = payload["runs"]
+    assert {r["run"] for r in runs} == {"dense", "sparse", "dense-lazyadam", "dense-free"}
+    assert {r["regularised"] for r in runs if r["run"] != "dense-free"} == {True}
+    for r in runs:
+        assert [e["epoch"] for e in r["epochs"]] == [1, 2]
+        assert all(e["epoch_time_s"] >= e["train_time_s"] > 0 for e in r["epochs"])
+        assert all(len(e["train_firing_rates"]) == 2 for e in r["epochs"])  # both hidden layers
+        # the sparse network's dispatched layers (sparse Linears, recurrent LIFs) report every epoch
+        assert all(bool(e.get("sparse_layers")) == (r["run"] == "sparse") for e in r["epochs"])
+    sparse = [r for r in runs if r["run"] == "sparse"]
+    assert all(set(v["backward"] for e in r["epochs"] for v in e["sparse_layers"].values()) <= {"sparse", "dense"}
+               for r in sparse)
+    for s in payload["summary"]:  # the target is the dense run's best minus the margin
+        dense = next(r for r in runs if r["run"] == "dense" and r["task"] == s["task"] and r["seed"] == s["seed"])
+        assert s["target"] == pytest.approx(max(e["test_acc"] for e in dense["epochs"]) - 0.01)
+        assert s["run"] != "dense" or s["speedup"] == 1.0
+    assert (tmp_path / "sparse-train-quick-cpu.md").read_text().startswith("**Quick run (--quick)")
+
+
+def test_time_to_target_counts_set_up_and_whole_epochs():
+    from spikefuse.bench.sparse_train import time_to
+    row = {"setup_s": 1.0, "epochs": [{"epoch_time_s": 2.0, "test_acc": 0.5},
+                                      {"epoch_time_s": 3.0, "test_acc": 0.8},
+                                      {"epoch_time_s": 4.0, "test_acc": 0.9}]}
+    assert time_to(row, 0.8) == 6.0 and time_to(row, 0.5) == 3.0 and time_to(row, 0.95) is None
+
+
+def test_bad_training_cases_are_refused_by_name(tmp_path):
+    assert main(["bench", "sparse", "--train", "--cases", "nosuch:ff:4:8", "--out", str(tmp_path)]) == 2
+    assert main(["bench", "sparse", "--train", "--cases", "randman:ff:4", "--out", str(tmp_path)]) == 2
+    assert main(["bench", "sparse", "--train", "--quick", "--runs", "sparse", "--out", str(tmp_path)]) == 2

@@ -56,9 +56,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "'map-recurrent', or "
                              "net:width:batch:theta,...")
     parser.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, of {', '.join(MODES)}")
-    parser.add_argument("--lr", type=float, default=0.0,
+    parser.add_argument("--lr", type=float, default=None,
                         help="learning rate of the timed steps; 0 (default) keeps the weights, and so the "
-                             "activity, at their random initial values while every update still runs")
+                             "activity, at their random initial values while every update still runs "
+                             "(--train: 2e-3, cosine-annealed, as spikefuse train)")
     parser.add_argument("--activity", default="natural",
                         help="comma-separated: 'natural' and/or fixed spike shares, e.g. natural,0.01,0.025,0.05,0.1 "
                              "(every case runs at each)")
@@ -69,6 +70,20 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true",
                         help="--smoke's tiny cases (captured on a GPU, eager on the CPU), marked and named as a "
                              "quick run (sparse-quick-<device>): a smoke test")
+    train = parser.add_argument_group("--train: whole training runs, time to accuracy (spikefuse.bench.sparse_train)")
+    train.add_argument("--train", action="store_true",
+                       help="train dense, sparse and control runs from the same init and time them to accuracy "
+                            "(--cases then takes task:net:width:batch items, or 'default')")
+    train.add_argument("--runs", default="dense,sparse,dense-lazyadam,dense-free",
+                       help="comma-separated, of dense, sparse, dense-lazyadam, dense-free (the dense run "
+                            "without the regulariser; only with --max-rate)")
+    train.add_argument("--epochs", type=int, default=20, help="epochs per run (default: 20)")
+    train.add_argument("--seeds", default="0", help="comma-separated seeds: init and data order (default: 0)")
+    train.add_argument("--max-rate", type=float, default=None,
+                       help="the rate regulariser of spikefuse train --max-rate, on every run but dense-free")
+    train.add_argument("--rate-weight", type=float, default=100.0, help="its weight (default: 100)")
+    train.add_argument("--margin", type=float, default=1.0,
+                       help="the target: the dense run's best test accuracy minus this many points (default: 1)")
 
 
 def default_cases():
@@ -398,6 +413,13 @@ def add_ratios(rows):
 
 @precisions.applied("fp32")  # TF32 matmuls and convolutions for every library alike; the caller's flags after
 def run(args) -> int:
+    if args.train:
+        from .sparse_train import run as run_training
+        if args.lr is None:
+            args.lr = 2e-3
+        return run_training(args)
+    if args.lr is None:
+        args.lr = 0.0
     args.smoke = args.smoke or args.quick
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     if not modes or set(modes) - set(MODES):

@@ -49,6 +49,7 @@ class RecurrentLIF(NeuronOptions):
             raise ValueError(f"sparse_below must be a share in [0, 1], got {sparse_below}")
         self.path, self.sparse_below = path, float(sparse_below)
         self.sparse = path == "sparse"
+        self.last_share: float | None = None  # the spiking share update_dispatch decided on last
         self.weight = nn.Parameter(torch.empty(features, features, device=device, dtype=dtype))
         # active columns per step, summed, and steps x features seen (path="auto")
         self.register_buffer("activity", torch.zeros(2, dtype=torch.float64, device=device), persistent=False)

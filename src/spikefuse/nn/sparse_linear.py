@@ -40,6 +40,7 @@ class SparseSpikingLinear(SpikingLinear):
         self.backward_mode, self.sparse_below = backward, float(sparse_below)
         self.sparse = backward != "dense"
         self.register_buffer("carry", torch.zeros(2, dtype=torch.float64, device=device), persistent=False)
+        self.last_share: float | None = None  # the carrying share update_dispatch decided on last
 
     def forward(self, s: torch.Tensor) -> torch.Tensor:
         if torch.compiler.is_dynamo_compiling():  # the traced op is SpikingLinear's (dense)
@@ -76,6 +77,7 @@ def update_dispatch(model: torch.nn.Module) -> bool:
     for layer in model.modules():
         if isinstance(layer, SparseSpikingLinear) and layer.backward_mode == "auto":
             share = layer.carrying_share()
+            layer.last_share = share
             if share == 0.0:
                 warnings.warn(f"{layer_name(layer)}: no output carried gradient since the last dispatch (the "
                               "neurons after it never reached their grad_threshold), so no gradient reaches "
@@ -86,10 +88,21 @@ def update_dispatch(model: torch.nn.Module) -> bool:
                 changed = True
         elif getattr(layer, "path", None) == "auto":  # RecurrentLIF: by the share of columns that spike
             share = layer.active_share()
+            layer.last_share = share
             if share is not None and (share <= layer.sparse_below) != layer.sparse:
                 layer.sparse = not layer.sparse
                 changed = True
     return changed
 
 
-__all__ = ["SparseSpikingLinear", "update_dispatch", "NoGradientWarning", "SPARSE_BELOW"]
+def dispatch_report(model: torch.nn.Module) -> dict[str, dict]:
+    """Per dispatched layer of `model` (named as in named_modules): the share update_dispatch
+    last decided on (the carrying outputs of a sparse Linear, the spiking columns of a
+    recurrent LIF; None before any call) and the backward it chose. Reads no device."""
+    return {name: {"share": layer.last_share, "backward": "sparse" if layer.sparse else "dense"}
+            for name, layer in model.named_modules()
+            if isinstance(layer, SparseSpikingLinear) and layer.backward_mode == "auto"
+            or getattr(layer, "path", None) == "auto"}
+
+
+__all__ = ["SparseSpikingLinear", "update_dispatch", "dispatch_report", "NoGradientWarning", "SPARSE_BELOW"]

@@ -32,7 +32,7 @@ from tqdm.auto import tqdm
 from .. import precision as precisions
 from ..errors import RunError
 from . import checkpoint, metrics, plots, rundir
-from ..nn.sparse_linear import update_dispatch
+from ..nn.sparse_linear import dispatch_report, update_dispatch
 from ..capture import CaptureFallback, CapturedStep, prepare_optimizer
 from .activity import RateRegularizer, check_rate_options
 from .spikes import SpikeMonitor
@@ -307,6 +307,7 @@ class Trainer:
 
     def _fit(self) -> list[dict]:
         for epoch in range(self.epoch, self.epochs):
+            start = time.perf_counter()
             record = {"epoch": epoch + 1, "lr": float(self.optimizer.param_groups[0]["lr"])}
             record.update(self.train_epoch(epoch))
             if self.stop_on_nan and not math.isfinite(record["train_loss"]):
@@ -315,6 +316,11 @@ class Trainer:
                 record.update(self.evaluate())
             if update_dispatch(self.model):  # a sparse layer switched backward: capture again
                 self.step = self._new_step()
+            dispatched = dispatch_report(self.model)
+            if dispatched:  # what the sparse layers measured this epoch, and the backward each takes next
+                record["sparse_layers"] = dispatched
+            # training, evaluation, dispatch and re-capture: what a time-to-accuracy curve adds up
+            record["epoch_time_s"] = time.perf_counter() - start
             if self.scheduler is not None:
                 self.scheduler.step()
             self.history.append(record)
