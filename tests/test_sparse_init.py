@@ -124,3 +124,34 @@ def test_bad_arguments():
         model.fluctuation_init_(torch.zeros(T, B, N_IN))
     with pytest.raises(ValueError):
         model.fluctuation_init_(torch.zeros(T, B, N_IN + 1))  # wrong input shape
+
+
+def test_recurrent_network_is_scaled_by_its_feed_forward_input():
+    """The recurrent IPUNet (RecurrentLIF layers): each feed-forward Linear is rescaled to the
+    target (its free potential without the recurrent input), the recurrent weights are
+    kept, and the sparse recurrent network then gets gradient in every layer (before this,
+    the init skipped recurrent layers and the sparse run of bench sparse --train stayed silent)."""
+    x, y = randman_like(2, batch=32)
+    torch.manual_seed(0)
+    model = IPUNet((N_IN,), CLASSES, width=WIDTH, sparse=True, recurrent=True)
+    recurrent_before = [m.weight.clone() for m in model.layers if type(m).__name__ == "RecurrentLIF"]
+    scales = model.fluctuation_init_(x)
+    assert len(scales) == 2 and all(s > 0 for s in scales)
+    assert all(torch.equal(m.weight, w) for m, w in
+               zip([m for m in model.layers if type(m).__name__ == "RecurrentLIF"], recurrent_before))
+    h = x.flatten(2)
+    layers = list(model.layers)[1:]
+    with torch.no_grad():
+        for i, layer in enumerate(layers[:-1]):
+            if isinstance(layer, torch.nn.Linear) and type(layers[i + 1]).__name__ == "RecurrentLIF":
+                current = layer(h)
+                u, us = torch.zeros_like(current[0]), []
+                for t in range(current.shape[0]):
+                    u = layers[i + 1].decay * u + current[t]
+                    us.append(u)
+                assert float(torch.stack(us).std(unbiased=False)) == pytest.approx(FLUCTUATION_SIGMA_U, rel=1e-4)
+            h = layer(h)
+    torch.nn.functional.cross_entropy(model(x), y).backward()
+    for m in model.layers:
+        if isinstance(m, torch.nn.Linear) or type(m).__name__ == "RecurrentLIF":
+            assert m.weight.grad is not None and m.weight.grad.any(), type(m).__name__

@@ -156,6 +156,8 @@ class IPUNet(nn.Module):
         has standard deviation `sigma_u` x threshold. Layer by layer: each layer is measured on
         the spikes of the layers already rescaled. The weights keep their drawn shape, only
         their scale changes; the readout Linear of readout="mean" feeds no LIF and is left as is.
+        A RecurrentLIF's feed-forward Linear is rescaled the same way (its free potential taken
+        without the recurrent input); its recurrent weights keep the study's scale.
 
         Why: the study's init is tuned to SHD's input; on a sparser input (randman: one spike
         per channel in 50 steps) its second hidden layer stays silent (no potential near
@@ -180,10 +182,12 @@ class IPUNet(nn.Module):
         scales = []
         for i, layer in enumerate(layers):
             lif = layers[i + 1] if i + 1 < len(layers) else None
-            if isinstance(layer, nn.Linear) and isinstance(lif, LIF):
+            # a recurrent layer is scaled by its feed-forward input alone: its recurrent weights keep
+            # the study's scale (at 1-2% activity their input is a small share of the potential)
+            if isinstance(layer, nn.Linear) and isinstance(lif, (LIF, RecurrentLIF)):
                 current = layer(h)
                 u, moments = torch.zeros_like(current[0]), current.new_zeros(2, dtype=torch.float64)
-                decay = lif.decay_value()
+                decay = lif.decay_value() if isinstance(lif, LIF) else lif.decay
                 for t in range(current.shape[0]):
                     u = decay * u + current[t]
                     moments += torch.stack([u.sum(dtype=torch.float64), u.square().sum(dtype=torch.float64)])
