@@ -2,8 +2,7 @@
 (`stateful`, `detach_state`) of LIF, IF, PLIF, ALIF and CUBA, the [T, B, ...] input check
 of every neuron, and for those built on SharedOptions (ALIF, CUBA, the recurrent neurons)
 the options checked once at construction (a spikefuse.NeuronOptions) and the common part of
-their repr. The dynamics
-live in spikefuse.functional."""
+their repr. The dynamics live in spikefuse.functional."""
 from __future__ import annotations
 
 import dataclasses
@@ -159,3 +158,18 @@ class SharedOptions(RecordsPotential):
         if self.backend != "auto":
             text += f", backend={self.backend!r}"
         return text
+
+
+class RecurrentOptions(SharedOptions):
+    """SharedOptions for the recurrent neurons: also grad_threshold (their sparse backward's
+    cut), and `features`, the width of their square recurrent weight, checked."""
+
+    grad_threshold = option_property("grad_threshold")
+
+    def __init__(self, features, threshold, reset, v_reset, detach_reset, surrogate, alpha, backend,
+                 record_potential, grad_threshold):
+        super().__init__(threshold, reset, v_reset, detach_reset, surrogate, alpha, backend, record_potential,
+                         grad_threshold)
+        if isinstance(features, bool) or not isinstance(features, int) or features < 1:
+            raise ValueError(f"features must be a positive int, got {features!r}")
+        self.features = features

@@ -10,10 +10,10 @@ from torch import nn
 from .. import functional as F
 from ..neuron_options import check_number
 from .layers import layer_name
-from .neuron_base import SharedOptions, option_property
+from .neuron_base import RecurrentOptions
 
 
-class RecurrentALIF(SharedOptions):
+class RecurrentALIF(RecurrentOptions):
     """h = decay*v + x + s_prev @ weight.T, fire at h >= threshold + beta*a, reset v, then
     a = adapt_decay*a + s.
 
@@ -26,18 +26,13 @@ class RecurrentALIF(SharedOptions):
     (as spikefuse.nn.LIF).
     """
 
-    grad_threshold = option_property("grad_threshold")
-
     def __init__(self, features: int, decay: float = 0.5, adapt_decay: float = 0.9, beta: float = 0.5,
                  threshold: float = 1.0, reset: str = "hard", v_reset: float = 0.0, detach_reset: bool = False,
                  surrogate: str = "rectangular", alpha: float | None = None,
                  grad_threshold: float = float("-inf"), backend: str = "auto", record_potential: bool = False,
                  device=None, dtype=None):
-        super().__init__(threshold, reset, v_reset, detach_reset, surrogate, alpha, backend, record_potential,
-                         grad_threshold)
-        if isinstance(features, bool) or not isinstance(features, int) or features < 1:
-            raise ValueError(f"features must be a positive int, got {features!r}")
-        self.features = features
+        super().__init__(features, threshold, reset, v_reset, detach_reset, surrogate, alpha, backend,
+                         record_potential, grad_threshold)
         self.decay = check_number("decay", decay, low_open=0.0, high=1.0)
         self.adapt_decay = check_number("adapt_decay", adapt_decay, low_open=0.0, high=1.0)
         self.beta = check_number("beta", beta, low=0.0)

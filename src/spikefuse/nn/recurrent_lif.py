@@ -11,13 +11,13 @@ from torch import nn
 from .. import functional as F
 from ..neuron_options import check_number
 from .layers import layer_name
-from .neuron_base import SharedOptions, option_property
+from .neuron_base import RecurrentOptions
 
 PATHS = ("dense", "sparse", "auto")
 SPARSE_BELOW = 0.25  # a first guess; benchmarks/results/ has the measured map
 
 
-class RecurrentLIF(SharedOptions):
+class RecurrentLIF(RecurrentOptions):
     """h = decay*v + x + s_prev @ weight.T, fire at h >= threshold, reset v.
 
     x [T, B, ..., features] (3 or more dims) -> spikes of x's shape. Every call starts from
@@ -33,18 +33,13 @@ class RecurrentLIF(SharedOptions):
     (as spikefuse.nn.LIF).
     """
 
-    grad_threshold = option_property("grad_threshold")
-
     def __init__(self, features: int, decay: float = 0.5, threshold: float = 1.0, reset: str = "hard",
                  v_reset: float = 0.0, detach_reset: bool = False, surrogate: str = "rectangular",
                  alpha: float | None = None, grad_threshold: float = float("-inf"), backend: str = "auto",
                  path: str = "dense", sparse_below: float = SPARSE_BELOW, device=None, dtype=None,
                  record_potential: bool = False):
-        super().__init__(threshold, reset, v_reset, detach_reset, surrogate, alpha, backend, record_potential,
-                         grad_threshold)
-        if isinstance(features, bool) or not isinstance(features, int) or features < 1:
-            raise ValueError(f"features must be a positive int, got {features!r}")
-        self.features = features
+        super().__init__(features, threshold, reset, v_reset, detach_reset, surrogate, alpha, backend,
+                         record_potential, grad_threshold)
         self.decay = check_number("decay", decay, low_open=0.0, high=1.0)
         if path not in PATHS:
             raise ValueError(f"path: unknown {path!r}; expected one of {list(PATHS)}")
