@@ -9,6 +9,9 @@
                  to the reference, hand-written reverse-time backward); reference otherwise
 
 All take time-major input x of shape [T, *] and return spikes of x's shape and dtype.
+The options every neuron shares (threshold, reset, v_reset, detach_reset, surrogate, alpha,
+grad_threshold, grad_scope) are checked by building one spikefuse.NeuronOptions, which the
+backends receive.
 """
 from __future__ import annotations
 

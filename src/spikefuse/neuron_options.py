@@ -60,22 +60,18 @@ class NeuronOptions:
     resolved_alpha: float | None = dataclasses.field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
-        # frozen: the checked (normalised) values are set through object.__setattr__
-        def put(name, value):
-            object.__setattr__(self, name, value)
-
-        put("threshold", check_number("threshold", self.threshold))
-        put("v_reset", check_number("v_reset", self.v_reset))
+        # frozen: the checked (normalised) values go straight into __dict__ (one update is
+        # cheaper than a call per field, and this runs on every functional call)
+        threshold, v_reset = check_number("threshold", self.threshold), check_number("v_reset", self.v_reset)
         if self.reset not in RESETS:
             raise ValueError(f"reset: unknown mode {self.reset!r}; expected one of {list(RESETS)}")
-        put("detach_reset", bool(self.detach_reset))
         resolve = resolve_any_surrogate if self.callable_surrogate else resolve_surrogate
         surrogate, alpha = resolve(self.surrogate, self.alpha)
-        put("resolved_surrogate", surrogate)
-        put("resolved_alpha", alpha)
-        put("grad_threshold", _check_grad_threshold(self.grad_threshold))
+        grad_threshold = _check_grad_threshold(self.grad_threshold)
         if not isinstance(self.grad_scope, str) or self.grad_scope not in GRAD_SCOPES:
             raise ValueError(f"grad_scope must be one of {list(GRAD_SCOPES)}, got {self.grad_scope!r}")
+        self.__dict__.update(threshold=threshold, v_reset=v_reset, detach_reset=bool(self.detach_reset),
+                             resolved_surrogate=surrogate, resolved_alpha=alpha, grad_threshold=grad_threshold)
 
     def common(self) -> tuple:
         """(threshold, reset, v_reset, detach_reset, surrogate, alpha), resolved: the order of
