@@ -93,8 +93,8 @@ def register(neuron: TwoStateNeuron) -> Callable:
     spikes, then h if return_potential, then the final state (a pair) if return_state, with
     `options` a spikefuse.neuron_options.NeuronOptions (its threshold, reset, v_reset,
     detach_reset, surrogate and alpha are used). Arguments are checked by the caller
-    (spikefuse.functional, or NeuronOptions itself). return_potential is eager only: under torch.compile
-    spikefuse.functional sends it to the reference."""
+    (spikefuse.functional) and NeuronOptions itself. return_potential is eager only: under
+    torch.compile spikefuse.functional sends it to the reference."""
     s, t = neuron.state
     n_params = len(neuron.params)
     n_forward = n_params + FORWARD_OPTIONS  # what the forward launcher takes after the state
