@@ -19,6 +19,7 @@ from pathlib import Path
 
 MODULES = [
     "spikefuse.functional",
+    "spikefuse.neuron_options",
     "spikefuse.surrogates",
     "spikefuse.reference",
     "spikefuse.traces",

@@ -126,3 +126,14 @@ def test_fused_kernels_refuse_steps_past_32_bit_offsets():
         launch_config(2**31, torch.float32)
     with pytest.raises(ValueError, match="neurons per time step.*backend='reference'"):
         nn.BNLIF(1, backend="fused")(torch.zeros(1, 1, 1).expand(1, 2**31, 1))
+
+
+@pytest.mark.parametrize("backend", ["fused", "reference"])
+@pytest.mark.parametrize("option,value", [("threshold", float("inf")), ("v_reset", float("nan"))])
+def test_bn_lif_refuses_non_finite_options_at_construction_like_functional(backend, option, value):
+    """BNLIF builds its NeuronOptions at construction: the functional's check and message."""
+    with pytest.raises(TypeError, match=f"^{option} must be a finite Python number") as functional:
+        F.lif(torch.zeros(2, 3), backend=backend, **{option: value})
+    with pytest.raises(TypeError, match=f"^{option} must be a finite Python number") as module:
+        nn.BNLIF(3, backend=backend, **{option: value})
+    assert str(module.value) == str(functional.value)

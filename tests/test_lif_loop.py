@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import spikefuse.functional as F
+from spikefuse import NeuronOptions
 from spikefuse.ops.lif_loop import lif_loop
 from spikefuse.surrogates import SURROGATES
 from helpers import rel_err
@@ -156,7 +157,7 @@ def test_inference_saves_nothing_and_direct_call():
     x = rand(5, 2, 3)
     with torch.no_grad():
         assert torch.equal(F.lif(x), F.lif(x, backend="reference"))
-    spikes, v = lif_loop(x, 0.5, None, 1.0, "hard", 0.0, False, "rectangular", 1.0, None, True)
+    spikes, v = lif_loop(x, 0.5, None, NeuronOptions(), None, True)
     ref, v_ref = F.lif(x, decay=0.5, return_state=True, backend="reference")
     assert torch.equal(spikes, ref) and torch.equal(v, v_ref)
 

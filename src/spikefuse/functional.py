@@ -9,23 +9,23 @@
                  to the reference, hand-written reverse-time backward); reference otherwise
 
 All take time-major input x of shape [T, *] and return spikes of x's shape and dtype.
+The options every neuron shares (threshold, reset, v_reset, detach_reset, surrogate, alpha,
+grad_threshold, grad_scope) are checked by building one spikefuse.NeuronOptions, which the
+backends receive.
 """
 from __future__ import annotations
 
 import importlib.util
-import math
 import warnings
 from typing import Callable
 
 import torch
 
 from . import reference
-from .surrogates import resolve as resolve_surrogate
-from .surrogates import resolve_any as _resolve_any_surrogate
+from .neuron_options import ArgumentError, NeuronOptions, check_number
 from .surrogates import surrogate_name
 from .surrogates import CustomSurrogate
 
-RESETS = ("hard", "soft", "none")
 BACKENDS = ("auto", "fused", "reference")
 FUSED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -117,13 +117,10 @@ def lif(
     """
     _check_x(x)
     decay_value, decay_tensor = _check_decay(decay, x)
-    threshold, threshold_tensor = _check_threshold(threshold, x)
-    v_reset = _check_finite("v_reset", v_reset)
-    if reset not in RESETS:
-        raise ValueError(f"reset: unknown mode {reset!r}; expected one of {list(RESETS)}")
-    surrogate, alpha = _resolve_any_surrogate(surrogate, alpha)
-    grad_threshold = _check_grad_threshold(grad_threshold)
-    grad_scope = _check_grad_scope(grad_scope)
+    threshold_tensor = _check_threshold(threshold, x)
+    options = NeuronOptions(1.0 if threshold_tensor is not None else threshold, reset, v_reset, detach_reset,
+                            surrogate, alpha, grad_threshold, grad_scope)
+    surrogate = options.resolved_surrogate
     _check_v0(v0, x)
     return_potential = bool(return_potential)
     if return_potential and backend != "reference" and torch.compiler.is_dynamo_compiling():
@@ -132,6 +129,7 @@ def lif(
     if custom and torch.compiler.is_dynamo_compiling():
         backend = "reference"  # the traced ops take no Triton function: the torch twin traces as torch ops
     torch_only = callable(surrogate) and not custom  # a user's sg(u) in torch ops: never fused
+    threshold = options.threshold  # the reference's: the float, or a tensor threshold off the fused kernels
     if threshold_tensor is not None and (torch_only or not _use_fused(backend, x)):
         # a learnable threshold off the fused kernels: the loop kernels take a float, so the reference
         threshold = threshold_tensor.to(x.dtype)  # spikes keep x's dtype; the gradient flows back through the cast
@@ -149,22 +147,21 @@ def lif(
         if backend == "auto" and not torch.compiler.is_dynamo_compiling() and _use_fused(backend, x):
             _warn_unfused_once(surrogate)
     elif _use_fused(backend, x):
-        return _fused_lif()(x, decay_value, decay_tensor, threshold, reset, v_reset,
-                            bool(detach_reset), surrogate, alpha, v0, bool(return_state), grad_threshold,
-                            return_potential, threshold_tensor, grad_scope)
+        return _fused_lif()(x, decay_value, decay_tensor, options, v0, bool(return_state), return_potential,
+                            threshold_tensor)
     # the fused kernels' rule on every path: results in x's dtype, whatever v0's or the decay's
     # (the casts are autograd ops: the gradients come back in v0's and the decay's dtypes)
     v0 = v0.to(x.dtype) if v0 is not None else None
     decay_tensor = decay_tensor.to(x.dtype) if decay_tensor is not None else None
     # a callable (a custom surrogate's torch twin) runs on the loop path on any device, a name on the CPU
     if backend == "auto" and _loop_lif().usable(x, decay_tensor, v0, any_device=callable(surrogate)):
-        return _loop_lif().lif_loop(x, decay_value, decay_tensor, threshold, reset, v_reset,
-                                    bool(detach_reset), surrogate, alpha, v0, bool(return_state), grad_threshold,
-                                    return_potential, grad_scope)
+        return _loop_lif().lif_loop(x, decay_value, decay_tensor, options, v0, bool(return_state),
+                                    return_potential)
     if decay_tensor is not None:
         decay_value = decay_tensor.reshape(decay_tensor.shape + (1,) * max(x.dim() - 3, 0))
-    return reference.lif(x, decay_value, threshold, reset, v_reset, bool(detach_reset),
-                         surrogate, alpha, v0, bool(return_state), grad_threshold, return_potential, grad_scope)
+    _, *common = options.common()
+    return reference.lif(x, decay_value, threshold, *common, v0, bool(return_state), options.grad_threshold,
+                         return_potential, options.grad_scope)
 
 
 _warned_unfused = False
@@ -210,16 +207,10 @@ def _check_x(x):
         raise TypeError(f"x must be a floating-point tensor, got dtype {x.dtype}")
 
 
-def _check_finite(name, value):
-    if isinstance(value, torch.Tensor) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise TypeError(f"{name} must be a finite Python number, got {value!r}")
-    return float(value)
-
-
 def _check_threshold(threshold, x):
-    """Returns (float threshold, None) or (1.0, tensor threshold of shape [1] or [C])."""
+    """A tensor threshold, checked, as shape [1] or [C]; None for a number (NeuronOptions checks it)."""
     if not isinstance(threshold, torch.Tensor):
-        return _check_finite("threshold", threshold), None
+        return None
     if not threshold.is_floating_point():
         raise TypeError(f"threshold must be a finite number or a floating-point tensor, got dtype {threshold.dtype}")
     if threshold.device != x.device:
@@ -232,27 +223,7 @@ def _check_threshold(threshold, x):
     if threshold.device.type == "cpu" and not torch.compiler.is_dynamo_compiling():
         if not torch.isfinite(threshold).all():  # CUDA values are not checked: it would force a sync
             raise ValueError("threshold values must be finite")
-    return 1.0, threshold.reshape(-1)
-
-
-def _check_grad_threshold(value):
-    """A float: a real number, or -inf for no cut (+inf would cut every gradient)."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        try:
-            if float(value) < math.inf:  # False for NaN and +inf
-                return float(value)
-        except OverflowError:  # an int beyond float range
-            pass
-    raise ValueError(f"grad_threshold must be a real number or -inf (no cut), got {value!r}")
-
-
-GRAD_SCOPES = ("step", "sequence", "batch")
-
-
-def _check_grad_scope(value):
-    if not isinstance(value, str) or value not in GRAD_SCOPES:
-        raise ValueError(f"grad_scope must be one of {list(GRAD_SCOPES)}, got {value!r}")
-    return value
+    return threshold.reshape(-1)
 
 
 def _check_decay(decay, x):
@@ -359,11 +330,6 @@ def _fused_lif():
 
 # ---- adaptive-threshold LIF (ALIF / LSNN) ----
 
-class ArgumentError(TypeError, ValueError):
-    """A bad argument's type (a non-float x, a string for a number): a TypeError that is
-    also a ValueError, so callers catching either see it."""
-
-
 def alif(
     x: torch.Tensor,
     decay: float = 0.5,
@@ -404,17 +370,17 @@ def alif(
     """
     _check_float_x(x)
     state0 = _check_state0(state0, x, ("v0", "a0"))
-    decay = _alif_number("decay", decay, low_open=0.0, high=1.0)
-    adapt_decay = _alif_number("adapt_decay", adapt_decay, low_open=0.0, high=1.0)
-    beta = _alif_number("beta", beta, low=0.0)
-    threshold, v_reset, surrogate, alpha = _neuron_options(threshold, v_reset, reset, surrogate, alpha)
+    decay = check_number("decay", decay, low_open=0.0, high=1.0)
+    adapt_decay = check_number("adapt_decay", adapt_decay, low_open=0.0, high=1.0)
+    beta = check_number("beta", beta, low=0.0)
+    options = NeuronOptions(threshold, reset, v_reset, detach_reset, surrogate, alpha, callable_surrogate=False)
     return_potential = bool(return_potential)
     if _use_fused(backend, x) and not (return_potential and torch.compiler.is_dynamo_compiling()):
         from .ops.alif import alif_fused
-        return alif_fused(x, decay, adapt_decay, beta, threshold, reset, v_reset, bool(detach_reset),
-                          surrogate, alpha, bool(return_state), return_potential=return_potential, state0=state0)
-    return reference.alif(x, decay, adapt_decay, beta, threshold, reset, v_reset, bool(detach_reset),
-                          surrogate, alpha, bool(return_state), return_potential, state0)
+        return alif_fused(x, decay, adapt_decay, beta, options, bool(return_state),
+                          return_potential=return_potential, state0=state0)
+    return reference.alif(x, decay, adapt_decay, beta, *options.common(), bool(return_state), return_potential,
+                          state0)
 
 
 def _check_float_x(x):
@@ -437,33 +403,6 @@ def _check_state0(state0, x, names):
         if tensor is not None:
             _check_initial_state(tensor, x, f"state0 {pair}: {name}")
     return tuple(state0)
-
-
-def _neuron_options(threshold, v_reset, reset, surrogate, alpha):
-    """The options ALIF and CUBA share, checked: (threshold, v_reset, surrogate, alpha)."""
-    threshold = _alif_number("threshold", threshold)
-    v_reset = _alif_number("v_reset", v_reset)
-    if reset not in RESETS:
-        raise ValueError(f"reset: unknown mode {reset!r}; expected one of {list(RESETS)}")
-    return (threshold, v_reset, *resolve_surrogate(surrogate, alpha))
-
-
-def _alif_number(name, value, low=None, low_open=None, high=None):
-    """A finite Python number (bools refused) within the bounds, as a float."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ArgumentError(f"{name} must be a finite Python number, got {value!r}")
-    try:
-        value = float(value)
-    except OverflowError:  # an int beyond float range
-        value = math.inf
-    ok = math.isfinite(value)
-    ok = ok and (low is None or value >= low) and (low_open is None or value > low_open)
-    ok = ok and (high is None or value <= high)
-    if not ok:
-        bounds = ("in (0, 1]" if low_open is not None else "in [0, 1]" if low is not None and high is not None
-                  else ">= 0" if low is not None else "finite")
-        raise ValueError(f"{name} must be a number {bounds}, got {value!r}")
-    return value
 
 
 # ---- current-based synaptic LIF (CUBA) ----
@@ -507,16 +446,15 @@ def cuba(
     """
     _check_float_x(x)
     state0 = _check_state0(state0, x, ("v0", "i0"))
-    decay = _alif_number("decay", decay, low_open=0.0, high=1.0)
-    syn_decay = _alif_number("syn_decay", syn_decay, low=0.0, high=1.0)
-    threshold, v_reset, surrogate, alpha = _neuron_options(threshold, v_reset, reset, surrogate, alpha)
+    decay = check_number("decay", decay, low_open=0.0, high=1.0)
+    syn_decay = check_number("syn_decay", syn_decay, low=0.0, high=1.0)
+    options = NeuronOptions(threshold, reset, v_reset, detach_reset, surrogate, alpha, callable_surrogate=False)
     return_potential = bool(return_potential)
     if _use_fused(backend, x) and not (return_potential and torch.compiler.is_dynamo_compiling()):
         from .ops.cuba import cuba_fused
-        return cuba_fused(x, decay, syn_decay, threshold, reset, v_reset, bool(detach_reset),
-                          surrogate, alpha, bool(return_state), return_potential=return_potential, state0=state0)
-    return reference.cuba(x, decay, syn_decay, threshold, reset, v_reset, bool(detach_reset),
-                          surrogate, alpha, bool(return_state), return_potential, state0)
+        return cuba_fused(x, decay, syn_decay, options, bool(return_state), return_potential=return_potential,
+                          state0=state0)
+    return reference.cuba(x, decay, syn_decay, *options.common(), bool(return_state), return_potential, state0)
 
 
 # ---- recurrent LIF ----
@@ -565,9 +503,9 @@ def rlif(
     if isinstance(x, torch.Tensor) and x.dim() < 2:
         raise ValueError(f"x must be [T, *, N] (2 or more dims), got shape {tuple(x.shape)}")
     _check_recurrent_weight(weight, x)
-    decay = _alif_number("decay", decay, low_open=0.0, high=1.0)
-    threshold, v_reset, surrogate, alpha = _neuron_options(threshold, v_reset, reset, surrogate, alpha)
-    grad_threshold = _check_grad_threshold(grad_threshold)
+    decay = check_number("decay", decay, low_open=0.0, high=1.0)
+    options = NeuronOptions(threshold, reset, v_reset, detach_reset, surrogate, alpha, grad_threshold,
+                            callable_surrogate=False)
     if activity is not None and not (isinstance(activity, torch.Tensor) and activity.shape == (2,)
                                      and activity.dtype == torch.float64 and activity.device == x.device):
         raise ValueError(f"activity must be None or a float64 tensor [2] on {x.device}")
@@ -576,10 +514,9 @@ def rlif(
         backend = "reference"  # the traced op has no differentiable h output
     if _use_fused(backend, x):
         from .ops.recurrent_lif import rlif_fused
-        return rlif_fused(x, weight, decay, threshold, reset, v_reset, bool(detach_reset), surrogate,
-                          alpha, grad_threshold, bool(return_state), bool(sparse), activity, return_potential)
-    return reference.rlif(x, weight.to(x.dtype), decay, threshold, reset, v_reset, bool(detach_reset),
-                          surrogate, alpha, bool(return_state), grad_threshold, return_potential)
+        return rlif_fused(x, weight, decay, options, bool(return_state), bool(sparse), activity, return_potential)
+    return reference.rlif(x, weight.to(x.dtype), decay, *options.common(), bool(return_state),
+                          options.grad_threshold, return_potential)
 
 
 def _check_recurrent_weight(weight, x):
@@ -638,16 +575,14 @@ def ralif(
     if x.dim() < 2:
         raise ValueError(f"x must be [T, *, N] (2 or more dims), got shape {tuple(x.shape)}")
     _check_recurrent_weight(weight, x)
-    decay = _alif_number("decay", decay, low_open=0.0, high=1.0)
-    adapt_decay = _alif_number("adapt_decay", adapt_decay, low_open=0.0, high=1.0)
-    beta = _alif_number("beta", beta, low=0.0)
-    threshold, v_reset, surrogate, alpha = _neuron_options(threshold, v_reset, reset, surrogate, alpha)
-    grad_threshold = _check_grad_threshold(grad_threshold)
+    decay = check_number("decay", decay, low_open=0.0, high=1.0)
+    adapt_decay = check_number("adapt_decay", adapt_decay, low_open=0.0, high=1.0)
+    beta = check_number("beta", beta, low=0.0)
+    options = NeuronOptions(threshold, reset, v_reset, detach_reset, surrogate, alpha, grad_threshold,
+                            callable_surrogate=False)
     return_potential = bool(return_potential)
     if _use_fused(backend, x) and not (return_potential and torch.compiler.is_dynamo_compiling()):
         from .ops.recurrent_alif import ralif_fused
-        return ralif_fused(x, weight, decay, adapt_decay, beta, threshold, reset, v_reset, bool(detach_reset),
-                           surrogate, alpha, grad_threshold, bool(return_state), return_potential)
-    return reference.ralif(x, weight.to(x.dtype), decay, adapt_decay, beta, threshold, reset, v_reset,
-                           bool(detach_reset), surrogate, alpha, bool(return_state), grad_threshold,
-                           return_potential)
+        return ralif_fused(x, weight, decay, adapt_decay, beta, options, bool(return_state), return_potential)
+    return reference.ralif(x, weight.to(x.dtype), decay, adapt_decay, beta, *options.common(),
+                           bool(return_state), options.grad_threshold, return_potential)

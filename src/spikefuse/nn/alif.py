@@ -5,10 +5,11 @@ from __future__ import annotations
 import torch
 
 from .. import functional as F
-from .neuron_base import CarriesState, NeuronOptions
+from ..neuron_options import check_number
+from .neuron_base import CarriesState, SharedOptions
 
 
-class ALIF(NeuronOptions, CarriesState):
+class ALIF(SharedOptions, CarriesState):
     """Adaptive LIF: h = decay*v + x, fire at h >= threshold + beta*a, reset v, then
     a = adapt_decay*a + s (each spike raises the threshold, which relaxes back).
 
@@ -30,14 +31,14 @@ class ALIF(NeuronOptions, CarriesState):
                  stateful: bool = False, detach_state: bool = True):
         super().__init__(threshold, reset, v_reset, detach_reset, surrogate, alpha, backend, record_potential)
         self.init_state(stateful, detach_state)
-        self.decay = F._alif_number("decay", decay, low_open=0.0, high=1.0)
-        self.adapt_decay = F._alif_number("adapt_decay", adapt_decay, low_open=0.0, high=1.0)
-        self.beta = F._alif_number("beta", beta, low=0.0)
+        self.decay = check_number("decay", decay, low_open=0.0, high=1.0)
+        self.adapt_decay = check_number("adapt_decay", adapt_decay, low_open=0.0, high=1.0)
+        self.beta = check_number("beta", beta, low=0.0)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self.check_rank(x, "alif")
         return self.call_stateful(F.alif, x, "state0", decay=self.decay, adapt_decay=self.adapt_decay,
-                                  beta=self.beta, **self.options())
+                                  beta=self.beta, **self.keywords())
 
     def extra_repr(self):
         return (f"decay={self.decay}, adapt_decay={self.adapt_decay}, beta={self.beta}, " + self.options_repr()

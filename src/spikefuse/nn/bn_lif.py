@@ -15,9 +15,10 @@ import torch
 from torch import nn
 
 from .. import functional as F
-from ..surrogates import resolve as resolve_surrogate
+from ..neuron_options import NeuronOptions
 from .batchnorm import step_momentum
 from .layers import check_input, fold, layer_name, unfold
+from .neuron_base import option_property
 
 
 class BNLIF(nn.modules.batchnorm._BatchNorm):
@@ -33,11 +34,21 @@ class BNLIF(nn.modules.batchnorm._BatchNorm):
     values: as spikefuse.functional.lif on y = BN(x); in training a NaN or inf in a
     channel's input makes its batch variance NaN, so all its spikes are NaN and its running
     statistics non-finite (as torch). threshold and v_reset must be finite Python numbers
-    (TypeError otherwise, at construction and forward, on every backend). Double backward:
+    (TypeError otherwise, at construction or when set, on every backend: self.options, a
+    spikefuse.NeuronOptions, holds them with the other LIF options). Double backward:
     as functional.lif (through torch).
     """
 
     sync = None  # a spikefuse.parallel.sync_bn.RankSync once converted to SyncBN
+
+    # kept in self.options (a NeuronOptions, checked: the fused kernels would take an infinite
+    # threshold or a NaN v_reset without a word); surrogate and alpha read as resolved, as before
+    threshold = option_property("threshold")
+    reset = option_property("reset")
+    v_reset = option_property("v_reset")
+    detach_reset = option_property("detach_reset")
+    surrogate = option_property("surrogate", read="resolved_surrogate")
+    alpha = option_property("alpha", read="resolved_alpha")
 
     def __init__(self, num_features: int, decay: float = 0.5, threshold: float = 1.0,
                  reset: str = "hard", v_reset: float = 0.0, detach_reset: bool = False,
@@ -46,14 +57,13 @@ class BNLIF(nn.modules.batchnorm._BatchNorm):
                  affine: bool = True, track_running_stats: bool = True, backend: str = "auto",
                  device=None, dtype=None):
         super().__init__(num_features, eps, momentum, affine, track_running_stats, device, dtype)
-        if reset not in F.RESETS:
-            raise ValueError(f"reset: unknown mode {reset!r}; expected one of {list(F.RESETS)}")
+        # the kernels take a surrogate by name (callable_surrogate=False)
+        self.options = NeuronOptions(threshold, reset, v_reset, detach_reset, surrogate, alpha,
+                                     callable_surrogate=False)
         if backend not in F.BACKENDS:
             raise ValueError(f"backend: unknown {backend!r}; expected one of {list(F.BACKENDS)}")
         F._check_decay(decay, None)
-        self.surrogate, self.alpha = resolve_surrogate(surrogate, alpha)
-        self.threshold, self.v_reset = F._check_finite("threshold", threshold), F._check_finite("v_reset", v_reset)
-        self.decay, self.reset, self.detach_reset, self.backend = float(decay), reset, bool(detach_reset), backend
+        self.decay, self.backend = float(decay), backend
         if learn_decay:
             if not 0.0 < decay < 1.0:
                 raise ValueError(f"learn_decay needs an initial decay strictly inside (0, 1), got {decay}")
@@ -86,17 +96,14 @@ class BNLIF(nn.modules.batchnorm._BatchNorm):
         momentum = step_momentum(self)
         sync = self.sync if self.training else None  # as torch.nn.SyncBatchNorm: eval stays local
         decay = torch.sigmoid(self.decay_logit) if self.decay_logit is not None else self.decay
-        lif = self._lif_options()
         # the compiled fused op has no hook for SyncBN's all-reduces: torch batch norm then
         if F._use_fused(self.backend, x) and not (sync is not None and torch.compiler.is_dynamo_compiling()):
             from ..ops.bn_lif import bn_lif_fused
 
             decay_value, decay_tensor = (1.0, decay.reshape(1)) if isinstance(decay, torch.Tensor) else (decay, None)
             return bn_lif_fused(x, self.weight, self.bias, self.running_mean, self.running_var,
-                                training, momentum, self.eps, decay_value, decay_tensor,
-                                lif["threshold"], self.reset, lif["v_reset"], self.detach_reset,
-                                self.surrogate, self.alpha, residual, steps,
-                                sync=sync.fused() if sync is not None else None)
+                                training, momentum, self.eps, decay_value, decay_tensor, self.options,
+                                residual, steps, sync=sync.fused() if sync is not None else None)
         x = x.expand(steps, *x.shape[1:])
         if sync is not None:
             y = sync.batch_norm(fold(x), self, momentum)
@@ -106,15 +113,7 @@ class BNLIF(nn.modules.batchnorm._BatchNorm):
         y = unfold(y, x.shape[0])
         if residual is not None:
             y = y + residual
-        return F.lif(y, decay=decay, backend="reference", **lif)
-
-    def _lif_options(self) -> dict:
-        """The LIF options, checked before either backend runs (the fused kernels would take an
-        infinite threshold or a NaN v_reset without a word): F.lif's checks and messages.
-        Checked at every forward (as at construction), so an attribute set later is too."""
-        return dict(threshold=F._check_finite("threshold", self.threshold), reset=self.reset,
-                    v_reset=F._check_finite("v_reset", self.v_reset), detach_reset=self.detach_reset,
-                    surrogate=self.surrogate, alpha=self.alpha)
+        return F.lif(y, decay=decay, backend="reference", **self.options.keywords())
 
     def extra_repr(self):
         return (f"{super().extra_repr()}, decay={self.decay}, threshold={self.threshold}, "

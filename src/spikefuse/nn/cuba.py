@@ -5,10 +5,11 @@ from __future__ import annotations
 import torch
 
 from .. import functional as F
-from .neuron_base import CarriesState, NeuronOptions
+from ..neuron_options import check_number
+from .neuron_base import CarriesState, SharedOptions
 
 
-class CUBA(NeuronOptions, CarriesState):
+class CUBA(SharedOptions, CarriesState):
     """Synaptic LIF: i = syn_decay*i + x, h = decay*v + i, fire at h >= threshold, reset v.
 
     x [T, B, ...] (3 or more dims) -> spikes of x's shape. backend: "auto", "fused" or
@@ -29,13 +30,13 @@ class CUBA(NeuronOptions, CarriesState):
                  detach_state: bool = True):
         super().__init__(threshold, reset, v_reset, detach_reset, surrogate, alpha, backend, record_potential)
         self.init_state(stateful, detach_state)
-        self.decay = F._alif_number("decay", decay, low_open=0.0, high=1.0)
-        self.syn_decay = F._alif_number("syn_decay", syn_decay, low=0.0, high=1.0)
+        self.decay = check_number("decay", decay, low_open=0.0, high=1.0)
+        self.syn_decay = check_number("syn_decay", syn_decay, low=0.0, high=1.0)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self.check_rank(x, "cuba")
         return self.call_stateful(F.cuba, x, "state0", decay=self.decay, syn_decay=self.syn_decay,
-                                  **self.options())
+                                  **self.keywords())
 
     def extra_repr(self):
         return f"decay={self.decay}, syn_decay={self.syn_decay}, " + self.options_repr() + self.state_repr()

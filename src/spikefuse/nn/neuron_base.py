@@ -1,14 +1,17 @@
 """What the neuron modules share: the membrane-potential recording and the carried state
 (`stateful`, `detach_state`) of LIF, IF, PLIF, ALIF and CUBA, the [T, B, ...] input check
-of every neuron, and for those built on NeuronOptions (ALIF, CUBA, the recurrent neurons)
-the options checked once at construction and the common part of their repr. The dynamics
-live in spikefuse.functional."""
+of every neuron, and for those built on SharedOptions (ALIF, CUBA, the recurrent neurons)
+the options checked once at construction (a spikefuse.NeuronOptions) and the common part of
+their repr. The dynamics live in spikefuse.functional."""
 from __future__ import annotations
+
+import dataclasses
 
 import torch
 from torch import nn
 
 from .. import functional as F
+from ..neuron_options import NeuronOptions
 from .layers import layer_name
 
 
@@ -101,24 +104,47 @@ class CarriesState:
         return f", stateful=True, detach_state={self.detach_state}" if self.stateful else ""
 
 
-class NeuronOptions(RecordsPotential):
+def option_property(name: str, read: str | None = None) -> property:
+    """A module attribute kept in `self.options` (a frozen spikefuse.NeuronOptions): reading
+    gives the option (or the options' attribute `read`); setting rebuilds the options, so a
+    bad value is refused there, with the message the functional form gives."""
+    def get(self):
+        return getattr(self.options, read or name)
+
+    def set_(self, value):
+        self.options = dataclasses.replace(self.options, **{name: value})
+    return property(get, set_, doc=f"The neuron option {name} (kept in self.options).")
+
+
+class SharedOptions(RecordsPotential):
+    """A neuron module whose shared options (threshold, reset, v_reset, detach_reset,
+    surrogate, alpha; the recurrent neurons' grad_threshold) live in one NeuronOptions,
+    `self.options`, checked at construction; the attributes of those names read (and set) it.
+    `self.backend` is the functional form's backend."""
+
+    threshold = option_property("threshold")
+    reset = option_property("reset")
+    v_reset = option_property("v_reset")
+    detach_reset = option_property("detach_reset")
+    surrogate = option_property("surrogate")
+    alpha = option_property("alpha")
+
     def __init__(self, threshold, reset, v_reset, detach_reset, surrogate, alpha, backend,
-                 record_potential=False):
+                 record_potential=False, grad_threshold=float("-inf")):
         super().__init__(record_potential)
-        self.threshold, self.v_reset, _, _ = F._neuron_options(threshold, v_reset, reset, surrogate, alpha)
+        # these neurons' kernels take a surrogate by name (callable_surrogate=False)
+        self.options = NeuronOptions(threshold, reset, v_reset, detach_reset, surrogate, alpha, grad_threshold,
+                                     callable_surrogate=False)
         if backend not in F.BACKENDS:
             raise ValueError(f"backend: unknown {backend!r}; expected one of {list(F.BACKENDS)}")
-        self.reset, self.detach_reset = reset, bool(detach_reset)
-        self.surrogate, self.alpha, self.backend = surrogate, alpha, backend
-
-    def options(self) -> dict:
-        """The keyword arguments every functional neuron takes."""
-        return dict(threshold=self.threshold, reset=self.reset, v_reset=self.v_reset,
-                    detach_reset=self.detach_reset, surrogate=self.surrogate, alpha=self.alpha,
-                    backend=self.backend)
+        self.backend = backend
 
     def check_rank(self, x: torch.Tensor, function: str) -> None:
         check_rank(self, x, function)
+
+    def keywords(self) -> dict:
+        """The keyword arguments every functional neuron takes: the options and the backend."""
+        return dict(self.options.keywords(), backend=self.backend)
 
     def options_repr(self) -> str:
         """threshold, reset and surrogate, then the options that differ from their defaults."""
@@ -132,3 +158,18 @@ class NeuronOptions(RecordsPotential):
         if self.backend != "auto":
             text += f", backend={self.backend!r}"
         return text
+
+
+class RecurrentOptions(SharedOptions):
+    """SharedOptions for the recurrent neurons: also grad_threshold (their sparse backward's
+    cut), and `features`, the width of their square recurrent weight, checked."""
+
+    grad_threshold = option_property("grad_threshold")
+
+    def __init__(self, features, threshold, reset, v_reset, detach_reset, surrogate, alpha, backend,
+                 record_potential, grad_threshold):
+        super().__init__(threshold, reset, v_reset, detach_reset, surrogate, alpha, backend, record_potential,
+                         grad_threshold)
+        if isinstance(features, bool) or not isinstance(features, int) or features < 1:
+            raise ValueError(f"features must be a positive int, got {features!r}")
+        self.features = features

@@ -36,9 +36,9 @@ import torch
 from torch import nn
 
 from .. import functional as F
-from ..surrogates import resolve_any as resolve_surrogate
+from ..neuron_options import NeuronOptions
 from ..surrogates import surrogate_name
-from .neuron_base import CarriesState, RecordsPotential, check_rank
+from .neuron_base import CarriesState, RecordsPotential, check_rank, option_property
 
 
 def reset(model: nn.Module) -> nn.Module:
@@ -86,6 +86,15 @@ class LIF(RecordsPotential, CarriesState):
         (spikefuse.nn.neuron_base.RecordsPotential, shared with ALIF and CUBA.)
     """
 
+    # kept in self.options (a NeuronOptions); the threshold is a plain attribute (it may be a Parameter)
+    reset = option_property("reset")
+    v_reset = option_property("v_reset")
+    detach_reset = option_property("detach_reset")
+    surrogate = option_property("surrogate")
+    alpha = option_property("alpha")
+    grad_threshold = option_property("grad_threshold")
+    grad_scope = option_property("grad_scope")
+
     def __init__(self, decay: float = 0.5, threshold: float = 1.0, reset: str = "hard",
                  v_reset: float = 0.0, detach_reset: bool = False, surrogate="rectangular",
                  alpha: float | None = None, stateful: bool = False, backend: str = "auto",
@@ -93,19 +102,16 @@ class LIF(RecordsPotential, CarriesState):
                  learn_threshold: bool = False, threshold_channels: int | None = None,
                  record_potential: bool = False, grad_scope: str = "step"):
         super().__init__(record_potential)
-        if reset not in F.RESETS:
-            raise ValueError(f"reset: unknown mode {reset!r}; expected one of {list(F.RESETS)}")
         if backend not in F.BACKENDS:
             raise ValueError(f"backend: unknown {backend!r}; expected one of {list(F.BACKENDS)}")
-        resolve_surrogate(surrogate, alpha)
-        self.grad_threshold = F._check_grad_threshold(grad_threshold)
-        self.grad_scope = F._check_grad_scope(grad_scope)
         if not isinstance(decay, torch.Tensor):
             F._check_decay(decay, None)
         self.decay = decay
+        # a number, or a tensor (learned: an nn.Parameter, a state_dict entry): passed to F.lif as it is
         self.threshold = self._make_threshold(threshold, learn_threshold, threshold_channels)
-        self.reset, self.v_reset = reset, v_reset
-        self.detach_reset, self.surrogate, self.alpha = detach_reset, surrogate, alpha
+        # the float threshold is checked here too; a tensor one is F.lif's own argument
+        self.options = NeuronOptions(1.0 if isinstance(self.threshold, torch.Tensor) else self.threshold, reset,
+                                     v_reset, detach_reset, surrogate, alpha, grad_threshold, grad_scope)
         self.backend = backend
         self.init_state(stateful, detach_state)  # self.v: the carried v[T-1] (stateful only)
 
@@ -130,10 +136,8 @@ class LIF(RecordsPotential, CarriesState):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         check_rank(self, x, "lif")
-        options = dict(decay=self.decay_value(), threshold=self.threshold, reset=self.reset,
-                       v_reset=self.v_reset, detach_reset=self.detach_reset,
-                       surrogate=self.surrogate, alpha=self.alpha, backend=self.backend,
-                       grad_threshold=self.grad_threshold, grad_scope=self.grad_scope)
+        options = dict(self.options.keywords(), decay=self.decay_value(), threshold=self.threshold,
+                       backend=self.backend, grad_threshold=self.grad_threshold, grad_scope=self.grad_scope)
         return self.call_stateful(F.lif, x, "v0", **options)
 
     def extra_repr(self):

@@ -8,11 +8,12 @@ import torch
 from torch import nn
 
 from .. import functional as F
+from ..neuron_options import check_number
 from .layers import layer_name
-from .neuron_base import NeuronOptions
+from .neuron_base import RecurrentOptions
 
 
-class RecurrentALIF(NeuronOptions):
+class RecurrentALIF(RecurrentOptions):
     """h = decay*v + x + s_prev @ weight.T, fire at h >= threshold + beta*a, reset v, then
     a = adapt_decay*a + s.
 
@@ -30,14 +31,11 @@ class RecurrentALIF(NeuronOptions):
                  surrogate: str = "rectangular", alpha: float | None = None,
                  grad_threshold: float = float("-inf"), backend: str = "auto", record_potential: bool = False,
                  device=None, dtype=None):
-        super().__init__(threshold, reset, v_reset, detach_reset, surrogate, alpha, backend, record_potential)
-        if isinstance(features, bool) or not isinstance(features, int) or features < 1:
-            raise ValueError(f"features must be a positive int, got {features!r}")
-        self.features = features
-        self.decay = F._alif_number("decay", decay, low_open=0.0, high=1.0)
-        self.adapt_decay = F._alif_number("adapt_decay", adapt_decay, low_open=0.0, high=1.0)
-        self.beta = F._alif_number("beta", beta, low=0.0)
-        self.grad_threshold = F._check_grad_threshold(grad_threshold)
+        super().__init__(features, threshold, reset, v_reset, detach_reset, surrogate, alpha, backend,
+                         record_potential, grad_threshold)
+        self.decay = check_number("decay", decay, low_open=0.0, high=1.0)
+        self.adapt_decay = check_number("adapt_decay", adapt_decay, low_open=0.0, high=1.0)
+        self.beta = check_number("beta", beta, low=0.0)
         self.weight = nn.Parameter(torch.empty(features, features, device=device, dtype=dtype))
         self.reset_parameters()
 
@@ -51,7 +49,7 @@ class RecurrentALIF(NeuronOptions):
             raise ValueError(f"{layer_name(self)}: expected {self.features} features in x's last dim, "
                              f"got shape {tuple(x.shape)}")
         return self.call_neuron(F.ralif, x, weight=self.weight, decay=self.decay, adapt_decay=self.adapt_decay,
-                                beta=self.beta, grad_threshold=self.grad_threshold, **self.options())
+                                beta=self.beta, grad_threshold=self.grad_threshold, **self.keywords())
 
     def extra_repr(self):
         text = (f"{self.features}, decay={self.decay}, adapt_decay={self.adapt_decay}, beta={self.beta}, "

@@ -9,14 +9,15 @@ import torch
 from torch import nn
 
 from .. import functional as F
+from ..neuron_options import check_number
 from .layers import layer_name
-from .neuron_base import NeuronOptions
+from .neuron_base import RecurrentOptions
 
 PATHS = ("dense", "sparse", "auto")
 SPARSE_BELOW = 0.25  # a first guess; benchmarks/results/ has the measured map
 
 
-class RecurrentLIF(NeuronOptions):
+class RecurrentLIF(RecurrentOptions):
     """h = decay*v + x + s_prev @ weight.T, fire at h >= threshold, reset v.
 
     x [T, B, ..., features] (3 or more dims) -> spikes of x's shape. Every call starts from
@@ -37,12 +38,9 @@ class RecurrentLIF(NeuronOptions):
                  alpha: float | None = None, grad_threshold: float = float("-inf"), backend: str = "auto",
                  path: str = "dense", sparse_below: float = SPARSE_BELOW, device=None, dtype=None,
                  record_potential: bool = False):
-        super().__init__(threshold, reset, v_reset, detach_reset, surrogate, alpha, backend, record_potential)
-        if isinstance(features, bool) or not isinstance(features, int) or features < 1:
-            raise ValueError(f"features must be a positive int, got {features!r}")
-        self.features = features
-        self.decay = F._alif_number("decay", decay, low_open=0.0, high=1.0)
-        self.grad_threshold = F._check_grad_threshold(grad_threshold)
+        super().__init__(features, threshold, reset, v_reset, detach_reset, surrogate, alpha, backend,
+                         record_potential, grad_threshold)
+        self.decay = check_number("decay", decay, low_open=0.0, high=1.0)
         if path not in PATHS:
             raise ValueError(f"path: unknown {path!r}; expected one of {list(PATHS)}")
         if not 0.0 <= sparse_below <= 1.0:
@@ -66,7 +64,7 @@ class RecurrentLIF(NeuronOptions):
                              f"got shape {tuple(x.shape)}")
         return self.call_neuron(F.rlif, x, weight=self.weight, decay=self.decay, grad_threshold=self.grad_threshold,
                                 sparse=self.sparse, activity=self.activity if self.path == "auto" else None,
-                                **self.options())
+                                **self.keywords())
 
     def active_share(self, reset: bool = True) -> float | None:
         """Mean share of columns with a spike in some row, per step, since the last reset

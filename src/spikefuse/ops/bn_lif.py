@@ -653,9 +653,10 @@ def _under_torch_compile() -> bool:
 
 
 def bn_lif_fused(x, weight, bias, running_mean, running_var, training, momentum, eps,
-                 decay, decay_tensor, threshold, reset, v_reset, detach, surrogate, alpha,
-                 residual=None, time_steps=None, sync=None):
-    """Entry point for spikefuse.nn.BNLIF (arguments already checked there).
+                 decay, decay_tensor, options, residual=None, time_steps=None, sync=None):
+    """Entry point for spikefuse.nn.BNLIF (arguments already checked there; `options` its
+    spikefuse.neuron_options.NeuronOptions, whose grad_threshold and grad_scope it leaves at
+    their defaults).
 
     training: batch statistics, and running statistics updated with `momentum` like
     torch.nn.BatchNorm (unbiased variance); otherwise the running statistics are used.
@@ -684,8 +685,8 @@ def bn_lif_fused(x, weight, bias, running_mean, running_var, training, momentum,
                       else bn_statistics if compiling else _statistics)
         stats = statistics(over_time(x.detach(), time_steps), weight, bias, running_mean, running_var,
                            use_batch, momentum, eps)
-    args = (x, residual, stats, weight, bias, decay, decay_tensor, threshold, reset, v_reset,
-            detach, surrogate, alpha, use_batch, time_steps)
+    args = (x, residual, stats, weight, bias, decay, decay_tensor, *options.common(), use_batch,
+            time_steps)  # flat: the op's schema order
     if not compiling:
         N = math.prod(x.shape[1:])
         # with gradients on, a following spiking conv/linear saves these spikes as bits:

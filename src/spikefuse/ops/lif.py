@@ -485,10 +485,9 @@ def _backward_rule(ctx, grad_s, grad_vT, _grad_ckpt):
 lif_forward.register_autograd(_backward_rule, setup_context=_setup_context)
 
 
-def lif_fused(x, decay, decay_tensor, threshold, reset, v_reset, detach, surrogate, alpha,
-              v0, return_state, grad_threshold=float("-inf"), return_potential=False, threshold_tensor=None,
-              grad_scope="step"):
-    """Entry point for spikefuse.functional (arguments already checked there).
+def lif_fused(x, decay, decay_tensor, options, v0, return_state, return_potential=False, threshold_tensor=None):
+    """Entry point for spikefuse.functional (arguments already checked there; `options` a
+    spikefuse.neuron_options.NeuronOptions).
     return_potential (eager only: spikefuse.functional sends it to the reference while dynamo
     traces): the forward kernel also writes h, and the backward adds dL/dh into its recurrence.
     threshold_tensor: a learnable threshold ([1] or [C]; `threshold` is then ignored), read
@@ -497,14 +496,14 @@ def lif_fused(x, decay, decay_tensor, threshold, reset, v_reset, detach, surroga
         decay_tensor = decay_tensor.float()
     if threshold_tensor is not None:
         threshold_tensor = threshold_tensor.float()
+    common = options.common()  # threshold ... alpha, flat: the op schemas take primitives
     if not torch.compiler.is_dynamo_compiling():
-        options = (decay, threshold, reset, v_reset, detach, surrogate, alpha, grad_threshold, grad_scope,
-                   return_state, bool(return_potential))
+        flat = (decay, *common, options.grad_threshold, options.grad_scope, return_state, bool(return_potential))
         if not x.is_contiguous():  # copied here, not inside: the x saved for backward keeps its graph
             x = x.contiguous()     # (a double backward differentiates through it)
-        return LIFFunction.apply(x, decay_tensor, v0, threshold_tensor, options)
+        return LIFFunction.apply(x, decay_tensor, v0, threshold_tensor, flat)
     wants_grad = torch.is_grad_enabled() and any(
         t is not None and t.requires_grad for t in (x, decay_tensor, v0, threshold_tensor))
-    spikes, vT, _ = lif_forward(x, decay, decay_tensor, v0, threshold, reset, v_reset, detach,
-                                surrogate, alpha, wants_grad, grad_threshold, threshold_tensor, grad_scope)
+    spikes, vT, _ = lif_forward(x, decay, decay_tensor, v0, *common, wants_grad, options.grad_threshold,
+                                threshold_tensor, options.grad_scope)
     return (spikes, vT) if return_state else spikes

@@ -221,13 +221,13 @@ def usable(x, decay_tensor, v0, any_device=False) -> bool:
             and not torch.compiler.is_dynamo_compiling())
 
 
-def lif_loop(x, decay, decay_tensor, threshold, reset, v_reset, detach, surrogate, alpha,
-             v0, return_state, grad_threshold=float("-inf"), return_potential=False, grad_scope="step"):
+def lif_loop(x, decay, decay_tensor, options, v0, return_state, return_potential=False):
     """Entry point for spikefuse.functional (arguments already checked there; see `usable`).
     decay_tensor: None, or the PLIF decay as [1] or [C] (C = x.shape[2]).
-    surrogate: a name, or a callable sg(u) -> tensor (then alpha is ignored).
+    options: a spikefuse.neuron_options.NeuronOptions; its surrogate a name, or a callable
+    sg(u) -> tensor (then alpha is ignored).
     return_potential: also return H, the pre-reset potential (a copy of what backward saves);
     the return is spikes, then H if asked, then v[T-1] if return_state."""
-    options = (decay, threshold, reset, v_reset, detach, surrogate, alpha, grad_threshold, return_state,
-               bool(return_potential), grad_scope)
-    return LIFLoopFunction.apply(x, decay_tensor, v0, options)
+    flat = (decay, *options.common(), options.grad_threshold, return_state, bool(return_potential),
+            options.grad_scope)
+    return LIFLoopFunction.apply(x, decay_tensor, v0, flat)

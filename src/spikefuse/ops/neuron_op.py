@@ -26,10 +26,12 @@ from typing import Callable
 
 import torch
 
+from ..neuron_options import NeuronOptions
 from .double_backward import grads_with_graph
 from .kernel_base import TRACED, or_empty
 
 # after a neuron's own parameters: the options every one of them takes, in this order
+# (NeuronOptions.common())
 COMMON_OPTIONS = (("threshold", float), ("reset", str), ("v_reset", float), ("detach", bool),
                   ("surrogate", str), ("alpha", float))
 FORWARD_OPTIONS = 3  # threshold, reset, v_reset: what the forward launcher takes of them
@@ -87,11 +89,12 @@ def _with_signature(fn, parameters, returns):
 
 def register(neuron: TwoStateNeuron) -> Callable:
     """Build the neuron's autograd Function and triton_ops; returns its entry point
-    fused(x, *params, threshold, reset, v_reset, detach, surrogate, alpha, return_state,
-    return_potential=False, state0=(None, None)) -> spikes, then h if return_potential, then
-    the final state (a pair) if return_state. Arguments are checked by the caller
-    (spikefuse.functional). return_potential is eager only: under torch.compile
-    spikefuse.functional sends it to the reference."""
+    fused(x, *params, options, return_state, return_potential=False, state0=(None, None)) ->
+    spikes, then h if return_potential, then the final state (a pair) if return_state, with
+    `options` a spikefuse.neuron_options.NeuronOptions (its threshold, reset, v_reset,
+    detach_reset, surrogate and alpha are used). Arguments are checked by the caller
+    (spikefuse.functional) and NeuronOptions itself. return_potential is eager only: under
+    torch.compile spikefuse.functional sends it to the reference."""
     s, t = neuron.state
     n_params = len(neuron.params)
     n_forward = n_params + FORWARD_OPTIONS  # what the forward launcher takes after the state
@@ -178,10 +181,11 @@ def register(neuron: TwoStateNeuron) -> Callable:
     forward_op.register_autograd(backward_rule, setup_context=setup_context)
 
     def fused(x, *args, return_potential=False, state0=(None, None)):
-        *opts, return_state = args
-        if len(opts) != n_options:
-            raise TypeError(f"{neuron.name}: expected {n_options} options ({', '.join(n for n, _ in options)}) "
-                            f"and return_state, got {len(args)} values")
+        *params, neuron_options, return_state = args
+        if len(params) != n_params or not isinstance(neuron_options, NeuronOptions):
+            raise TypeError(f"{neuron.name}: expected its {n_params} parameters ({', '.join(neuron.params)}), "
+                            f"a NeuronOptions and return_state, got {len(args)} values")
+        opts = (*params, *neuron_options.common())  # flat: the ops' schemas take primitives
         s0, t0 = state0 if state0 is not None else (None, None)
         if not torch.compiler.is_dynamo_compiling():
             if not x.is_contiguous():  # copied here, not inside: the x saved for backward keeps its graph

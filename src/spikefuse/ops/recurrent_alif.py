@@ -224,15 +224,15 @@ def _backward_rule(ctx, grad_s, grad_vT, grad_aT, _grad_h, _grad_adapt):
 ralif_forward.register_autograd(_backward_rule, setup_context=_setup_context)
 
 
-def ralif_fused(x, weight, decay, adapt_decay, beta, threshold, reset, v_reset, detach, surrogate, alpha,
-                grad_threshold, return_state, return_potential=False):
-    """Entry point for spikefuse.functional.ralif (arguments already checked there): x [T, *, N].
+def ralif_fused(x, weight, decay, adapt_decay, beta, options, return_state, return_potential=False):
+    """Entry point for spikefuse.functional.ralif (arguments already checked there): x [T, *, N],
+    `options` a spikefuse.neuron_options.NeuronOptions (grad_scope unused: a per-step cut).
     Returns spikes, then h (x's dtype) if return_potential, then (v[T-1], a[T-1]) if
     return_state. return_potential is eager only (spikefuse.functional sends it to the
     reference while dynamo traces)."""
     shape = x.shape
     x3 = x.reshape(shape[0], -1, shape[-1])
-    options = (decay, adapt_decay, beta, threshold, reset, v_reset, detach, surrogate, alpha, grad_threshold)
+    options = (decay, adapt_decay, beta, *options.common(), options.grad_threshold)  # flat: the op's schema order
     if not torch.compiler.is_dynamo_compiling():
         spikes, vT, aT, *potential = RALIFFunction.apply(x3.contiguous(), weight, options, return_potential)
     else:

@@ -213,14 +213,14 @@ def _backward_rule(ctx, grad_s, grad_vT, _grad_h):
 rlif_forward.register_autograd(_backward_rule, setup_context=_setup_context)
 
 
-def rlif_fused(x, weight, decay, threshold, reset, v_reset, detach, surrogate, alpha, grad_threshold,
-               return_state, sparse=False, activity=None, return_potential=False):
-    """Entry point for spikefuse.functional.rlif (arguments already checked there): x [T, *, N].
+def rlif_fused(x, weight, decay, options, return_state, sparse=False, activity=None, return_potential=False):
+    """Entry point for spikefuse.functional.rlif (arguments already checked there): x [T, *, N],
+    `options` a spikefuse.neuron_options.NeuronOptions (grad_scope unused: a per-step cut).
     While dynamo traces, the dense op (the same results as the sparse path; functional.rlif
     sends return_potential to the reference there)."""
     shape = x.shape
     x3 = x.reshape(shape[0], -1, shape[-1])
-    options = (decay, threshold, reset, v_reset, detach, surrogate, alpha, grad_threshold)
+    options = (decay, *options.common(), options.grad_threshold)  # flat: the op's schema order
     h = None
     if not torch.compiler.is_dynamo_compiling():
         out = RLIFFunction.apply(x3.contiguous(), weight, options, sparse, activity, return_potential)
