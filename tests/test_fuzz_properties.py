@@ -26,21 +26,24 @@ mode), so pytest-xdist spreads them; the recurrent neurons are left out (their f
 launches once per step). A fused example costs 0.1-0.6 s in Triton's interpreter, nearly all
 of it per-launch overhead: T and the neuron count hardly change it. By default each test
 runs 100 examples, derandomized (CI sees the same examples on every run), without an example
-database; the file (5 fuzz tests x 100 examples, and the 8 strict xfails below) took 114 s
-wall in one process on this 2-core CPU (shared: load about 2.5), the five tests 31.7 s (PLIF),
-22.5 (LIF/IF), 21.4 (ALIF), 16.5 (CUBA) and 9.0 (BN+LIF), at d2a9858 with Triton 3.9's interpreter
+database; the file (5 fuzz tests x 100 examples, and the 8 strict xfails below) took 125 s
+wall in one process on this 2-core CPU (shared: load about 2.5), the five tests 26.6 s (PLIF),
+25.2 (ALIF), 24.4 (LIF/IF), 21.6 (CUBA) and 14.7 (BN+LIF), at d2a9858 with Triton 3.9's interpreter
 (`time python -m pytest -q -n 0 -p no:cacheprovider tests/test_fuzz_properties.py`); in CI
 (-n 2) conftest's SPREAD_FILES hands the tests to the workers one by one.
 SPIKEFUSE_FUZZ_EXAMPLES=N runs N examples per test instead, the longer run on demand
-(docs/reliability.md), e.g. 2000 per test, budget about 30 minutes of CPU (about 8 wall
-minutes per test, side by side with -n 5):
+(docs/reliability.md), e.g. 2000 per test, budget about an hour of CPU (0.5 s an example;
+PLIF and LIF about 18 minutes each), about 20 minutes wall side by side on 5 free cores:
     SPIKEFUSE_FUZZ_EXAMPLES=2000 python -m pytest -q -n 5 tests/test_fuzz_properties.py
-LONGRUN
+Run here: 400 per test with -n 2 at d2a9858 (8 min 56 s wall on the shared 2 cores; the tests
+212 s PLIF, 210 LIF/IF, 159 ALIF, 145 CUBA, 58 BN+LIF). Its two earlier 400-example runs found
+test artifacts only, fixed here: the loss summed in float32 (see outcome) and BN+LIF's
+constant channels (see rtol_of); after the last of those only BN+LIF ran 400 again (47 s, passed).
 PYTEST_DONT_REWRITE: pytest's assertion rewriting of this module made the run about 1.5x
 slower (a storm of mmap/munmap calls under the interpreter); every assert here says what failed.
 
 What it found at 16b323c (the source before issue 36; run from a worktree of it with this
-file and today's tests/helpers.py copied in, which 16b323c lacks; 7 min 21 s, one process),
+file and today's tests/helpers.py copied in, which 16b323c lacks; 5 min 47 s, one process),
 shrunk falsifying examples, all three classes of the issue:
   - threshold=inf on BN+LIF: BNLIF(1, threshold=inf), x [2, 1, 1]: fused no error, the
     reference TypeError 'threshold must be a finite Python number, got inf';
@@ -618,10 +621,11 @@ def test_bn_lif_fused_equals_reference(case):
     per_channel = view(storage).detach().movedim(2, 0).flatten(1)
     constant = bool((per_channel == per_channel[:, :1]).all(1).any()) if per_channel.numel() else False
 
-    # the weight's gradient, sum(dL/dy * x_hat), sums that rounding too (the longer run found it:
-    # x [3, 1, 1] expanded, affine: relative error 1)
+    # the weight's gradient, sum(dL/dy * x_hat), sums that rounding too, and the learnt decay's
+    # follows v, which is that rounding (the longer run found both: x [3, 1, 1] expanded,
+    # relative error 1); the spikes, x's dtype and the bias's gradient are still compared
     def rtol_of(name, rtol):
-        if (degenerate or constant) and name == "x" or constant and name == "weight":
+        if (degenerate or constant) and name == "x" or constant and name in ("weight", "decay_logit"):
             return None
         if name == "x" and math.prod(shape) // max(C, 1) <= 4:  # BN's dL/dx removes two directions
             rtol = max(rtol, 1e-3)  # of the channel's n values: x [3, 1, 1] gave 2e-4 (cancellation)
