@@ -61,7 +61,7 @@ def pytest_xdist_auto_num_workers(config):
 
 # files whose tests are independent and long (separate training runs, fuzz seeds): under
 # --dist loadfile their tests spread over the workers one by one, not as one file's unit
-SPREAD_FILES = {"tests/test_cli_matrix.py", "tests/test_fuzz.py"}
+SPREAD_FILES = {"tests/test_cli_matrix.py", "tests/test_fuzz.py", "tests/test_fuzz_properties.py"}
 
 
 @pytest.hookimpl(optionalhook=True)
