@@ -259,7 +259,7 @@ QUICK = ["--dataset", "digits", "--time-steps", "4", "--batch-size", "64", "--de
 
 def metrics(run_dir):
     rows = [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
-    return [{k: v for k, v in row.items() if k not in ("samples_per_s", "train_time_s")} for row in rows]
+    return [{k: v for k, v in row.items() if k not in ("samples_per_s", "train_time_s", "epoch_time_s")} for row in rows]
 
 
 def _cli_rank(rank, world, port, argv, fault, logs):

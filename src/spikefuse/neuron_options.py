@@ -60,8 +60,8 @@ class NeuronOptions:
     resolved_alpha: float | None = dataclasses.field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
-        # frozen: the checked (normalised) values go straight into __dict__ (one update is
-        # cheaper than a call per field, and this runs on every functional call)
+        # frozen: the checked (normalised) values are set through object.__setattr__ (not one
+        # __dict__.update, which torch 2.11's dynamo cannot trace: a graph break under compile)
         threshold, v_reset = check_number("threshold", self.threshold), check_number("v_reset", self.v_reset)
         if self.reset not in RESETS:
             raise ValueError(f"reset: unknown mode {self.reset!r}; expected one of {list(RESETS)}")
@@ -70,8 +70,10 @@ class NeuronOptions:
         grad_threshold = _check_grad_threshold(self.grad_threshold)
         if not isinstance(self.grad_scope, str) or self.grad_scope not in GRAD_SCOPES:
             raise ValueError(f"grad_scope must be one of {list(GRAD_SCOPES)}, got {self.grad_scope!r}")
-        self.__dict__.update(threshold=threshold, v_reset=v_reset, detach_reset=bool(self.detach_reset),
-                             resolved_surrogate=surrogate, resolved_alpha=alpha, grad_threshold=grad_threshold)
+        for name, value in (("threshold", threshold), ("v_reset", v_reset), ("detach_reset", bool(self.detach_reset)),
+                            ("resolved_surrogate", surrogate), ("resolved_alpha", alpha),
+                            ("grad_threshold", grad_threshold)):
+            object.__setattr__(self, name, value)
 
     def common(self) -> tuple:
         """(threshold, reset, v_reset, detach_reset, surrogate, alpha), resolved: the order of
