@@ -23,6 +23,8 @@ import torch
 
 from . import reference
 from .neuron_options import ArgumentError, NeuronOptions, check_number
+from .neuron_options import GRAD_SCOPES, RESETS  # noqa: F401  (public names here before NeuronOptions)
+from .surrogates import resolve as resolve_surrogate  # noqa: F401  (likewise)
 from .surrogates import surrogate_name
 from .surrogates import CustomSurrogate
 
