@@ -21,6 +21,10 @@ The gradients equal the dense backward's (same products, summed in another order
 `carry` (optional, float64 [2], on the device) accumulates the number of carrying columns
 and of backward calls, which dispatch reads between epochs. Spikes s are saved as bits
 like spikefuse.ops.spike_linear, and the weight-gradient kernel reads those bits itself.
+
+A backward with create_graph (second derivatives) takes the dense backward in differentiable
+torch ops on the unpacked bits plus spike_linear's one-element graph edge to s, so second
+derivatives equal nn.Linear's (the kernels' gradients carry no graph: they were lost).
 """
 from __future__ import annotations
 
@@ -32,7 +36,7 @@ from . import grad_rows
 from .launch import cached_launch
 from .recurrent_lif import _tf32
 from .spike_index import line_flags, nonzero_lines
-from .spike_linear import _backward as dense_backward
+from .spike_linear import _backward as dense_backward, graph_edge, spikes_with_graph
 from .spike_pack import pack, use_triton
 
 from .triton_or_stub import tl, triton
@@ -194,31 +198,35 @@ def sparse_backward(gy2, bits, weight, need_s: bool, need_w: bool, carry=None):
 
 class SparseSpikeLinearFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, s, weight, bias, bits, carry, sparse):
+    def forward(ctx, s, weight, bias, bits, carry, sparse, edge=None):
         """bits: pack(s), or None when no weight gradient will be taken. sparse=False runs
-        the dense backward (cuBLAS) but still counts the carrying columns into `carry`."""
-        ctx.save_for_backward(bits, weight)
+        the dense backward (cuBLAS) but still counts the carrying columns into `carry`.
+        edge: spike_linear.graph_edge(s), s's place in the graph for a create_graph backward."""
+        ctx.save_for_backward(bits, weight, edge)
         ctx.s_shape, ctx.s_dtype, ctx.has_bias = s.shape, s.dtype, bias is not None
         ctx.carry, ctx.sparse = carry, sparse
         return F.linear(s, weight, bias)
 
     @staticmethod
     def backward(ctx, gy):
-        packed, weight = ctx.saved_tensors
+        packed, weight, edge = ctx.saved_tensors
         need_s, need_w, need_b = ctx.needs_input_grad[:3]
         need_b = need_b and ctx.has_bias
-        if not ctx.sparse or not use_triton(gy):  # dense, or no Triton here (a CPU without the interpreter)
+        graph = torch.is_grad_enabled()  # create_graph: the dense products in torch ops, with s's graph
+        if graph or not ctx.sparse or not use_triton(gy):  # or dense, or no Triton here
             grad_rows.clear(weight)
             if ctx.carry is not None:
-                ctx.carry[0] += line_flags(gy.reshape(-1, gy.shape[-1]), over=0).sum()
-                ctx.carry[1] += 1
-            return (*dense_backward(gy, packed, weight, ctx.s_shape, ctx.s_dtype, need_s, need_w, need_b),
-                    None, None, None)
+                with torch.no_grad():
+                    ctx.carry[0] += line_flags(gy.detach().reshape(-1, gy.shape[-1]), over=0).sum()
+                    ctx.carry[1] += 1
+            s = spikes_with_graph(packed, edge, ctx.s_shape, gy.dtype) if graph and need_w else None
+            return (*dense_backward(gy, packed, weight, ctx.s_shape, ctx.s_dtype, need_s, need_w, need_b, s=s),
+                    None, None, None, None)
         gy2 = gy.reshape(-1, gy.shape[-1]).contiguous()
         gs, gw = sparse_backward(gy2, packed, weight, need_s, need_w, ctx.carry)
         gs = gs.view(ctx.s_shape).to(ctx.s_dtype) if need_s else None
         gb = gy2.sum(0).to(weight.dtype) if need_b else None
-        return gs, gw, gb, None, None, None
+        return gs, gw, gb, None, None, None, None
 
 
 def sparse_spike_linear(s: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
@@ -230,4 +238,5 @@ def sparse_spike_linear(s: torch.Tensor, weight: torch.Tensor, bias: torch.Tenso
     save = weight.requires_grad and torch.is_grad_enabled()
     if save and bits is None:
         bits = pack(s)
-    return SparseSpikeLinearFunction.apply(s, weight, bias, bits if save else None, carry, sparse)
+    return SparseSpikeLinearFunction.apply(s, weight, bias, bits if save else None, carry, sparse,
+                                           graph_edge(s, save))
