@@ -509,7 +509,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--width", type=float, help="scale the model's layer widths (quick runs)")
 
 
-FLAGS = {"time_steps": "--time-steps", "batch": "--batch", "gpus": "--gpus", "device": "--device", "link": "--link"}
+FLAGS = {"time_steps": "--time-steps", "batch": "--batch", "gpus": "--gpus", "device": "--device", "link": "--link",
+         "model_name": "--model", "width": "--width"}
 
 
 @precisions.applied("fp32")  # the caller's flags after
@@ -520,6 +521,20 @@ def run(args) -> int:
 
     if args.model not in MODELS:  # named as the command line names it, not as plan()'s argument
         raise UsageError(f"--model: unknown model {args.model!r}; expected one of: {', '.join(MODELS)}")
+    params = inspect.signature(MODELS[args.model][0]).parameters
+    missing = [name for name in ("input_shape", "num_classes")
+               if name not in params or params[name].default is inspect.Parameter.empty]
+    if missing:  # plan() takes them from Python; the command line has no option for them
+        plannable = [name for name, (builder, _) in MODELS.items()
+                     if all(inspect.signature(builder).parameters.get(k) is not None and
+                            inspect.signature(builder).parameters[k].default is not inspect.Parameter.empty
+                            for k in ("input_shape", "num_classes"))]
+        raise UsageError(f"--model: model {args.model!r} has no default {' or '.join(missing)}, which the command "
+                         f"line cannot give (the models that have both: {', '.join(plannable)}); from Python, call "
+                         "spikefuse.parallel.planner.plan with input_shape= and num_classes=")
+    if args.width is not None and not (math.isfinite(args.width) and args.width > 0):
+        raise UsageError(f"--width: expected a finite number > 0 (the scale of the model's layer widths), "
+                         f"got {args.width}")
     kwargs = {"width": args.width} if args.width is not None else {}
     try:
         if args.link:  # checked in the units given; plan() checks the converted figures again
