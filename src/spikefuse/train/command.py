@@ -86,6 +86,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add("--threads", type=int, default=s, metavar="N", help="CPU threads for PyTorch ops, at most 1024 (default: 1)")
     add("--out", default=s, metavar="DIR", help="run directory (default: runs/<dataset>-<model>-<time>)")
     add("--resume", metavar="DIR", help="continue the run in DIR from its last checkpoint")
+    add("--overwrite", action="store_true",
+        help="a new run in an --out that holds another run replaces it (its checkpoint, metrics and "
+             "pictures are removed first); without it such a directory is refused")
     add("--config", metavar="FILE", help="TOML file with option values")
     add("--quiet", action="store_true", help="no progress bars")
     add("--gpus", type=int, metavar="N",
@@ -102,6 +105,9 @@ def run(args: argparse.Namespace) -> int:
     from . import checkpoint, rundir
 
     cfg, run_dir, state = _options(args)
+    overwrite = getattr(args, "overwrite", False)
+    if overwrite and args.resume:
+        raise UsageError("--overwrite starts a new run over an old one; --resume continues one: pass one of them")
     _check_names(cfg)  # before any slow data loading
     gpus = getattr(args, "gpus", None)
     if gpus is not None and not ddp.launched():
@@ -115,10 +121,14 @@ def run(args: argparse.Namespace) -> int:
             run_dir = dp.broadcast(run_dir)  # rank 0's: a default name holds the time
         with rundir.lock(run_dir):  # a second run on the same directory fails here, at once
             if not args.resume and rundir.holds_run(run_dir):
-                how = (f"continue it with --resume {run_dir} or choose another --out"
-                       if (run_dir / checkpoint.FILENAME).exists() else
-                       "it stopped before its first checkpoint, so choose another --out (or remove that directory)")
-                raise UsageError(f"{run_dir} already holds a run; {how}")
+                if not overwrite:
+                    how = (f"continue it with --resume {run_dir}, choose another --out, or pass --overwrite to "
+                           "replace it" if (run_dir / checkpoint.FILENAME).exists() else
+                           "it stopped before its first checkpoint, so choose another --out or pass --overwrite "
+                           "to replace it")
+                    raise UsageError(f"{run_dir} already holds a run; {how}")
+                if dp is None or dp.is_main:  # told to: the old run's files go before anything is written
+                    rundir.clear_run(run_dir)
             threads = torch.get_num_threads()
             # The reference backend's per-step ops are small: one thread is as fast as two on an idle
             # machine, and 10x faster on a busy one, where spinning worker threads wait on each other.
@@ -247,7 +257,8 @@ def _train(cfg, device, run_dir, args, state, dp=None) -> int:
                       capture=None if cfg.capture else False, clip_grad_norm=cfg.clip_grad,
                       seed=cfg.seed, run_dir=run_dir, progress=not args.quiet, stop_on_nan=cfg.stop_on_nan,
                       config={"options": cfg.as_dict(), "model": model_args}, data_parallel=dp,
-                      max_rate=cfg.max_rate, rate_weight=cfg.rate_weight)
+                      max_rate=cfg.max_rate, rate_weight=cfg.rate_weight,
+                      overwrite=getattr(args, "overwrite", False))
     if args.resume:
         try:
             trainer.resume()

@@ -7,7 +7,9 @@ With a run_dir it appends metrics.jsonl and writes checkpoint.pt atomically afte
 epoch, holding the run directory's lock (rundir.py) meanwhile, and at the end of fit the
 pictures `spikefuse train` gives (plots.py: curves, firing rates, raster); `trainer.resume()` continues
 from that checkpoint bit-for-bit: the data order is drawn from a generator seeded with
-seed + epoch, and every RNG state is restored.
+seed + epoch, and every RNG state is restored. A run_dir that already holds a run (its
+checkpoint, or the metrics of a run that stopped before one) is refused unless resumed, or
+replaced with overwrite=True (its run files go first: rundir.clear_run).
 
 Data parallel (spikefuse.parallel, one process per GPU under torchrun): pass
 `data_parallel=init_data_parallel()`. The model is trained through DistributedDataParallel,
@@ -83,6 +85,8 @@ class Trainer:
         per layer, added to the loss inside the step; its epoch mean is `rate_penalty` in the
         metrics (train_loss stays the task's). None: no penalty.
     config: saved in the checkpoint as is (the CLI stores its options there).
+    overwrite: a run_dir holding another run is refused (ValueError) unless this is True;
+        then fit removes that run's files (checkpoint, metrics, pictures) before it starts.
     data_parallel: this process's spikefuse.parallel.DataParallel, or None (one process).
         batch_size is then the global batch, split evenly over the ranks (it must divide);
         the model should already be on the same initial weights on every rank (DDP
@@ -96,7 +100,9 @@ class Trainer:
                  seed: int = 0, run_dir=None, config: dict | None = None,
                  loss_fn=F.cross_entropy, progress: bool = True, stop_on_nan: bool = True,
                  data_parallel: DataParallel | None = None, max_rate: float | None = None,
-                 rate_weight: float = 100.0):
+                 rate_weight: float = 100.0, overwrite: bool = False):
+        if not isinstance(overwrite, bool):
+            raise ValueError(f"overwrite: expected True or False, got {overwrite!r}")
         if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
             raise ValueError(f"batch_size: expected a positive int, got {batch_size!r}")
         precisions.check(precision)
@@ -129,6 +135,7 @@ class Trainer:
         self.clip_grad_norm, self.stop_on_nan = clip_grad_norm, stop_on_nan
         self.config = dict(config or {})
         self.run_dir = Path(run_dir) if run_dir is not None else None
+        self.overwrite = overwrite
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=precision == "fp16")
         self.generator = torch.Generator()  # data order only; reseeded every epoch
         self.epoch = 0  # epochs completed
@@ -296,8 +303,12 @@ class Trainer:
             # a new run never appends to another's metrics nor replaces its checkpoint; this
             # Trainer's own earlier fit, or its resume(), set saved_epoch (every rank checks alike)
             if self.run_dir is not None and self.saved_epoch is None and rundir.holds_run(self.run_dir):
-                raise ValueError(f"run_dir: {self.run_dir} already holds a run (its {checkpoint.FILENAME} or "
-                                 f"{metrics.FILENAME}); continue it with trainer.resume(), or pass another run_dir")
+                if not self.overwrite:
+                    raise ValueError(f"run_dir: {self.run_dir} already holds a run (its {checkpoint.FILENAME} or "
+                                     f"{metrics.FILENAME}); continue it with trainer.resume(), pass another "
+                                     "run_dir, or overwrite=True to replace it")
+                if self.main:  # told to: the old run's files go, under the lock, before anything is written
+                    rundir.clear_run(self.run_dir)
             return self._fit()
 
     def _locked(self):

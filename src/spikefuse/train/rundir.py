@@ -38,6 +38,25 @@ def holds_run(directory) -> bool:
     return (directory / checkpoint.FILENAME).exists() or (directory / metrics.FILENAME).exists()
 
 
+# what a run writes into its directory: the files --overwrite (Trainer(overwrite=True)) removes
+# before a new run starts there; anything else in the directory (an exported model.nir, notes)
+# is left as it is
+RUN_FILES = (checkpoint.FILENAME, metrics.FILENAME, "curves.png", "firing_rates.png", "raster.png")
+
+
+def clear_run(directory) -> list[Path]:
+    """Remove the run files (RUN_FILES) of the run `directory` holds, for a new run that was
+    told to overwrite it; call it holding the directory's lock. Returns what was removed."""
+    directory = Path(directory)
+    removed = []
+    for name in RUN_FILES:
+        path = directory / name
+        if path.is_file() or path.is_symlink():
+            path.unlink()
+            removed.append(path)
+    return removed
+
+
 def check_resume(directory, state: dict, epochs: int | None = None) -> None:
     """Refuse (CheckpointError, one line) a checkpoint that cannot be resumed as it is: a format
     version this release does not know, an epoch out of range (past `epochs`, where known), a

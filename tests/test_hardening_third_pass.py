@@ -1,0 +1,244 @@
+"""Issue 36, the non-numeric classes, by class of attack: writers that could replace a file
+they did not create (a new run over an old one, --overwrite, export over a run's files),
+`spikefuse plan` options that name internals or end in an internal error, and the first
+hour's Python API (fit run twice in one run_dir). Each case is the right answer or one line
+naming the argument (exit 2 from the command line), and nothing is lost unless told."""
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from spikefuse.cli import main
+from spikefuse.train import checkpoint, metrics, rundir
+from spikefuse.train.loop import Trainer, fit
+from test_train_data import install, make_splits
+from helpers import one_thread  # noqa: F401  (the fixture)
+
+QUICK = ["--dataset", "standin", "--batch-size", "64", "--quiet"]
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def failure(argv, capsys, command="train"):
+    """Exit code 2, one line on stderr naming the command, no traceback; returns that line."""
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    lines = [line for line in err.strip().splitlines() if ": warning: " not in line and line.strip()]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    assert lines[0].startswith(f"spikefuse {command}: error: "), lines[0]
+    return lines[0]
+
+
+def snapshot(run):
+    return {p.name: p.read_bytes() for p in sorted(run.iterdir()) if p.is_file() and p.name != rundir.LOCK_NAME}
+
+
+@pytest.fixture(scope="module")
+def old_run(tmp_path_factory):
+    """A finished 2-epoch `spikefuse train` run, with a file of the user's beside it."""
+    run = tmp_path_factory.mktemp("old") / "run"
+    with pytest.MonkeyPatch.context() as mp:
+        install(mp.setattr)
+        assert main(["train", *QUICK, "--epochs", "2", "--out", str(run)]) == 0
+    (run / "notes.txt").write_text("mine")
+    return run
+
+
+@pytest.fixture
+def standin(monkeypatch):
+    install(monkeypatch.setattr)
+
+
+def copy_of(run, tmp_path):
+    import shutil
+    target = tmp_path / "run"
+    shutil.copytree(run, target)
+    return target
+
+
+# ---- a new run where another run lives: refused, unless --overwrite ----
+
+def diverged(run):  # the metrics of a run that stopped (diverged) before its first checkpoint
+    (run / checkpoint.FILENAME).unlink()
+    metrics.rewrite(run / metrics.FILENAME, [{"epoch": 1, "train_loss": math.nan}])
+
+
+@pytest.mark.parametrize("held", ["finished", "diverged"])
+def test_a_new_run_refuses_a_directory_holding_a_run_and_changes_nothing(held, old_run, tmp_path, capsys, standin):
+    run = copy_of(old_run, tmp_path)
+    if held == "diverged":
+        diverged(run)
+    before = snapshot(run)
+    line = failure(["train", *QUICK, "--epochs", "1", "--out", str(run)], capsys)
+    assert "already holds a run" in line and "--overwrite" in line
+    assert snapshot(run) == before
+
+
+@pytest.mark.parametrize("held", ["finished", "diverged"])
+def test_overwrite_replaces_the_old_run_and_keeps_other_files(held, old_run, tmp_path, capsys, standin):
+    run = copy_of(old_run, tmp_path)
+    if held == "diverged":
+        diverged(run)
+    assert main(["train", *QUICK, "--epochs", "1", "--out", str(run), "--overwrite"]) == 0
+    assert [r["epoch"] for r in metrics.read(run / metrics.FILENAME)] == [1]  # not 1, 2, 1
+    state = checkpoint.load(run / checkpoint.FILENAME)
+    assert state["epoch"] == 1 and [r["epoch"] for r in state["history"]] == [1]
+    assert (run / "notes.txt").read_text() == "mine"  # not a run file: left alone
+
+
+def test_overwrite_and_resume_together_are_refused(old_run, tmp_path, capsys, standin):
+    run = copy_of(old_run, tmp_path)
+    before = snapshot(run)
+    line = failure(["train", "--resume", str(run), "--overwrite"], capsys)
+    assert "--overwrite" in line and "--resume" in line
+    assert snapshot(run) == before
+
+
+def test_overwrite_of_an_empty_or_new_directory_is_an_ordinary_run(tmp_path, standin):
+    assert main(["train", *QUICK, "--epochs", "1", "--out", str(tmp_path / "new"), "--overwrite"]) == 0
+    assert [r["epoch"] for r in metrics.read(tmp_path / "new" / metrics.FILENAME)] == [1]
+
+
+def test_clear_run_removes_only_run_files(tmp_path):
+    for name in (*rundir.RUN_FILES, "model.nir", "notes.txt"):
+        (tmp_path / name).write_text("x")
+    removed = rundir.clear_run(tmp_path)
+    assert sorted(p.name for p in removed) == sorted(rundir.RUN_FILES)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.nir", "notes.txt"]
+    assert not rundir.holds_run(tmp_path)
+
+
+# ---- the Python API: the getting-started snippet run twice with one run_dir ----
+
+def tiny(seed=0):
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Flatten(2), nn.Linear(16, 4))
+
+
+class MeanOverTime(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inner = tiny()
+
+    def forward(self, x):  # [T, B, F] -> [B, C]
+        return self.inner(x).mean(0)
+
+
+def run_fit(run_dir, **kwargs):
+    model = MeanOverTime()
+    return fit(model, make_splits(), torch.optim.Adam(model.parameters(), lr=1e-2), epochs=2, batch_size=64,
+               run_dir=run_dir, progress=False, **kwargs)
+
+
+def test_fit_twice_in_one_run_dir_is_refused_and_changes_nothing(tmp_path):
+    run_fit(tmp_path / "run")
+    before = snapshot(tmp_path / "run")
+    with pytest.raises(ValueError, match=r"^run_dir: .* already holds a run.*overwrite=True"):
+        run_fit(tmp_path / "run")
+    assert snapshot(tmp_path / "run") == before
+
+
+def test_fit_with_overwrite_replaces_the_run(tmp_path):
+    run_fit(tmp_path / "run")
+    history = run_fit(tmp_path / "run", overwrite=True)
+    assert [r["epoch"] for r in history] == [1, 2]
+    assert [r["epoch"] for r in metrics.read(tmp_path / "run" / metrics.FILENAME)] == [1, 2]  # not 1, 2, 1, 2
+    assert checkpoint.load(tmp_path / "run" / checkpoint.FILENAME)["epoch"] == 2
+
+
+@pytest.mark.parametrize("value", [1, "yes", None])
+def test_overwrite_must_be_a_bool(value):
+    model = tiny()
+    with pytest.raises(ValueError, match=r"^overwrite: expected True or False"):
+        Trainer(model, make_splits(), torch.optim.Adam(model.parameters()), epochs=1, overwrite=value)
+
+
+# ---- export never replaces a file it did not write ----
+
+@pytest.mark.parametrize("name", [checkpoint.FILENAME, metrics.FILENAME, "notes.txt"])
+def test_export_refuses_to_replace_a_file_that_is_not_a_nir_graph(name, old_run, tmp_path, capsys):
+    pytest.importorskip("nir")
+    run = copy_of(old_run, tmp_path)
+    before = snapshot(run)
+    line = failure(["export", "--nir", str(run), "--out", str(run / name)], capsys, "export")
+    assert "is not a NIR graph" in line and "--out" in line
+    assert snapshot(run) == before
+
+
+def test_export_replaces_its_own_graph(old_run, tmp_path, capsys):
+    pytest.importorskip("nir")
+    run = copy_of(old_run, tmp_path)
+    assert main(["export", "--nir", str(run)]) == 0
+    assert main(["export", "--nir", str(run)]) == 0
+    assert (run / "model.nir").is_file()
+    assert sorted(p.name for p in run.iterdir() if p.name.startswith(".model.nir")) == []  # no temp left
+
+
+# ---- spikefuse plan: every option named as the command line spells it, exit 2 ----
+
+PLAN = ["plan", "--time-steps", "2", "--batch", "1"]
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--model", "nosuch"], "--model: unknown model 'nosuch'"),
+    (["--model", "mlp"], "--model: model 'mlp' has no default input_shape or num_classes"),
+    (["--model", "shd"], "--model: 'shd' is not a flat stack of layers"),
+    (["--model", "deep-lif", "--width", "inf"], "--width: expected a finite number > 0"),
+    (["--model", "deep-lif", "--width", "nan"], "--width: expected a finite number > 0"),
+    (["--model", "deep-lif", "--width", "-1"], "--width: expected a finite number > 0"),
+    (["--model", "deep-lif", "--width", "0"], "--width: expected a finite number > 0"),
+    (["--model", "deep-lif", "--link", "nan", "nan"], "--link: expected a latency >= 0 us"),
+    (["--model", "deep-lif", "--link", "-1", "10"], "--link: expected a latency >= 0 us"),
+    (["--model", "deep-lif", "--link", "1", "0"], "--link: expected a latency >= 0 us"),
+    (["--model", "deep-lif", "--link", "inf", "10"], "--link: expected a latency >= 0 us"),
+    (["--model", "deep-lif", "--device", "banana"], "--device:"),
+    (["--model", "deep-lif", "--gpus", "0"], "--gpus:"),
+])
+def test_plan_usage_mistakes_name_the_option(argv, words, capsys):
+    line = failure([*PLAN, *argv], capsys, "plan")
+    assert words in line and "model_name" not in line and "input_shape=" not in line.split(";")[0]
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["plan", "--time-steps", "0", "--batch", "1", "--model", "deep-lif"], "--time-steps:"),
+    (["plan", "--time-steps", "2", "--batch", "-3", "--model", "deep-lif"], "--batch:"),
+])
+def test_plan_counts_name_the_option(argv, words, capsys):
+    assert words in failure(argv, capsys, "plan")
+
+
+# ---- the first hour: earlier fixes, kept ----
+
+@pytest.mark.parametrize("argv, words", [
+    (["--out", ""], "out must name a directory"),
+    (["--threads", "100000"], "threads must be at most 1024"),
+    (["--lr", "1e300"], "lr must lie in float32's normal range"),
+    (["--model", "resnet18"], "--model 'resnet18' does not fit"),
+])
+def test_train_usage_mistakes_are_one_line(argv, words, tmp_path, capsys, standin):
+    out = [] if "--out" in argv else ["--out", str(tmp_path / "run")]
+    line = failure(["train", *QUICK, "--epochs", "1", *out, *argv], capsys)
+    assert words in line
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_config_file_setting_one_option_twice_is_refused(tmp_path, capsys, standin):
+    config = tmp_path / "c.toml"
+    config.write_text("batch_size = 32\nbatch-size = 64\n")
+    line = failure(["train", *QUICK, "--config", str(config), "--out", str(tmp_path / "run")], capsys)
+    assert "a second time" in line and "batch-size" in line
+
+
+def test_resume_with_an_unknown_format_version_changes_nothing(old_run, tmp_path, capsys, standin):
+    run = copy_of(old_run, tmp_path)
+    state = checkpoint.load(run / checkpoint.FILENAME)
+    state["version"] = 99
+    checkpoint.save(state, run / checkpoint.FILENAME)
+    before = snapshot(run)
+    assert "format version 99" in failure(["train", "--resume", str(run)], capsys)
+    assert snapshot(run) == before
+    assert json.loads((run / metrics.FILENAME).read_text().splitlines()[-1])["epoch"] == 2
