@@ -26,7 +26,7 @@ mode), so pytest-xdist spreads them; the recurrent neurons are left out (their f
 launches once per step). A fused example costs 0.1-0.6 s in Triton's interpreter, nearly all
 of it per-launch overhead: T and the neuron count hardly change it. By default each test
 runs 100 examples, derandomized (CI sees the same examples on every run), without an example
-database; the file (5 fuzz tests x 100 examples, and the 8 strict xfails below) took 125 s
+database; the file (5 fuzz tests x 100 examples, and the 8 regression cases below) took 125 s
 wall in one process on this 2-core CPU (shared: load about 2.5), the five tests 26.6 s (PLIF),
 25.2 (ALIF), 24.4 (LIF/IF), 21.6 (CUBA) and 14.7 (BN+LIF), at d2a9858 with Triton 3.9's interpreter
 (`time python -m pytest -q -n 0 -p no:cacheprovider tests/test_fuzz_properties.py`); in CI
@@ -52,7 +52,13 @@ shrunk falsifying examples, all three classes of the issue:
     v0 or a0 gave ALIF an h or a off by the bfloat16 rounding;
   - the NaN gradient: alif and cuba, x = [[nan]] ([1, 1]), hard reset, rectangular
     surrogate: dL/dx NaN fused, 0 in the reference.
-The eight strict xfails below failed there too (open before issue 36 as well).
+At d2a9858 (and 16b323c) it found four more, each kept below as a regression test and fixed
+since: PLIF's x gradient with a NaN decay under the detached hard reset (the reference's clamp
+cut a NaN gradient); PLIF's decay gradient summed at padded steps past T, and its soft-reset
+threshold gradient taken from the comparison, not the NaN spike (fused kernel); and a
+non-finite ALIF adaptation state leaving the fused v finite (the reset chose by the comparison;
+now it follows the reference's arithmetic, NaN where the spike is, theta * 0 = NaN). With them
+fixed, the fuzzed cases no longer leave anything out.
 """
 from __future__ import annotations
 
@@ -260,15 +266,14 @@ def assert_close_values(a, b, what):
     torch.testing.assert_close(a[finite], b[finite], rtol=1e-5, atol=1e-6, msg=lambda m: f"{what}: {m}")
 
 
-def assert_grads_match(a, b, exempt, rtol, what, nan_places=True):
+def assert_grads_match(a, b, exempt, rtol, what):
     """Norm-wise to rtol where both are finite; never finite where the reference's is NaN;
-    non-finite in the same places outside `exempt` (a bool mask of a's shape). nan_places=False:
-    the two NaN rules are not asserted (an open bug, kept by an xfail test)."""
+    non-finite in the same places outside `exempt` (a bool mask of a's shape)."""
     assert a.shape == b.shape, f"{what}: shape {tuple(a.shape)} != {tuple(b.shape)}"
     a, b = a.double(), b.double()
-    assert not nan_places or not (b.isnan() & a.isfinite()).any(), f"{what}: finite where the reference's is NaN"
+    assert not (b.isnan() & a.isfinite()).any(), f"{what}: finite where the reference's is NaN"
     differ = (a.isnan() != b.isnan()) | (a.isfinite() != b.isfinite())
-    assert not nan_places or not (differ & ~exempt.to(differ.device)).any(), \
+    assert not (differ & ~exempt.to(differ.device)).any(), \
         f"{what}: non-finite at different places ({int((a.isnan() & b.isfinite()).sum())} NaN where the " \
         f"reference is finite, outside any infinite potential)"
     both = a.isfinite() & b.isfinite()
@@ -297,9 +302,8 @@ def exemptions(h, reset, grads):
 
 
 def check(call, leaves, x_dtype, reset="soft", view=lambda s: s, close=(), potential=None, rtol_of=None,
-          open_nan=(), backward=True):
-    """Run `call` on both backends (the reference on x in float32) and assert the property.
-    open_nan: gradients whose NaN places are not asserted where some h is not finite (open at HEAD)."""
+          backward=True):
+    """Run `call` on both backends (the reference on x in float32) and assert the property."""
     ref_leaves = {**leaves, "x": leaves["x"].float()}
     fused, ref = (outcome(call, leaves, view, "fused", backward),
                   outcome(call, ref_leaves, view, "reference", backward))
@@ -333,9 +337,8 @@ def check(call, leaves, x_dtype, reset="soft", view=lambda s: s, close=(), poten
         rtol *= max(1.0, terms / 16)
         if rtol_of is not None:
             rtol = rtol_of(name, rtol)
-        nan_places = not (name in open_nan and h is not None and not bool(h.isfinite().all()))
         if rtol is not None:
-            assert_grads_match(g1[name], g2[name], exempt[name], rtol, f"grad {name}", nan_places)
+            assert_grads_match(g1[name], g2[name], exempt[name], rtol, f"grad {name}")
     event("both ran")
 
 
@@ -445,22 +448,10 @@ def test_plif_fused_equals_reference(case):
             return F.plif(leaves["x"], leaves["decay"], v0=leaves["v0"], backend="reference",
                           return_potential=True, **extra, **options)[1]
 
-    # open at HEAD (test_plif_non_finite_input_parameter_gradients, test_plif_nan_decay_detached_hard_reset):
-    # where h is not finite, the decay's and threshold's gradients are NaN on one backend and
-    # finite on the other; with a NaN decay, a detached hard reset, x's and v0's too
-    open_nan = ("decay", "threshold")
-    if any(math.isnan(d) for d in case["decay"]):
-        open_nan += ("x", "v0") if options["reset"] == "hard" and options["detach_reset"] else ()
-    check(call, leaves, case["dtype"], options["reset"], view, potential=potential, open_nan=open_nan,
-          backward=case["backward"])
+    check(call, leaves, case["dtype"], options["reset"], view, potential=potential, backward=case["backward"])
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "issue 36: open (d2a9858, 16b323c), found by this fuzzer: a NaN decay tensor under the detached "
-    "hard reset: dL/dv[t] = decay * dL/dh[t+1] is NaN; the fused kernels carry it into dL/dx, the "
-    "reference's reset (addcmul(v_reset * s, h.clamp(max=...), 1 - s)) does not: clamp's backward is 0 "
-    "where h is NaN (dL/dx [NaN, 0] fused, [0, 0] reference). When fixed, drop the x/v0 open_nan in "
-    "test_plif_fused_equals_reference"))
+# found by this fuzzer (open at d2a9858 and 16b323c), fixed: the reference's hard reset capped h with clamp, whose backward cut a NaN gradient
 def test_plif_nan_decay_detached_hard_reset():
     """The fuzzer's shrunk case: x [2, 1, 1], decay [NaN], the rectangular surrogate."""
     grads = []
@@ -472,12 +463,7 @@ def test_plif_nan_decay_detached_hard_reset():
     assert_same_values(*grads, "grad x")
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "issue 36: open (d2a9858, 16b323c), found by this fuzzer: (1) the fused LIF backward adds "
-    "dL/dh * v[t-1] to the decay's gradient at the padded steps past T too, where dL/dh is 0 but v is "
-    "the last step's non-finite v: NaN where the reference gives 0 (NaN or inf input, soft or no reset); "
-    "(2) its threshold-tensor gradient takes the soft reset's ds from the comparison, not the NaN spike: "
-    "0 where the reference gives NaN. When fixed, drop open_nan in test_plif_fused_equals_reference"))
+# found by this fuzzer (open at d2a9858 and 16b323c), fixed: the fused backward summed dL/dh * v[t-1] into the decay's gradient at padded steps, and took the soft reset's dv/dthreshold from the comparison, not the NaN spike
 @pytest.mark.parametrize("x,reset,param", [([nan], "soft", "decay"), ([nan], "none", "decay"),
                                            ([inf], "soft", "decay"), ([0.2, nan, 0.1], "soft", "threshold")])
 def test_plif_non_finite_input_parameter_gradients(x, reset, param):
@@ -522,9 +508,8 @@ def check_two_state(name, case):
     storage, view = build_x(case)
     d0, d1 = case["state_dtypes"]
     leaves = {"x": storage, "s0": state_tensor(d0, case["shape"][1:], case["state"], case["bad_state"]),
-              # ALIF's a0 finite: a non-finite one is test_alif_non_finite_adaptation_state's (open at HEAD)
               "s1": state_tensor(d1, case["shape"][1:], {"seed": case["state"]["seed"] + 1,
-                                                       "specials": [] if name == "alif" else case["state"]["specials"]})}
+                                                       "specials": case["state"]["specials"]})}
     flags = dict(return_state=case["return_state"], return_potential=case["return_potential"])
 
     def call(x, s0=None, s1=None, backend="auto"):
@@ -555,11 +540,7 @@ def test_cuba_fused_equals_reference(case):
     check_two_state("cuba", case)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "issue 36: open (d2a9858, 16b323c), found by this fuzzer: the fused ALIF kernel resets v with "
-    "`fired` (False for a NaN u = h - theta) instead of the spike's arithmetic, so a non-finite "
-    "adaptation state a0 (theta = NaN, or inf * 0) leaves v and the later h finite where the "
-    "reference's are NaN. When fixed, let check_two_state give ALIF a non-finite a0"))
+# found by this fuzzer (open at d2a9858 and 16b323c), fixed: the fused reset chose by the comparison, so a NaN spike or theta * 0 = NaN (theta infinite) left v finite
 @pytest.mark.parametrize("a0,beta,reset", [(nan, 0.5, "hard"), (inf, 0.0, "hard"), (inf, 0.5, "soft")])
 def test_alif_non_finite_adaptation_state(a0, beta, reset):
     """The fuzzer's shrunk case, kept out of test_alif_fused_equals_reference (whose a0 is

@@ -93,8 +93,10 @@ def _reset(h, s, threshold, reset, v_reset):
     """v[t] from h[t] and the spikes s (detached or not): hard to v_reset, soft (subtract
     the threshold), or none."""
     if reset == "hard":  # h capped at the largest float: h = +inf resets to v_reset, not to inf * 0
-        # (addcmul: one op for the product and sum, exact as both terms are h or 0, v_reset or 0)
-        return torch.addcmul(v_reset * s, h.clamp(max=torch.finfo(h.dtype).max), 1 - s)
+        # (addcmul: one op for the product and sum, exact as both terms are h or 0, v_reset or 0;
+        # where, not clamp: clamp's backward is 0 at a NaN h, which would cut a NaN gradient)
+        largest = torch.finfo(h.dtype).max
+        return torch.addcmul(v_reset * s, torch.where(h > largest, largest, h), 1 - s)
     if reset == "soft":
         return h - threshold * s
     if reset == "none":
@@ -159,38 +161,50 @@ def _initial_state(x, state0):
 
 
 class _LastStepAdjoint(torch.autograd.Function):
-    """The last step's (s, h), copied; backward adds 0 * dv[T-1]/ds[T-1] to dL/ds[T-1]. The
-    fused kernels run the adjoint recurrence from dL/dv[T-1] = 0 when no loss reads the
-    final state (and dL/ds = 0 where no loss reads the spikes), so dL/ds[T-1] gets
-    0 * (v_reset - h) (hard reset) or 0 * -theta (soft), NaN where h or theta is NaN: NaN in,
-    NaN out. Autograd skips that unused path, and with the rectangular surrogate (0 at NaN)
-    gave 0 there. Finite gradients are unchanged (+ 0)."""
+    """The last step's (s, h), copied; backward adds 0 * dv[T-1]/ds[T-1] to dL/ds[T-1] and
+    0 * dv[T-1]/dh[T-1] to dL/dh[T-1]. The fused kernels run the adjoint recurrence from
+    dL/dv[T-1] = 0 when no loss reads the final state (and dL/ds = 0 where no loss reads the
+    spikes), so the last step gets 0 * (v_reset - h) (hard reset) or 0 * -theta (soft)
+    through the spike and 0 * (1 - s) (hard) directly, NaN where h, theta or the spike is
+    NaN: NaN in, NaN out. Autograd skips that unused path, and with the rectangular
+    surrogate (0 at NaN) gave 0 there. Finite gradients are unchanged (+ 0)."""
 
     @staticmethod
-    def forward(ctx, s, h, dv_ds):
-        ctx.save_for_backward(dv_ds)
+    def forward(ctx, s, h, dv_ds, dv_dh):
+        ctx.save_for_backward(dv_ds, dv_dh)
         return s.clone(), h.clone()
 
     @staticmethod
     def backward(ctx, gs, gh):
-        (dv_ds,) = ctx.saved_tensors
-        return gs + 0.0 * dv_ds, gh, None
+        dv_ds, dv_dh = ctx.saved_tensors
+        return gs + 0.0 * dv_ds, gh + 0.0 * dv_dh, None, None
 
 
 def _reset_slope(h, theta, reset, v_reset, detach_reset):
-    """dv[t]/ds[t] of the reset, detached (None where it is 0: no reset, or detach_reset)."""
-    if detach_reset or reset == "none" or (reset == "soft" and not isinstance(theta, torch.Tensor)):
-        return None  # 0, or a finite constant: 0 * it adds nothing
-    return (v_reset - h if reset == "hard" else -theta).detach()
+    """(dv[t]/ds[t], dv[t]/dh[t] with s held) of the reset, detached, each None where it is a
+    finite constant (0 * it adds nothing): dv/ds with detach_reset, no reset, or a float soft
+    threshold; dv/dh except under the hard reset, whose 1 - s stands here as NaN where the
+    spike is NaN and 1 elsewhere (only 0 * it is used)."""
+    dv_ds = None
+    if not (detach_reset or reset == "none" or (reset == "soft" and not isinstance(theta, torch.Tensor))):
+        dv_ds = (v_reset - h if reset == "hard" else -theta).detach()
+    dv_dh = None
+    if reset == "hard":
+        u = (h - theta).detach()
+        dv_dh = torch.where(u.isnan(), u, 1.0)
+    return dv_ds, dv_dh
 
 
 def _outputs(spikes, potentials, state, last=None):
     """spikes [T, *], then h [T, *] unless potentials is None, then the state unless None.
-    last: (h[T-1], dv[T-1]/ds[T-1] or None): the last step, tied through _LastStepAdjoint
-    when a gradient may flow. spikes (and potentials) are lists, changed in place."""
-    h, dv_ds = last if last is not None else (None, None)
-    if dv_ds is not None and torch.is_grad_enabled() and (spikes[-1].requires_grad or h.requires_grad):
-        spikes[-1], h = _LastStepAdjoint.apply(spikes[-1], h, dv_ds)
+    last: (h[T-1], _reset_slope's pair): the last step, tied through _LastStepAdjoint when a
+    gradient may flow. spikes (and potentials) are lists, changed in place."""
+    h, (dv_ds, dv_dh) = last if last is not None else (None, (None, None))
+    if (dv_ds is not None or dv_dh is not None) and torch.is_grad_enabled() and (
+            spikes[-1].requires_grad or h.requires_grad):
+        zero = h.new_zeros(())
+        spikes[-1], h = _LastStepAdjoint.apply(spikes[-1], h, zero if dv_ds is None else dv_ds,
+                                               zero if dv_dh is None else dv_dh)
         if potentials is not None:
             potentials[-1] = h
     out = (torch.stack(spikes),)

@@ -96,11 +96,15 @@ def surrogate_grad(u, SURROGATE: tl.constexpr, alpha):
 
 @triton.jit
 def reset_potential(h, fired, threshold, v_reset, RESET: tl.constexpr):
-    """v[t] from h[t] and s[t]: hard, soft (subtract) or no reset."""
+    """v[t] from h[t] and s[t]: hard, soft (subtract) or no reset, by the reference's
+    arithmetic: NaN where the spike is (u = h - threshold NaN), and the soft reset's
+    threshold * s is inf * 0 = NaN for an infinite threshold that did not fire (ALIF's
+    theta after an infinite adaptation state)."""
     if RESET == 0:
-        return tl.where(fired, v_reset, h)
+        u = h - threshold
+        return tl.where(u == u, tl.where(fired, v_reset, h), u)
     elif RESET == 1:
-        return tl.where(fired, h - threshold, h)
+        return h - threshold * fired.to(tl.float32)
     else:
         return h
 
@@ -114,9 +118,11 @@ def spike_value(u, fired):
 
 @triton.jit
 def reset_partials(h, fired, threshold, v_reset, RESET: tl.constexpr, DETACH: tl.constexpr):
-    """(dv[t]/dh[t] with s held, dv[t]/ds[t]) of the reset (the second 0 with detach_reset)."""
+    """(dv[t]/dh[t] with s held, dv[t]/ds[t]) of the reset (the second 0 with detach_reset);
+    the hard reset's 1 - s is NaN where the spike is (u = h - threshold NaN), as the reference's."""
     if RESET == 0:
-        direct = tl.where(fired, 0.0, 1.0)
+        u = h - threshold
+        direct = tl.where(u == u, tl.where(fired, 0.0, 1.0), u)
         through_spike = 0.0 if DETACH else v_reset - h
     elif RESET == 1:
         direct = 1.0

@@ -57,8 +57,9 @@ def threshold_grad_step(gs, gv, h, fired, sg, threshold, v_reset, RESET: tl.cons
     not the threshold)."""
     _, through_spike = reset_partials(h, fired, threshold, v_reset, RESET, DETACH)
     g = -(gs + gv * through_spike) * sg
-    if RESET == 1:
-        g -= tl.where(fired, gv, 0.0)
+    if RESET == 1:  # -dL/dv[t] * s[t]: NaN where the spike is NaN (the reference's NaN * gv)
+        u = h - threshold
+        g -= tl.where(u == u, tl.where(fired, gv, 0.0), u)
     return g
 
 
@@ -173,8 +174,8 @@ def backward_chunk(X, GS, v, gv, gd, gthr, d, t0, T, threshold, v_reset, alpha, 
             gv = tl.where(t0 + j < T, gh * d, gv)
         else:
             gv = gh * d
-        if NEED_GD:  # dL/d decay += dL/dh[t] * v[t-1]
-            gd += gh * row(V_before, sel)
+        if NEED_GD:  # dL/d decay += dL/dh[t] * v[t-1] (past T, v is the last step's: 0 * inf would be NaN)
+            gd += tl.where(t0 + j < T, gh * row(V_before, sel), 0.0) if TAIL else gh * row(V_before, sel)
         GX = tl.where(sel, gh[None, :], GX)
     return GX, gv, gd, gthr
 

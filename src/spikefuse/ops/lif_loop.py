@@ -106,7 +106,9 @@ def _surrogate_(u, name, alpha):
 def _backward(H, grad_s, grad_vT, d, v0, threshold, reset, v_reset, detach, surrogate, alpha,
               grad_threshold, need_gd, need_gv0, grad_h=None, grad_scope="step"):
     T = H.shape[0]
-    direct = torch.lt(H, threshold, out=torch.empty_like(H)) if reset == "hard" else None  # 1 - s; 0 at NaN
+    direct = None
+    if reset == "hard":  # 1 - s, NaN where the spike is (NaN in, NaN out: the reference's rule)
+        direct = torch.lt(H, threshold, out=torch.empty_like(H)).masked_fill_(H.isnan(), float("nan"))
     sg = _surrogate_(H - threshold, surrogate, alpha)
     if grad_threshold > float("-inf") and grad_scope != "step":
         sg.masked_fill_(~reached_grad_threshold(H, grad_threshold, grad_scope), 0.0)
