@@ -26,13 +26,13 @@ QUICK = ["--dataset", "standin", "--batch-size", "64", "--quiet"]
 pytestmark = pytest.mark.usefixtures("one_thread")  # helpers.one_thread, for every test here
 
 
-def failure(argv, capsys):
-    """Exit code 2, one line on stderr, no traceback; returns that line."""
+def failure(argv, capsys, command="train"):
+    """Exit code 2, one line on stderr naming the command, no traceback; returns that line."""
     assert main(argv) == 2
     err = capsys.readouterr().err
     lines = [line for line in err.strip().splitlines() if ": warning: " not in line and line.strip()]
     assert len(lines) == 1 and "Traceback" not in err, err
-    assert lines[0].startswith("spikefuse train: error: "), lines[0]
+    assert lines[0].startswith(f"spikefuse {command}: error: "), lines[0]
     return lines[0]
 
 

@@ -15,26 +15,11 @@ from torch import nn
 from spikefuse.cli import main
 from spikefuse.train import checkpoint, metrics, rundir
 from spikefuse.train.loop import Trainer, fit
+from test_hardening_rundir import QUICK, failure, snapshot
 from test_train_data import install, make_splits
 from helpers import one_thread  # noqa: F401  (the fixture)
 
-QUICK = ["--dataset", "standin", "--batch-size", "64", "--quiet"]
-
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-def failure(argv, capsys, command="train"):
-    """Exit code 2, one line on stderr naming the command, no traceback; returns that line."""
-    assert main(argv) == 2
-    err = capsys.readouterr().err
-    lines = [line for line in err.strip().splitlines() if ": warning: " not in line and line.strip()]
-    assert len(lines) == 1 and "Traceback" not in err, err
-    assert lines[0].startswith(f"spikefuse {command}: error: "), lines[0]
-    return lines[0]
-
-
-def snapshot(run):
-    return {p.name: p.read_bytes() for p in sorted(run.iterdir()) if p.is_file() and p.name != rundir.LOCK_NAME}
 
 
 @pytest.fixture(scope="module")

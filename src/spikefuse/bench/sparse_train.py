@@ -27,6 +27,7 @@ the CUDA-graph capture: run with a fresh TRITON_CACHE_DIR for a cold-cache figur
 """
 from __future__ import annotations
 
+import io
 import statistics
 import time
 
@@ -39,6 +40,7 @@ from ..errors import UsageError
 from ..models.ipu import IPUNet
 from ..optim import LazyAdam
 from ..train.loop import Trainer
+from .atomic import atomic_write
 from .report import environment, table, write_results
 
 RUNS = ("dense", "sparse", "dense-lazyadam", "dense-free")
@@ -303,9 +305,6 @@ def chart(rows, path, quick=False):
     except ImportError:
         print("spikefuse bench sparse --train: no chart (matplotlib is not installed: pip install 'spikefuse[plot]')")
         return None
-    from .atomic import atomic_write
-    import io
-
     cases = list(dict.fromkeys((r["task"], r["net"], r["width"], r["B"]) for r in rows))
     fig = Figure(figsize=(4.2 * len(cases), 3.6), layout="constrained")
     axes = fig.subplots(1, len(cases), squeeze=False)[0]
