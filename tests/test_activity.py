@@ -1,6 +1,8 @@
 """The rate regulariser (spikefuse.train.activity, issue 32): its penalty is the formula on the
-spikes the layers emit, only training forwards with gradients add to it, it lowers the hidden
-rates of a short training run, and bad options are refused naming them (fit and CLI)."""
+spikes the layers emit (the upper bound's squared excess and the L1 term), only training
+forwards with gradients add to it, it lowers the hidden rates of a short training run, and bad
+options are refused naming them (fit and CLI). The cheap reductions it and the spike monitor
+use equal torch's."""
 import pytest
 import torch
 
@@ -9,7 +11,8 @@ from spikefuse.cli import main
 from spikefuse.data import load
 from spikefuse.models import build_model
 from spikefuse.train import fit
-from spikefuse.train.activity import RateRegularizer
+from spikefuse.train.activity import RateRegularizer, per_neuron_rate
+from spikefuse.train.spikes import EXACT_IN_FLOAT32, SpikeMonitor
 from helpers import one_thread  # noqa: F401  (the fixture)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -35,6 +38,57 @@ def test_penalty_is_the_squared_excess_of_each_neurons_rate():
     assert spikes[1].sum() > 0 and spikes[3].sum() > 0  # the case tests something
     torch.testing.assert_close(penalty, expected)
     assert reg.take() == 0  # taken: the next step starts from nothing
+
+
+def test_l1_term_is_the_weighted_mean_rate_and_adds_to_the_bound():
+    model = two_layers()
+    x = torch.randn(7, 3, 6)
+    spikes = {}
+    for i in (1, 3):
+        model[i].register_forward_hook(lambda m, inp, out, i=i: spikes.__setitem__(i, out.detach()))
+    rates = lambda: [spikes[i].mean(dim=(0, 1)) for i in (1, 3)]  # noqa: E731
+    with RateRegularizer(model, max_rate=None, l1=2.5) as reg:
+        model(x)
+        penalty = reg.take()
+    torch.testing.assert_close(penalty, 2.5 * sum(r.mean() for r in rates()))
+    with RateRegularizer(model, max_rate=0.2, weight=3.0, l1=2.5) as reg:
+        model(x)
+        both = reg.take()
+    torch.testing.assert_close(both, sum(3.0 * torch.relu(r - 0.2).square().mean() + 2.5 * r.mean() for r in rates()))
+
+
+def test_l1_term_lowers_a_neuron_near_threshold_that_never_fires():
+    """Under the sparse cut such a neuron carries gradient; the squared excess leaves it alone
+    (its rate is 0, under any bound), the L1 term pushes its potential down."""
+    lif = snn.LIF(threshold=1.0, backend="reference", surrogate="sigmoid")
+    x = torch.full((5, 2, 1), 0.15, requires_grad=True)  # h stays below threshold: no spike, a nonzero slope
+    grads = {}
+    for name, options in (("bound", dict(max_rate=0.0)), ("l1", dict(max_rate=None, l1=1.0))):
+        with RateRegularizer(lif, **options) as reg:
+            assert lif(x).sum() == 0
+            grads[name], = torch.autograd.grad(reg.take(), x)
+    assert grads["bound"].abs().sum() == 0
+    assert (grads["l1"] > 0).all()  # more input, more rate: descent lowers the potential
+
+
+@pytest.mark.parametrize("shape", [(7, 3, 5), (4, 2, 3, 2, 2), (1, 1, 1)])
+def test_per_neuron_rate_equals_the_mean_over_time_and_batch(shape):
+    torch.manual_seed(0)
+    spikes = (torch.rand(shape) < 0.4).float().requires_grad_()
+    grad = torch.randn(shape[2:])
+    ours, theirs = per_neuron_rate(spikes), spikes.mean(dim=(0, 1))
+    assert torch.equal(ours, theirs)
+    torch.testing.assert_close(torch.autograd.grad(ours, spikes, grad)[0], torch.autograd.grad(theirs, spikes, grad)[0])
+    view = spikes.detach().transpose(0, 1).requires_grad_()  # not contiguous
+    assert torch.equal(per_neuron_rate(view), view.mean(dim=(0, 1)))
+
+
+def test_monitor_counts_exactly_past_float32s_integers():
+    lif = snn.LIF(threshold=0.5, backend="reference")
+    x = torch.ones(2, 1, EXACT_IN_FLOAT32 // 2 + 3)  # every neuron fires: 2^24 + 6 spikes
+    with SpikeMonitor(lif) as monitor:
+        lif(x)
+    assert monitor.counts[0].tolist() == [EXACT_IN_FLOAT32 + 6] * 2
 
 
 def test_penalty_reaches_the_inputs_through_the_surrogate():
@@ -70,6 +124,8 @@ def test_evaluation_and_no_grad_forwards_add_nothing():
     (dict(max_rate=True), "max_rate"),
     (dict(max_rate=0.05, rate_weight=0.0), "rate_weight: expected a finite number > 0"),
     (dict(max_rate=0.05, rate_weight=float("inf")), "rate_weight"),
+    (dict(rate_l1=-1.0), "rate_l1: expected a finite number >= 0"),
+    (dict(max_rate=0.05, rate_l1=float("nan")), "rate_l1"),
 ])
 def test_bad_options_are_refused_naming_them(kwargs, message):
     splits = load("digits")
@@ -86,6 +142,7 @@ def test_a_model_without_spiking_layers_is_refused():
 @pytest.mark.parametrize("option, value, message", [
     ("--max-rate", "1.5", "max-rate: expected a firing rate in [0, 1)"),
     ("--rate-weight", "0", "rate-weight: expected a finite number > 0"),
+    ("--rate-l1", "-1", "rate-l1: expected a finite number >= 0"),
 ])
 def test_cli_refuses_bad_rate_options_in_one_line(option, value, message, tmp_path, capsys):
     assert main(["train", option, value, "--out", str(tmp_path / "run")]) == 2

@@ -11,6 +11,7 @@ from spikefuse import cli
 from spikefuse.bench import parallel, parallel_ddp
 
 
+@pytest.mark.slow  # ~30 s on a 2-core CPU (torchrun, two processes importing torch); test_pipeline checks the sums
 def test_pipeline_on_two_cpu_processes_matches_one_process_exactly(tmp_path, capfd):
     out = tmp_path / "results"
     assert cli.main(["bench", "parallel", "--parts", "pipeline", "--device", "cpu", "--gpus", "2",

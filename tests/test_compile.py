@@ -229,6 +229,7 @@ def test_learnable_threshold_lif_compiles_fused(channels):
     assert model[1].threshold.grad.abs().sum() > 0
 
 
+@pytest.mark.slow  # ~22 s on a 2-core CPU: inductor builds C++ kernels
 def test_inductor_on_mlp():
     """The default backend (inductor: C++ on CPU) around the ops, one training step. Here
     the ops stay whole (decompose_custom_triton_ops off: inductor cannot build Triton

@@ -76,12 +76,17 @@ def configure(parser: argparse.ArgumentParser) -> None:
                             "(--cases then takes task:net:width:batch items, or 'default')")
     train.add_argument("--runs", default="dense,sparse,dense-lazyadam,dense-free",
                        help="comma-separated, of dense, sparse, dense-lazyadam, dense-free (the dense run "
-                            "without the regulariser; only with --max-rate)")
+                            "without the regulariser; only with --max-rate or --rate-l1)")
     train.add_argument("--epochs", type=int, default=20, help="epochs per run (default: 20)")
     train.add_argument("--seeds", default="0", help="comma-separated seeds: init and data order (default: 0)")
     train.add_argument("--max-rate", type=float, default=None,
                        help="the rate regulariser of spikefuse train --max-rate, on every run but dense-free")
     train.add_argument("--rate-weight", type=float, default=100.0, help="its weight (default: 100)")
+    train.add_argument("--rate-l1", type=float, default=0.0,
+                       help="weight of the L1 term on spikes of spikefuse train --rate-l1, on every run but "
+                            "dense-free (default: 0, none)")
+    train.add_argument("--grad-threshold", type=float, default=0.9,
+                       help="the sparse run's cut, as a fraction of the threshold (default: 0.9, IPUNet's)")
     train.add_argument("--margin", type=float, default=1.0,
                        help="the target: the dense run's best test accuracy minus this many points (default: 1)")
 

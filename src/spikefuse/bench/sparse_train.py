@@ -132,18 +132,19 @@ def train_run(run, splits, case, seed, state, args, device) -> dict:
     if device.type == "cuda":
         torch.cuda.synchronize()
     start = time.perf_counter()
+    cut = {"grad_threshold": args.grad_threshold} if run == "sparse" else {}  # IPUNet's threshold is 1
     model = IPUNet(splits.input_shape, splits.num_classes, width=width, sparse=run == "sparse",
-                   recurrent=net == "recurrent").to(device)
+                   recurrent=net == "recurrent", **cut).to(device)
     model.load_state_dict(state)
     if run in ("sparse", "dense-lazyadam"):
         optimizer = LazyAdam(model.parameters(), lr=args.lr)
     else:
         optimizer = torch.optim.Adam(model.parameters(), lr=args.lr, fused=device.type == "cuda" or None)
     scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=args.epochs)
-    regularised = args.max_rate is not None and run != "dense-free"
+    regularised = _regularised(args) and run != "dense-free"
     trainer = Trainer(model, splits, optimizer, epochs=args.epochs, batch_size=batch, scheduler=scheduler,
-                      device=device, seed=seed, progress=False,
-                      max_rate=args.max_rate if regularised else None, rate_weight=args.rate_weight)
+                      device=device, seed=seed, progress=False, max_rate=args.max_rate if regularised else None,
+                      rate_weight=args.rate_weight, rate_l1=args.rate_l1 if regularised else 0.0)
     setup = time.perf_counter() - start
     history = trainer.fit()
     epochs = [{k: h.get(k) for k in ("epoch", "epoch_time_s", "train_time_s", "samples_per_s", "train_acc",
@@ -151,6 +152,10 @@ def train_run(run, splits, case, seed, state, args, device) -> dict:
                                      "sparse_layers")} for h in history]
     return {"task": task, "net": net, "width": width, "B": batch, "seed": seed, "run": run,
             "regularised": regularised, "setup_s": setup, "epochs": epochs}
+
+
+def _regularised(args) -> bool:
+    return args.max_rate is not None or args.rate_l1 > 0
 
 
 def steady_rate(row) -> float:
@@ -210,7 +215,7 @@ def run(args) -> int:
     runs = parse_list(args.runs, str, "runs", RUNS)
     seeds = parse_list(args.seeds, int, "seeds")
     args.epochs = 2 if quick else args.epochs
-    if args.max_rate is None:
+    if not _regularised(args):
         runs = [r for r in runs if r != "dense-free"]  # without a regulariser it is the dense run
     if "dense" not in runs:
         raise UsageError("--runs: the dense run is the reference of every ratio and target; include it")
@@ -224,7 +229,8 @@ def run(args) -> int:
         payload = {"benchmark": "sparse-train", "environment": environment(), "quick": args.quick,
                    "smoke": args.smoke and not args.quick,
                    "recipe": {"epochs": args.epochs, "lr": args.lr, "schedule": "cosine", "max_rate": args.max_rate,
-                              "rate_weight": args.rate_weight, "margin_points": args.margin,
+                              "rate_weight": args.rate_weight, "rate_l1": args.rate_l1,
+                              "sparse_grad_threshold": args.grad_threshold, "margin_points": args.margin,
                               "precision": "fp32 (TF32 matmuls)", "captured": cuda,
                               "init": f"fluctuation-driven, {INIT_SAMPLES} training samples"},
                    "inits": inits, "runs": rows, "summary": summarise(rows, args.margin)}
@@ -257,14 +263,23 @@ def line(row) -> str:
             + "/".join(f"{v:.1%}" for v in e[-1]["train_firing_rates"].values()))
 
 
+def _regulariser_text(recipe) -> str:
+    terms = []
+    if recipe["max_rate"] is not None:
+        terms.append(f"max rate {recipe['max_rate']:g}, weight {recipe['rate_weight']:g}")
+    if recipe.get("rate_l1"):
+        terms.append(f"L1 on spikes, weight {recipe['rate_l1']:g}")
+    return " + ".join(terms) or "off"
+
+
 def markdown(payload) -> str:
     env, recipe = payload["environment"], payload["recipe"]
     out = ["# Sparse vs dense training runs (IPU-study networks)\n",
            f"{env['device']}, {env['date']}, versions {env['versions']}\n",
            f"Recipe: {recipe['epochs']} epochs, Adam/LazyAdam lr {recipe['lr']:g} cosine-annealed, "
            f"{recipe['precision']}, {'captured steps' if recipe['captured'] else 'eager'}, init {recipe['init']}; "
-           f"rate regulariser: " + (f"max rate {recipe['max_rate']:g}, weight {recipe['rate_weight']:g}"
-                                   if recipe["max_rate"] is not None else "off") +
+           "rate regulariser: " + _regulariser_text(recipe) +
+           f"; sparse cut {recipe.get('sparse_grad_threshold', 0.9):g} x threshold" +
            f". Target: the dense run's best test accuracy minus {recipe['margin_points']:g} point(s). "
            "samples/s: median over the epochs after the first (training only); time to target: set-up plus "
            "whole epochs (training, evaluation, dispatch, re-capture).\n"]

@@ -79,6 +79,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="keep each hidden neuron's firing rate (spikes per time step) under RATE: a penalty on the "
              "squared excess, added to the loss inside the step (default: off)")
     add("--rate-weight", type=float, default=s, metavar="W", help="the --max-rate penalty's weight (default: 100)")
+    add("--rate-l1", type=float, default=s, metavar="W",
+        help="add W x each hidden layer's mean firing rate to the loss: it also lowers potentials that come "
+             "near threshold without firing, which --sparse's backward would otherwise still carry "
+             "(default: 0, off; docs/sparse.md)")
     add("--seed", type=int, default=s, help="seeds init, data order and every RNG (default: 0)")
     add("--stop-on-nan", action=argparse.BooleanOptionalAction, default=s,
         help="stop when an epoch's training loss is NaN or infinite, keeping the last finite checkpoint "
@@ -257,7 +261,7 @@ def _train(cfg, device, run_dir, args, state, dp=None) -> int:
                       capture=None if cfg.capture else False, clip_grad_norm=cfg.clip_grad,
                       seed=cfg.seed, run_dir=run_dir, progress=not args.quiet, stop_on_nan=cfg.stop_on_nan,
                       config={"options": cfg.as_dict(), "model": model_args}, data_parallel=dp,
-                      max_rate=cfg.max_rate, rate_weight=cfg.rate_weight,
+                      max_rate=cfg.max_rate, rate_weight=cfg.rate_weight, rate_l1=cfg.rate_l1,
                       overwrite=getattr(args, "overwrite", False))
     if args.resume:
         try:

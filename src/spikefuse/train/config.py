@@ -38,6 +38,7 @@ class Config:
     sparse: bool = False  # sparse training (the ipu-* models: spikefuse.models.trains_sparse)
     max_rate: float | None = None  # bound on each hidden neuron's firing rate (RateRegularizer); None: off
     rate_weight: float = 100.0  # the rate penalty's weight
+    rate_l1: float = 0.0  # weight of the L1 term on spikes (RateRegularizer); 0: off
     seed: int = 0
     stop_on_nan: bool = True  # stop when an epoch's training loss is NaN or inf
     threads: int = 1  # CPU threads for PyTorch ops (why 1: see command.py)
@@ -50,7 +51,7 @@ class Config:
 FIELDS = {f.name: f for f in dataclasses.fields(Config)}
 TYPES = {"dataset": str, "model": str, "epochs": int, "batch_size": int, "lr": float,
          "time_steps": int, "device": str, "precision": str, "compile": bool, "capture": bool,
-         "clip_grad": float, "sparse": bool, "max_rate": float, "rate_weight": float, "seed": int, "stop_on_nan": bool, "threads": int,
+         "clip_grad": float, "sparse": bool, "max_rate": float, "rate_weight": float, "rate_l1": float, "seed": int, "stop_on_nan": bool, "threads": int,
          "out": str}
 MAX_COUNT = 2**31 - 1  # epochs, batch size, time steps: far beyond use, still an int32
 # Not the machine's core count: a run's saved options must resume on another machine. 1024 is
@@ -118,9 +119,10 @@ def make(*layers: dict) -> Config:
                               f"got {value:g}")
     from .activity import check_rate_options
     try:
-        check_rate_options(0.0 if cfg.max_rate is None else cfg.max_rate, cfg.rate_weight)
+        check_rate_options(0.0 if cfg.max_rate is None else cfg.max_rate, cfg.rate_weight, cfg.rate_l1)
     except ValueError as e:
-        raise ConfigError(str(e).replace("max_rate: ", "max-rate: ").replace("rate_weight: ", "rate-weight: ")) from None
+        raise ConfigError(str(e).replace("max_rate: ", "max-rate: ").replace("rate_weight: ", "rate-weight: ")
+                          .replace("rate_l1: ", "rate-l1: ")) from None
     if cfg.out is not None and not cfg.out.strip():  # '' would silently become the default name
         raise ConfigError("out must name a directory, got an empty string; leave --out out for the default "
                           "runs/<dataset>-<model>-<time>")

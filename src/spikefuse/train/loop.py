@@ -83,7 +83,9 @@ class Trainer:
     max_rate, rate_weight: keep hidden activity low (spikefuse.train.activity.RateRegularizer):
         rate_weight * the squared excess of each neuron's firing rate over max_rate, averaged
         per layer, added to the loss inside the step; its epoch mean is `rate_penalty` in the
-        metrics (train_loss stays the task's). None: no penalty.
+        metrics (train_loss stays the task's). None: no such term.
+    rate_l1: weight of an L1 term on spikes (each layer's mean firing rate), which also lowers
+        potentials that come near threshold without firing (RateRegularizer); 0: none.
     config: saved in the checkpoint as is (the CLI stores its options there).
     overwrite: a run_dir holding another run is refused (ValueError) unless this is True;
         then fit removes that run's files (checkpoint, metrics, pictures) before it starts.
@@ -100,7 +102,7 @@ class Trainer:
                  seed: int = 0, run_dir=None, config: dict | None = None,
                  loss_fn=F.cross_entropy, progress: bool = True, stop_on_nan: bool = True,
                  data_parallel: DataParallel | None = None, max_rate: float | None = None,
-                 rate_weight: float = 100.0, overwrite: bool = False):
+                 rate_weight: float = 100.0, rate_l1: float = 0.0, overwrite: bool = False):
         if not isinstance(overwrite, bool):
             raise ValueError(f"overwrite: expected True or False, got {overwrite!r}")
         if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
@@ -123,8 +125,7 @@ class Trainer:
         if data_parallel is not None and not getattr(splits.train, "shardable", True):
             raise ValueError("splits: DataLoaders are not sharded over processes; under data_parallel "
                              "pass spikefuse.data.load(...)'s splits")
-        if max_rate is not None:
-            check_rate_options(max_rate, rate_weight)
+        check_rate_options(0.0 if max_rate is None else max_rate, rate_weight, rate_l1)
         self.device = torch.device(device)
         self.model = model.to(self.device)
         self.parallel = data_parallel
@@ -144,7 +145,8 @@ class Trainer:
         # per epoch: summed loss, correct predictions, summed rate penalty; on the device, updated in the step
         self.sums = torch.zeros(3, dtype=torch.float64, device=self.device)
         self.monitors = {mode: SpikeMonitor(self.model, mode=mode, device=self.device) for mode in ("train", "eval")}
-        self.regularizer = RateRegularizer(self.model, max_rate, rate_weight) if max_rate is not None else None
+        self.regularizer = (RateRegularizer(self.model, max_rate, rate_weight, rate_l1)
+                            if max_rate is not None or rate_l1 else None)
         captured = self._capture_wanted(capture)
         # one side stream for DDP's hooks, the warm-ups and the capture (DataParallel.wrap says why)
         stream = torch.cuda.Stream(self.device) if captured else None
