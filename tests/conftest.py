@@ -20,6 +20,9 @@ from helpers import DEVICE, interpreted  # first: imports torch, not triton
 
 if DEVICE == "cpu":
     os.environ.setdefault("TRITON_INTERPRET", "1")  # an explicit 0 stays (a GPU machine's view of CPU tensors)
+if os.environ.get("TRITON_INTERPRET") == "1":
+    from triton_interpreter import skip_repeated_language_patches  # noqa: E402
+    skip_repeated_language_patches()  # about half of a small kernel's interpreted time
 os.environ["SPIKEFUSE_TEST_DEVICE"] = DEVICE  # subprocesses of the tests choose alike
 os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "0")
 # inductor compiles in the test's own process: a compile pool per xdist worker oversubscribes the
