@@ -109,6 +109,20 @@ def test_the_installed_command_exits_2_without_traceback():
         ", ".join(__import__("spikefuse.models", fromlist=["MODELS"]).MODELS)
 
 
+def test_help_and_the_package_import_do_not_import_torch():
+    """`spikefuse --help` answers before torch loads (issue 37: within 0.5 s of `python -c
+    pass`; torch alone takes seconds): the package loads its modules on first use."""
+    def run(code):
+        return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+
+    imported = run("import sys, spikefuse; before = 'torch' in sys.modules; spikefuse.functional\n"
+                   "print(before, 'torch' in sys.modules)")
+    assert imported.stdout.split() == ["False", "True"], imported  # and the first use loads it
+    helped = run("import sys; from spikefuse.cli import main\n"
+                 "try:\n    main(['--help'])\nexcept SystemExit:\n    print('torch' in sys.modules)")
+    assert "train a network" in helped.stdout and helped.stdout.split()[-1] == "False", helped
+
+
 # ---- issue 14: every failure one line, exit 2 (usage) or 1 (fault), no traceback ----
 
 def failure(argv, capsys, code):
