@@ -23,9 +23,10 @@ from pathlib import Path
 from ..errors import RunError, UsageError, one_line
 from .config import FIELDS, ConfigError, make, read_toml
 
-# options that may accompany --resume: they change where the run goes, not what it computes
+# options that may accompany --resume: they change where the run goes, not what it computes,
+# and --epochs, which extends the run (see _extend_schedule)
 RESUME_OPTIONS = {"device": "--device", "capture": "--no-capture",
-                  "stop_on_nan": "--[no-]stop-on-nan"}  # option -> its flag
+                  "stop_on_nan": "--[no-]stop-on-nan", "epochs": "--epochs (a new total: extends the run)"}
 
 
 def _datasets() -> dict:
@@ -271,6 +272,11 @@ def _train(cfg, device, run_dir, args, state, dp=None) -> int:
         except (RuntimeError, ValueError, KeyError, TypeError, IndexError) as e:  # a state that does not fit
             raise UsageError(f"cannot resume {run_dir}: its checkpoint does not fit the model and optimizer "
                              f"its options build ({one_line(e)})") from None
+        saved_epochs = state["config"]["options"].get("epochs")
+        if cfg.epochs != saved_epochs:
+            trainer.scheduler = _extend_schedule(optimizer, cfg.epochs - trainer.epoch)
+            say(f"extending {run_dir} from {saved_epochs} to {cfg.epochs} epochs: the learning rate restarts "
+                f"at {cfg.lr:g} and anneals to 0 over the {cfg.epochs - trainer.epoch} added")
         say(f"resuming {run_dir} after epoch {trainer.epoch}/{cfg.epochs}")
     where = device if dp is None else (f"{dp.world_size} processes ({dp.device.type}, "
                                        f"{cfg.batch_size // dp.world_size} samples each per step)")
@@ -297,6 +303,25 @@ def _train(cfg, device, run_dir, args, state, dp=None) -> int:
     print(f"test accuracy {final['test_acc']:.2%} (loss {final['test_loss']:.4f}) after {final['epoch']} epochs "
           f"in {time.perf_counter() - start:.1f} s; {saved} in {run_dir}")
     return 0
+
+
+def _extend_schedule(optimizer, epochs: int):
+    """The schedule of a run extended by `--resume RUN --epochs N`: a new cosine from the run's
+    initial learning rate down to 0 over the epochs left (a warm restart, as in SGDR). The old
+    cosine ended near 0 and would rise again past its end; the result is not that of a fresh
+    N-epoch run, whose one cosine spans all N epochs."""
+    import torch
+
+    for group in optimizer.param_groups:  # start the new cycle where the first one started
+        group["lr"] = _set_lr(group["lr"], group["initial_lr"])
+    return torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=epochs)
+
+
+def _set_lr(lr, value):
+    """A capturable optimizer's tensor learning rate keeps its storage (a captured step reads it)."""
+    if hasattr(lr, "fill_"):
+        return lr.fill_(value)
+    return value
 
 
 def _model_text(spec: dict) -> str:
@@ -331,6 +356,10 @@ def _resume_state(args, given):
         raise UsageError(f"{path} holds no `spikefuse train` options (config['options'] is missing); "
                          "resume runs written by `spikefuse train`")
     epochs = options.get("epochs")  # checked by config.make later; here only a whole number counts
+    wanted = given.get("epochs")
+    if wanted is not None and isinstance(epochs, int) and wanted < epochs:
+        raise UsageError(f"--epochs {wanted}: {run_dir} is a run of {epochs} epochs; with --resume, --epochs "
+                         f"extends a run: pass more than {epochs}, or leave --epochs out to continue it")
     try:  # before the data loads; Trainer.resume checks again
         rundir.check_resume(run_dir, state, epochs if isinstance(epochs, int) and not isinstance(epochs, bool)
                             else None)
