@@ -1,9 +1,10 @@
 """Keep hidden activity low while training: a penalty on firing rates above a per-neuron
-bound, which the spiking layers contribute during the training forward.
+bound, and on the rates themselves, which the spiking layers contribute during the training
+forward.
 
 The sparse backward pays where few neurons fire (docs/sparse.md), and unregularised training
 lets rates climb (the IPU SHD net from 3% to 14-20% in three epochs). The penalty is the
-upper-bound term of Zenke & Vogels 2021 and Cramer et al. 2020, on rates:
+upper-bound term of Zenke & Vogels 2021 and Cramer et al. 2020, on rates, plus an L1 term:
 
     penalty = weight * sum over spiking layers of mean over neurons of relu(r_i - max_rate)^2
             + l1 * sum over spiking layers of mean over neurons of r_i
@@ -12,11 +13,13 @@ r_i: neuron i's spikes per time step, averaged over the batch. The first term le
 neuron below the bound alone, also one whose potential keeps coming near threshold without
 firing, and under the sparse backward's cut (grad_threshold) such a neuron still carries
 gradient. The second (an L1 term on spikes) reaches it: its gradient per spike does not
-shrink with the rate, and through the surrogate it lowers every potential near threshold. Forward hooks on the spiking
-layers compute each layer's term from its spikes (so the gradient reaches the potentials
-through the surrogate); `take()` sums what one forward left and starts the next. A loss
-function sees only logits, so the Trainer adds `take()` to the loss inside its step: in a
-captured step the hooks run at capture, and the penalty is part of the graph.
+shrink with the rate, and through the surrogate it lowers every potential near threshold.
+
+Forward hooks on the spiking layers compute each layer's term from its spikes (so the
+gradient reaches the potentials through the surrogate); `take()` sums what one forward left
+and starts the next. A loss function sees only logits, so the Trainer adds `take()` to the
+loss inside its step: in a captured step the hooks run at capture, and the penalty is part
+of the graph.
 """
 from __future__ import annotations
 

@@ -276,7 +276,7 @@ def _train(cfg, device, run_dir, args, state, dp=None) -> int:
         if cfg.epochs != saved_epochs:
             trainer.scheduler = _extend_schedule(optimizer, cfg.epochs - trainer.epoch)
             say(f"extending {run_dir} from {saved_epochs} to {cfg.epochs} epochs: the learning rate restarts "
-                f"at {cfg.lr:g} and anneals to 0 over the {cfg.epochs - trainer.epoch} added")
+                f"at {cfg.lr:g} and anneals to 0 over the {cfg.epochs - trainer.epoch} epochs left")
         say(f"resuming {run_dir} after epoch {trainer.epoch}/{cfg.epochs}")
     where = device if dp is None else (f"{dp.world_size} processes ({dp.device.type}, "
                                        f"{cfg.batch_size // dp.world_size} samples each per step)")
