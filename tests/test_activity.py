@@ -126,6 +126,8 @@ def test_evaluation_and_no_grad_forwards_add_nothing():
     (dict(max_rate=0.05, rate_weight=float("inf")), "rate_weight"),
     (dict(rate_l1=-1.0), "rate_l1: expected a finite number >= 0"),
     (dict(max_rate=0.05, rate_l1=float("nan")), "rate_l1"),
+    (dict(max_rate=0.05, rate_l1=1e300), "rate_l1: .*at most float32's"),  # inf in the float32 penalty
+    (dict(max_rate=0.05, rate_weight=1e39), "rate_weight: .*at most float32's"),
 ])
 def test_bad_options_are_refused_naming_them(kwargs, message):
     splits = load("digits")
@@ -143,6 +145,7 @@ def test_a_model_without_spiking_layers_is_refused():
     ("--max-rate", "1.5", "max-rate: expected a firing rate in [0, 1)"),
     ("--rate-weight", "0", "rate-weight: expected a finite number > 0"),
     ("--rate-l1", "-1", "rate-l1: expected a finite number >= 0"),
+    ("--rate-weight", "1e300", "rate-weight: expected a finite number > 0 (at most float32's 3.4e+38), got 1e+300"),
 ])
 def test_cli_refuses_bad_rate_options_in_one_line(option, value, message, tmp_path, capsys):
     assert main(["train", option, value, "--out", str(tmp_path / "run")]) == 2

@@ -5,6 +5,7 @@ hour's Python API (fit run twice in one run_dir). Each case is the right answer 
 naming the argument (exit 2 from the command line), and nothing is lost unless told."""
 from __future__ import annotations
 
+import inspect
 import json
 import math
 
@@ -176,6 +177,8 @@ PLAN = ["plan", "--time-steps", "2", "--batch", "1"]
     (["--model", "deep-lif", "--width", "nan"], "--width: expected a finite number > 0"),
     (["--model", "deep-lif", "--width", "-1"], "--width: expected a finite number > 0"),
     (["--model", "deep-lif", "--width", "0"], "--width: expected a finite number > 0"),
+    (["--model", "deep-lif", "--width", "1e30"], "--width: 1e+30 makes a layer of 2048 units"),  # was a TypeError
+    (["--model", "deep-lif", "--link", "1e300", "1e300"], "--link: 1e+300 us and 1e+300 GB/s are past float64"),
     (["--model", "deep-lif", "--link", "nan", "nan"], "--link: expected a latency >= 0 us"),
     (["--model", "deep-lif", "--link", "-1", "10"], "--link: expected a latency >= 0 us"),
     (["--model", "deep-lif", "--link", "1", "0"], "--link: expected a latency >= 0 us"),
@@ -194,6 +197,27 @@ def test_plan_usage_mistakes_name_the_option(argv, words, capsys):
 ])
 def test_plan_counts_name_the_option(argv, words, capsys):
     assert words in failure(argv, capsys, "plan")
+
+
+@pytest.mark.parametrize("width", [math.nan, math.inf, 0.0, -1.0, True, "2", 1e30])
+def test_every_model_refuses_a_bad_width_naming_it(width):
+    """One check (spikefuse.nn.layers.scaled) for every builder that scales its layers."""
+    from spikefuse.models import MODELS, build_model
+
+    checked = 0
+    for name, (builder, _) in MODELS.items():
+        params = inspect.signature(builder).parameters
+        shape, classes = (params[k].default for k in ("input_shape", "num_classes"))
+        if shape is inspect.Parameter.empty:
+            shape, classes = (64,), 10
+        try:
+            build_model(name, shape, classes, 4, width=1 / 64)
+        except TypeError:  # a builder without widths (mlp)
+            continue
+        with pytest.raises(ValueError, match="^width: "):
+            build_model(name, shape, classes, 4, width=width)
+        checked += 1
+    assert checked >= 10
 
 
 # ---- the first hour: earlier fixes, kept ----

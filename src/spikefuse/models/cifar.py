@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..nn.layers import check_input, name_layers
+from ..nn.layers import check_input, name_layers, scaled
 from ..nn.spiking_layers import ConvBNLIF, LinearBNLIF
 
 TABLE_I = {  # (output channels, stride) of the 3x3 convs
@@ -24,8 +24,6 @@ FC = (1024, 512)
 LIANG_LIF = dict(decay=0.25, threshold=0.25, reset="hard", surrogate="rectangular", alpha=1.0)
 
 
-def scaled(channels: int, width: float) -> int:
-    return max(1, round(channels * width))
 
 
 class CifarNet(nn.Module):

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from ..nn import LIF
-from ..nn.layers import check_frames, checked_shape, name_layers
+from ..nn.layers import check_frames, checked_shape, name_layers, scaled
 from ..nn.spiking_layers import SpikingLinear
 
 DEPTH, HIDDEN = 8, 2048
@@ -41,9 +41,9 @@ class DeepLIF(nn.Module):
         self.input_shape = checked_shape(input_shape, num_classes)
         if int(depth) < 1:
             raise ValueError(f"depth must be >= 1, got {depth}")
-        if not width > 0 or int(hidden) < 1:
-            raise ValueError(f"hidden and width must be positive, got hidden={hidden}, width={width}")
-        self.hidden = max(1, round(int(hidden) * width))
+        if int(hidden) < 1:
+            raise ValueError(f"hidden must be positive, got {hidden}")
+        self.hidden = scaled(int(hidden), width)
         lif = {**LIF_DEFAULTS, **lif, "backend": backend}
         layers: list[nn.Module] = [nn.Flatten(start_dim=2)]  # [T, B, ...] -> [T, B, N]
         n_in = prod(self.input_shape)

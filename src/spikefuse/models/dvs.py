@@ -12,7 +12,7 @@ import math
 import torch
 from torch import nn
 
-from ..nn.layers import check_input, fold, name_layers, per_step, unfold
+from ..nn.layers import check_input, fold, name_layers, per_step, scaled, unfold
 from ..nn.spiking_layers import ConvBNLIF, LinearBNLIF
 
 LIF_DEFAULTS = dict(decay=0.5, threshold=1.0, reset="hard", surrogate="atan")
@@ -28,13 +28,13 @@ class DVSGestureNet(nn.Module):
         c_in, h, w = self.input_shape
         if h != w or h < 8 or h & (h - 1):
             raise ValueError(f"input_shape: expected square maps of a power-of-two size >= 8, got {input_shape}")
-        c = max(1, round(channels * width))
+        c = scaled(channels, width)
         n_blocks = int(math.log2(h // 4))
         self.features = nn.ModuleList(
             ConvBNLIF(c_in if i == 0 else c, c, 3, 1, fused=fused, spike_input=i > 0,
                       backend=backend, **lif) for i in range(n_blocks))
         self.pool = nn.MaxPool2d(2)
-        hidden = max(1, round(hidden * width))
+        hidden = scaled(hidden, width)
         self.fc = LinearBNLIF(c * 16, hidden, fused=fused, backend=backend, **lif)
         self.readout = nn.Linear(hidden, num_classes)
         name_layers(self)

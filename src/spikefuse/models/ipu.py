@@ -52,7 +52,7 @@ import torch
 from torch import nn
 
 from ..nn import LIF, RecurrentLIF
-from ..nn.layers import check_frames, checked_shape, name_layers
+from ..nn.layers import check_frames, checked_shape, name_layers, scaled
 from ..nn.sparse_linear import BACKWARDS, SparseSpikingLinear
 from ..nn.spiking_layers import SpikingLinear
 
@@ -93,8 +93,6 @@ class IPUNet(nn.Module):
                  sparse: bool | str = False, recurrent: bool = False, **lif):
         super().__init__()
         self.input_shape = checked_shape(input_shape, num_classes)
-        if not width > 0:
-            raise ValueError(f"width must be positive, got {width}")
         if readout not in READOUTS:
             raise ValueError(f"readout: unknown {readout!r}; expected one of {list(READOUTS)}")
         if not fused and backend == "fused":
@@ -109,7 +107,7 @@ class IPUNet(nn.Module):
             raise ValueError("recurrent=True needs fused=True (the unfused baseline has no recurrent layer)")
         self.readout = readout  # export reads this: "mean" is the time-mean of the last Linear
         self.num_classes = int(num_classes)
-        self.hidden_sizes = tuple(max(1, round(h * width)) for h in hidden)
+        self.hidden_sizes = tuple(scaled(h, width) for h in hidden)
         lif = {**LIF_DEFAULTS, **lif, "backend": backend if fused else "reference"}
         scope = lif.pop("grad_scope", None)  # a caller's: every feed-forward LIF's
         if recurrent and scope not in (None, "step"):

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from ..nn.batchnorm import TemporalBatchNorm2d
-from ..nn.layers import check_input, fold, name_layers, per_step, unfold
+from ..nn.layers import check_input, fold, name_layers, per_step, scaled, unfold
 from ..nn.spiking_layers import ConvBNLIF, channels_last_conv, spiking_conv2d
 
 DEPTHS = {18: (2, 2, 2, 2), 34: (3, 4, 6, 3)}
@@ -58,7 +58,7 @@ class SpikingResNet(nn.Module):
             raise ValueError(f"depth: expected one of {list(DEPTHS)}, got {depth}")
         lif = {**LIF_DEFAULTS, **lif}
         self.input_shape, self.time_steps, self.fused = tuple(input_shape), int(time_steps), fused
-        widths = [max(1, round(c * width)) for c in (64, 128, 256, 512)]
+        widths = [scaled(c, width) for c in (64, 128, 256, 512)]
         small = max(self.input_shape[1:]) <= 64
         self.stem = ConvBNLIF(self.input_shape[0], widths[0], 3 if small else 7, 1 if small else 2,
                               fused=fused, spike_input=False, backend=backend, **lif)

@@ -10,7 +10,7 @@ from math import prod
 import torch
 from torch import nn
 
-from ..nn.layers import check_input, name_layers
+from ..nn.layers import check_input, name_layers, scaled
 from ..nn.spiking_layers import LinearBNLIF
 
 LIF_DEFAULTS = dict(decay=0.9, threshold=0.5, reset="hard", surrogate="fast_sigmoid")
@@ -22,7 +22,7 @@ class SHDNet(nn.Module):
         super().__init__()
         lif = {**LIF_DEFAULTS, **lif}
         self.input_shape = tuple(input_shape)
-        sizes = [prod(self.input_shape), *(max(1, round(h * width)) for h in hidden)]
+        sizes = [prod(self.input_shape), *(scaled(h, width) for h in hidden)]
         self.hidden = nn.ModuleList(
             LinearBNLIF(a, b, fused=fused, spike_input=i > 0, backend=backend, **lif)
             for i, (a, b) in enumerate(zip(sizes, sizes[1:])))

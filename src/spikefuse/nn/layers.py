@@ -7,6 +7,8 @@ submodule its qualified name for those messages.
 """
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
 
@@ -46,6 +48,22 @@ def checked_shape(input_shape, num_classes) -> tuple[int, ...]:
     if int(num_classes) < 1:
         raise ValueError(f"num_classes must be >= 1, got {num_classes}")
     return shape
+
+
+MAX_UNITS = 2**31 - 1  # units or channels of one layer: far past any that fits in memory
+
+
+def scaled(size: int, width) -> int:
+    """A layer of `size` units (or channels) scaled by a model's `width`: max(1, round(size *
+    width)). ValueError naming width for one that is not a finite number > 0, or that makes
+    the layer wider than MAX_UNITS (a width of 1e30 used to end in an overflow deep in torch)."""
+    if isinstance(width, bool) or not isinstance(width, (int, float)) or not (math.isfinite(width) and width > 0):
+        raise ValueError(f"width: expected a finite number > 0 (the scale of the model's layer widths), got {width!r}")
+    units = size * width
+    if units > MAX_UNITS:
+        raise ValueError(f"width: {width!r} makes a layer of {size} units {units:.3g} wide, past the "
+                         f"{MAX_UNITS} a layer can have")
+    return max(1, round(units))
 
 
 def check_frames(module: nn.Module, x: torch.Tensor, input_shape) -> None:

@@ -532,14 +532,14 @@ def run(args) -> int:
         raise UsageError(f"--model: model {args.model!r} has no default {' or '.join(missing)}, which the command "
                          f"line cannot give (the models that have both: {', '.join(plannable)}); from Python, call "
                          "spikefuse.parallel.planner.plan with input_shape= and num_classes=")
-    if args.width is not None and not (math.isfinite(args.width) and args.width > 0):
-        raise UsageError(f"--width: expected a finite number > 0 (the scale of the model's layer widths), "
-                         f"got {args.width}")
     kwargs = {"width": args.width} if args.width is not None else {}
     try:
         if args.link:  # checked in the units given; plan() checks the converted figures again
             check_link(*args.link, name="--link", units=("us", "GB/s"))
         link = (args.link[0] * 1e-6, args.link[1] * 1e9) if args.link else None
+        if link and not all(map(math.isfinite, link)):  # finite as given, past float64 in s and B/s
+            raise UsageError(f"--link: {args.link[0]:g} us and {args.link[1]:g} GB/s are past float64's range "
+                             "in seconds and bytes per second; give a real link's figures")
         result = plan(args.model, args.time_steps, args.batch, args.gpus, device=args.device, link=link, **kwargs)
     except ValueError as e:  # plan()'s parameter names as the command line spells them
         name, sep, rest = str(e).partition(": ")

@@ -23,7 +23,6 @@ of the graph.
 """
 from __future__ import annotations
 
-import math
 
 import torch
 from torch import nn
@@ -31,16 +30,21 @@ from torch import nn
 from .spikes import spiking_layers
 
 
+FLOAT32_MAX = float(torch.finfo(torch.float32).max)  # the penalty is summed in float32
+
+
 def check_rate_options(max_rate, weight, l1=0.0) -> None:
-    """ValueError naming the argument, for a bound outside [0, 1), a weight not finite and
-    > 0, or an l1 weight not finite and >= 0."""
+    """ValueError naming the argument, for a bound outside [0, 1), a weight not > 0, or an l1
+    weight not >= 0, each weight finite in float32."""
     if isinstance(max_rate, bool) or not isinstance(max_rate, (int, float)) or not 0 <= max_rate < 1:
         raise ValueError(f"max_rate: expected a firing rate in [0, 1) (spikes per neuron per time step), "
                          f"got {max_rate!r}")
-    if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not (weight > 0 and math.isfinite(weight)):
-        raise ValueError(f"rate_weight: expected a finite number > 0, got {weight!r}")
-    if isinstance(l1, bool) or not isinstance(l1, (int, float)) or not (l1 >= 0 and math.isfinite(l1)):
-        raise ValueError(f"rate_l1: expected a finite number >= 0, got {l1!r}")
+    if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not 0 < weight <= FLOAT32_MAX:
+        raise ValueError(f"rate_weight: expected a finite number > 0 (at most float32's {FLOAT32_MAX:.3g}), "
+                         f"got {weight!r}")
+    if isinstance(l1, bool) or not isinstance(l1, (int, float)) or not 0 <= l1 <= FLOAT32_MAX:
+        raise ValueError(f"rate_l1: expected a finite number >= 0 (at most float32's {FLOAT32_MAX:.3g}), "
+                         f"got {l1!r}")
 
 
 class _PerNeuronRate(torch.autograd.Function):
