@@ -123,6 +123,19 @@ def test_help_and_the_package_import_do_not_import_torch():
     assert "train a network" in helped.stdout and helped.stdout.split()[-1] == "False", helped
 
 
+@pytest.mark.parametrize("argv, words", [
+    (["--lr", "-1e-3"], "lr must be a finite number > 0, got -0.001"),  # argparse: "expected one argument"
+    (["--clip-grad", "-inf"], "clip-grad must be a finite number > 0, got -inf"),
+    (["--lr", "-NaN"], "lr must be a finite number > 0, got nan"),
+    (["--epochs", "-2"], "epochs must be at least 1, got -2"),
+])
+def test_negative_numbers_reach_the_options_own_check(argv, words, tmp_path, capsys):
+    assert main(["train", *argv, "--out", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and words in err[0], err
+    assert not (tmp_path / "run").exists()
+
+
 # ---- issue 14: every failure one line, exit 2 (usage) or 1 (fault), no traceback ----
 
 def failure(argv, capsys, code):

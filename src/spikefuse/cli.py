@@ -13,6 +13,7 @@ import argparse
 import errno
 import importlib
 import os
+import re
 import sys
 import traceback
 import warnings
@@ -29,10 +30,22 @@ COMMANDS = {
 from spikefuse.errors import RunError, UsageError, one_line  # one class, also when run as python -m spikefuse.cli
 
 DEBUG_HELP = "on an error, print the traceback too"
+# argparse takes '-1' and '-.5' for values but '-inf', '-nan' and '-1e-3' for options ("--lr -1e-3":
+# "expected one argument"); read as values, they reach the option's own check and its message
+NEGATIVE_NUMBER = re.compile(r"^-(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$|^-(inf|infinity|nan)$", re.IGNORECASE)
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse's parser with NEGATIVE_NUMBER as its test for a negative number (its
+    subcommands' parsers are of the same class)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._negative_number_matcher = NEGATIVE_NUMBER
 
 
 def build_parser(argv: list[str]) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="spikefuse", description=__doc__.splitlines()[0])
+    parser = Parser(prog="spikefuse", description=__doc__.splitlines()[0])
     parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     wanted = next((a for a in argv if not a.startswith("-")), None)
