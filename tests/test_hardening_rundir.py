@@ -40,15 +40,21 @@ def snapshot(run):
     return {p.name: p.read_bytes() for p in sorted(run.iterdir()) if p.is_file() and p.name != rundir.LOCK_NAME}
 
 
+def quick_run(run, epochs: int):
+    """`spikefuse train` on the stand-in data for `epochs` into `run` (for module fixtures,
+    which cannot use the monkeypatch fixture); returns run."""
+    with pytest.MonkeyPatch.context() as mp:
+        install(mp.setattr)
+        assert main(["train", *QUICK, "--epochs", str(epochs), "--out", str(run)]) == 0
+    return run
+
+
 # ---- resume: the checkpoint is checked before anything resumes ----
 
 @pytest.fixture(scope="module")
 def finished_run(tmp_path_factory):
     """A 2-epoch `spikefuse train` run of 3 epochs' options, stopped after epoch 2."""
-    run = tmp_path_factory.mktemp("base") / "run"
-    with pytest.MonkeyPatch.context() as mp:
-        install(mp.setattr)
-        assert main(["train", *QUICK, "--epochs", "3", "--out", str(run)]) == 0
+    run = quick_run(tmp_path_factory.mktemp("base") / "run", 3)
     state = checkpoint.load(run / checkpoint.FILENAME)  # as if interrupted after epoch 2
     state["epoch"], state["history"] = 2, state["history"][:2]
     checkpoint.save(state, run / checkpoint.FILENAME)

@@ -16,7 +16,7 @@ from torch import nn
 from spikefuse.cli import main
 from spikefuse.train import checkpoint, metrics, rundir
 from spikefuse.train.loop import Trainer, fit
-from test_hardening_rundir import QUICK, failure, snapshot
+from test_hardening_rundir import QUICK, failure, quick_run, snapshot
 from test_train_data import install, make_splits
 from helpers import one_thread  # noqa: F401  (the fixture)
 
@@ -26,10 +26,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 @pytest.fixture(scope="module")
 def old_run(tmp_path_factory):
     """A finished 2-epoch `spikefuse train` run, with a file of the user's beside it."""
-    run = tmp_path_factory.mktemp("old") / "run"
-    with pytest.MonkeyPatch.context() as mp:
-        install(mp.setattr)
-        assert main(["train", *QUICK, "--epochs", "2", "--out", str(run)]) == 0
+    run = quick_run(tmp_path_factory.mktemp("old") / "run", 2)
     (run / "notes.txt").write_text("mine")
     return run
 
