@@ -65,6 +65,9 @@ def pytest_xdist_auto_num_workers(config):
 # files whose tests are independent and long (separate training runs, fuzz seeds): under
 # --dist loadfile their tests spread over the workers one by one, not as one file's unit
 SPREAD_FILES = {"tests/test_cli_matrix.py", "tests/test_fuzz.py", "tests/test_fuzz_properties.py"}
+# compiled on a GPU, each fuzz example builds new kernel variants (its constexpr options):
+# minutes per test, so they start first and overlap the rest
+LONGEST_ON_GPU = {"test_fuzz_properties.py"}
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -100,7 +103,8 @@ def pytest_collection_modifyitems(config, items):
                 break
     if DEVICE == "cuda":  # xdist hands out files in this order: longest first, the whole-GPU tests last
         in_child = {i.path for i in items if i.get_closest_marker("interpreter") is not None}
-        items.sort(key=lambda i: 2 if i.get_closest_marker("whole_gpu") else 0 if i.path in in_child else 1)
+        items.sort(key=lambda i: 3 if i.get_closest_marker("whole_gpu") else 0 if i.path.name in LONGEST_ON_GPU
+                   else 1 if i.path in in_child else 2)
 
 
 # ---- whole_gpu tests (tens of GB) run alone on the GPU: a readers-writer lock between workers ----

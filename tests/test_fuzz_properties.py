@@ -86,7 +86,9 @@ DEFAULT_EXAMPLES = 100  # per test, in CI (issue 36: at least 100 per entry poin
 settings.register_profile("spikefuse-fuzz", max_examples=DEFAULT_EXAMPLES, deadline=None, derandomize=True, database=None,
                           phases=[p for p in Phase if p != Phase.explain],
                           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
-settings.register_profile("spikefuse-fuzz-long", settings.get_profile("spikefuse-fuzz"),
+# the longer run draws new examples each time, or those of `pytest --hypothesis-seed=K`: shards
+# of one long run on many cores (each seed its own examples, reproducible)
+settings.register_profile("spikefuse-fuzz-long", settings.get_profile("spikefuse-fuzz"), derandomize=False,
                           max_examples=int(os.environ.get("SPIKEFUSE_FUZZ_EXAMPLES") or DEFAULT_EXAMPLES))
 FUZZ = settings.get_profile("spikefuse-fuzz-long" if os.environ.get("SPIKEFUSE_FUZZ_EXAMPLES") else "spikefuse-fuzz")
 
