@@ -57,6 +57,23 @@ def run(name, splits, state, args):
           f"ms/step, {len(kernels) / steps:.0f} kernels/step; hidden rates {record['train_firing_rates']}")
     for kernel, us in by_name.most_common(args.top):
         print(f"  {us / steps:8.1f} us/step  {kernel}")
+    if args.ops:
+        attribute_to_ops(model, splits, optimizer, regulariser, args)
+
+
+def attribute_to_ops(model, splits, optimizer, regulariser, args):
+    """Which torch ops launch the kernels: a few uncaptured steps (eager, so the profiler sees
+    each op launch its kernels; slower than the captured step, same kernels), the ops by their
+    own GPU time."""
+    trainer = Trainer(model, splits, optimizer, epochs=5, batch_size=8, device="cuda", progress=False,
+                      capture=False, **regulariser)
+    with trainer._watching():
+        trainer.train_epoch(0)
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
+            trainer.train_epoch(1)
+            torch.cuda.synchronize()
+    print(prof.key_averages().table(sort_by="self_device_time_total", row_limit=args.top, max_name_column_width=60))
 
 
 def main():
@@ -65,6 +82,7 @@ def main():
     p.add_argument("--rate-l1", type=float, default=10.0)
     p.add_argument("--no-regulariser", action="store_true")
     p.add_argument("--top", type=int, default=25)
+    p.add_argument("--ops", action="store_true", help="also an uncaptured epoch, kernels attributed to torch ops")
     args = p.parse_args()
     device = torch.device("cuda")
     splits = TASKS["shd-synthetic-hard"](device, False)

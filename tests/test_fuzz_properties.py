@@ -22,19 +22,23 @@ message, or both return
     infinite under the hard reset (inf * 0: NaN fused, 0 or NaN in the reference).
 
 Each test is one entry point (functional.lif/if_, plif, alif, cuba; nn.BNLIF in training
-mode), so pytest-xdist spreads them; the recurrent neurons are left out (their fused path
-launches once per step). A fused example costs 0.1-0.6 s in Triton's interpreter, nearly all
-of it per-launch overhead: T and the neuron count hardly change it. By default each test
-runs 100 examples, derandomized (every run sees the same examples), without an example
-database; the file (5 fuzz tests x 100 examples, and the 8 regression cases below) took 125 s
-wall in one process on this 2-core CPU (shared: load about 2.5), the five tests 26.6 s (PLIF),
-25.2 (ALIF), 24.4 (LIF/IF), 21.6 (CUBA) and 14.7 (BN+LIF), at d2a9858 with Triton 3.9's interpreter
-(`time python -m pytest -q -n 0 -p no:cacheprovider tests/test_fuzz_properties.py`); in CI
-(-n 2) conftest's SPREAD_FILES hands the tests to the workers one by one.
-SPIKEFUSE_FUZZ_EXAMPLES=N runs N examples per test instead, the longer run on demand
-(docs/reliability.md), e.g. 2000 per test, budget about an hour of CPU (0.5 s an example;
-PLIF and LIF about 18 minutes each), about 20 minutes wall side by side on 5 free cores:
-    SPIKEFUSE_FUZZ_EXAMPLES=2000 python -m pytest -q -n 5 tests/test_fuzz_properties.py
+mode), its examples split over SHARDS (4) tests of their own seeds, so pytest-xdist spreads
+them; the recurrent neurons are left out (their fused path launches once per step). A fused
+example costs 0.1-0.6 s in Triton's interpreter, nearly all of it per-launch overhead: T and
+the neuron count hardly change it; compiled on a GPU, most examples compile kernel variants
+(1 to 6 s each on an H100). By default each entry point runs 100 examples (25 per shard),
+from fixed seeds (every run sees the same examples), without an example database; the file
+(5 fuzz tests x 100 examples, and the 8 regression cases below) took 125 s wall in one
+process on this 2-core CPU (shared: load about 2.5), the five tests 26.6 s (PLIF), 25.2
+(ALIF), 24.4 (LIF/IF), 21.6 (CUBA) and 14.7 (BN+LIF), at d2a9858 with Triton 3.9's
+interpreter, before the shards (`time python -m pytest -q -n 0 -p no:cacheprovider
+tests/test_fuzz_properties.py`); in CI (-n 2) conftest's SPREAD_FILES hands the tests to the
+workers one by one.
+SPIKEFUSE_FUZZ_EXAMPLES=N runs N examples per entry point instead, the longer run on demand
+(docs/reliability.md), e.g. 2000, budget about an hour of CPU (0.5 s an example; PLIF and
+LIF about 18 minutes each), about 20 minutes wall side by side on 5 free cores, and
+SPIKEFUSE_FUZZ_SEED=K draws other examples (seeds 4K to 4K + 3):
+    SPIKEFUSE_FUZZ_EXAMPLES=2000 SPIKEFUSE_FUZZ_SEED=1 python -m pytest -q -n 5 tests/test_fuzz_properties.py
 Run here: 400 per test with -n 2 at d2a9858 (8 min 56 s wall on the shared 2 cores; the tests
 212 s PLIF, 210 LIF/IF, 159 ALIF, 145 CUBA, 58 BN+LIF). Its two earlier 400-example runs found
 test artifacts only, fixed here: the loss summed in float32 (see outcome) and BN+LIF's
@@ -67,7 +71,7 @@ import os
 
 import pytest
 import torch
-from hypothesis import HealthCheck, Phase, event, given, settings
+from hypothesis import HealthCheck, Phase, event, given, seed, settings
 from hypothesis import strategies as st
 
 import spikefuse.functional as F
@@ -79,18 +83,33 @@ try:
 except ImportError:  # before the surrogates moved (16b323c): lets this file fuzz an old tree
     from spikefuse.ops.surrogate import SURROGATES
 
-pytestmark = pytest.mark.usefixtures("one_thread")  # helpers.one_thread, for every test here
+pytestmark = [pytest.mark.usefixtures("one_thread"),  # helpers.one_thread, for every test here
+              # numpy's notes on the NaN and inf the examples feed the interpreter on purpose
+              pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")]
 
-# no explain phase: it traces every line while shrinking, which makes the interpreter crawl
-DEFAULT_EXAMPLES = 100  # per test, in CI (issue 36: at least 100 per entry point)
-settings.register_profile("spikefuse-fuzz", max_examples=DEFAULT_EXAMPLES, deadline=None, derandomize=True, database=None,
-                          phases=[p for p in Phase if p != Phase.explain],
-                          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
-# the longer run draws new examples each time, or those of `pytest --hypothesis-seed=K`: shards
-# of one long run on many cores (each seed its own examples, reproducible)
-settings.register_profile("spikefuse-fuzz-long", settings.get_profile("spikefuse-fuzz"), derandomize=False,
-                          max_examples=int(os.environ.get("SPIKEFUSE_FUZZ_EXAMPLES") or DEFAULT_EXAMPLES))
-FUZZ = settings.get_profile("spikefuse-fuzz-long" if os.environ.get("SPIKEFUSE_FUZZ_EXAMPLES") else "spikefuse-fuzz")
+DEFAULT_EXAMPLES = 100  # per entry point, in CI (issue 36: at least 100 per entry point)
+EXAMPLES = int(os.environ.get("SPIKEFUSE_FUZZ_EXAMPLES") or DEFAULT_EXAMPLES)
+# each entry point's examples run as SHARDS tests, each its own fixed seed: pytest-xdist runs
+# them side by side (on a GPU every example compiles kernel variants: one ALIF test of 100
+# examples took over 9 minutes on an H100); SPIKEFUSE_FUZZ_SEED=K draws other examples
+SHARDS = 4
+RUN_SEED = int(os.environ.get("SPIKEFUSE_FUZZ_SEED") or 0)
+# no example database; no explain phase: it traces every line while shrinking, which makes the interpreter crawl
+FUZZ = settings(max_examples=-(-EXAMPLES // SHARDS), deadline=None, database=None,
+                phases=[p for p in Phase if p != Phase.explain], suppress_health_check=[HealthCheck.too_slow])
+
+
+def fuzz(strategy):
+    """Decorator: body(case) over EXAMPLES examples of `strategy`, as the pytest test
+    body.__name__[shard] for shard < SHARDS, each drawing EXAMPLES / SHARDS examples from
+    seed RUN_SEED * SHARDS + shard (every run sees the same examples)."""
+    def decorate(body):
+        @pytest.mark.parametrize("shard", range(SHARDS))
+        def test(shard):
+            seed(RUN_SEED * SHARDS + shard)(FUZZ(given(case=strategy)(body)))()
+        test.__name__, test.__qualname__, test.__doc__ = body.__name__, body.__qualname__, body.__doc__
+        return test
+    return decorate
 
 nan, inf = float("nan"), float("inf")
 SPECIALS = [nan, nan, inf, -inf, -0.0, 0.0, 1e-40, -1e-40, 3e38, -3e38]  # NaN twice as often; 1e-40: subnormal
@@ -376,8 +395,7 @@ def build_x(case):
     return as_view(filled(case["shape"], without_subnormals(case["x"], case["dtype"]), case["dtype"]), case["layout"])
 
 
-@FUZZ
-@given(case=lif_cases())
+@fuzz(lif_cases())
 def test_lif_fused_equals_reference(case):
     """functional.lif and if_: the same spikes, state, potential and gradients, or the same error."""
     storage, view = build_x(case)
@@ -428,8 +446,7 @@ def plif_cases(draw):
                 return_state=draw(st.booleans()), return_potential=draw(st.booleans()), backward=draw(backward()), options=options)
 
 
-@FUZZ
-@given(case=plif_cases())
+@fuzz(plif_cases())
 def test_plif_fused_equals_reference(case):
     """functional.plif: a decay tensor (scalar or per channel, another dtype) and a threshold
     tensor, both with gradients."""
@@ -529,15 +546,13 @@ def check_two_state(name, case):
           backward=case["backward"])
 
 
-@FUZZ
-@given(case=two_state_cases("alif"))
+@fuzz(two_state_cases("alif"))
 def test_alif_fused_equals_reference(case):
     """functional.alif: adaptive threshold, an initial (v0, a0) of any dtypes."""
     check_two_state("alif", case)
 
 
-@FUZZ
-@given(case=two_state_cases("cuba"))
+@fuzz(two_state_cases("cuba"))
 def test_cuba_fused_equals_reference(case):
     """functional.cuba: synaptic current, an initial (v0, i0) of any dtypes."""
     check_two_state("cuba", case)
@@ -571,8 +586,7 @@ def bn_lif_cases(draw):
                 learn_decay=learn_decay, stats_seed=draw(st.integers(0, 2**16)), backward=draw(backward()), options=options)
 
 
-@FUZZ
-@given(case=bn_lif_cases())
+@fuzz(bn_lif_cases())
 def test_bn_lif_fused_equals_reference(case):
     """nn.BNLIF in training mode: each backend's module built from the same options (so a
     constructor's refusal counts), the same parameters and running statistics."""
