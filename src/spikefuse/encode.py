@@ -27,7 +27,7 @@ def rate(x: torch.Tensor, time_steps: int, *, gain: float = 1.0,
     """
     _check_tensor("x", x)
     _check_steps(time_steps)
-    _check_number("gain", gain, lambda g: g >= 0, "a finite number >= 0")
+    gain = _check_number("gain", gain, lambda g: g >= 0, "a finite number >= 0")
     if generator is not None and not isinstance(generator, torch.Generator):
         raise TypeError(f"generator: expected a torch.Generator or None, got {type(generator).__name__}")
     p = (gain * x.float()).clamp(0, 1)
@@ -54,8 +54,10 @@ def latency(x: torch.Tensor, time_steps: int, *, tau: float = 1.0, threshold: fl
     """
     _check_tensor("x", x)
     _check_steps(time_steps)
-    _check_number("tau", tau, lambda t: t > 0, "a finite number > 0")
-    _check_number("threshold", threshold, lambda t: 0 < t < 1, "a number in (0, 1)")
+    tau = _check_number("tau", tau, lambda t: t > 0, "a finite number > 0")
+    threshold = _check_number("threshold", threshold, lambda t: 0 < t < 1, "a number in (0, 1)")
+    if normalize:  # t / t_max: tau cancels, and a huge one (1e300) made t_max inf and every t NaN
+        tau = 1.0
     v = x.float().clamp(0, 1)
     fires = v > threshold
     if linear:
@@ -86,7 +88,7 @@ def delta(x: torch.Tensor, *, threshold: float = 0.1, off_spikes: bool = False) 
         raise ValueError(f"x: expected time-major [T, B, ...] (at least 2 dimensions), got shape {tuple(x.shape)}")
     if x.shape[0] == 0:
         raise ValueError("x: expected at least one time step (T >= 1), got T == 0")
-    _check_number("threshold", threshold, lambda t: t > 0, "a finite number > 0")
+    threshold = _check_number("threshold", threshold, lambda t: t > 0, "a finite number > 0")
     v = x.float()
     change = v - torch.cat([torch.zeros_like(v[:1]), v[:-1]])
     on = change >= threshold
@@ -106,16 +108,25 @@ def _check_tensor(name: str, x) -> None:
         raise ValueError(f"{name}: contains NaN; expected finite values")
 
 
+MAX_STEPS = 2**31 - 1  # far past any [T, ...] train that fits in memory; 2**70 overflowed inside torch
+
+
 def _check_steps(time_steps) -> None:
-    if not isinstance(time_steps, int) or isinstance(time_steps, bool) or time_steps < 1:
-        raise ValueError(f"time_steps: expected a positive int, got {time_steps!r}")
+    if not isinstance(time_steps, int) or isinstance(time_steps, bool) or not 1 <= time_steps <= MAX_STEPS:
+        raise ValueError(f"time_steps: expected a positive int (at most 2**31 - 1), got {time_steps!r}")
 
 
-def _check_number(name: str, value, valid, expected: str) -> None:
+def _check_number(name: str, value, valid, expected: str) -> float:
+    """value as a float, or TypeError (not a real number) / ValueError (not finite, not `valid`)."""
     if not isinstance(value, numbers.Real) or isinstance(value, bool):
         raise TypeError(f"{name}: expected a real number, got {type(value).__name__}")
-    if not (math.isfinite(value) and valid(value)):
+    try:  # as a float: torch refused a Python int past int64 (2**70) with an OverflowError
+        number = float(value)
+    except OverflowError:
+        number = math.inf
+    if not (math.isfinite(number) and valid(number)):
         raise ValueError(f"{name}: expected {expected}, got {value!r}")
+    return number
 
 
 def _out_dtype(x: torch.Tensor) -> torch.dtype:

@@ -89,7 +89,7 @@ class NeuronOptions:
                     detach_reset=self.detach_reset, surrogate=self.surrogate, alpha=self.alpha)
 
 
-def check_number(name, value, low=None, low_open=None, high=None) -> float:
+def check_number(name, value, low=None, low_open=None, high=None, high_open=None) -> float:
     """A finite Python number (bools refused) within the bounds, as a float. Not a number, or
     not finite where no bounds are given: ArgumentError; out of the bounds: ValueError."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -98,17 +98,43 @@ def check_number(name, value, low=None, low_open=None, high=None) -> float:
         value = float(value)
     except OverflowError:  # an int beyond float range
         value = math.inf
-    bounded = low is not None or low_open is not None or high is not None
-    if not bounded and not math.isfinite(value):
+    bounds = (low, low_open, high, high_open)
+    if all(b is None for b in bounds) and not math.isfinite(value):
         raise ArgumentError(f"{name} must be a finite Python number, got {value!r}")
     ok = math.isfinite(value)
     ok = ok and (low is None or value >= low) and (low_open is None or value > low_open)
-    ok = ok and (high is None or value <= high)
+    ok = ok and (high is None or value <= high) and (high_open is None or value < high_open)
     if not ok:
-        bounds = ("in (0, 1]" if low_open is not None else "in [0, 1]" if low is not None and high is not None
-                  else ">= 0")
-        raise ValueError(f"{name} must be a number {bounds}, got {value!r}")
+        raise ValueError(f"{name} must be a number {_describe(*bounds)}, got {value!r}")
     return value
+
+
+MAX_INT = 2**31 - 1  # the largest size, count or step number a parameter may take: far past memory
+
+
+def check_int(name, value, low=1, high=MAX_INT) -> int:
+    """A Python int (bools refused; a numpy integer taken) in [low, high], as an int. Not an
+    int (2.5, "3", NaN): ArgumentError; out of the bounds: ValueError. Sizes, counts and time
+    steps are checked here where they enter, so no float or 2**70 reaches torch's allocator."""
+    if isinstance(value, bool) or not hasattr(value, "__index__"):
+        raise ArgumentError(f"{name} must be an int, got {value!r}")
+    value = int(value)
+    if not low <= value <= high:
+        raise ValueError(f"{name} must be an int {_describe(low, None, high, None)}, got {value!r}")
+    return value
+
+
+def _describe(low, low_open, high, high_open) -> str:
+    """The bounds in words: "in (0, 1]", ">= 0", "< 1"."""
+    def fmt(b):
+        return str(int(b)) if float(b).is_integer() else f"{b:g}"
+    lower = f"[{fmt(low)}" if low is not None else f"({fmt(low_open)}" if low_open is not None else None
+    upper = f"{fmt(high)}]" if high is not None else f"{fmt(high_open)})" if high_open is not None else None
+    if lower and upper:
+        return f"in {lower}, {upper}"
+    if lower:
+        return (">= " if lower[0] == "[" else "> ") + lower[1:]
+    return ("<= " + upper[:-1] if upper[-1] == "]" else "< " + upper[:-1]) if upper else "finite"
 
 
 def _check_grad_threshold(value) -> float:

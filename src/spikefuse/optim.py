@@ -17,20 +17,26 @@ from __future__ import annotations
 
 import torch
 
+from .neuron_options import check_number
 from .ops import grad_rows
 from .ops.lazy_adam import lazy_adam_step, lazy_adam_step_reference
 from .ops.spike_pack import use_triton
 
 
+FLOAT32_MAX = torch.finfo(torch.float32).max  # the update's arithmetic is float32: past this, inf
+
+
 class LazyAdam(torch.optim.Optimizer):
     def __init__(self, params, lr: float | torch.Tensor = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8):
-        if not (isinstance(lr, torch.Tensor) or lr >= 0):
-            raise ValueError(f"lr must be a non-negative number, got {lr}")
-        if not all(0.0 <= b < 1.0 for b in betas) or len(betas) != 2:
-            raise ValueError(f"betas must be two numbers in [0, 1), got {betas}")
-        if not eps >= 0:
-            raise ValueError(f"eps must be non-negative, got {eps}")
-        super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, capturable=True))
+        # host scalars checked here, once (an inf lr or eps made every updated weight NaN or froze it,
+        # without a word); a tensor lr (capturable: spikefuse.capture) is the caller's to fill
+        if not isinstance(lr, torch.Tensor):
+            lr = check_number("lr", lr, low=0.0, high=FLOAT32_MAX)
+        if not isinstance(betas, (tuple, list)) or len(betas) != 2:
+            raise ValueError(f"betas must be two numbers in [0, 1), got {betas!r}")
+        betas = tuple(check_number(f"betas[{i}]", b, low=0.0, high_open=1.0) for i, b in enumerate(betas))
+        eps = check_number("eps", eps, low=0.0, high=FLOAT32_MAX)
+        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, capturable=True))
 
     # The update runs in float32 with float32 moments (ops/lazy_adam.py): right for float32, bf16
     # and fp16 parameters, but float64 ones would silently get float32 steps. Refused where they

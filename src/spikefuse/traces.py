@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import torch
 
+from .neuron_options import check_number
 from .reference import _reset
 
 RESETS = ("hard", "soft", "none")
@@ -43,7 +44,9 @@ def membrane_trace(h: torch.Tensor, spikes: torch.Tensor, reset: str = "hard",
         except RuntimeError:
             raise ValueError(f"threshold {tuple(threshold.shape)} does not broadcast to h "
                              f"{tuple(h.shape)}") from None
-    return _reset(h, spikes.to(h.dtype), threshold, reset, float(v_reset))
+    else:  # a number: the neurons' own check (a NaN or inf gave a NaN trace without a word)
+        threshold = check_number("threshold", threshold)
+    return _reset(h, spikes.to(h.dtype), threshold, reset, check_number("v_reset", v_reset))
 
 
 def adaptive_threshold_trace(spikes: torch.Tensor, threshold: float = 1.0, beta: float = 0.5,
@@ -54,6 +57,10 @@ def adaptive_threshold_trace(spikes: torch.Tensor, threshold: float = 1.0, beta:
     Half-precision spikes give a float32 trace (the kernels keep a and theta in float32)."""
     if not isinstance(spikes, torch.Tensor) or not spikes.is_floating_point() or spikes.dim() < 1:
         raise TypeError("spikes must be a floating tensor [T, *] (as the neuron returned them)")
+    # the bounds ALIF checks its own with (a NaN or inf gave a NaN trace without a word)
+    threshold = check_number("threshold", threshold)
+    beta = check_number("beta", beta, low=0.0)
+    adapt_decay = check_number("adapt_decay", adapt_decay, low_open=0.0, high=1.0)
     if a0 is not None and (not isinstance(a0, torch.Tensor) or a0.shape != spikes.shape[1:]):
         raise ValueError(f"a0 must be a tensor shaped like spikes[0] {tuple(spikes.shape[1:])}, got "
                          f"{tuple(a0.shape) if isinstance(a0, torch.Tensor) else type(a0).__name__}")

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from .events import class_indices
-from .framing import ToFrame
+from .framing import ToFrame, check_batch_size
 from .store import EventStore
 
 
@@ -59,8 +59,7 @@ class SpikeDataset:
         view per batch); default `default_group(batch_size)`. Memory: about group times
         `batch_bytes(batch_size)`. The batches are the same whatever the group.
         """
-        if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
-            raise ValueError(f"batch_size: expected a positive int, got {batch_size!r}")
+        check_batch_size(batch_size)
         if group is None:
             group = self.default_group(batch_size)
         elif not isinstance(group, int) or isinstance(group, bool) or group < 1:

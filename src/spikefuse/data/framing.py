@@ -93,15 +93,14 @@ class ToFrame:
         shorter) comes out as its own contiguous [T, b, P, (H,) W] tensor: several batches
         framed in one pass, as views of one buffer. Without num_frames, T is the longest
         sample of all of them."""
-        _check_batch_size(batch_size)
+        check_batch_size(batch_size)
         cols = as_columns(events)
         t = cols["t"]
         offsets = torch.as_tensor(offsets, dtype=torch.int64, device=t.device)
         if validate:
             check_offsets(offsets, len(t))
             check_events(cols, offsets, self.sensor_size, need_sorted=self.mode in ("time_window", "n_time_bins"))
-        if num_frames is not None and num_frames < 1:
-            raise ValueError(f"num_frames: must be >= 1, got {num_frames}")
+        num_frames = _check_num_frames(num_frames)
         samples = len(offsets) - 1
         start, end, n = self._windows(t, offsets, limit=num_frames)
         frames_needed = int(n.max()) if num_frames is None else num_frames
@@ -169,11 +168,10 @@ class ToFrame:
                            dtype=torch.float32) -> list[torch.Tensor] | None:
         """`batch_from_store` for several batches at once, split as `batches` splits: one
         pass (the same ops as a single batch) over every run of `batch_size` samples of idx."""
-        _check_batch_size(batch_size)
+        check_batch_size(batch_size)
         if not (store.resident and self.fast_plan_ok()):
             return None
-        if num_frames is not None and num_frames < 1:
-            raise ValueError(f"num_frames: must be >= 1, got {num_frames}")
+        num_frames = _check_num_frames(num_frames)
         if isinstance(idx, torch.Tensor):
             if idx.device.type != "cpu":
                 return None  # the caller would pay a sync to bring it over: let it decide
@@ -359,9 +357,15 @@ def _accumulate(cols: Columns, offsets, start, end, n, frames, sensor_size, dtyp
     return out
 
 
-def _check_batch_size(batch_size) -> None:
-    if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
-        raise ValueError(f"batch_size: expected a positive int, got {batch_size!r}")
+def check_batch_size(batch_size) -> None:
+    # at most 2**62: 2**70 overflowed numpy's int64 block layout (OverflowError)
+    if not isinstance(batch_size, int) or isinstance(batch_size, bool) or not 1 <= batch_size <= LIMIT:
+        raise ValueError(f"batch_size: expected a positive int (at most 2**62), got {batch_size!r}")
+
+
+def _check_num_frames(num_frames) -> int | None:
+    """None, or an int >= 1 (a float or a bool reached torch.zeros as a size; a string a comparison)."""
+    return None if num_frames is None else check_number("num_frames", num_frames, integer=True)
 
 
 def _block_layout(samples: int, batch_size: int, frames: int, cell: int) -> tuple[np.ndarray, np.ndarray]:

@@ -16,6 +16,9 @@ SENSOR_SIZE = (700, 1, 1)
 NUM_CLASSES = 20
 SPLIT_SIZES = {"train": 8156, "test": 2264}
 FORMANTS = 3
+# the targets are drawn at construction (a generator per run of classes): 2**70 samples never
+# finished; past MAX_EVENTS a sample's events overflowed numpy's Poisson draw at indexing
+MAX_SAMPLES, MAX_EVENTS = 10**8, 10**9
 
 
 def split_size(split: str, sizes: dict, samples, seed) -> int:
@@ -24,11 +27,19 @@ def split_size(split: str, sizes: dict, samples, seed) -> int:
     if split not in sizes:
         raise ValueError(f"split: expected one of {list(sizes)}, got {split!r}")
     n = sizes[split] if samples is None else samples
-    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-        raise ValueError(f"samples: expected a positive int or None, got {samples!r}")
+    if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= MAX_SAMPLES:
+        raise ValueError(f"samples: expected a positive int (at most 10**8) or None, got {samples!r}")
     if not isinstance(seed, int) or isinstance(seed, bool):
         raise ValueError(f"seed: expected an int, got {seed!r}")
     return n
+
+
+def check_mean_events(mean_events) -> int:
+    """A generated sample's mean event count, a positive int up to MAX_EVENTS (shared by the
+    synthetic event sets)."""
+    if not isinstance(mean_events, int) or isinstance(mean_events, bool) or not 1 <= mean_events <= MAX_EVENTS:
+        raise ValueError(f"mean_events: expected a positive int (at most 10**9), got {mean_events!r}")
+    return mean_events
 
 
 def balanced_targets(key: tuple, num_classes: int, n: int) -> np.ndarray:
@@ -47,14 +58,15 @@ class SyntheticSHD:
 
     def __init__(self, split: str = "train", *, samples: int | None = None, seed: int = 0,
                  mean_events: int = 3000, noise: float = 0.1):
-        if split not in SPLIT_SIZES:
-            raise ValueError(f"split: expected one of {list(SPLIT_SIZES)}, got {split!r}")
-        self.split, self.seed, self.mean_events, self.noise = split, seed, mean_events, noise
-        n = SPLIT_SIZES[split] if samples is None else int(samples)
-        if n < 1:
-            raise ValueError(f"samples: must be >= 1, got {samples}")
+        # checked here as the other synthetic sets check theirs: a NaN noise or mean_events used to fail
+        # only at indexing, inside numpy; int() truncated samples=2.5; a negative seed failed in numpy
+        n = split_size(split, SPLIT_SIZES, samples, seed)
+        if isinstance(noise, bool) or not isinstance(noise, (int, float)) or not 0 <= noise <= 1:
+            raise ValueError(f"noise: expected a share of background events in [0, 1], got {noise!r}")
+        self.split, self.seed, self.mean_events, self.noise = split, seed, check_mean_events(mean_events), noise
+        key = seed % 2**64  # numpy seeds are >= 0
         # class templates come from the seed alone, so train and test share them
-        rng = np.random.default_rng([seed, 7001])
+        rng = np.random.default_rng([key, 7001])
         shape = (NUM_CLASSES, FORMANTS)
         self.templates = {
             "start": rng.uniform(60, 640, shape),  # channel at the start of the track
@@ -65,7 +77,7 @@ class SyntheticSHD:
             "weight": rng.dirichlet(np.ones(FORMANTS), NUM_CLASSES),
         }
         split_id = list(SPLIT_SIZES).index(split)
-        self.targets = np.random.default_rng([seed, 7002, split_id]).permutation(np.arange(n) % NUM_CLASSES)
+        self.targets = np.random.default_rng([key, 7002, split_id]).permutation(np.arange(n) % NUM_CLASSES)
         self._split_id = split_id
 
     def __len__(self) -> int:
@@ -75,7 +87,7 @@ class SyntheticSHD:
         if not 0 <= i < len(self):
             raise IndexError(f"index {i} out of range for {len(self)} samples")
         cls = int(self.targets[i])
-        rng = np.random.default_rng([self.seed, 7003, self._split_id, i])
+        rng = np.random.default_rng([self.seed % 2**64, 7003, self._split_id, i])
         tp = {k: v[cls] for k, v in self.templates.items()}
         duration = rng.uniform(0.8, 1.2)  # seconds
         n = rng.poisson(self.mean_events * duration)

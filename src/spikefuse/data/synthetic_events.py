@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from .events import event_dtype
-from .synthetic import balanced_targets, split_size
+from .synthetic import balanced_targets, check_mean_events, split_size
 
 NOISE = 0.05  # share of background events: uniform in space and time, random polarity
 JITTER = 0.35  # px: spread of an event around its edge point
@@ -112,9 +112,7 @@ class _Generator:
     def __init__(self, split: str = "train", *, samples: int | None = None, seed: int = 0,
                  mean_events: int | None = None):
         n = split_size(split, self.split_sizes, samples, seed)
-        mean_events = self.mean_events if mean_events is None else mean_events
-        if not isinstance(mean_events, int) or isinstance(mean_events, bool) or mean_events < 1:
-            raise ValueError(f"mean_events: expected a positive int, got {mean_events!r}")
+        mean_events = check_mean_events(self.mean_events if mean_events is None else mean_events)
         self.split, self.seed, self.mean_events = split, seed, mean_events
         self._key = (seed % 2**64, self.salt, list(self.split_sizes).index(split))  # numpy seeds are >= 0
         self.targets = balanced_targets(self._key, len(self.classes), n)

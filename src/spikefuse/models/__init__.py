@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import inspect
 
+from ..nn.layers import checked_shape
 from . import mlp
 
 MODELS = {
@@ -37,12 +38,12 @@ def build_model(name: str, input_shape, num_classes: int, time_steps: int | None
     if name not in MODELS:
         raise ValueError(f"unknown model {name!r}; expected one of {sorted(MODELS)}")
     builder, _ = MODELS[name]
-    shape = tuple(input_shape)
+    shape = checked_shape(input_shape, num_classes)  # as every model's constructor checks them
     # these builders unpack (C, H, W): other shapes failed inside them, naming their code
     if takes_images(name) and len(shape) != 3:
         default = inspect.signature(builder).parameters["input_shape"].default
         raise ValueError(f"input_shape: model {name!r} takes images [C, H, W] like {tuple(default)}, got {shape}")
-    return builder(shape, int(num_classes), time_steps, **kwargs)
+    return builder(shape, num_classes, time_steps, **kwargs)
 
 
 __all__ = ["MODELS", "build_model", "takes_images", "takes_static_images", "trains_sparse"]

@@ -11,7 +11,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..nn.layers import check_input, name_layers, scaled
+from ..neuron_options import check_int
+from ..nn.layers import check_input, checked_shape, name_layers, scaled
 from ..nn.spiking_layers import ConvBNLIF, LinearBNLIF
 
 TABLE_I = {  # (output channels, stride) of the 3x3 convs
@@ -37,7 +38,8 @@ class CifarNet(nn.Module):
         if size not in TABLE_I:
             raise ValueError(f"size: unknown {size!r}; expected one of {list(TABLE_I)}")
         lif = {**LIANG_LIF, **lif}
-        self.input_shape, self.time_steps = tuple(input_shape), int(time_steps)
+        # time_steps: how often a static image is repeated (int() truncated 2.5, and took "3")
+        self.input_shape, self.time_steps = checked_shape(input_shape, num_classes), check_int("time_steps", time_steps)
         c, h, w = self.input_shape
         blocks = []
         for i, (channels, stride) in enumerate(TABLE_I[size]):
@@ -68,7 +70,7 @@ class CifarNet(nn.Module):
 
 def builder(size):
     def build(input_shape=(3, 32, 32), num_classes=10, time_steps=10, **kwargs) -> CifarNet:
-        return CifarNet(size, input_shape, num_classes, time_steps or 10, **kwargs)
+        return CifarNet(size, input_shape, num_classes, 10 if time_steps is None else time_steps, **kwargs)
     build.__doc__ = f"Registry builder for the {size} network of Liang et al. Table I."
     build.static_images = True  # takes [B, C, H, W] images and repeats them over time (direct encoding)
     return build

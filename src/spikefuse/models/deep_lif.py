@@ -16,6 +16,7 @@ from math import prod
 import torch
 from torch import nn
 
+from ..neuron_options import check_int
 from ..nn import LIF
 from ..nn.layers import check_frames, checked_shape, name_layers, scaled
 from ..nn.spiking_layers import SpikingLinear
@@ -39,18 +40,15 @@ class DeepLIF(nn.Module):
                  hidden: int = HIDDEN, width: float = 1.0, backend: str = "auto", **lif):
         super().__init__()
         self.input_shape = checked_shape(input_shape, num_classes)
-        if int(depth) < 1:
-            raise ValueError(f"depth must be >= 1, got {depth}")
-        if int(hidden) < 1:
-            raise ValueError(f"hidden must be positive, got {hidden}")
-        self.hidden = scaled(int(hidden), width)
+        depth = check_int("depth", depth)
+        self.hidden = scaled(hidden, width)
         lif = {**LIF_DEFAULTS, **lif, "backend": backend}
         layers: list[nn.Module] = [nn.Flatten(start_dim=2)]  # [T, B, ...] -> [T, B, N]
         n_in = prod(self.input_shape)
-        for i in range(int(depth)):  # the first layer reads the raw input, the others spikes (saved as bits)
+        for i in range(depth):  # the first layer reads the raw input, the others spikes (saved as bits)
             layers += [(nn.Linear if i == 0 else SpikingLinear)(n_in, self.hidden, bias=False), LIF(**lif)]
             n_in = self.hidden
-        layers.append(SpikingLinear(n_in, int(num_classes)))
+        layers.append(SpikingLinear(n_in, num_classes))
         self.layers = nn.Sequential(*layers)
         self.reset_parameters()
         name_layers(self)

@@ -12,7 +12,7 @@ import math
 import torch
 from torch import nn
 
-from ..nn.layers import check_input, fold, name_layers, per_step, scaled, unfold
+from ..nn.layers import check_input, checked_shape, fold, name_layers, per_step, scaled, unfold
 from ..nn.spiking_layers import ConvBNLIF, LinearBNLIF
 
 LIF_DEFAULTS = dict(decay=0.5, threshold=1.0, reset="hard", surrogate="atan")
@@ -24,11 +24,11 @@ class DVSGestureNet(nn.Module):
                  backend: str = "auto", **lif):
         super().__init__()
         lif = {**LIF_DEFAULTS, **lif}
-        self.input_shape, self.fused = tuple(input_shape), fused
+        self.input_shape, self.fused = checked_shape(input_shape, num_classes), fused
         c_in, h, w = self.input_shape
         if h != w or h < 8 or h & (h - 1):
             raise ValueError(f"input_shape: expected square maps of a power-of-two size >= 8, got {input_shape}")
-        c = scaled(channels, width)
+        c = scaled(channels, width, "channels")
         n_blocks = int(math.log2(h // 4))
         self.features = nn.ModuleList(
             ConvBNLIF(c_in if i == 0 else c, c, 3, 1, fused=fused, spike_input=i > 0,

@@ -101,8 +101,8 @@ class IPUNet(nn.Module):
             raise ValueError(f"sparse: expected True, False or one of {list(BACKWARDS)}, got {sparse!r}")
         if sparse and not fused:
             raise ValueError("sparse=True needs fused=True (the unfused baseline is dense)")
-        if not hidden or min(hidden) < 1:
-            raise ValueError(f"hidden must list at least one positive layer size, got {hidden}")
+        if not isinstance(hidden, (tuple, list)) or not hidden:  # each size: scaled() checks it
+            raise ValueError(f"hidden must list at least one positive layer size, got {hidden!r}")
         if recurrent and not fused:
             raise ValueError("recurrent=True needs fused=True (the unfused baseline has no recurrent layer)")
         self.readout = readout  # export reads this: "mean" is the time-mean of the last Linear

@@ -8,7 +8,9 @@ from math import prod
 import torch
 from torch import nn
 
+from ..neuron_options import check_int
 from ..nn import LIF
+from ..nn.layers import checked_shape
 
 
 class SpikingMLP(nn.Module):
@@ -25,7 +27,8 @@ class SpikingMLP(nn.Module):
                  decay: float = 0.8, threshold: float = 1.0, surrogate: str = "fast_sigmoid",
                  alpha: float | None = None, reset: str = "hard"):
         super().__init__()
-        sizes = [prod(input_shape), *hidden]
+        input_shape = checked_shape(input_shape, num_classes)
+        sizes = [prod(input_shape), *(check_int("hidden", h) for h in hidden)]
         layers: list[nn.Module] = [nn.Flatten(start_dim=2)]  # [T, B, ...] -> [T, B, N]
         for n_in, n_out in zip(sizes, sizes[1:]):
             layers += [nn.Linear(n_in, n_out),

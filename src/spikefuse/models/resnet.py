@@ -13,7 +13,8 @@ import torch
 from torch import nn
 
 from ..nn.batchnorm import TemporalBatchNorm2d
-from ..nn.layers import check_input, fold, name_layers, per_step, scaled, unfold
+from ..neuron_options import check_int
+from ..nn.layers import check_input, checked_shape, fold, name_layers, per_step, scaled, unfold
 from ..nn.spiking_layers import ConvBNLIF, channels_last_conv, spiking_conv2d
 
 DEPTHS = {18: (2, 2, 2, 2), 34: (3, 4, 6, 3)}
@@ -57,7 +58,8 @@ class SpikingResNet(nn.Module):
         if depth not in DEPTHS:
             raise ValueError(f"depth: expected one of {list(DEPTHS)}, got {depth}")
         lif = {**LIF_DEFAULTS, **lif}
-        self.input_shape, self.time_steps, self.fused = tuple(input_shape), int(time_steps), fused
+        self.input_shape, self.fused = checked_shape(input_shape, num_classes), fused
+        self.time_steps = check_int("time_steps", time_steps)  # how often a static image is repeated
         widths = [scaled(c, width) for c in (64, 128, 256, 512)]
         small = max(self.input_shape[1:]) <= 64
         self.stem = ConvBNLIF(self.input_shape[0], widths[0], 3 if small else 7, 1 if small else 2,
@@ -82,11 +84,11 @@ class SpikingResNet(nn.Module):
 
 
 def build_resnet18(input_shape=(3, 32, 32), num_classes=10, time_steps=4, **kwargs):
-    return SpikingResNet(18, input_shape, num_classes, time_steps or 4, **kwargs)
+    return SpikingResNet(18, input_shape, num_classes, 4 if time_steps is None else time_steps, **kwargs)
 
 
 def build_resnet34(input_shape=(3, 32, 32), num_classes=10, time_steps=4, **kwargs):
-    return SpikingResNet(34, input_shape, num_classes, time_steps or 4, **kwargs)
+    return SpikingResNet(34, input_shape, num_classes, 4 if time_steps is None else time_steps, **kwargs)
 
 
 build_resnet18.static_images = build_resnet34.static_images = True  # [B, C, H, W], repeated over time

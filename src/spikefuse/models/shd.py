@@ -10,7 +10,7 @@ from math import prod
 import torch
 from torch import nn
 
-from ..nn.layers import check_input, name_layers, scaled
+from ..nn.layers import check_input, checked_shape, name_layers, scaled
 from ..nn.spiking_layers import LinearBNLIF
 
 LIF_DEFAULTS = dict(decay=0.9, threshold=0.5, reset="hard", surrogate="fast_sigmoid")
@@ -21,7 +21,7 @@ class SHDNet(nn.Module):
                  width: float = 1.0, fused: bool = True, backend: str = "auto", **lif):
         super().__init__()
         lif = {**LIF_DEFAULTS, **lif}
-        self.input_shape = tuple(input_shape)
+        self.input_shape = checked_shape(input_shape, num_classes)
         sizes = [prod(self.input_shape), *(scaled(h, width) for h in hidden)]
         self.hidden = nn.ModuleList(
             LinearBNLIF(a, b, fused=fused, spike_input=i > 0, backend=backend, **lif)

@@ -10,7 +10,18 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..neuron_options import check_int, check_number
 from .layers import check_input, fold, unfold
+
+
+def check_batch_norm(num_features, eps, momentum) -> None:
+    """A batch norm's host scalars, where they enter (TemporalBatchNorm*d, BNLIF): torch's
+    BatchNorm takes a NaN eps or momentum silently (NaN outputs or running statistics), a
+    float num_features to its allocator, and refuses eps <= 0 only in training, per forward."""
+    check_int("num_features", num_features)
+    check_number("eps", eps, low_open=0.0)
+    if momentum is not None:  # None: a cumulative average (torch's rule)
+        check_number("momentum", momentum, low=0.0, high=1.0)
 
 
 def step_momentum(bn: nn.modules.batchnorm._BatchNorm) -> float:
@@ -26,6 +37,11 @@ class _TemporalBatchNorm:
     """Shared forward: fold time into the batch, normalise, unfold."""
 
     sync = None  # a spikefuse.parallel.sync_bn.RankSync once converted to SyncBN
+
+    def __init__(self, num_features: int, eps: float = 1e-5, momentum: float | None = 0.1, affine: bool = True,
+                 track_running_stats: bool = True, device=None, dtype=None):
+        check_batch_norm(num_features, eps, momentum)
+        super().__init__(num_features, eps, momentum, affine, track_running_stats, device, dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         check_input(self, x, self._layout, rank=self._ranks, channels=self.num_features)

@@ -15,8 +15,8 @@ import torch
 from torch import nn
 
 from .. import functional as F
-from ..neuron_options import NeuronOptions
-from .batchnorm import step_momentum
+from ..neuron_options import NeuronOptions, check_int
+from .batchnorm import check_batch_norm, step_momentum
 from .layers import check_input, fold, layer_name, unfold
 from .neuron_base import option_property
 
@@ -56,6 +56,7 @@ class BNLIF(nn.modules.batchnorm._BatchNorm):
                  learn_decay: bool = False, eps: float = 1e-5, momentum: float = 0.1,
                  affine: bool = True, track_running_stats: bool = True, backend: str = "auto",
                  device=None, dtype=None):
+        check_batch_norm(num_features, eps, momentum)
         super().__init__(num_features, eps, momentum, affine, track_running_stats, device, dtype)
         # the kernels take a surrogate by name (callable_surrogate=False)
         self.options = NeuronOptions(threshold, reset, v_reset, detach_reset, surrogate, alpha,
@@ -79,8 +80,7 @@ class BNLIF(nn.modules.batchnorm._BatchNorm):
         if time_steps is not None:
             check_input(self, x, "[B, C, *] (repeated over time_steps)", rank=tuple(range(2, 8)),
                         channels=self.num_features, dim=1)
-            if time_steps < 1:
-                raise ValueError(f"{layer_name(self)}: time_steps must be >= 1, got {time_steps}")
+            check_int("time_steps", time_steps)  # a host int: checking it costs no sync
             x = x.unsqueeze(0)
         else:
             self._check_input_dim(x)

@@ -12,6 +12,8 @@ import math
 import torch
 from torch import nn
 
+from ..neuron_options import MAX_INT, check_int, check_number
+
 
 def layer_name(module: nn.Module) -> str:
     return getattr(module, "_layer_name", None) or type(module).__name__
@@ -41,23 +43,28 @@ def check_input(module: nn.Module, x: torch.Tensor, layout: str, rank=None, chan
 
 
 def checked_shape(input_shape, num_classes) -> tuple[int, ...]:
-    """A model's input_shape as a tuple of ints; ValueError unless it and num_classes are positive."""
-    shape = tuple(int(s) for s in input_shape)
-    if not shape or min(shape) < 1:
-        raise ValueError(f"input_shape must be a non-empty tuple of positive sizes, got {tuple(input_shape)}")
-    if int(num_classes) < 1:
-        raise ValueError(f"num_classes must be >= 1, got {num_classes}")
-    return shape
+    """A model's input_shape as a tuple of ints, each and num_classes an int in [1, MAX_INT]
+    (check_int: ValueError, or ArgumentError for 2.5 or NaN, which int() truncated or raised
+    on deep in torch). Every model of spikefuse.models checks them here."""
+    if isinstance(input_shape, (str, bytes)) or not hasattr(input_shape, "__iter__") or not len(input_shape):
+        raise ValueError(f"input_shape must be a non-empty tuple of positive sizes, got {input_shape!r}")
+    for size in input_shape:
+        check_int("input_shape", size)
+    check_int("num_classes", num_classes)
+    return tuple(int(s) for s in input_shape)
 
 
-MAX_UNITS = 2**31 - 1  # units or channels of one layer: far past any that fits in memory
+MAX_UNITS = MAX_INT  # units or channels of one layer: far past any that fits in memory
 
 
-def scaled(size: int, width) -> int:
+def scaled(size: int, width, name: str = "hidden") -> int:
     """A layer of `size` units (or channels) scaled by a model's `width`: max(1, round(size *
     width)). ValueError naming width for one that is not a finite number > 0, or that makes
-    the layer wider than MAX_UNITS (a width of 1e30 used to end in an overflow deep in torch)."""
-    if isinstance(width, bool) or not isinstance(width, (int, float)) or not (math.isfinite(width) and width > 0):
+    the layer wider than MAX_UNITS (a width of 1e30 used to end in an overflow deep in torch);
+    `size`, a caller's argument, is checked as `name` (check_int)."""
+    size = check_int(name, size)
+    ok = isinstance(width, (int, float)) and not isinstance(width, bool) and 0 < width < math.inf
+    if not ok or width > 1e300:  # past float range: the message below could not format it
         raise ValueError(f"width: expected a finite number > 0 (the scale of the model's layer widths), got {width!r}")
     units = size * width
     if units > MAX_UNITS:
@@ -123,9 +130,8 @@ class Dropout(nn.Module):
 
     def __init__(self, p: float = 0.5, shared_across_time: bool = True):
         super().__init__()
-        if not 0.0 <= p < 1.0:
-            raise ValueError(f"p must lie in [0, 1), got {p}")
-        self.p, self.shared_across_time = p, shared_across_time
+        # p = 1 would divide the kept (no) values by 0; a string failed in a comparison
+        self.p, self.shared_across_time = check_number("p", p, low=0.0, high_open=1.0), shared_across_time
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.training or self.p == 0.0:

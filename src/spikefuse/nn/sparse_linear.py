@@ -19,6 +19,7 @@ import torch
 
 from ..ops import kept_positions
 from ..ops.sparse_linear import sparse_spike_linear
+from ..neuron_options import check_number
 from .layers import check_input, layer_name
 from .spiking_layers import SpikingLinear, _saved_bits
 
@@ -39,9 +40,7 @@ class SparseSpikingLinear(SpikingLinear):
         super().__init__(in_features, out_features, bias, device, dtype)
         if backward not in BACKWARDS:
             raise ValueError(f"backward: unknown {backward!r}; expected one of {list(BACKWARDS)}")
-        if not 0.0 <= sparse_below <= 1.0:
-            raise ValueError(f"sparse_below must be a share in [0, 1], got {sparse_below}")
-        self.backward_mode, self.sparse_below = backward, float(sparse_below)
+        self.backward_mode, self.sparse_below = backward, check_number("sparse_below", sparse_below, low=0.0, high=1.0)
         self.sparse = backward != "dense"
         self.register_buffer("carry", torch.zeros(2, dtype=torch.float64, device=device), persistent=False)
         self.last_share: float | None = None  # the carrying share update_dispatch decided on last

@@ -23,6 +23,7 @@ from ..ops.spike_linear import spike_linear
 from ..ops.spike_pack import attached_bits, pack
 from .batchnorm import TemporalBatchNorm1d, TemporalBatchNorm2d
 from .bn_lif import BNLIF
+from ..neuron_options import check_int
 from .layers import check_input, fold, unfold
 from .neurons import LIF
 
@@ -38,8 +39,32 @@ def _saved_bits(s: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, channels
     return bits if bits is not None else pack(memory_order(x, channels_last))
 
 
+def check_linear(in_features, out_features) -> None:
+    """The sizes of a linear layer, ints in [1, MAX_INT] (check_int): torch's own constructor
+    took 2.5 or 2**70 to its allocator (a TypeError naming empty()) and a bool as a size."""
+    check_int("in_features", in_features)
+    check_int("out_features", out_features)
+
+
+def check_conv(in_channels, out_channels, kernel_size, stride, padding, dilation=1, groups=1) -> None:
+    """A convolution's sizes, each an int (or a pair of ints for the spatial ones): checked here
+    because nn.Conv2d takes a NaN, negative or string stride and padding without a word (they
+    failed at the first forward) and sends a float size to its allocator."""
+    check_int("in_channels", in_channels)
+    check_int("out_channels", out_channels)
+    check_int("groups", groups)
+    for name, value, low in (("kernel_size", kernel_size, 1), ("stride", stride, 1), ("padding", padding, 0),
+                             ("dilation", dilation, 1)):
+        for v in value if isinstance(value, (tuple, list)) and len(value) == 2 else (value,):
+            check_int(name, v, low=low)
+
+
 class SpikingLinear(nn.Linear):
     """nn.Linear over binary spikes [T, B, ..., in_features], input saved as bits."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, device=None, dtype=None):
+        check_linear(in_features, out_features)
+        super().__init__(in_features, out_features, bias, device, dtype)
 
     def forward(self, s: torch.Tensor) -> torch.Tensor:
         check_input(self, s, "[T, B, ..., in_features]", rank=tuple(range(3, 9)),
@@ -52,11 +77,14 @@ class SpikingConv2d(nn.Conv2d):
     """nn.Conv2d over binary spikes [T, B, C, H, W], time folded, input saved as bits.
     A channels-last weight gets its input channels-last too (no copy when it already is)."""
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        if isinstance(self.padding, str) or self.padding_mode != "zeros":
+    def __init__(self, in_channels: int, out_channels: int, kernel_size, stride=1, padding=0, dilation=1,
+                 groups: int = 1, bias: bool = True, padding_mode: str = "zeros", device=None, dtype=None):
+        if isinstance(padding, str) or padding_mode != "zeros":
             raise ValueError(f"{type(self).__name__} supports integer zero padding only, "
-                             f"got padding={self.padding!r}, padding_mode={self.padding_mode!r}")
+                             f"got padding={padding!r}, padding_mode={padding_mode!r}")
+        check_conv(in_channels, out_channels, kernel_size, stride, padding, dilation, groups)
+        super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias,
+                         padding_mode, device, dtype)
 
     def forward(self, s: torch.Tensor) -> torch.Tensor:
         check_input(self, s, "[T, B, C, H, W]", rank=5, channels=self.in_channels)
@@ -132,6 +160,7 @@ class ConvBNLIF(_BNLIFBlock):
     def __init__(self, in_channels: int, out_channels: int, kernel_size: int = 3, stride: int = 1,
                  padding: int | None = None, fused: bool = True, spike_input: bool = True,
                  backend: str = "auto", **lif):
+        check_conv(in_channels, out_channels, kernel_size, stride, 0 if padding is None else padding)
         conv = nn.Conv2d(in_channels, out_channels, kernel_size, stride,
                          kernel_size // 2 if padding is None else padding, bias=False)
         super().__init__(channels_last_conv(conv) if fused else conv, TemporalBatchNorm2d,
@@ -151,6 +180,7 @@ class ConvBNLIF(_BNLIFBlock):
 class LinearBNLIF(_BNLIFBlock):
     def __init__(self, in_features: int, out_features: int, fused: bool = True,
                  spike_input: bool = True, backend: str = "auto", **lif):
+        check_linear(in_features, out_features)
         linear = nn.Linear(in_features, out_features, bias=False)
         super().__init__(linear, TemporalBatchNorm1d, out_features, fused, spike_input, backend, lif)
 

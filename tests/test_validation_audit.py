@@ -1,0 +1,187 @@
+"""Issue 36, item 3: host scalars checked where they enter the public surface beyond the neurons.
+
+Audited, with NaN, +-inf, 0, -1, a bool, a string, 2.5 where an int is wanted and 2**70: the
+nn layers (SpikingLinear, SpikingConv2d, SparseSpikingLinear, ConvBNLIF, LinearBNLIF, Dropout,
+TemporalBatchNorm1d/2d, BNLIF), spikefuse.encode, spikefuse.loss, spikefuse.traces,
+spikefuse.optim.LazyAdam, spikefuse.precision, the model builders, and the data transforms and
+generators (ToFrame, Downsample, the synthetic sets, batching).
+
+Found, and now refused by name where the parameter enters (check_number / check_int of
+spikefuse.neuron_options, or the data layer's own check_number): layer sizes given as floats,
+bools, strings or 2**70 (a TypeError naming torch's empty()); a NaN/negative/string conv stride
+or padding (taken silently, failing at the first forward); a NaN batch-norm eps or momentum (NaN
+outputs or running statistics); a NaN/inf threshold, v_reset, beta or adapt_decay in the traces
+(NaN traces); an inf lr or eps in LazyAdam (NaN or frozen weights); an encoder's 2**70 (an
+OverflowError inside torch) and latency's huge tau under normalize (no spikes); models' NaN or
+2.5 sizes and time steps (int() raised or truncated); SyntheticSHD's unchecked samples, seed,
+mean_events and noise (failures inside numpy at indexing); 2**70 synthetic samples (no end);
+ToFrame's float num_frames; 2**70 batch sizes (an OverflowError).
+"""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from spikefuse import encode, loss, traces
+from spikefuse.data.dataset import DenseSpikeDataset
+from spikefuse.data.framing import ToFrame
+from spikefuse.data.synthetic import SyntheticSHD
+from spikefuse.data.synthetic_events import SyntheticNMNIST
+from spikefuse.data.synthetic_images import SyntheticCIFAR
+from spikefuse.models import build_model
+from spikefuse.nn import BNLIF, Dropout, TemporalBatchNorm1d, TemporalBatchNorm2d
+from spikefuse.nn.sparse_linear import SparseSpikingLinear
+from spikefuse.nn.spiking_layers import ConvBNLIF, LinearBNLIF, SpikingConv2d, SpikingLinear
+from spikefuse.optim import LazyAdam
+
+NON_NUMBERS = ["3", None, True]  # a string, None, a bool (an int to Python, never meant as one)
+NON_FINITE = [math.nan, math.inf, -math.inf, 2**1100]
+NOT_INTS = [2.5, math.nan, math.inf, "3", True]
+BAD_SIZES = [0, -1, 2**70]
+
+
+def _refused(call, name):
+    """call() raises a ValueError (ArgumentError is one) or TypeError whose message starts with `name`."""
+    with pytest.raises((ValueError, TypeError)) as info:
+        call()
+    message = str(info.value)
+    assert message.startswith(name), message
+    assert "\n" not in message
+
+
+def _adam(**kw):
+    return LazyAdam([torch.nn.Parameter(torch.zeros(2, 2))], **kw)
+
+
+def _synthetic_shd(**kw):
+    return SyntheticSHD("train", samples=2, **kw)
+
+
+# ---- sizes: ints in [1, 2**31 - 1] -------------------------------------------------------------
+
+SIZES = {
+    "SpikingLinear.in_features": ("in_features", lambda v: SpikingLinear(v, 3)),
+    "SpikingLinear.out_features": ("out_features", lambda v: SpikingLinear(3, v)),
+    "SparseSpikingLinear.in_features": ("in_features", lambda v: SparseSpikingLinear(v, 3)),
+    "LinearBNLIF.out_features": ("out_features", lambda v: LinearBNLIF(3, v)),
+    "SpikingConv2d.in_channels": ("in_channels", lambda v: SpikingConv2d(v, 3, 3)),
+    "SpikingConv2d.kernel_size": ("kernel_size", lambda v: SpikingConv2d(2, 3, v)),
+    "SpikingConv2d.stride": ("stride", lambda v: SpikingConv2d(2, 3, 3, stride=v)),
+    "ConvBNLIF.out_channels": ("out_channels", lambda v: ConvBNLIF(2, v)),
+    "ConvBNLIF.stride": ("stride", lambda v: ConvBNLIF(2, 3, 3, v)),
+    "TemporalBatchNorm1d.num_features": ("num_features", lambda v: TemporalBatchNorm1d(v)),
+    "BNLIF.num_features": ("num_features", lambda v: BNLIF(v)),
+    "BNLIF.forward.time_steps": ("time_steps", lambda v: BNLIF(3)(torch.rand(2, 3), time_steps=v)),
+    "mlp.num_classes": ("num_classes", lambda v: build_model("mlp", (4,), v, hidden=(3,))),
+    "mlp.hidden": ("hidden", lambda v: build_model("mlp", (4,), 2, hidden=(v,))),
+    "shd.input_shape": ("input_shape", lambda v: build_model("shd", (v,), 2, width=1 / 64)),
+    "deep-lif.depth": ("depth", lambda v: build_model("deep-lif", (4,), 2, depth=v, hidden=4)),
+    "ipu-shd.hidden": ("hidden", lambda v: build_model("ipu-shd", (4,), 2, hidden=(v,))),
+    "dvs-gesture.channels": ("channels", lambda v: build_model("dvs-gesture", (2, 8, 8), 2, channels=v)),
+    "cifar-small.time_steps": ("time_steps", lambda v: build_model("cifar-small", (3, 8, 8), 2, v, width=1 / 64)),
+    "resnet18.num_classes": ("num_classes", lambda v: build_model("resnet18", (3, 8, 8), v, width=1 / 64)),
+    "encode.rate.time_steps": ("time_steps", lambda v: encode.rate(torch.rand(2), v)),
+    "SyntheticSHD.samples": ("samples", lambda v: SyntheticSHD(samples=v)),
+    "SyntheticNMNIST.samples": ("samples", lambda v: SyntheticNMNIST(samples=v)),
+    "SyntheticCIFAR.samples": ("samples", lambda v: SyntheticCIFAR(samples=v)),
+    "SyntheticNMNIST.mean_events": ("mean_events", lambda v: SyntheticNMNIST(samples=1, mean_events=v)),
+    "SyntheticSHD.mean_events": ("mean_events", lambda v: _synthetic_shd(mean_events=v)),
+    "ToFrame.batch.num_frames": ("num_frames", lambda v: ToFrame((4, 1, 1), n_time_bins=2).batch(
+        {"t": torch.arange(3), "x": torch.zeros(3, dtype=torch.int16), "p": torch.zeros(3, dtype=torch.int8)},
+        torch.tensor([0, 3]), num_frames=v)),
+    "DenseSpikeDataset.batches.batch_size": ("batch_size", lambda v: next(
+        DenseSpikeDataset(torch.zeros(2, 3, 4), torch.zeros(3, dtype=torch.long)).batches(v, shuffle=False))),
+}
+
+
+@pytest.mark.parametrize("value", NOT_INTS + BAD_SIZES, ids=repr)
+@pytest.mark.parametrize("entry", SIZES)
+def test_sizes_refused_by_name(entry, value):
+    name, call = SIZES[entry]
+    _refused(lambda: call(value), name)
+
+
+def test_padding_may_be_zero_but_not_negative_or_fractional():
+    SpikingConv2d(2, 3, 3, padding=0)
+    ConvBNLIF(2, 3, 3, 1, padding=(0, 1))
+    for bad in (-1, 0.5, math.nan):
+        _refused(lambda: SpikingConv2d(2, 3, 3, padding=bad), "padding")
+        _refused(lambda: ConvBNLIF(2, 3, 3, 1, bad), "padding")
+
+
+# ---- real numbers: finite, within their bounds ----------------------------------------------------
+
+NUMBERS = {  # entry: (name, call, values outside the bounds besides the non-finite ones)
+    "Dropout.p": ("p", lambda v: Dropout(v), [-0.1, 1.0]),
+    "SparseSpikingLinear.sparse_below": ("sparse_below", lambda v: SparseSpikingLinear(3, 3, sparse_below=v), [-0.1, 1.5]),
+    "TemporalBatchNorm2d.eps": ("eps", lambda v: TemporalBatchNorm2d(3, eps=v), [0.0, -1e-5]),
+    "TemporalBatchNorm1d.momentum": ("momentum", lambda v: TemporalBatchNorm1d(3, momentum=v), [-0.1, 1.5]),
+    "BNLIF.eps": ("eps", lambda v: BNLIF(3, eps=v), [0.0]),
+    "BNLIF.momentum": ("momentum", lambda v: BNLIF(3, momentum=v), [2.0]),
+    "encode.rate.gain": ("gain", lambda v: encode.rate(torch.rand(2), 2, gain=v), [-1.0]),
+    "encode.latency.tau": ("tau", lambda v: encode.latency(torch.rand(2), 2, tau=v), [0.0]),
+    "encode.latency.threshold": ("threshold", lambda v: encode.latency(torch.rand(2), 2, threshold=v), [1.0]),
+    "encode.delta.threshold": ("threshold", lambda v: encode.delta(torch.rand(2, 2), threshold=v), [0.0]),
+    "loss.count_mse.correct_rate": ("correct_rate", lambda v: loss.count_mse(
+        torch.rand(2, 3), torch.tensor([0, 1]), correct_rate=v), [1.5]),
+    "traces.membrane_trace.threshold": ("threshold", lambda v: traces.membrane_trace(
+        torch.rand(2, 3), torch.ones(2, 3), "soft", threshold=v), []),
+    "traces.membrane_trace.v_reset": ("v_reset", lambda v: traces.membrane_trace(
+        torch.rand(2, 3), torch.ones(2, 3), v_reset=v), []),
+    "traces.adaptive_threshold_trace.beta": ("beta", lambda v: traces.adaptive_threshold_trace(
+        torch.ones(2, 3), beta=v), [-0.5]),
+    "traces.adaptive_threshold_trace.adapt_decay": ("adapt_decay", lambda v: traces.adaptive_threshold_trace(
+        torch.ones(2, 3), adapt_decay=v), [0.0, 1.5]),
+    "LazyAdam.lr": ("lr", lambda v: _adam(lr=v), [-1e-3, 1e39]),
+    "LazyAdam.betas": ("betas[0]", lambda v: _adam(betas=(v, 0.9)), [1.0]),
+    "LazyAdam.eps": ("eps", lambda v: _adam(eps=v), [-1e-8]),
+    "SyntheticSHD.noise": ("noise", lambda v: _synthetic_shd(noise=v), [1.5]),
+    "models.width": ("width", lambda v: build_model("shd", (4,), 2, width=v), [0.0]),
+}
+
+
+@pytest.mark.parametrize("entry", NUMBERS)
+def test_numbers_refused_by_name(entry):
+    name, call, out_of_bounds = NUMBERS[entry]
+    for value in NON_FINITE + NON_NUMBERS + out_of_bounds:
+        if value is None and entry.endswith("momentum"):
+            continue  # None is torch's cumulative average
+        _refused(lambda: call(value), name)
+
+
+def test_betas_must_be_a_pair():
+    for bad in (0.9, (0.9,), "ab", None):
+        _refused(lambda: _adam(betas=bad), "betas")
+
+
+def test_messages_do_not_depend_on_the_backend():
+    """BNLIF checks at construction, before it knows which backend runs."""
+    for backend in ("reference", "fused", "auto"):
+        with pytest.raises(ValueError, match=r"^eps must be a number > 0, got nan$"):
+            BNLIF(3, eps=math.nan, backend=backend)
+
+
+# ---- valid edge values still work ---------------------------------------------------------------------
+
+def test_valid_edges_work():
+    assert Dropout(0.0).p == 0.0 and SparseSpikingLinear(2, 2, sparse_below=1).sparse_below == 1.0
+    bn = TemporalBatchNorm1d(3, momentum=None)  # torch's cumulative average
+    bn(torch.rand(2, 2, 3))
+    assert torch.isfinite(bn.running_mean).all()
+    assert torch.isfinite(BNLIF(3, eps=1e-3, momentum=1.0, backend="reference")(torch.rand(2, 2, 3))).all()
+    assert BNLIF(3, backend="reference")(torch.rand(2, 3), time_steps=2).shape == (2, 2, 3)
+    x = torch.rand(4, 5)
+    # normalize: tau cancels, so any finite tau gives the same spikes (1e300 used to give none)
+    assert torch.equal(encode.latency(x, 6, tau=1e300), encode.latency(x, 6))
+    assert encode.rate(x, 1, gain=2**70).shape == (1, 4, 5)  # a huge gain: every step fires
+    p = torch.nn.Parameter(torch.ones(2, 2))
+    opt = LazyAdam([p], lr=0, betas=(0, 0), eps=0)
+    p.grad = torch.ones(2, 2)
+    opt.step()
+    assert torch.equal(p.detach(), torch.ones(2, 2))
+    import numpy as np
+    assert SpikingLinear(np.int64(3), 2).in_features == 3  # numpy ints are ints
+    assert build_model("cifar-small", (3, 8, 8), 2, None, width=1 / 64).time_steps == 10  # None: the default
+    assert len(SyntheticSHD("test", samples=2, seed=-1, noise=1.0)[0][0]) > 0  # negative seeds as the other sets
