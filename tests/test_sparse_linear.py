@@ -135,37 +135,6 @@ def test_secondary_threshold_makes_gradients_sparse_and_matches_its_dense_twin()
     assert all(lif.grad_threshold == 0.9 for lif in sparse.modules() if isinstance(lif, LIF))
 
 
-def test_input_gradient_only_where_the_producing_lif_keeps_its_surrogate():
-    """A LIF cut per position over the batch notes its kept positions on its spikes; the
-    sparse layer after it computes the spikes' gradient there only (zeros elsewhere, where
-    the LIF multiplies it by 0), so the LIF's input gradient is the dense path's."""
-    from spikefuse import reference
-    from spikefuse.ops import kept_positions
-    torch.manual_seed(5)
-    lif = LIF(decay=0.9, threshold=1.0, grad_threshold=0.9, grad_scope="batch", backend="fused")
-    x = (torch.randn(7, 3, 37) * 0.2 + torch.linspace(-0.5, 0.5, 37)).to(DEVICE)  # the first positions stay low
-    sparse = SparseSpikingLinear(37, 29, backward="sparse").to(DEVICE)
-    dense = SparseSpikingLinear(37, 29, backward="dense").to(DEVICE)
-    dense.load_state_dict(sparse.state_dict())
-    grads = {}
-    for name, layer in (("sparse", sparse), ("dense", dense)):
-        xi = x.clone().requires_grad_()
-        s = lif(xi)
-        s.retain_grad()
-        (layer(s) * torch.linspace(-1, 1, 29, device=DEVICE)).sum().backward()
-        grads[name] = xi.grad, s.grad, layer.weight.grad, kept_positions.of(s)
-    _, h = reference.lif(x.cpu(), 0.9, 1.0, return_potential=True)
-    kept = reference.reached_grad_threshold(h, 0.9, "batch")[0]
-    assert torch.equal(grads["sparse"][3].cpu() != 0, kept) and 0 < kept.sum() < 37
-    (gx, gs, gw, _), (gx_dense, gs_dense, gw_dense, _) = grads["sparse"], grads["dense"]
-    assert rel(gx, gx_dense) < 1e-5 and rel(gw, gw_dense) < 1e-5
-    assert torch.equal(gs[..., ~kept.to(DEVICE)], torch.zeros_like(gs[..., ~kept.to(DEVICE)]))
-    assert rel(gs[..., kept.to(DEVICE)], gs_dense[..., kept.to(DEVICE)]) < 1e-5
-    s = lif(x.clone().requires_grad_())
-    s.mul_(1.0)  # modified in place: the note no longer describes it
-    assert kept_positions.of(s) is None
-
-
 def test_lazy_adam_is_adam_where_every_row_has_gradient_and_skips_zero_rows():
     torch.manual_seed(0)
     p1 = torch.randn(9, 13, device=DEVICE, requires_grad=True)

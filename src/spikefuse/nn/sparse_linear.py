@@ -17,7 +17,6 @@ import warnings
 
 import torch
 
-from ..ops import kept_positions
 from ..ops.sparse_linear import sparse_spike_linear
 from ..neuron_options import check_number
 from .layers import check_input, layer_name
@@ -30,10 +29,7 @@ SPARSE_BELOW = 0.25  # a first guess from one H100 run (docs/sparse.md), not a c
 class SparseSpikingLinear(SpikingLinear):
     """nn.Linear over binary spikes [T, B, ..., in_features] (input saved as bits) whose
     backward runs sparse over the outputs that carry gradient. backward: "auto" (start
-    sparse, then follow update_dispatch), "sparse" or "dense" (fixed). After a LIF cut per
-    position over the batch (grad_scope "batch"), on [T, B, in_features], the sparse
-    backward gives the spikes' gradient only at the positions that LIF keeps (zeros where it
-    would discard it), so the LIF's input gradient is unchanged at a fraction of the work."""
+    sparse, then follow update_dispatch), "sparse" or "dense" (fixed)."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, backward: str = "auto",
                  sparse_below: float = SPARSE_BELOW, device=None, dtype=None):
@@ -51,9 +47,8 @@ class SparseSpikingLinear(SpikingLinear):
         check_input(self, s, "[T, B, ..., in_features]", rank=tuple(range(3, 9)),
                     channels=self.in_features, dim=-1)
         x = s if s.is_contiguous() else s.contiguous()
-        kept = kept_positions.of(s)  # a LIF's per-position cut (grad_scope "batch") over these inputs
         return sparse_spike_linear(x, self.weight, self.bias, _saved_bits(s, x, self.weight),
-                                   self.carry, self.sparse, kept if kept is not None and s.dim() == 3 else None)
+                                   self.carry, self.sparse)
 
     def carrying_share(self, reset: bool = True) -> float | None:
         """Mean share of outputs that carried gradient per backward since the last reset

@@ -36,7 +36,6 @@ from .kernel_base import (EAGER, RESET_CODES, TRACED, cdiv, channel_layout, chun
                           store_chunk, store_outputs, surrogate_grad, time_major)
 from .triton_or_stub import tl, triton
 from .launch import cached_launch
-from . import kept_positions
 from .double_backward import grads_with_graph
 from ..surrogates import CUSTOM, SURROGATES, CustomSurrogate
 
@@ -359,10 +358,6 @@ class LIFFunction(torch.autograd.Function):
             ctx.save_for_backward(x, ckpt, decay_tensor, v0, threshold_tensor)
             ctx.options = options[:-2]
             ctx.want = (want_h, want_state)
-            if grad_scope == "batch" and x.dim() >= 3:  # the positions whose gradient the backward uses
-                keep = keep_flags(ckpt, x, grad_threshold, grad_scope)
-                if keep is not None:
-                    kept_positions.note(spikes, keep)
         out = (spikes, *h) + ((vT,) if want_state else ())
         return out if len(out) > 1 else spikes
 

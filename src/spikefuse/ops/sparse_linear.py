@@ -7,9 +7,7 @@ every column whose neuron never came near threshold. Those columns contribute no
 so backward first flags the carrying columns U (nonzero anywhere in gy), lists them (an
 index list with its count on the device, spikefuse.ops.spike_index), gathers gy[:, U] into
 a compact block, and then
-- input gradient  gs = gy[:, U] @ W[U, :]     (reads |U| rows of W, not all of W; when s's
-  producer, a LIF cut per position over the batch, noted the inputs whose gradient it uses,
-  spikefuse.ops.kept_positions, only those columns: the rest it would multiply by 0),
+- input gradient  gs = gy[:, U] @ W[U, :]     (reads |U| rows of W, not all of W),
 - weight gradient gw[U, :] = gy[:, U]^T @ s   (|U| rows computed; the rest is zero),
 each a Triton matmul whose loop runs to the device-side count, so the launch shapes are
 static and a CUDA graph captures them. The weight gradient is returned dense (zero
@@ -37,7 +35,7 @@ from .kernel_base import cdiv
 from . import grad_rows
 from .launch import cached_launch
 from .recurrent_lif import _tf32
-from .spike_index import active_indices, line_flags, nonzero_lines
+from .spike_index import line_flags, nonzero_lines
 from .spike_linear import _backward as dense_backward, graph_edge, spikes_with_graph
 from .spike_pack import pack, use_triton
 
@@ -61,36 +59,25 @@ def _gather_columns_kernel(gy_ptr, cols_ptr, count_ptr, gyt_ptr, R, OUT, BR: tl.
 
 @cached_launch
 @triton.jit
-def _input_grad_kernel(gyt_ptr, w_ptr, cols_ptr, count_ptr, inputs_ptr, inputs_count_ptr, gs_ptr, R, IN,
-                       BR: tl.constexpr, BI: tl.constexpr, BK: tl.constexpr, PRECISION: tl.constexpr,
-                       LISTED: tl.constexpr):
-    """gs[r, i] = sum_{k < count} gyt[k, r] * w[cols[k], i], for every input i, or (LISTED)
-    for i = inputs[j], j < inputs_count, only (the programs past that count have nothing to do)."""
+def _input_grad_kernel(gyt_ptr, w_ptr, cols_ptr, count_ptr, gs_ptr, R, IN,
+                       BR: tl.constexpr, BI: tl.constexpr, BK: tl.constexpr, PRECISION: tl.constexpr):
+    """gs[r, i] = sum_{k < count} gyt[k, r] * w[cols[k], i]."""
     r = tl.program_id(0) * BR + tl.arange(0, BR)
-    j = tl.program_id(1) * BI + tl.arange(0, BI)
-    if LISTED:
-        i_count = tl.load(inputs_count_ptr)
-        i_mask = j < i_count
-        i = tl.load(inputs_ptr + j, mask=i_mask, other=0)
-    else:
-        i_count = IN
-        i_mask = j < IN
-        i = j
-    if tl.program_id(1) * BI < i_count:
-        r_mask = r < R
-        n = tl.load(count_ptr)
-        acc = tl.zeros([BR, BI], tl.float32)
-        for k0 in range(0, n, BK):
-            k = k0 + tl.arange(0, BK)
-            k_mask = k < n
-            col = tl.load(cols_ptr + k, mask=k_mask, other=0).to(tl.int64)
-            a = tl.load(gyt_ptr + k.to(tl.int64)[None, :] * R + r[:, None],
-                        mask=r_mask[:, None] & k_mask[None, :], other=0.0).to(tl.float32)
-            b = tl.load(w_ptr + col[:, None] * IN + i[None, :],
-                        mask=k_mask[:, None] & i_mask[None, :], other=0.0).to(tl.float32)
-            acc = tl.dot(a, b, acc, input_precision=PRECISION)
-        tl.store(gs_ptr + r.to(tl.int64)[:, None] * IN + i[None, :], acc.to(gs_ptr.dtype.element_ty),
-                 mask=r_mask[:, None] & i_mask[None, :])
+    i = tl.program_id(1) * BI + tl.arange(0, BI)
+    r_mask, i_mask = r < R, i < IN
+    n = tl.load(count_ptr)
+    acc = tl.zeros([BR, BI], tl.float32)
+    for k0 in range(0, n, BK):
+        k = k0 + tl.arange(0, BK)
+        k_mask = k < n
+        col = tl.load(cols_ptr + k, mask=k_mask, other=0).to(tl.int64)
+        a = tl.load(gyt_ptr + k.to(tl.int64)[None, :] * R + r[:, None],
+                    mask=r_mask[:, None] & k_mask[None, :], other=0.0).to(tl.float32)
+        b = tl.load(w_ptr + col[:, None] * IN + i[None, :],
+                    mask=k_mask[:, None] & i_mask[None, :], other=0.0).to(tl.float32)
+        acc = tl.dot(a, b, acc, input_precision=PRECISION)
+    tl.store(gs_ptr + r.to(tl.int64)[:, None] * IN + i[None, :], acc.to(gs_ptr.dtype.element_ty),
+             mask=r_mask[:, None] & i_mask[None, :])
 
 
 @cached_launch
@@ -156,20 +143,15 @@ def gather_carrying(gy2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torc
     return gyt, cols, count
 
 
-def input_grad(gyt, weight, cols, count, precision, kept=None):
-    """gs [R, IN] = gy[:, U] @ weight[U, :] (U = cols[:count]) from the gathered gyt [OUT, R];
-    with `kept` (flags [IN], spikefuse.ops.kept_positions: the inputs whose gradient their
-    producer uses) at those inputs only, zeros elsewhere."""
+def input_grad(gyt, weight, cols, count, precision):
+    """gs [R, IN] = gy[:, U] @ weight[U, :] (U = cols[:count]) from the gathered gyt [OUT, R]."""
     R, IN = gyt.shape[1], weight.shape[1]
     w = weight if weight.is_contiguous() else weight.contiguous()
-    listed = kept is not None
-    gs = (torch.zeros if listed else torch.empty)(R, IN, device=gyt.device, dtype=gyt.dtype)
+    gs = torch.empty(R, IN, device=gyt.device, dtype=gyt.dtype)
     if R > 0 and IN > 0:
-        inputs, inputs_count = active_indices(kept.view(1, IN), IN) if listed else (count, count)
         br, bi, bk, warps = INPUT_GRAD_TILES
-        _input_grad_kernel[(cdiv(R, br), cdiv(IN, bi))](gyt, w, cols, count, inputs, inputs_count, gs, R, IN,
-                                                          BR=br, BI=bi, BK=bk, PRECISION=precision,
-                                                          LISTED=listed, num_warps=warps)
+        _input_grad_kernel[(cdiv(R, br), cdiv(IN, bi))](gyt, w, cols, count, gs, R, IN, BR=br, BI=bi, BK=bk,
+                                                          PRECISION=precision, num_warps=warps)
     return gs
 
 
@@ -196,16 +178,16 @@ def carrying_columns(gy2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return nonzero_lines(gy2, over=0)
 
 
-def sparse_backward(gy2, bits, weight, need_s: bool, need_w: bool, carry=None, kept=None):
+def sparse_backward(gy2, bits, weight, need_s: bool, need_w: bool, carry=None):
     """(gs [R, IN] or None, gw [OUT, IN] or None) for gy2 [R, OUT] (contiguous) and the
     spikes' bits (pack of s [R, IN]; only read for gw). gw's rows that can be nonzero are
-    noted on `weight` (grad_rows). kept: see input_grad."""
+    noted on `weight` (grad_rows)."""
     gyt, cols, count = gather_carrying(gy2)
     if carry is not None:
         carry[0] += count[0]
         carry[1] += 1
     precision = _precision(gy2)
-    gs = input_grad(gyt, weight, cols, count, precision, kept) if need_s else None
+    gs = input_grad(gyt, weight, cols, count, precision) if need_s else None
     gw = None
     if need_w:
         gw = torch.zeros_like(weight, memory_format=torch.contiguous_format)
@@ -216,14 +198,13 @@ def sparse_backward(gy2, bits, weight, need_s: bool, need_w: bool, carry=None, k
 
 class SparseSpikeLinearFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, s, weight, bias, bits, carry, sparse, edge=None, kept=None):
+    def forward(ctx, s, weight, bias, bits, carry, sparse, edge=None):
         """bits: pack(s), or None when no weight gradient will be taken. sparse=False runs
         the dense backward (cuBLAS) but still counts the carrying columns into `carry`.
-        edge: spike_linear.graph_edge(s), s's place in the graph for a create_graph backward.
-        kept: the inputs whose gradient s's producer uses (input_grad), or None."""
+        edge: spike_linear.graph_edge(s), s's place in the graph for a create_graph backward."""
         ctx.save_for_backward(bits, weight, edge)
         ctx.s_shape, ctx.s_dtype, ctx.has_bias = s.shape, s.dtype, bias is not None
-        ctx.carry, ctx.sparse, ctx.kept = carry, sparse, kept
+        ctx.carry, ctx.sparse = carry, sparse
         return F.linear(s, weight, bias)
 
     @staticmethod
@@ -240,24 +221,22 @@ class SparseSpikeLinearFunction(torch.autograd.Function):
                     ctx.carry[1] += 1
             s = spikes_with_graph(packed, edge, ctx.s_shape, gy.dtype) if graph and need_w else None
             return (*dense_backward(gy, packed, weight, ctx.s_shape, ctx.s_dtype, need_s, need_w, need_b, s=s),
-                    None, None, None, None, None)
+                    None, None, None, None)
         gy2 = gy.reshape(-1, gy.shape[-1]).contiguous()
-        gs, gw = sparse_backward(gy2, packed, weight, need_s, need_w, ctx.carry, ctx.kept)
+        gs, gw = sparse_backward(gy2, packed, weight, need_s, need_w, ctx.carry)
         gs = gs.view(ctx.s_shape).to(ctx.s_dtype) if need_s else None
         gb = gy2.sum(0).to(weight.dtype) if need_b else None
-        return gs, gw, gb, None, None, None, None, None
+        return gs, gw, gb, None, None, None, None
 
 
 def sparse_spike_linear(s: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                         bits: torch.Tensor | None = None, carry: torch.Tensor | None = None,
-                        sparse: bool = True, kept: torch.Tensor | None = None) -> torch.Tensor:
+                        sparse: bool = True) -> torch.Tensor:
     """F.linear over binary spikes s [*, IN] with the sparse backward above (the dense one
     when not `sparse`). bits: pack(s) when the producer made them. carry: float64 [2]
-    accumulator (carrying columns, backward calls). kept: flags [IN], the inputs whose
-    gradient s's producer uses (spikefuse.ops.kept_positions): the sparse backward computes
-    s's gradient there only, zeros elsewhere."""
+    accumulator (carrying columns, backward calls)."""
     save = weight.requires_grad and torch.is_grad_enabled()
     if save and bits is None:
         bits = pack(s)
     return SparseSpikeLinearFunction.apply(s, weight, bias, bits if save else None, carry, sparse,
-                                           graph_edge(s, save), kept)
+                                           graph_edge(s, save))
