@@ -578,6 +578,34 @@ def test_alif_non_finite_adaptation_state(a0, beta, reset):
         assert_same_values(a, b, name)
 
 
+# found by the longer run at 16ed3d3, fixed: NaN gradients where the other backend had finite ones
+@pytest.mark.parametrize("entry,reset,detach,x0,state1", [
+    ("alif", "soft", True, nan, None),   # the fused ALIF's soft reset read theta through s as 0 where s is NaN
+    ("alif", "hard", True, 0.7, nan),    # the fused ALIF added dL/dv * 0 (detached, no theta path) where dL/dv is NaN
+    ("plif", "soft", False, nan, None),  # the reference skipped the last step's dL/dthreshold = 0 * -s (NaN)
+])
+def test_nan_gradients_fall_alike(entry, reset, detach, x0, state1):
+    """The longer run's shrunk cases: x [3, 1] (ALIF) or [1, 1, 1] (PLIF, with a threshold
+    tensor), the rectangular surrogate; every gradient NaN in the same places on both backends."""
+    grads = []
+    for backend in ("fused", "reference"):
+        x = torch.tensor([[x0], [0.7], [1.3]] if entry == "alif" else [[[x0]]], device=DEVICE, requires_grad=True)
+        leaves = [x]
+        if entry == "alif":
+            a0 = None if state1 is None else torch.tensor([state1], device=DEVICE, requires_grad=True)
+            s = F.alif(x, reset=reset, detach_reset=detach, state0=None if a0 is None else (None, a0), backend=backend)
+            leaves += [a0] if a0 is not None else []
+        else:
+            threshold = torch.tensor(1.0, device=DEVICE, requires_grad=True)
+            s = F.plif(x, torch.tensor([0.3], device=DEVICE), threshold=threshold, reset=reset, detach_reset=detach,
+                       backend=backend)
+            leaves.append(threshold)
+        (s * torch.linspace(0.5, 1.5, s.numel(), device=DEVICE).view(s.shape)).sum().backward()
+        grads.append([t.grad for t in leaves])
+    for name, a, b in zip(("x", "state/threshold"), *grads):
+        assert torch.equal(a.isnan(), b.isnan()), f"grad {name}: NaN at different places: fused {a}, reference {b}"
+
+
 # ---- BN+LIF: nn.BNLIF in training mode ----
 
 @st.composite
@@ -633,10 +661,37 @@ def test_bn_lif_fused_equals_reference(case):
             return None
         if name == "x" and math.prod(shape) // max(C, 1) <= 4:  # BN's dL/dx removes two directions
             rtol = max(rtol, 1e-3)  # of the channel's n values: x [3, 1, 1] gave 2e-4 (cancellation)
+        if name == "x":  # dL/dx holds BN's sums over the channel's n values: test_fuzz.py's
+            rtol = max(rtol, 1e-5 * n / 16)  # parameter rule (x [7, 1, 1, 3], n = 21: 1.03e-5 off)
         if name in ("weight", "bias"):  # sums of dL/dy of both signs behind BN's own backward: at
             rtol = max(rtol, 1e-4)  # 1e-5 * terms / 16, x [2, 2, 5, 5] gave a bias 1.6e-5 off
+        if name == "decay_logit":  # sums dL/dh * v over every neuron and step, v behind BN: the
+            rtol *= 10  # longer run's x [2, 2, 5, 5] gave 1.4e-4 against 6.25e-5 (100 terms)
         return 316 * rtol if constant else rtol
 
+    # BN's batch statistics are float32 sums in another order on each backend, so x_hat differs
+    # in its last bits, and a potential within that of the threshold fires on one side only (the
+    # longer run: a constant channel against threshold 1e-38; decay 1 summing a channel's x_hat,
+    # which is 0 + rounding, against threshold 0): then the spikes are rounding's, not compared
+    n = math.prod(shape) // max(C, 1)
+    if (constant and abs(case["options"]["threshold"]) < 1e-2) or rounding_decides_a_spike(call, leaves, view):
+        event("a spike decided by rounding: not compared")
+        return
     check(call, leaves, torch.float32, case["options"]["reset"], view, close=("running_mean", "running_var"),
           rtol_of=rtol_of, backward=case["backward"])
+
+
+def rounding_decides_a_spike(call, leaves, view) -> bool:
+    """Whether the reference's spikes change when every x moves by about 2 ulps (relative
+    +-2**-22, a fixed pattern): a potential that close to the threshold fires by rounding."""
+    x = leaves["x"].detach()
+    nudge = 1 + 2.0**-22 * (torch.arange(x.numel(), device=x.device).view(x.shape) % 3 - 1)
+    with torch.no_grad():
+        try:
+            spikes = [call(view(v), **{k: t for k, t in leaves.items() if k != "x"}, backend="reference")[0]["spikes"]
+                      for v in (x, x * nudge)]
+        except Exception:  # the call's refusal: check() compares it on both backends
+            return False
+    a, b = spikes
+    return not torch.equal(a.nan_to_num(0.25), b.nan_to_num(0.25))
 

@@ -12,8 +12,9 @@ Gradients come from autograd alone, so this file is deliberately the plainest po
 reading of the equations.
 Non-finite values (spikefuse.functional.lif): a NaN potential gives a NaN spike, and
 h = +inf fires and, with the hard reset, resets to v_reset (not inf * 0 = NaN).
-Every neuron adds one thing to autograd: the last step's 0 * dv/ds (_LastStepAdjoint), so
-that its NaN gradients fall where the fused kernels' and the loop path's do (NaN in, NaN out:
+Every neuron adds one thing to autograd: the last step's 0 * dv/ds, 0 * dv/dh and (a
+threshold tensor under the soft reset) 0 * dv/dtheta (_LastStepAdjoint), so that its NaN
+gradients fall where the fused kernels' and the loop path's do (NaN in, NaN out:
 with a hard reset and the rectangular surrogate, plain autograd gave 0 at the last step of a
 NaN neuron).
 """
@@ -170,41 +171,48 @@ class _LastStepAdjoint(torch.autograd.Function):
     surrogate (0 at NaN) gave 0 there. Finite gradients are unchanged (+ 0)."""
 
     @staticmethod
-    def forward(ctx, s, h, dv_ds, dv_dh):
-        ctx.save_for_backward(dv_ds, dv_dh)
+    def forward(ctx, s, h, dv_ds, dv_dh, theta=None, dv_dtheta=None):
+        """theta: a threshold tensor the soft reset reads (v = h - theta * s), given with
+        dv_dtheta (-s's NaNs): it gets 0 * dv_dtheta, as the kernels' threshold adjoint does."""
+        ctx.save_for_backward(dv_ds, dv_dh, dv_dtheta)
+        ctx.theta_shape = None if theta is None else theta.shape
         return s.clone(), h.clone()
 
     @staticmethod
     def backward(ctx, gs, gh):
-        dv_ds, dv_dh = ctx.saved_tensors
-        return gs + 0.0 * dv_ds, gh + 0.0 * dv_dh, None, None
+        dv_ds, dv_dh, dv_dtheta = ctx.saved_tensors
+        g_theta = None if ctx.theta_shape is None else (0.0 * dv_dtheta).sum_to_size(ctx.theta_shape)
+        return gs + 0.0 * dv_ds, gh + 0.0 * dv_dh, None, None, g_theta, None
 
 
 def _reset_slope(h, theta, reset, v_reset, detach_reset):
-    """(dv[t]/ds[t], dv[t]/dh[t] with s held) of the reset, detached, each None where it is a
-    finite constant (0 * it adds nothing): dv/ds with detach_reset, no reset, or a float soft
-    threshold; dv/dh except under the hard reset, whose 1 - s stands here as NaN where the
-    spike is NaN and 1 elsewhere (only 0 * it is used)."""
+    """(dv[t]/ds[t], dv[t]/dh[t] with s held, (theta, dv[t]/dtheta) or None) of the reset,
+    detached, each None where it is a finite constant (0 * it adds nothing): dv/ds with
+    detach_reset, no reset, or a float soft threshold; dv/dh except under the hard reset,
+    whose 1 - s stands here as NaN where the spike is NaN and 1 elsewhere (only 0 * it is
+    used); dv/dtheta = -s only for a threshold tensor with a gradient under the soft reset
+    (detach_reset detaches s, not theta), NaN where the spike is."""
     dv_ds = None
     if not (detach_reset or reset == "none" or (reset == "soft" and not isinstance(theta, torch.Tensor))):
         dv_ds = (v_reset - h if reset == "hard" else -theta).detach()
-    dv_dh = None
-    if reset == "hard":
-        u = (h - theta).detach()
-        dv_dh = torch.where(u.isnan(), u, 1.0)
-    return dv_ds, dv_dh
+    u = (h - theta).detach()
+    dv_dh = torch.where(u.isnan(), u, 1.0) if reset == "hard" else None
+    through_theta = None
+    if reset == "soft" and isinstance(theta, torch.Tensor) and theta.requires_grad:
+        through_theta = (theta, torch.where(u.isnan(), u, 1.0))
+    return dv_ds, dv_dh, through_theta
 
 
 def _outputs(spikes, potentials, state, last=None):
     """spikes [T, *], then h [T, *] unless potentials is None, then the state unless None.
-    last: (h[T-1], _reset_slope's pair): the last step, tied through _LastStepAdjoint when a
+    last: (h[T-1], _reset_slope's triple): the last step, tied through _LastStepAdjoint when a
     gradient may flow. spikes (and potentials) are lists, changed in place."""
-    h, (dv_ds, dv_dh) = last if last is not None else (None, (None, None))
-    if (dv_ds is not None or dv_dh is not None) and torch.is_grad_enabled() and (
+    h, (dv_ds, dv_dh, through_theta) = last if last is not None else (None, (None, None, None))
+    if (dv_ds is not None or dv_dh is not None or through_theta is not None) and torch.is_grad_enabled() and (
             spikes[-1].requires_grad or h.requires_grad):
         zero = h.new_zeros(())
         spikes[-1], h = _LastStepAdjoint.apply(spikes[-1], h, zero if dv_ds is None else dv_ds,
-                                               zero if dv_dh is None else dv_dh)
+                                               zero if dv_dh is None else dv_dh, *(through_theta or ()))
         if potentials is not None:
             potentials[-1] = h
     out = (torch.stack(spikes),)

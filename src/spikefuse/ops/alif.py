@@ -33,7 +33,8 @@ import torch
 
 from .kernel_base import (EAGER, RESET_CODES, cdiv, chunk_registers, f32, kernel_arg, load_chunk,  # noqa: F401
                           load_earlier_chunks, load_or_zeros, program_neurons, reset_partials, reset_potential,
-                          row, spike_value, state_buffer, store_chunk, store_outputs, surrogate_grad, time_major)
+                          row, spike_adjoint, spike_value, state_buffer, store_chunk, store_outputs, surrogate_grad,
+                          time_major)
 from .launch import cached_launch
 from .neuron_op import TwoStateNeuron, register
 from ..surrogates import SURROGATES
@@ -47,12 +48,11 @@ def adaptive_grads(gs, gv, h, theta, fired, sg, v_reset, RESET: tl.constexpr, DE
     surrogate and the reset, whose soft form v = h - theta*s also reads theta directly
     (a gradient detach_reset keeps: it detaches s, not theta)."""
     direct, through_spike = reset_partials(h, fired, theta, v_reset, RESET, DETACH)
-    if RESET == 1:
-        through_theta = tl.where(fired, -1.0, 0.0)
-    else:
-        through_theta = 0.0
-    gu = (gs + gv * through_spike) * sg  # dL/du
-    return gu + gv * direct, gv * through_theta - gu
+    gu = spike_adjoint(gs, gv, through_spike, DETACH) * sg  # dL/du
+    if RESET == 1:  # dv/dtheta = -s: NaN where the spike is (the reference's gv * -NaN)
+        return gu + gv * direct, -gv * spike_value(h - theta, fired) - gu
+    else:  # no path from v to theta (not even 0 * a NaN dL/dv)
+        return gu + gv * direct, -gu
 
 
 @triton.jit

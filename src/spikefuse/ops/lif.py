@@ -32,7 +32,7 @@ import torch
 
 from .kernel_base import (EAGER, RESET_CODES, TRACED, cdiv, channel_layout, chunk_registers, f32, grad_h,
                           load_chunk, load_earlier_chunks, load_per_neuron, or_empty, param_mode,
-                          program_neurons, reset_partials, reset_potential, row, spike_value, state_buffer,
+                          program_neurons, reset_partials, reset_potential, row, spike_adjoint, spike_value, state_buffer,
                           store_chunk, store_outputs, surrogate_grad, time_major)
 from .triton_or_stub import tl, triton
 from .launch import cached_launch
@@ -56,7 +56,7 @@ def threshold_grad_step(gs, gv, h, fired, sg, threshold, v_reset, RESET: tl.cons
     soft reset v = h - threshold*s gives -dL/dv[t] where it fired (detach_reset detaches s,
     not the threshold)."""
     _, through_spike = reset_partials(h, fired, threshold, v_reset, RESET, DETACH)
-    g = -(gs + gv * through_spike) * sg
+    g = -spike_adjoint(gs, gv, through_spike, DETACH) * sg
     if RESET == 1:  # -dL/dv[t] * s[t]: NaN where the spike is NaN (the reference's NaN * gv)
         u = h - threshold
         g -= tl.where(u == u, tl.where(fired, gv, 0.0), u)
