@@ -578,26 +578,28 @@ def test_alif_non_finite_adaptation_state(a0, beta, reset):
         assert_same_values(a, b, name)
 
 
-# found by the longer run at 16ed3d3, fixed: NaN gradients where the other backend had finite ones
-@pytest.mark.parametrize("entry,reset,detach,x0,state1", [
+# found by the longer runs at 16ed3d3 and 8e724fd, fixed: NaN gradients where the other backend had finite ones
+@pytest.mark.parametrize("entry,reset,detach,x0,other", [
     ("alif", "soft", True, nan, None),   # the fused ALIF's soft reset read theta through s as 0 where s is NaN
-    ("alif", "hard", True, 0.7, nan),    # the fused ALIF added dL/dv * 0 (detached, no theta path) where dL/dv is NaN
-    ("plif", "soft", False, nan, None),  # the reference skipped the last step's dL/dthreshold = 0 * -s (NaN)
+    ("alif", "hard", True, 0.7, nan),    # (other: a0) the fused ALIF added dL/dv * 0 (detached, no theta path)
+    ("plif", "soft", False, nan, 0.3),   # (other: the decay) the reference skipped the last step's 0 * -s
+    ("plif", "none", False, 0.7, nan),   # the fused kernels added dL/dv * 0 with no reset, where dL/dv is NaN
 ])
-def test_nan_gradients_fall_alike(entry, reset, detach, x0, state1):
-    """The longer run's shrunk cases: x [3, 1] (ALIF) or [1, 1, 1] (PLIF, with a threshold
+def test_nan_gradients_fall_alike(entry, reset, detach, x0, other):
+    """The longer runs' shrunk cases: x [3, 1] (ALIF) or [2, 1, 1] (PLIF, with a threshold
     tensor), the rectangular surrogate; every gradient NaN in the same places on both backends."""
     grads = []
     for backend in ("fused", "reference"):
-        x = torch.tensor([[x0], [0.7], [1.3]] if entry == "alif" else [[[x0]]], device=DEVICE, requires_grad=True)
+        x = torch.tensor([[x0], [0.7], [1.3]] if entry == "alif" else [[[x0]], [[0.7]]], device=DEVICE,
+                         requires_grad=True)
         leaves = [x]
         if entry == "alif":
-            a0 = None if state1 is None else torch.tensor([state1], device=DEVICE, requires_grad=True)
+            a0 = None if other is None else torch.tensor([other], device=DEVICE, requires_grad=True)
             s = F.alif(x, reset=reset, detach_reset=detach, state0=None if a0 is None else (None, a0), backend=backend)
             leaves += [a0] if a0 is not None else []
         else:
             threshold = torch.tensor(1.0, device=DEVICE, requires_grad=True)
-            s = F.plif(x, torch.tensor([0.3], device=DEVICE), threshold=threshold, reset=reset, detach_reset=detach,
+            s = F.plif(x, torch.tensor([other], device=DEVICE), threshold=threshold, reset=reset, detach_reset=detach,
                        backend=backend)
             leaves.append(threshold)
         (s * torch.linspace(0.5, 1.5, s.numel(), device=DEVICE).view(s.shape)).sum().backward()

@@ -48,7 +48,7 @@ def adaptive_grads(gs, gv, h, theta, fired, sg, v_reset, RESET: tl.constexpr, DE
     surrogate and the reset, whose soft form v = h - theta*s also reads theta directly
     (a gradient detach_reset keeps: it detaches s, not theta)."""
     direct, through_spike = reset_partials(h, fired, theta, v_reset, RESET, DETACH)
-    gu = spike_adjoint(gs, gv, through_spike, DETACH) * sg  # dL/du
+    gu = spike_adjoint(gs, gv, through_spike, RESET, DETACH) * sg  # dL/du
     if RESET == 1:  # dv/dtheta = -s: NaN where the spike is (the reference's gv * -NaN)
         return gu + gv * direct, -gv * spike_value(h - theta, fired) - gu
     else:  # no path from v to theta (not even 0 * a NaN dL/dv)

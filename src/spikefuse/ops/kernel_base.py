@@ -134,10 +134,11 @@ def reset_partials(h, fired, threshold, v_reset, RESET: tl.constexpr, DETACH: tl
 
 
 @triton.jit
-def spike_adjoint(gs, gv, through_spike, DETACH: tl.constexpr):
-    """All of dL/ds[t]: the loss's, plus the reset's dL/dv[t] * dv/ds unless detach_reset cut
-    that path (then not even 0 * a NaN dL/dv[t] is added: the reference has no such term)."""
-    if DETACH:
+def spike_adjoint(gs, gv, through_spike, RESET: tl.constexpr, DETACH: tl.constexpr):
+    """All of dL/ds[t]: the loss's, plus the reset's dL/dv[t] * dv/ds unless there is no reset
+    or detach_reset cut that path (then not even 0 * a NaN dL/dv[t] is added: the reference
+    has no such term)."""
+    if DETACH or RESET == 2:
         return gs
     else:
         return gs + gv * through_spike
@@ -147,7 +148,7 @@ def spike_adjoint(gs, gv, through_spike, DETACH: tl.constexpr):
 def grad_h(gs, gv, h, fired, sg, threshold, v_reset, RESET: tl.constexpr, DETACH: tl.constexpr):
     """dL/dh[t] from dL/ds[t] and dL/dv[t]: through the spike (surrogate) and the reset."""
     direct, through_spike = reset_partials(h, fired, threshold, v_reset, RESET, DETACH)
-    return spike_adjoint(gs, gv, through_spike, DETACH) * sg + gv * direct
+    return spike_adjoint(gs, gv, through_spike, RESET, DETACH) * sg + gv * direct
 
 
 @triton.jit

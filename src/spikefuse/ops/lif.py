@@ -56,7 +56,7 @@ def threshold_grad_step(gs, gv, h, fired, sg, threshold, v_reset, RESET: tl.cons
     soft reset v = h - threshold*s gives -dL/dv[t] where it fired (detach_reset detaches s,
     not the threshold)."""
     _, through_spike = reset_partials(h, fired, threshold, v_reset, RESET, DETACH)
-    g = -spike_adjoint(gs, gv, through_spike, DETACH) * sg
+    g = -spike_adjoint(gs, gv, through_spike, RESET, DETACH) * sg
     if RESET == 1:  # -dL/dv[t] * s[t]: NaN where the spike is NaN (the reference's NaN * gv)
         u = h - threshold
         g -= tl.where(u == u, tl.where(fired, gv, 0.0), u)
