@@ -81,6 +81,11 @@ SIZES = {
     "ipu-shd.hidden": ("hidden", lambda v: build_model("ipu-shd", (4,), 2, hidden=(v,))),
     "dvs-gesture.channels": ("channels", lambda v: build_model("dvs-gesture", (2, 8, 8), 2, channels=v)),
     "cifar-small.time_steps": ("time_steps", lambda v: build_model("cifar-small", (3, 8, 8), 2, v, width=1 / 64)),
+    "mlp.time_steps": ("time_steps", lambda v: build_model("mlp", (4,), 2, v, hidden=(3,))),
+    "shd.time_steps": ("time_steps", lambda v: build_model("shd", (4,), 2, v, width=1 / 64)),
+    "deep-lif.time_steps": ("time_steps", lambda v: build_model("deep-lif", (4,), 2, v, depth=1, hidden=4)),
+    "ipu-shd.time_steps": ("time_steps", lambda v: build_model("ipu-shd", (4,), 2, v, hidden=(3,))),
+    "dvs-gesture.time_steps": ("time_steps", lambda v: build_model("dvs-gesture", (2, 8, 8), 2, v, width=1 / 64)),
     "resnet18.num_classes": ("num_classes", lambda v: build_model("resnet18", (3, 8, 8), v, width=1 / 64)),
     "encode.rate.time_steps": ("time_steps", lambda v: encode.rate(torch.rand(2), v)),
     "SyntheticSHD.samples": ("samples", lambda v: SyntheticSHD(samples=v)),
@@ -93,6 +98,8 @@ SIZES = {
         torch.tensor([0, 3]), num_frames=v)),
     "DenseSpikeDataset.batches.batch_size": ("batch_size", lambda v: next(
         DenseSpikeDataset(torch.zeros(2, 3, 4), torch.zeros(3, dtype=torch.long)).batches(v, shuffle=False))),
+    "DenseSpikeDataset.batches.group": ("group", lambda v: next(
+        DenseSpikeDataset(torch.zeros(2, 3, 4), torch.zeros(3, dtype=torch.long)).batches(2, shuffle=False, group=v))),
 }
 
 
@@ -109,6 +116,14 @@ def test_padding_may_be_zero_but_not_negative_or_fractional():
     for bad in (-1, 0.5, math.nan):
         _refused(lambda: SpikingConv2d(2, 3, 3, padding=bad), "padding")
         _refused(lambda: ConvBNLIF(2, 3, 3, 1, bad), "padding")
+
+
+@pytest.mark.parametrize("model", ["mlp", "shd", "ipu-shd"])
+def test_hidden_is_a_list_of_sizes(model):
+    """A bare int is refused by name: with two default layers, hidden=512 could mean one or two."""
+    for bad in (512, (), None):
+        _refused(lambda: build_model(model, (4,), 2, hidden=bad), "hidden")
+    assert build_model(model, (4,), 2, None, hidden=[3]) is not None  # a list as a tuple
 
 
 # ---- real numbers: finite, within their bounds ----------------------------------------------------
