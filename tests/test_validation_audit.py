@@ -16,6 +16,19 @@ OverflowError inside torch) and latency's huge tau under normalize (no spikes); 
 2.5 sizes and time steps (int() raised or truncated); SyntheticSHD's unchecked samples, seed,
 mean_events and noise (failures inside numpy at indexing); 2**70 synthetic samples (no end);
 ToFrame's float num_frames; 2**70 batch sizes (an OverflowError).
+
+Second pass: the model builders' time_steps and hidden, the data batches' group, Trainer/fit,
+CapturedStep, to_nir/from_nir and spikefuse.data.load (with LoaderSplit's batch_first). Found:
+the builders that ignore T took NaN or a string as time_steps; hidden=512 raised "'int' object
+is not iterable" (now refused by name: with two default layers it could mean one layer or two);
+Trainer's epochs unchecked (NaN failed in range(), 0 trained nothing, 2**70 forever) and its
+seed failing inside torch.manual_seed, clip_grad_norm taking True and 1e39, truthy strings
+for its flags, an optimizer lr of 1e300; CapturedStep's 2**70 warm-ups (never captured) and
+enabled="no"; to_nir's NaN/2.5/"3" time_steps and input_shape (int() raised or truncated), dt of
+2**1100 (OverflowError); from_nir's dt=True (1 s); load's non-path root (os.fspath's TypeError),
+device 2**70 (an OverflowError), 2**70 time_steps for event sets, truthy progress; batch_first
+"no" read as True. Trainer takes the CLI's checks (train.config), so fit and `spikefuse train`
+say the same words (test_fit_and_the_cli_share_one_check).
 """
 from __future__ import annotations
 
@@ -27,6 +40,7 @@ import torch
 
 from spikefuse import encode, loss, traces
 from spikefuse.capture import CapturedStep
+from spikefuse.data import load
 from spikefuse.data.dataset import DenseSpikeDataset
 from spikefuse.data.framing import ToFrame
 from spikefuse.data.synthetic import SyntheticSHD
@@ -113,6 +127,7 @@ SIZES = {
     "ToFrame.batch.num_frames": ("num_frames", lambda v: ToFrame((4, 1, 1), n_time_bins=2).batch(
         {"t": torch.arange(3), "x": torch.zeros(3, dtype=torch.int16), "p": torch.zeros(3, dtype=torch.int8)},
         torch.tensor([0, 3]), num_frames=v)),
+    "load.time_steps": ("time_steps", lambda v: load("shd-synthetic", time_steps=v, root="/nonexistent")),
     "Trainer.epochs": ("epochs", lambda v: _trainer(epochs=v)),
     "Trainer.batch_size": ("batch_size", lambda v: _trainer(batch_size=v)),
     "CapturedStep.warmup": ("warmup", lambda v: CapturedStep(abs, warmup=v)),
@@ -213,6 +228,18 @@ FLAGS = {  # entry: (name, call); only True and False (a truthy "no" switched co
 }
 
 
+def _loader_splits(batch_first):
+    from torch.utils.data import DataLoader
+    from spikefuse.data import loader_splits
+    return loader_splits(DataLoader([(torch.zeros(2, 3), 0)]), batch_first=batch_first)
+
+
+FLAGS.update({
+    "load.progress": ("progress", lambda v: load("digits", progress=v)),
+    "loader_splits.batch_first": ("batch_first", _loader_splits),
+})
+
+
 @pytest.mark.parametrize("value", [math.nan, 0, 1, "no"], ids=repr)
 @pytest.mark.parametrize("entry", FLAGS)
 def test_flags_are_bools(entry, value):
@@ -238,6 +265,13 @@ def test_fit_and_the_cli_share_one_check(value):
         except ValueError as e:
             fit = str(e)
         assert cli == fit, (option, value)
+
+
+@pytest.mark.parametrize("value", [math.nan, 3, True, None, 2**70], ids=repr)
+def test_load_root_and_device(value):
+    """A cache root that is no path raised os.fspath's TypeError; device 2**70 an OverflowError."""
+    _refused(lambda: load("shd-synthetic", root=value), "root")
+    _refused(lambda: load("digits", device=value), "device")
 
 
 def test_betas_must_be_a_pair():
@@ -277,5 +311,6 @@ def test_valid_edges_work():
     assert _trainer(epochs=2**31 - 1, seed=-(2**63), clip_grad_norm=3.4e38, capture=None).epochs == 2**31 - 1
     assert _trainer(max_rate=None, rate_l1=0.0, rate_weight=3.4e38).regularizer is None  # no rate term
     assert CapturedStep(abs, warmup=1, max_graphs=2**31 - 1, enabled=False)(torch.tensor(-1.0)) == 1
+    assert _loader_splits(False).train.batch_first is False
     graph = to_nir(_lif_net(), [3], 2**30, readout="integrator", dt=2**70)
     assert graph.metadata["time_steps"] == 2**30 and graph.metadata["dt"] == 2.0**70
