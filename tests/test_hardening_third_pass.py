@@ -136,7 +136,7 @@ def test_fit_with_overwrite_replaces_the_run(tmp_path):
 @pytest.mark.parametrize("value", [1, "yes", None])
 def test_overwrite_must_be_a_bool(value):
     model = tiny()
-    with pytest.raises(ValueError, match=r"^overwrite: expected True or False"):
+    with pytest.raises(ValueError, match=r"^overwrite must be bool, got "):
         Trainer(model, make_splits(), torch.optim.Adam(model.parameters()), epochs=1, overwrite=value)
 
 

@@ -16,15 +16,31 @@ OverflowError inside torch) and latency's huge tau under normalize (no spikes); 
 2.5 sizes and time steps (int() raised or truncated); SyntheticSHD's unchecked samples, seed,
 mean_events and noise (failures inside numpy at indexing); 2**70 synthetic samples (no end);
 ToFrame's float num_frames; 2**70 batch sizes (an OverflowError).
+
+Second pass: the model builders' time_steps and hidden, the data batches' group, Trainer/fit,
+CapturedStep, to_nir/from_nir and spikefuse.data.load (with LoaderSplit's batch_first). Found:
+the builders that ignore T took NaN or a string as time_steps; hidden=512 raised "'int' object
+is not iterable" (now refused by name: with two default layers it could mean one layer or two);
+Trainer's epochs unchecked (NaN failed in range(), 0 trained nothing, 2**70 forever) and its
+seed failing inside torch.manual_seed, clip_grad_norm taking True and 1e39, truthy strings
+for its flags, an optimizer lr of 1e300; CapturedStep's 2**70 warm-ups (never captured) and
+enabled="no"; to_nir's NaN/2.5/"3" time_steps and input_shape (int() raised or truncated), dt of
+2**1100 (OverflowError); from_nir's dt=True (1 s); load's non-path root (os.fspath's TypeError),
+device 2**70 (an OverflowError), 2**70 time_steps for event sets, truthy progress; batch_first
+"no" read as True. Trainer takes the CLI's checks (train.config), so fit and `spikefuse train`
+say the same words (test_fit_and_the_cli_share_one_check).
 """
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from spikefuse import encode, loss, traces
+from spikefuse.capture import CapturedStep
+from spikefuse.data import load
 from spikefuse.data.dataset import DenseSpikeDataset
 from spikefuse.data.framing import ToFrame
 from spikefuse.data.synthetic import SyntheticSHD
@@ -34,7 +50,10 @@ from spikefuse.models import build_model
 from spikefuse.nn import BNLIF, Dropout, TemporalBatchNorm1d, TemporalBatchNorm2d
 from spikefuse.nn.sparse_linear import SparseSpikingLinear
 from spikefuse.nn.spiking_layers import ConvBNLIF, LinearBNLIF, SpikingConv2d, SpikingLinear
+from spikefuse.nir import from_nir, to_nir
 from spikefuse.optim import LazyAdam
+from spikefuse.train import Trainer
+from spikefuse.train.config import ConfigError, make
 
 NON_NUMBERS = ["3", None, True]  # a string, None, a bool (an int to Python, never meant as one)
 NON_FINITE = [math.nan, math.inf, -math.inf, 2**1100]
@@ -59,6 +78,18 @@ def _synthetic_shd(**kw):
     return SyntheticSHD("train", samples=2, **kw)
 
 
+def _trainer(**kw):
+    """A Trainer's checks run in its constructor: no data is read, nothing trains."""
+    model = torch.nn.Linear(2, 2)
+    return Trainer(model, SimpleNamespace(train=None, test=None), torch.optim.SGD(model.parameters(), lr=0.1),
+                   **{"epochs": 1, "progress": False, **kw})
+
+
+def _lif_net():
+    from spikefuse.nn import LIF
+    return torch.nn.Sequential(torch.nn.Linear(3, 4), LIF(decay=0.5))
+
+
 # ---- sizes: ints in [1, 2**31 - 1] -------------------------------------------------------------
 
 SIZES = {
@@ -81,6 +112,11 @@ SIZES = {
     "ipu-shd.hidden": ("hidden", lambda v: build_model("ipu-shd", (4,), 2, hidden=(v,))),
     "dvs-gesture.channels": ("channels", lambda v: build_model("dvs-gesture", (2, 8, 8), 2, channels=v)),
     "cifar-small.time_steps": ("time_steps", lambda v: build_model("cifar-small", (3, 8, 8), 2, v, width=1 / 64)),
+    "mlp.time_steps": ("time_steps", lambda v: build_model("mlp", (4,), 2, v, hidden=(3,))),
+    "shd.time_steps": ("time_steps", lambda v: build_model("shd", (4,), 2, v, width=1 / 64)),
+    "deep-lif.time_steps": ("time_steps", lambda v: build_model("deep-lif", (4,), 2, v, depth=1, hidden=4)),
+    "ipu-shd.time_steps": ("time_steps", lambda v: build_model("ipu-shd", (4,), 2, v, hidden=(3,))),
+    "dvs-gesture.time_steps": ("time_steps", lambda v: build_model("dvs-gesture", (2, 8, 8), 2, v, width=1 / 64)),
     "resnet18.num_classes": ("num_classes", lambda v: build_model("resnet18", (3, 8, 8), v, width=1 / 64)),
     "encode.rate.time_steps": ("time_steps", lambda v: encode.rate(torch.rand(2), v)),
     "SyntheticSHD.samples": ("samples", lambda v: SyntheticSHD(samples=v)),
@@ -91,8 +127,17 @@ SIZES = {
     "ToFrame.batch.num_frames": ("num_frames", lambda v: ToFrame((4, 1, 1), n_time_bins=2).batch(
         {"t": torch.arange(3), "x": torch.zeros(3, dtype=torch.int16), "p": torch.zeros(3, dtype=torch.int8)},
         torch.tensor([0, 3]), num_frames=v)),
+    "load.time_steps": ("time_steps", lambda v: load("shd-synthetic", time_steps=v, root="/nonexistent")),
+    "Trainer.epochs": ("epochs", lambda v: _trainer(epochs=v)),
+    "Trainer.batch_size": ("batch_size", lambda v: _trainer(batch_size=v)),
+    "CapturedStep.warmup": ("warmup", lambda v: CapturedStep(abs, warmup=v)),
+    "CapturedStep.max_graphs": ("max_graphs", lambda v: CapturedStep(abs, max_graphs=v)),
+    "to_nir.time_steps": ("time_steps", lambda v: to_nir(_lif_net(), (3,), v)),
+    "to_nir.input_shape": ("input_shape", lambda v: to_nir(_lif_net(), (v,))),
     "DenseSpikeDataset.batches.batch_size": ("batch_size", lambda v: next(
         DenseSpikeDataset(torch.zeros(2, 3, 4), torch.zeros(3, dtype=torch.long)).batches(v, shuffle=False))),
+    "DenseSpikeDataset.batches.group": ("group", lambda v: next(
+        DenseSpikeDataset(torch.zeros(2, 3, 4), torch.zeros(3, dtype=torch.long)).batches(2, shuffle=False, group=v))),
 }
 
 
@@ -109,6 +154,14 @@ def test_padding_may_be_zero_but_not_negative_or_fractional():
     for bad in (-1, 0.5, math.nan):
         _refused(lambda: SpikingConv2d(2, 3, 3, padding=bad), "padding")
         _refused(lambda: ConvBNLIF(2, 3, 3, 1, bad), "padding")
+
+
+@pytest.mark.parametrize("model", ["mlp", "shd", "ipu-shd"])
+def test_hidden_is_a_list_of_sizes(model):
+    """A bare int is refused by name: with two default layers, hidden=512 could mean one or two."""
+    for bad in (512, (), None):
+        _refused(lambda: build_model(model, (4,), 2, hidden=bad), "hidden")
+    assert build_model(model, (4,), 2, None, hidden=[3]) is not None  # a list as a tuple
 
 
 # ---- real numbers: finite, within their bounds ----------------------------------------------------
@@ -139,16 +192,86 @@ NUMBERS = {  # entry: (name, call, values outside the bounds besides the non-fin
     "LazyAdam.eps": ("eps", lambda v: _adam(eps=v), [-1e-8]),
     "SyntheticSHD.noise": ("noise", lambda v: _synthetic_shd(noise=v), [1.5]),
     "models.width": ("width", lambda v: build_model("shd", (4,), 2, width=v), [0.0]),
+    "Trainer.clip_grad_norm": ("clip_grad_norm", lambda v: _trainer(clip_grad_norm=v), [0.0, -1.0, 1e39, 1e-320]),
+    "Trainer.max_rate": ("max_rate", lambda v: _trainer(max_rate=v), [-0.1, 1.0]),
+    "Trainer.rate_weight": ("rate_weight", lambda v: _trainer(rate_weight=v), [0.0, 1e39]),
+    "Trainer.rate_l1": ("rate_l1", lambda v: _trainer(rate_l1=v), [-1.0, 1e39]),
+    "to_nir.dt": ("dt", lambda v: to_nir(_lif_net(), (3,), dt=v), [0.0, -1e-3]),
+    "from_nir.dt": ("dt", lambda v: from_nir(to_nir(_lif_net(), (3,)), dt=v), [0.0, -1e-3]),
 }
+NONE_VALID = {"TemporalBatchNorm1d.momentum", "BNLIF.momentum",  # torch's cumulative average
+              "Trainer.clip_grad_norm", "Trainer.max_rate", "from_nir.dt"}  # off; the graph's own
 
 
 @pytest.mark.parametrize("entry", NUMBERS)
 def test_numbers_refused_by_name(entry):
     name, call, out_of_bounds = NUMBERS[entry]
     for value in NON_FINITE + NON_NUMBERS + out_of_bounds:
-        if value is None and entry.endswith("momentum"):
-            continue  # None is torch's cumulative average
+        if value is None and entry in NONE_VALID:
+            continue
         _refused(lambda: call(value), name)
+
+
+@pytest.mark.parametrize("value", NOT_INTS + [None, 2**63, -(2**63) - 1], ids=repr)
+def test_trainer_seed_is_an_int64(value):
+    """torch.manual_seed's range: NaN, 2.5 or 2**70 used to fail inside it at fit's first epoch."""
+    _refused(lambda: _trainer(seed=value), "seed")
+
+
+FLAGS = {  # entry: (name, call); only True and False (a truthy "no" switched compile on)
+    "Trainer.compile": ("compile", lambda v: _trainer(compile=v)),
+    "Trainer.capture": ("capture", lambda v: _trainer(capture=v)),
+    "Trainer.stop_on_nan": ("stop_on_nan", lambda v: _trainer(stop_on_nan=v)),
+    "Trainer.progress": ("progress", lambda v: _trainer(progress=v)),
+    "Trainer.overwrite": ("overwrite", lambda v: _trainer(overwrite=v)),
+    "CapturedStep.enabled": ("enabled", lambda v: CapturedStep(abs, enabled=v)),
+}
+
+
+def _loader_splits(batch_first):
+    from torch.utils.data import DataLoader
+    from spikefuse.data import loader_splits
+    return loader_splits(DataLoader([(torch.zeros(2, 3), 0)]), batch_first=batch_first)
+
+
+FLAGS.update({
+    "load.progress": ("progress", lambda v: load("digits", progress=v)),
+    "loader_splits.batch_first": ("batch_first", _loader_splits),
+})
+
+
+@pytest.mark.parametrize("value", [math.nan, 0, 1, "no"], ids=repr)
+@pytest.mark.parametrize("entry", FLAGS)
+def test_flags_are_bools(entry, value):
+    name, call = FLAGS[entry]
+    _refused(lambda: call(value), name)
+
+
+@pytest.mark.parametrize("value", [0, -1, 2.5, True, "3", 2**40, 1e300, 1e-320, math.nan])
+def test_fit_and_the_cli_share_one_check(value):
+    """Trainer's keywords and `spikefuse train`'s options (config.make) say the same words."""
+    for option, keyword, field in (("epochs", "epochs", "epochs"), ("batch-size", "batch_size", "batch_size"),
+                                   ("seed", "seed", "seed"), ("clip-grad", "clip_grad_norm", "clip_grad")):
+        if field != "clip_grad" and isinstance(value, float) and not math.isnan(value) and value > 1:
+            continue  # 1e300 as an int option: a type error on both sides, checked above
+        try:
+            make({field: value})
+            cli = None
+        except ConfigError as e:
+            cli = str(e).replace(option, keyword, 1)
+        try:
+            _trainer(**{keyword: value})
+            fit = None
+        except ValueError as e:
+            fit = str(e)
+        assert cli == fit, (option, value)
+
+
+@pytest.mark.parametrize("value", [math.nan, 3, True, None, 2**70], ids=repr)
+def test_load_root_and_device(value):
+    """A cache root that is no path raised os.fspath's TypeError; device 2**70 an OverflowError."""
+    _refused(lambda: load("shd-synthetic", root=value), "root")
+    _refused(lambda: load("digits", device=value), "device")
 
 
 def test_betas_must_be_a_pair():
@@ -185,3 +308,9 @@ def test_valid_edges_work():
     assert SpikingLinear(np.int64(3), 2).in_features == 3  # numpy ints are ints
     assert build_model("cifar-small", (3, 8, 8), 2, None, width=1 / 64).time_steps == 10  # None: the default
     assert len(SyntheticSHD("test", samples=2, seed=-1, noise=1.0)[0][0]) > 0  # negative seeds as the other sets
+    assert _trainer(epochs=2**31 - 1, seed=-(2**63), clip_grad_norm=3.4e38, capture=None).epochs == 2**31 - 1
+    assert _trainer(max_rate=None, rate_l1=0.0, rate_weight=3.4e38).regularizer is None  # no rate term
+    assert CapturedStep(abs, warmup=1, max_graphs=2**31 - 1, enabled=False)(torch.tensor(-1.0)) == 1
+    assert _loader_splits(False).train.batch_first is False
+    graph = to_nir(_lif_net(), [3], 2**30, readout="integrator", dt=2**70)
+    assert graph.metadata["time_steps"] == 2**30 and graph.metadata["dt"] == 2.0**70

@@ -34,6 +34,8 @@ from collections.abc import Callable
 import torch
 from torch.utils._pytree import tree_map
 
+from .neuron_options import ArgumentError, check_int
+
 __all__ = ["CapturedStep", "prepare_optimizer", "CaptureFallback"]
 
 
@@ -109,12 +111,12 @@ class CapturedStep:
                  stream: torch.cuda.Stream | None = None):
         if not callable(step_fn):
             raise TypeError(f"step_fn must be callable, got {type(step_fn).__name__}")
-        if not isinstance(warmup, int) or isinstance(warmup, bool) or warmup < 1:
-            raise ValueError(f"warmup: expected an int >= 1 (eager calls before capture), got {warmup!r}")
-        if not isinstance(max_graphs, int) or isinstance(max_graphs, bool) or max_graphs < 1:
-            raise ValueError(f"max_graphs: expected an int >= 1, got {max_graphs!r}")
+        # check_int's bound: a warmup of 2**70 never captured, silently
+        warmup, max_graphs = check_int("warmup", warmup), check_int("max_graphs", max_graphs)
+        if not isinstance(enabled, bool):  # bool() took "no" (or NaN) as True
+            raise ArgumentError(f"enabled must be True or False, got {enabled!r}")
         self.step_fn, self.warmup, self.max_graphs, self.name = step_fn, warmup, max_graphs, name
-        self.enabled = bool(enabled)
+        self.enabled = enabled
         self.agree_across = agree_across
         self.fallback_reason: str | None = None  # set once capture is given up, with the warning
         self.graphs: dict[tuple, _Graph] = {}

@@ -35,6 +35,7 @@ import torch
 from torch import nn
 
 from .errors import require
+from .neuron_options import check_int
 
 DEFAULT_DT = 1e-4
 FORMS = ("peers", "nir")
@@ -55,8 +56,9 @@ def to_nir(model: nn.Module, input_shape=None, time_steps: int | None = None, dt
     "integrator" (see the module docstring)."""
     nir = require("nir", "NIR export and import")
 
-    if not (isinstance(dt, (int, float)) and not isinstance(dt, bool) and 0 < dt < math.inf):
-        raise ValueError(f"dt: expected a finite number of seconds > 0, got {dt!r}")
+    dt = _check_dt(dt)
+    # one sample's shape and T as ints where they enter (int() truncated 2.5, took "3", raised on NaN)
+    time_steps = None if time_steps is None else check_int("time_steps", time_steps)
     if form not in FORMS:
         raise ValueError(f"form: expected one of {list(FORMS)}, got {form!r}")
     if readout not in READOUT_NODES:
@@ -66,14 +68,16 @@ def to_nir(model: nn.Module, input_shape=None, time_steps: int | None = None, dt
         if input_shape is None:
             raise ValueError(f"input_shape: {type(model).__name__} has no .input_shape; pass one sample's shape")
     layers, kind = _layers(model)
-    shape = tuple(int(s) for s in input_shape)
-    writer = _Writer(shape, float(dt), form)
+    if isinstance(input_shape, (str, bytes)) or not hasattr(input_shape, "__iter__") or not len(input_shape):
+        raise ValueError(f"input_shape: expected one sample's shape, a non-empty tuple of sizes, got {input_shape!r}")
+    shape = tuple(check_int("input_shape", s) for s in input_shape)
+    writer = _Writer(shape, dt, form)
     for name, layer in layers:
         writer.add(name, layer)
     writer.flush()
     nodes, shape = writer.nodes, writer.shape
     if kind == "mean" and readout == "integrator":
-        if not (isinstance(time_steps, int) and time_steps > 0):
+        if time_steps is None:
             raise ValueError(f"time_steps: readout='integrator' needs the number of steps T > 0, got {time_steps!r}")
         nodes.append(nir.I(r=np.full(shape, 1.0 / (time_steps * dt), np.float64)))
     _check_finite(nodes, dt)
@@ -82,7 +86,7 @@ def to_nir(model: nn.Module, input_shape=None, time_steps: int | None = None, dt
                       "readout_node": readout if kind == "mean" else "none",
                       "threshold": "v > v_threshold, written one float32 ulp below spikefuse's h >= threshold"}
     if time_steps is not None:
-        graph.metadata["time_steps"] = int(time_steps)
+        graph.metadata["time_steps"] = time_steps
     return graph
 
 
@@ -275,6 +279,13 @@ class _Writer:
                                   v_reset=reset))
 
 
+def _check_dt(dt) -> float:
+    """dt, seconds per step, as to_nir and from_nir take it (from_nir took True as 1 s)."""
+    if not (isinstance(dt, (int, float)) and not isinstance(dt, bool) and 0 < dt < 1e308):  # 2**1100: no float
+        raise ValueError(f"dt: expected a finite number of seconds > 0, got {dt!r}")
+    return float(dt)
+
+
 def _check_finite(nodes, dt: float) -> None:
     """A NIR file with NaN or inf parameters, or a zero time constant, is invalid: refuse it,
     naming the node and field (diverged weights, or a dt so small that a time constant
@@ -350,9 +361,11 @@ def from_nir(graph, dt: float | None = None) -> nn.Sequential:
         raise TypeError(f"graph: expected a nir.NIRGraph or a path, got {type(graph).__name__}")
     metadata = graph.metadata if isinstance(graph.metadata, dict) else {}
     if dt is None and "dt" in metadata:
-        dt = float(np.asarray(metadata["dt"]))
-    if dt is not None and not (isinstance(dt, (int, float)) and 0 < dt < math.inf):
-        raise ValueError(f"dt: expected a finite number of seconds > 0, got {dt!r}")
+        try:
+            dt = float(np.asarray(metadata["dt"]))
+        except (TypeError, ValueError):  # a string or an array: float() raised, naming nothing
+            raise ValueError(f"graph: its metadata's dt is not one number: {metadata['dt']!r}") from None
+    dt = None if dt is None else _check_dt(dt)
     reader = _Reader(dt)
     for key in _chain(graph):
         _check_finite_node(key, graph.nodes[key])

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..neuron_options import check_int
 from .events import class_indices
 from .framing import ToFrame, check_batch_size
 from .store import EventStore
@@ -60,10 +61,8 @@ class SpikeDataset:
         `batch_bytes(batch_size)`. The batches are the same whatever the group.
         """
         check_batch_size(batch_size)
-        if group is None:
-            group = self.default_group(batch_size)
-        elif not isinstance(group, int) or isinstance(group, bool) or group < 1:
-            raise ValueError(f"group: expected a positive int (batches made at once) or None, got {group!r}")
+        # check_int's bound (2**31 - 1): any group past the batch count makes them all at once
+        group = self.default_group(batch_size) if group is None else check_int("group", group)
         n = len(self)
         stop = n - n % batch_size if drop_last else n
         # the permutation is drawn on the CPU so a CPU generator gives one order on every device

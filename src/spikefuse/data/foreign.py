@@ -175,12 +175,14 @@ class LoaderSplit:
     def __init__(self, loader, arg: str = "splits", batch_first: bool = True):
         if not isinstance(loader, torch.utils.data.DataLoader):
             raise TypeError(f"{arg}: expected a torch.utils.data.DataLoader, got {type(loader).__name__}")
+        if not isinstance(batch_first, bool):  # bool() took "no" as True: the layout read wrongly
+            raise ValueError(f"batch_first: expected True or False, got {batch_first!r}")
         try:
             self.size = len(loader.dataset)
         except TypeError:
             raise TypeError(f"{arg}: the DataLoader's data set has no len(); the Trainer needs a sized "
                             "(map-style) data set") from None
-        self.loader, self.arg, self.batch_first = loader, arg, bool(batch_first)
+        self.loader, self.arg, self.batch_first = loader, arg, batch_first
 
     def __len__(self) -> int:
         return self.size

@@ -1,9 +1,12 @@
 """Data sets by name, or as data set objects: `DATASETS` and `load(name_or_dataset, ...) -> Splits`."""
 from __future__ import annotations
 
+import os
+
 import torch
 
 from ..errors import require
+from ..neuron_options import MAX_INT
 from . import embedded, foreign, memory, synthetic, synthetic_events, synthetic_images
 from .cache import cached_store
 from .dataset import DenseSpikeDataset, EventSpikeDataset, Splits, StaticImageDataset
@@ -60,6 +63,11 @@ def load(name, *, test=None, time_steps: int | None = None, sensor_size=None, nu
     static, x [B, 3, 32, 32] (StaticImageDataset): the model repeats them over time_steps.
     progress: a progress bar (stderr) while an event set is packed for its cache.
     """
+    # root and progress are used only where an event set is packed: checked for every set
+    if not isinstance(root, (str, os.PathLike)):  # a number raised os.fspath's TypeError
+        raise ValueError(f"root: expected a directory path (the data cache), got {root!r}")
+    if not isinstance(progress, bool):  # a string or NaN was taken as truthy
+        raise ValueError(f"progress: expected True or False, got {progress!r}")
     if not isinstance(name, str):
         return _load_objects(name, test, time_steps, sensor_size, num_classes, framing, root, device, progress)
     for arg, value in (("test", test), ("sensor_size", sensor_size), ("num_classes", num_classes),
@@ -123,8 +131,9 @@ def load(name, *, test=None, time_steps: int | None = None, sensor_size=None, nu
 
 
 def _check_time_steps(time_steps) -> None:
-    if not isinstance(time_steps, int) or isinstance(time_steps, bool) or time_steps < 1:
-        raise ValueError(f"time_steps: expected a positive int, got {time_steps!r}")
+    # at most the CLI's 2**31 - 1: 2**70 was taken by the event sets, failing when framed
+    if not isinstance(time_steps, int) or isinstance(time_steps, bool) or not 1 <= time_steps <= MAX_INT:
+        raise ValueError(f"time_steps: expected a positive int (at most 2**31 - 1), got {time_steps!r}")
 
 
 def _cached_stores(root, name: str, params: dict, build, device) -> list[EventStore]:
@@ -175,7 +184,7 @@ def check_device(device) -> torch.device:
     """`device` as a torch.device, or ValueError if this PyTorch or this machine cannot use it."""
     try:
         device = torch.device(device)
-    except (RuntimeError, TypeError) as e:
+    except (RuntimeError, TypeError, ValueError) as e:  # ValueError: an index of 2**70 overflowed
         raise ValueError(f"device: expected a device such as 'cpu' or 'cuda', got {device!r}") from e
     if device.type == "cuda":
         count = torch.cuda.device_count() if torch.cuda.is_available() else 0

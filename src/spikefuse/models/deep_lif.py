@@ -18,7 +18,7 @@ from torch import nn
 
 from ..neuron_options import check_int
 from ..nn import LIF
-from ..nn.layers import check_frames, checked_shape, name_layers, scaled
+from ..nn.layers import check_frames, check_time_steps, checked_shape, name_layers, scaled
 from ..nn.spiking_layers import SpikingLinear
 
 DEPTH, HIDDEN = 8, 2048
@@ -70,6 +70,7 @@ class DeepLIF(nn.Module):
 
 def build(input_shape=INPUT_SHAPE, num_classes=NUM_CLASSES, time_steps=None, **kwargs) -> DeepLIF:
     """Registry builder; the network does not depend on T."""
+    check_time_steps(time_steps)
     return DeepLIF(input_shape, num_classes, **kwargs)
 
 

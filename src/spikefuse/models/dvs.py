@@ -12,7 +12,7 @@ import math
 import torch
 from torch import nn
 
-from ..nn.layers import check_input, checked_shape, fold, name_layers, per_step, scaled, unfold
+from ..nn.layers import check_input, check_time_steps, checked_shape, fold, name_layers, per_step, scaled, unfold
 from ..nn.spiking_layers import ConvBNLIF, LinearBNLIF
 
 LIF_DEFAULTS = dict(decay=0.5, threshold=1.0, reset="hard", surrogate="atan")
@@ -50,4 +50,5 @@ class DVSGestureNet(nn.Module):
 
 def build(input_shape=(2, 128, 128), num_classes=11, time_steps=None, **kwargs) -> DVSGestureNet:
     """Registry builder; the network does not depend on the number of time steps."""
+    check_time_steps(time_steps)
     return DVSGestureNet(input_shape, num_classes, **kwargs)

@@ -52,7 +52,7 @@ import torch
 from torch import nn
 
 from ..nn import LIF, RecurrentLIF
-from ..nn.layers import check_frames, checked_shape, name_layers, scaled
+from ..nn.layers import check_frames, check_time_steps, checked_shape, hidden_layers, name_layers, scaled
 from ..nn.sparse_linear import BACKWARDS, SparseSpikingLinear
 from ..nn.spiking_layers import SpikingLinear
 
@@ -101,13 +101,11 @@ class IPUNet(nn.Module):
             raise ValueError(f"sparse: expected True, False or one of {list(BACKWARDS)}, got {sparse!r}")
         if sparse and not fused:
             raise ValueError("sparse=True needs fused=True (the unfused baseline is dense)")
-        if not isinstance(hidden, (tuple, list)) or not hidden:  # each size: scaled() checks it
-            raise ValueError(f"hidden must list at least one positive layer size, got {hidden!r}")
         if recurrent and not fused:
             raise ValueError("recurrent=True needs fused=True (the unfused baseline has no recurrent layer)")
         self.readout = readout  # export reads this: "mean" is the time-mean of the last Linear
         self.num_classes = int(num_classes)
-        self.hidden_sizes = tuple(scaled(h, width) for h in hidden)
+        self.hidden_sizes = tuple(scaled(h, width) for h in hidden_layers(hidden))
         lif = {**LIF_DEFAULTS, **lif, "backend": backend if fused else "reference"}
         scope = lif.pop("grad_scope", None)  # a caller's: every feed-forward LIF's
         if recurrent and scope not in (None, "step"):
@@ -217,6 +215,7 @@ def _spec_builder(name: str, doc: str, recurrent: bool = False):
 
     def build(input_shape=net.input_shape, num_classes=net.num_classes, time_steps=net.time_steps,
               **kwargs) -> IPUNet:
+        check_time_steps(time_steps)
         return IPUNet(input_shape, num_classes, **{"recurrent": recurrent, **kwargs})
 
     build.__name__ = build.__qualname__ = "build_" + name.removeprefix("ipu-") + ("_recurrent" if recurrent else "")

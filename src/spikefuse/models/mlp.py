@@ -10,7 +10,7 @@ from torch import nn
 
 from ..neuron_options import check_int
 from ..nn import LIF
-from ..nn.layers import checked_shape
+from ..nn.layers import check_time_steps, checked_shape, hidden_layers
 
 
 class SpikingMLP(nn.Module):
@@ -28,7 +28,7 @@ class SpikingMLP(nn.Module):
                  alpha: float | None = None, reset: str = "hard"):
         super().__init__()
         input_shape = checked_shape(input_shape, num_classes)
-        sizes = [prod(input_shape), *(check_int("hidden", h) for h in hidden)]
+        sizes = [prod(input_shape), *(check_int("hidden", h) for h in hidden_layers(hidden))]
         layers: list[nn.Module] = [nn.Flatten(start_dim=2)]  # [T, B, ...] -> [T, B, N]
         for n_in, n_out in zip(sizes, sizes[1:]):
             layers += [nn.Linear(n_in, n_out),
@@ -44,4 +44,5 @@ class SpikingMLP(nn.Module):
 
 def build(input_shape, num_classes, time_steps=None, **kwargs) -> SpikingMLP:
     """Registry builder; an MLP does not depend on the number of time steps."""
+    check_time_steps(time_steps)
     return SpikingMLP(input_shape, num_classes, **kwargs)

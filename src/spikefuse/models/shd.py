@@ -10,7 +10,7 @@ from math import prod
 import torch
 from torch import nn
 
-from ..nn.layers import check_input, checked_shape, name_layers, scaled
+from ..nn.layers import check_input, check_time_steps, checked_shape, hidden_layers, name_layers, scaled
 from ..nn.spiking_layers import LinearBNLIF
 
 LIF_DEFAULTS = dict(decay=0.9, threshold=0.5, reset="hard", surrogate="fast_sigmoid")
@@ -22,7 +22,7 @@ class SHDNet(nn.Module):
         super().__init__()
         lif = {**LIF_DEFAULTS, **lif}
         self.input_shape = checked_shape(input_shape, num_classes)
-        sizes = [prod(self.input_shape), *(scaled(h, width) for h in hidden)]
+        sizes = [prod(self.input_shape), *(scaled(h, width) for h in hidden_layers(hidden))]
         self.hidden = nn.ModuleList(
             LinearBNLIF(a, b, fused=fused, spike_input=i > 0, backend=backend, **lif)
             for i, (a, b) in enumerate(zip(sizes, sizes[1:])))
@@ -39,4 +39,5 @@ class SHDNet(nn.Module):
 
 def build(input_shape=(700,), num_classes=20, time_steps=None, **kwargs) -> SHDNet:
     """Registry builder; the network does not depend on the number of time steps."""
+    check_time_steps(time_steps)
     return SHDNet(input_shape, num_classes, **kwargs)

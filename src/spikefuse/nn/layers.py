@@ -54,6 +54,22 @@ def checked_shape(input_shape, num_classes) -> tuple[int, ...]:
     return tuple(int(s) for s in input_shape)
 
 
+def hidden_layers(hidden) -> tuple:
+    """A model's hidden layer sizes as given: a non-empty tuple or list (each size is checked by
+    check_int or scaled). A bare int is refused by name, not taken as one layer: where the
+    default has two layers (256, 256), hidden=512 could mean one layer or two of 512 (it
+    raised "'int' object is not iterable"); an empty list would build no spiking layer."""
+    if not isinstance(hidden, (tuple, list)) or not hidden:
+        raise ValueError(f"hidden must list at least one layer size, like (256,), got {hidden!r}")
+    return tuple(hidden)
+
+
+def check_time_steps(time_steps) -> int | None:
+    """A model builder's time_steps: None (the builder's default) or an int >= 1 (check_int),
+    checked also where the network does not depend on T, so every builder takes the same values."""
+    return None if time_steps is None else check_int("time_steps", time_steps)
+
+
 MAX_UNITS = MAX_INT  # units or channels of one layer: far past any that fits in memory
 
 

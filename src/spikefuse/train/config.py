@@ -100,23 +100,12 @@ def make(*layers: dict) -> Config:
         values[name] = _check_type(name, value)
     cfg = Config(**values)
     for name in ("epochs", "batch_size", "time_steps", "threads"):
-        value, most = getattr(cfg, name), MAX_THREADS if name == "threads" else MAX_COUNT
-        if value is not None and value < 1:
-            raise ConfigError(f"{name.replace('_', '-')} must be at least 1, got {value}")
-        if value is not None and value > most:
-            raise ConfigError(f"{name.replace('_', '-')} must be at most {most}, got {value}")
-    if not SEED_RANGE[0] <= cfg.seed <= SEED_RANGE[1]:
-        raise ConfigError(f"seed must be an integer from -2**63 to 2**63 - 1 (a 64-bit seed), got {cfg.seed}")
+        if getattr(cfg, name) is not None:
+            check_count(name.replace("_", "-"), getattr(cfg, name), MAX_THREADS if name == "threads" else MAX_COUNT)
+    check_seed("seed", cfg.seed)
     for name in ("lr", "clip_grad"):
-        value = getattr(cfg, name)
-        if value is None:
-            continue
-        if not (value > 0 and math.isfinite(value)):
-            raise ConfigError(f"{name.replace('_', '-')} must be a finite number > 0, got {value}")
-        if not FLOAT32_RANGE[0] <= value <= FLOAT32_RANGE[1]:
-            raise ConfigError(f"{name.replace('_', '-')} must lie in float32's normal range, "
-                              f"{FLOAT32_RANGE[0]:.3g} to {FLOAT32_RANGE[1]:.3g} (training runs in float32), "
-                              f"got {value:g}")
+        if getattr(cfg, name) is not None:
+            check_float32(name.replace("_", "-"), getattr(cfg, name))
     from .activity import check_rate_options
     try:
         check_rate_options(0.0 if cfg.max_rate is None else cfg.max_rate, cfg.rate_weight, cfg.rate_l1)
@@ -131,15 +120,52 @@ def make(*layers: dict) -> Config:
     return cfg
 
 
-def _check_type(name: str, value):
-    kind = TYPES[name]
-    if value is None and FIELDS[name].default is None:
-        return None
+# The checks of the training options, one per kind of value, shared by make (the CLI and
+# config files, whose labels are the options' dashed names) and Trainer (its keywords' names):
+# the same bounds and words from both. ConfigError is a ValueError.
+
+def check_kind(label: str, kind: type, value):
+    """value as `kind` (int, float, bool or str; bools are no numbers, an int is a float)."""
     ok = (isinstance(value, kind) and not (kind is not bool and isinstance(value, bool))) or \
          (kind is float and isinstance(value, int) and not isinstance(value, bool))
     if not ok:
-        raise ConfigError(f"{name.replace('_', '-')} must be {kind.__name__}, got {value!r}")
+        raise ConfigError(f"{label} must be {kind.__name__}, got {value!r}")
     try:
         return kind(value)
     except OverflowError:  # an int too large for a float
-        raise ConfigError(f"{name.replace('_', '-')} must be a finite {kind.__name__}, got {value!r}") from None
+        raise ConfigError(f"{label} must be a finite {kind.__name__}, got {value!r}") from None
+
+
+def check_count(label: str, value, most: int = MAX_COUNT) -> int:
+    """An int from 1 to `most`: epochs, batch size, time steps, threads."""
+    value = check_kind(label, int, value)
+    if value < 1:
+        raise ConfigError(f"{label} must be at least 1, got {value}")
+    if value > most:
+        raise ConfigError(f"{label} must be at most {most}, got {value}")
+    return value
+
+
+def check_seed(label: str, value) -> int:
+    """An int64, as torch.manual_seed takes (NaN or 2**70 failed inside it)."""
+    value = check_kind(label, int, value)
+    if not SEED_RANGE[0] <= value <= SEED_RANGE[1]:
+        raise ConfigError(f"{label} must be an integer from -2**63 to 2**63 - 1 (a 64-bit seed), got {value}")
+    return value
+
+
+def check_float32(label: str, value) -> float:
+    """A number > 0 in float32's normal range: a learning rate, a gradient-norm bound."""
+    value = check_kind(label, float, value)
+    if not (value > 0 and math.isfinite(value)):
+        raise ConfigError(f"{label} must be a finite number > 0, got {value}")
+    if not FLOAT32_RANGE[0] <= value <= FLOAT32_RANGE[1]:
+        raise ConfigError(f"{label} must lie in float32's normal range, {FLOAT32_RANGE[0]:.3g} to "
+                          f"{FLOAT32_RANGE[1]:.3g} (training runs in float32), got {value:g}")
+    return value
+
+
+def _check_type(name: str, value):
+    if value is None and FIELDS[name].default is None:
+        return None
+    return check_kind(name.replace("_", "-"), TYPES[name], value)

@@ -37,6 +37,7 @@ from . import checkpoint, metrics, plots, rundir
 from ..nn.sparse_linear import dispatch_report, update_dispatch
 from ..capture import CaptureFallback, CapturedStep, prepare_optimizer
 from .activity import RateRegularizer, check_rate_options
+from .config import FLOAT32_RANGE, check_count, check_float32, check_kind, check_seed
 from .spikes import SpikeMonitor
 
 if TYPE_CHECKING:  # spikefuse.parallel (torch.distributed) is imported only by those who use it
@@ -103,19 +104,22 @@ class Trainer:
                  loss_fn=F.cross_entropy, progress: bool = True, stop_on_nan: bool = True,
                  data_parallel: DataParallel | None = None, max_rate: float | None = None,
                  rate_weight: float = 100.0, rate_l1: float = 0.0, overwrite: bool = False):
-        if not isinstance(overwrite, bool):
-            raise ValueError(f"overwrite: expected True or False, got {overwrite!r}")
-        if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
-            raise ValueError(f"batch_size: expected a positive int, got {batch_size!r}")
+        # the CLI's checks (train.config), under these keywords' names: one rule for fit and the CLI
+        # (epochs 2**70 trained forever and NaN failed in range(); a NaN or 2**70 seed inside
+        # torch.manual_seed; a truthy string switched compile or capture on)
+        epochs, batch_size = check_count("epochs", epochs), check_count("batch_size", batch_size)
+        seed = check_seed("seed", seed)
+        for label, flag in (("overwrite", overwrite), ("compile", compile), ("stop_on_nan", stop_on_nan),
+                            ("progress", progress), ("capture", False if capture is None else capture)):
+            check_kind(label, bool, flag)
         precisions.check(precision)
-        if clip_grad_norm is not None and not (isinstance(clip_grad_norm, (int, float)) and clip_grad_norm > 0
-                                               and math.isfinite(clip_grad_norm)):
-            raise ValueError(f"clip_grad_norm: expected a finite number > 0 or None, got {clip_grad_norm!r}")
+        if clip_grad_norm is not None:
+            clip_grad_norm = check_float32("clip_grad_norm", clip_grad_norm)
         for i, group in enumerate(getattr(optimizer, "param_groups", [])):
             lr = group.get("lr")  # a tensor lr (capturable optimizers) is the caller's to keep finite: no sync
-            if isinstance(lr, (int, float)) and not (math.isfinite(lr) and lr >= 0):
+            if isinstance(lr, (int, float)) and not (0 <= lr <= FLOAT32_RANGE[1]):  # NaN fails too
                 raise ValueError(f"optimizer: parameter group {i} has learning rate {lr!r}; expected a finite "
-                                 "number >= 0 (training would make every weight NaN)")
+                                 "number >= 0 in float32's range (training would make every weight NaN)")
         if data_parallel is not None and batch_size % data_parallel.world_size:
             raise ValueError(f"batch_size: {batch_size} does not split evenly over {data_parallel.world_size} "
                              "processes; pass a multiple of the world size (it is the global batch)")
