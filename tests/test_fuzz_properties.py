@@ -19,7 +19,10 @@ message, or both return
     bfloat16; a parameter's, a sum over the T x neurons sharing it, 1e-5 * terms / 16 as
     test_fuzz.py's decay), never finite where the reference's is NaN, and non-finite in the
     same places, but where functional.lif's policy leaves it open: a neuron whose h is
-    infinite under the hard reset (inf * 0: NaN fused, 0 or NaN in the reference).
+    infinite under the hard reset (inf * 0: NaN fused, 0 or NaN in the reference). BN+LIF's
+    gradients, sums over a channel whose terms can cancel, that miss the tolerance are judged
+    against the reference run in float64 (assert_grads_match), and spikes that rounding of
+    BN's statistics decides are not compared (rounding_decides_a_spike).
 
 Each test is one entry point (functional.lif/if_, plif, alif, cuba; nn.BNLIF in training
 mode), its examples split over SHARDS (4) tests of their own seeds, so pytest-xdist spreads
@@ -294,9 +297,12 @@ def assert_close_values(a, b, what):
     torch.testing.assert_close(a[finite], b[finite], rtol=1e-5, atol=1e-6, msg=lambda m: f"{what}: {m}")
 
 
-def assert_grads_match(a, b, exempt, rtol, what):
+def assert_grads_match(a, b, exempt, rtol, what, exact=None):
     """Norm-wise to rtol where both are finite; never finite where the reference's is NaN;
-    non-finite in the same places outside `exempt` (a bool mask of a's shape)."""
+    non-finite in the same places outside `exempt` (a bool mask of a's shape). exact: the
+    reference's gradient in float64, or None; given, a fused gradient off by more than rtol
+    still passes if it is no further from it than 4x the float32 reference's own distance
+    (plus rtol): a sum whose terms cancel is that far off in float32 on either backend."""
     assert a.shape == b.shape, f"{what}: shape {tuple(a.shape)} != {tuple(b.shape)}"
     a, b = a.double(), b.double()
     assert not (b.isnan() & a.isfinite()).any(), f"{what}: finite where the reference's is NaN"
@@ -307,6 +313,14 @@ def assert_grads_match(a, b, exempt, rtol, what):
     both = a.isfinite() & b.isfinite()
     x, y = a[both], b[both]
     err = ((x - y).norm() / y.norm().clamp_min(1e-30)).item() if y.numel() else 0.0
+    if err >= rtol and exact is not None and (x - y).abs().max() >= 1e-30:
+        e = exact.double().to(a.device)[both]
+        ok = e.isfinite()
+        fused_off, reference_off = (x - e)[ok].norm().item(), (y - e)[ok].norm().item()
+        assert fused_off <= 4 * reference_off + rtol * e[ok].norm().item(), \
+            f"{what}: relative error {err:.3g} > {rtol:g}; from float64's answer {fused_off:.3g} (fused) " \
+            f"against {reference_off:.3g} (the float32 reference)"
+        return
     assert err < rtol or (x - y).abs().max() < 1e-30, f"{what}: relative error {err:.3g} > {rtol:g}"
 
 
@@ -330,8 +344,10 @@ def exemptions(h, reset, grads):
 
 
 def check(call, leaves, x_dtype, reset="soft", view=lambda s: s, close=(), potential=None, rtol_of=None,
-          backward=True):
-    """Run `call` on both backends (the reference on x in float32) and assert the property."""
+          backward=True, exact=False):
+    """Run `call` on both backends (the reference on x in float32) and assert the property.
+    exact: also run the reference in float64 (call must build its module in x's dtype), which
+    judges a gradient that misses rtol (assert_grads_match)."""
     ref_leaves = {**leaves, "x": leaves["x"].float()}
     fused, ref = (outcome(call, leaves, view, "fused", backward),
                   outcome(call, ref_leaves, view, "reference", backward))
@@ -356,6 +372,11 @@ def check(call, leaves, x_dtype, reset="soft", view=lambda s: s, close=(), poten
     h = potential({**ref_leaves, "x": view(ref_leaves["x"])}) if potential is not None else None
     exempt = exemptions(h, reset, g2)
     assert g1.keys() == g2.keys()
+    g64 = {}
+    if exact and backward:
+        run64 = outcome(call, {k: v.double() if isinstance(v, torch.Tensor) else v for k, v in ref_leaves.items()},
+                        view, "reference", backward)
+        g64 = run64[1] if run64[0] != "raised" else {}
     for name in g1:  # in bfloat16 the gradient reaching the spikes is rounded to bfloat16 (test_fuzz.py: 1e-2)
         low = x_dtype == torch.bfloat16 or g1[name].dtype in (torch.bfloat16, torch.float16)
         rtol = 1e-2 if low else 1e-5
@@ -366,7 +387,7 @@ def check(call, leaves, x_dtype, reset="soft", view=lambda s: s, close=(), poten
         if rtol_of is not None:
             rtol = rtol_of(name, rtol)
         if rtol is not None:
-            assert_grads_match(g1[name], g2[name], exempt[name], rtol, f"grad {name}")
+            assert_grads_match(g1[name], g2[name], exempt[name], rtol, f"grad {name}", g64.get(name))
     event("both ran")
 
 
@@ -635,7 +656,7 @@ def test_bn_lif_fused_equals_reference(case):
 
     def call(x, residual=None, backend="auto"):
         module = BNLIF(C, learn_decay=case["learn_decay"], affine=case["affine"], backend=backend,
-                       **case["options"]).to(DEVICE)
+                       **case["options"]).to(DEVICE, x.dtype)  # float64 for check's exact run
         g = torch.Generator().manual_seed(case["stats_seed"])
         with torch.no_grad():
             if module.affine:
@@ -663,24 +684,22 @@ def test_bn_lif_fused_equals_reference(case):
             return None
         if name == "x" and math.prod(shape) // max(C, 1) <= 4:  # BN's dL/dx removes two directions
             rtol = max(rtol, 1e-3)  # of the channel's n values: x [3, 1, 1] gave 2e-4 (cancellation)
-        if name == "x":  # dL/dx holds BN's sums over the channel's n values: test_fuzz.py's
-            rtol = max(rtol, 1e-5 * n / 16)  # parameter rule (x [7, 1, 1, 3], n = 21: 1.03e-5 off)
         if name in ("weight", "bias"):  # sums of dL/dy of both signs behind BN's own backward: at
             rtol = max(rtol, 1e-4)  # 1e-5 * terms / 16, x [2, 2, 5, 5] gave a bias 1.6e-5 off
-        if name == "decay_logit":  # sums dL/dh * v over every neuron and step, v behind BN: the
-            rtol *= 10  # longer run's x [2, 2, 5, 5] gave 1.4e-4 against 6.25e-5 (100 terms)
+        if name == "decay_logit":  # sum of dL/dh * v[t-1] of both signs over every neuron and step:
+            rtol *= 10  # x [2, 2, 5, 5], 100 terms: 1.4e-4 off, 4e-7 from float64's 2.8e-3 (the float32
+            # reference happened to land 1e-8 from it, so the float64 judge alone refused it)
         return 316 * rtol if constant else rtol
 
     # BN's batch statistics are float32 sums in another order on each backend, so x_hat differs
     # in its last bits, and a potential within that of the threshold fires on one side only (the
     # longer run: a constant channel against threshold 1e-38; decay 1 summing a channel's x_hat,
     # which is 0 + rounding, against threshold 0): then the spikes are rounding's, not compared
-    n = math.prod(shape) // max(C, 1)
     if (constant and abs(case["options"]["threshold"]) < 1e-2) or rounding_decides_a_spike(call, leaves, view):
         event("a spike decided by rounding: not compared")
         return
     check(call, leaves, torch.float32, case["options"]["reset"], view, close=("running_mean", "running_var"),
-          rtol_of=rtol_of, backward=case["backward"])
+          rtol_of=rtol_of, backward=case["backward"], exact=True)
 
 
 def rounding_decides_a_spike(call, leaves, view) -> bool:
