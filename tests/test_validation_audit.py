@@ -39,7 +39,13 @@ timedelta at the first wait; pack_spikes went through bool(); PipelineTrainer's 
 ignored, 2**70 raised inside Module.to; plan's reps 0 raised StatisticsError, 2.5 a TypeError,
 its rate NaN gave spike-free input, num_classes went through int() (NaN raised, 2.5 truncated),
 a bare input_shape raised "not iterable"; launch took nproc NaN, 2.5 or "3" into torch's
-launcher config; init_data_parallel took any timeout into init_process_group.
+launcher config; init_data_parallel took any timeout into init_process_group. And spikefuse.data's
+store and cache: EventStore ran int() over sensor_size (NaN raised, 2.5 truncated, 0 and 2**70
+kept; one check now, events.check_sensor_size, shared with ToFrame and load), its device NaN or
+2**70 failed inside torch.device; from_samples' total took NaN, "3" and -1, progress and
+cached_store's resident went through bool(); cached_store's name "../../escape" wrote its entry
+outside the cache, a non-path root raised os.fspath's TypeError; open_split raised KeyError on an
+unknown name and sent a NaN split to Tonic's download.
 """
 from __future__ import annotations
 
@@ -57,6 +63,8 @@ from spikefuse.data.framing import ToFrame
 from spikefuse.data.synthetic import SyntheticSHD
 from spikefuse.data.synthetic_events import SyntheticNMNIST
 from spikefuse.data.synthetic_images import SyntheticCIFAR
+from spikefuse.data.tonic_sets import open_split
+from spikefuse.data.tonic_sets import pack as tonic_pack
 from spikefuse.models import build_model
 from spikefuse.nn import BNLIF, Dropout, TemporalBatchNorm1d, TemporalBatchNorm2d
 from spikefuse.nn.sparse_linear import SparseSpikingLinear
@@ -121,6 +129,28 @@ def _plan(**kw):
     """Every plan() check runs before the model is built or measured."""
     return plan("mlp", **{"time_steps": 2, "batch": 2, "device": "cpu", "reps": 1, "hidden": (4,),
                           "input_shape": (3,), "num_classes": 2, **kw})
+
+
+def _samples():
+    return [({"t": torch.tensor([0, 1]), "x": torch.tensor([0, 1]), "p": torch.tensor([0, 0])}, 0)]
+
+
+def _from_samples(sensor_size=(4, 1, 1), **kw):
+    from spikefuse.data.store import EventStore
+    return EventStore.from_samples(_samples(), sensor_size, **{"progress": False, **kw})
+
+
+def _store(sensor_size=(4, 1, 1), device="cpu"):
+    import numpy as np
+    from spikefuse.data.store import EventStore
+    events = np.zeros(2, dtype=[("t", np.int64), ("x", np.int16), ("p", np.int8)])
+    return EventStore(events, np.array([0, 1, 2]), np.array([0, 1]), sensor_size, device=device)
+
+
+def _cached(root="/nonexistent", name="x", split="train", **kw):
+    """Every cached_store check runs before the cache is read or written."""
+    from spikefuse.data.cache import cached_store
+    return cached_store(root, name, split, {}, _from_samples, **kw)
 
 
 def _lif_net():
@@ -293,6 +323,10 @@ def _loader_splits(batch_first):
 
 
 FLAGS.update({
+    "EventStore.from_samples.progress": ("progress", lambda v: _from_samples(progress=v)),
+    "tonic_sets.pack.progress": ("progress", lambda v: tonic_pack(
+        _samples(), (4, 1, 1), "x", progress=v)),
+    "cached_store.resident": ("resident", lambda v: _cached(resident=v)),
     "PipelineTrainer.pack_spikes": ("pack_spikes", lambda v: _pipeline_trainer(pack_spikes=v)),
     "pipeline_step.pack_spikes": ("pack_spikes", lambda v: _pipeline_step(pack_spikes=v)),
     "pipeline_step.return_outputs": ("return_outputs", lambda v: _pipeline_step(return_outputs=v)),
@@ -347,6 +381,51 @@ def test_parallel_devices_and_shapes(value):
     _refused(lambda: init_data_parallel(device=value), "device")
 
 
+@pytest.mark.parametrize("value", [math.nan, math.inf, 2.5, 0, -1, True, "3", 2**31, 2**70], ids=repr)
+def test_event_store_sensor_size(value):
+    """EventStore ran int() over sensor_size: NaN raised from int(), 2.5 was truncated to 2, 0 and
+    2**70 were kept; from_samples raised from int() on NaN. One check now (events.check_sensor_size),
+    shared with ToFrame and load's data set objects."""
+    _refused(lambda: _store((value, 1, 1)), "sensor_size")
+    _refused(lambda: _from_samples((1, value, 1)), "sensor_size")
+    _refused(lambda: tonic_pack(_samples(), (1, 1, value), "x", progress=False), "sensor_size")
+    _refused(lambda: _store(value), "sensor_size")  # not a triple
+
+
+@pytest.mark.parametrize("value", [math.nan, 2.5, -1, True, "3", 2**70], ids=repr)
+def test_event_store_total_and_device(value):
+    """from_samples' total (tqdm's bar) took NaN, "3" and -1; a device of NaN or 2**70 failed inside
+    torch.device, in EventStore and in cached_store."""
+    _refused(lambda: _from_samples(total=value), "total")
+    _refused(lambda: _store(device=value), "device")
+    _refused(lambda: _cached(device=value), "device")
+
+
+@pytest.mark.parametrize("value", [math.nan, 3, None], ids=repr)
+def test_cache_and_tonic_roots(value):
+    """A root that is no path raised os.fspath's TypeError (cached_store, entry_path, open_split)."""
+    from spikefuse.data.cache import entry_path
+    _refused(lambda: _cached(root=value), "root")
+    _refused(lambda: entry_path(value, "x", "train", {}), "root")
+    _refused(lambda: open_split("shd", "train", value), "root")
+
+
+@pytest.mark.parametrize("value", [math.nan, "", "../../escape", "a/b", ".hidden", None], ids=repr)
+def test_cache_names_stay_inside_the_cache(value):
+    """name="../../escape" wrote its entry two folders above the cache; NaN made a folder "nan-..."."""
+    _refused(lambda: _cached(name=value), "name")
+    _refused(lambda: _cached(split=value), "split")
+
+
+@pytest.mark.parametrize("value", ["nope", math.nan, None], ids=repr)
+def test_tonic_names_and_splits_before_tonic(value):
+    """open_split checks before importing Tonic: an unknown name raised KeyError (after the import),
+    a NaN or 'valid' split (not an SHD split) went on to Tonic's download."""
+    _refused(lambda: open_split(value, "train", "/nonexistent"), "name")
+    _refused(lambda: open_split("shd", value, "/nonexistent"), "split")
+    _refused(lambda: open_split("nmnist", "valid", "/nonexistent"), "split")
+
+
 def test_betas_must_be_a_pair():
     for bad in (0.9, (0.9,), "ab", None):
         _refused(lambda: _adam(betas=bad), "betas")
@@ -390,5 +469,12 @@ def test_valid_edges_work():
     loss, outputs = _chunked(4, return_outputs=True)  # chunks == T
     assert outputs.shape == (4, 2, 2) and math.isfinite(loss.item())
     assert _plan(rate=1.0, gpus=2**31 - 1).chosen.gpus == 1  # more GPUs than layers: noted, not refused
+    import numpy as np
+    from pathlib import Path
+    from spikefuse.data.cache import entry_path
+    store = _store((np.int64(2**31 - 1), 1, 1), device=torch.device("cpu"))
+    assert store.sensor_size == (2**31 - 1, 1, 1) and isinstance(store.sensor_size[0], int)
+    assert len(_from_samples([4, 1, 1], total=0)) == 1  # a list; total is the bar's only
+    assert entry_path(Path("~"), "obj-x", "valid", {}).parent.name == "cache"
     graph = to_nir(_lif_net(), [3], 2**30, readout="integrator", dt=2**70)
     assert graph.metadata["time_steps"] == 2**30 and graph.metadata["dt"] == 2.0**70
