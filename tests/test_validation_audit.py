@@ -45,7 +45,9 @@ kept; one check now, events.check_sensor_size, shared with ToFrame and load), it
 2**70 failed inside torch.device; from_samples' total took NaN, "3" and -1, progress and
 cached_store's resident went through bool(); cached_store's name "../../escape" wrote its entry
 outside the cache, a non-path root raised os.fspath's TypeError; open_split raised KeyError on an
-unknown name and sent a NaN split to Tonic's download.
+unknown name and sent a NaN split to Tonic's download. And spikefuse.bench's timing: median_ms'
+NaN warmup or warmup_s skipped the warm-up, 2**70 of either never ended, back_to_back 0 divided
+by zero, 0 reps raised StatisticsError; in_rounds' rounds=0 measured nothing.
 """
 from __future__ import annotations
 
@@ -56,6 +58,7 @@ import pytest
 import torch
 
 from spikefuse import encode, loss, traces
+from spikefuse.bench.timing import in_rounds, median_ms
 from spikefuse.capture import CapturedStep
 from spikefuse.data import load
 from spikefuse.data.dataset import DenseSpikeDataset
@@ -214,6 +217,10 @@ SIZES = {
     "plan.reps": ("reps", lambda v: _plan(reps=v)),
     "plan.num_classes": ("num_classes", lambda v: _plan(num_classes=v)),
     "launch.nproc": ("nproc", lambda v: launch(v, ["--help"])),
+    "bench.median_ms.min_reps": ("min_reps", lambda v: median_ms(abs, min_reps=v)),
+    "bench.median_ms.max_reps": ("max_reps", lambda v: median_ms(abs, max_reps=v)),
+    "bench.median_ms.back_to_back": ("back_to_back", lambda v: median_ms(abs, back_to_back=v)),
+    "bench.in_rounds.rounds": ("rounds", lambda v: in_rounds(abs, {}, v)),
     "DenseSpikeDataset.batches.batch_size": ("batch_size", lambda v: next(
         DenseSpikeDataset(torch.zeros(2, 3, 4), torch.zeros(3, dtype=torch.long)).batches(v, shuffle=False))),
     "DenseSpikeDataset.batches.group": ("group", lambda v: next(
@@ -284,6 +291,8 @@ NUMBERS = {  # entry: (name, call, values outside the bounds besides the non-fin
         _layers(), 2, costs=[v, 1, 1, 1]), [-1.0]),
     "PipelineTrainer.timeout": ("timeout", lambda v: _pipeline_trainer(timeout=v), [0.0, -1.0, 1e14]),
     "pipeline_step.timeout": ("timeout", lambda v: _pipeline_step(timeout=v), [0.0, 1e14]),
+    "bench.median_ms.budget_s": ("budget_s", lambda v: median_ms(abs, budget_s=v), [-1.0]),
+    "bench.median_ms.warmup_s": ("warmup_s", lambda v: median_ms(abs, warmup_s=v), [-1.0, 3601.0, 2.0**70]),
     "plan.rate": ("rate", lambda v: _plan(rate=v), [-0.1, 1.5]),
 }
 NONE_VALID = {"PipelineTrainer.timeout", "pipeline_step.timeout",  # the group's own timeout
@@ -426,6 +435,12 @@ def test_tonic_names_and_splits_before_tonic(value):
     _refused(lambda: open_split("nmnist", "valid", "/nonexistent"), "split")
 
 
+@pytest.mark.parametrize("value", NOT_INTS + [-1, 2**70], ids=repr)
+def test_bench_warm_ups_may_be_zero(value):
+    """median_ms' warmup: NaN skipped the warm-up, 2**70 warmed up for ever; 0 is no warm-up."""
+    _refused(lambda: median_ms(abs, warmup=value), "warmup")
+
+
 def test_betas_must_be_a_pair():
     for bad in (0.9, (0.9,), "ab", None):
         _refused(lambda: _adam(betas=bad), "betas")
@@ -469,6 +484,8 @@ def test_valid_edges_work():
     loss, outputs = _chunked(4, return_outputs=True)  # chunks == T
     assert outputs.shape == (4, 2, 2) and math.isfinite(loss.item())
     assert _plan(rate=1.0, gpus=2**31 - 1).chosen.gpus == 1  # more GPUs than layers: noted, not refused
+    assert median_ms(int, warmup=0, min_reps=1, max_reps=1, budget_s=0, warmup_s=0)[1].__len__() == 1
+    assert in_rounds(lambda call: call(), {"a": int}, 1) == ({"a": [0]}, {})
     import numpy as np
     from pathlib import Path
     from spikefuse.data.cache import entry_path
