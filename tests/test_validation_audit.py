@@ -29,6 +29,25 @@ enabled="no"; to_nir's NaN/2.5/"3" time_steps and input_shape (int() raised or t
 device 2**70 (an OverflowError), 2**70 time_steps for event sets, truthy progress; batch_first
 "no" read as True. Trainer takes the CLI's checks (train.config), so fit and `spikefuse train`
 say the same words (test_fit_and_the_cli_share_one_check).
+
+Third pass: spikefuse.parallel (split_stages, PipelineTrainer, pipeline_step, chunked_step, plan,
+init_data_parallel, launch), in the package's own "name: expected ..." words (the planner's CLI
+maps them to its options). Found: split_stages' NaN, negative or infinite slack or cost returned
+a cut with an empty stage, a string raised from '+'; 2**70 chunks/stages/time steps/batches
+reached the step or torch.rand; a timeout of "3" raised from '>', inf or 2**70 would overflow
+timedelta at the first wait; pack_spikes went through bool(); PipelineTrainer's device NaN was
+ignored, 2**70 raised inside Module.to; plan's reps 0 raised StatisticsError, 2.5 a TypeError,
+its rate NaN gave spike-free input, num_classes went through int() (NaN raised, 2.5 truncated),
+a bare input_shape raised "not iterable"; launch took nproc NaN, 2.5 or "3" into torch's
+launcher config; init_data_parallel took any timeout into init_process_group. And spikefuse.data's
+store and cache: EventStore ran int() over sensor_size (NaN raised, 2.5 truncated, 0 and 2**70
+kept; one check now, events.check_sensor_size, shared with ToFrame and load), its device NaN or
+2**70 failed inside torch.device; from_samples' total took NaN, "3" and -1, progress and
+cached_store's resident went through bool(); cached_store's name "../../escape" wrote its entry
+outside the cache, a non-path root raised os.fspath's TypeError; open_split raised KeyError on an
+unknown name and sent a NaN split to Tonic's download. And spikefuse.bench's timing: median_ms'
+NaN warmup or warmup_s skipped the warm-up, 2**70 of either never ended, back_to_back 0 divided
+by zero, 0 reps raised StatisticsError; in_rounds' rounds=0 measured nothing.
 """
 from __future__ import annotations
 
@@ -39,6 +58,7 @@ import pytest
 import torch
 
 from spikefuse import encode, loss, traces
+from spikefuse.bench.timing import in_rounds, median_ms
 from spikefuse.capture import CapturedStep
 from spikefuse.data import load
 from spikefuse.data.dataset import DenseSpikeDataset
@@ -46,12 +66,16 @@ from spikefuse.data.framing import ToFrame
 from spikefuse.data.synthetic import SyntheticSHD
 from spikefuse.data.synthetic_events import SyntheticNMNIST
 from spikefuse.data.synthetic_images import SyntheticCIFAR
+from spikefuse.data.tonic_sets import open_split
+from spikefuse.data.tonic_sets import pack as tonic_pack
 from spikefuse.models import build_model
 from spikefuse.nn import BNLIF, Dropout, TemporalBatchNorm1d, TemporalBatchNorm2d
 from spikefuse.nn.sparse_linear import SparseSpikingLinear
 from spikefuse.nn.spiking_layers import ConvBNLIF, LinearBNLIF, SpikingConv2d, SpikingLinear
 from spikefuse.nir import from_nir, to_nir
 from spikefuse.optim import LazyAdam
+from spikefuse.parallel import PipelineTrainer, chunked_step, init_data_parallel, pipeline_step, plan, split_stages
+from spikefuse.parallel.ddp import launch
 from spikefuse.train import Trainer
 from spikefuse.train.config import ConfigError, make
 
@@ -83,6 +107,53 @@ def _trainer(**kw):
     model = torch.nn.Linear(2, 2)
     return Trainer(model, SimpleNamespace(train=None, test=None), torch.optim.SGD(model.parameters(), lr=0.1),
                    **{"epochs": 1, "progress": False, **kw})
+
+
+def _layers():
+    from spikefuse.nn import LIF
+    return [torch.nn.Linear(3, 4), LIF(decay=0.5), torch.nn.Linear(4, 2), LIF(decay=0.5)]
+
+
+def _chunked(chunks=2, **kw):
+    return chunked_step(_layers(), torch.rand(4, 2, 3), torch.tensor([0, 1]),
+                        lambda out, target: torch.nn.functional.cross_entropy(out.mean(0), target), chunks, **kw)
+
+
+def _pipeline_step(chunks=2, **kw):
+    return pipeline_step(torch.nn.Sequential(*_layers()), torch.rand(4, 2, 3), torch.tensor([0, 1]),
+                         lambda out, target: torch.nn.functional.cross_entropy(out.mean(0), target), chunks, **kw)
+
+
+def _pipeline_trainer(chunks=2, **kw):
+    return PipelineTrainer(_layers(), lambda out, target: out.sum(), chunks, **kw)
+
+
+def _plan(**kw):
+    """Every plan() check runs before the model is built or measured."""
+    return plan("mlp", **{"time_steps": 2, "batch": 2, "device": "cpu", "reps": 1, "hidden": (4,),
+                          "input_shape": (3,), "num_classes": 2, **kw})
+
+
+def _samples():
+    return [({"t": torch.tensor([0, 1]), "x": torch.tensor([0, 1]), "p": torch.tensor([0, 0])}, 0)]
+
+
+def _from_samples(sensor_size=(4, 1, 1), **kw):
+    from spikefuse.data.store import EventStore
+    return EventStore.from_samples(_samples(), sensor_size, **{"progress": False, **kw})
+
+
+def _store(sensor_size=(4, 1, 1), device="cpu"):
+    import numpy as np
+    from spikefuse.data.store import EventStore
+    events = np.zeros(2, dtype=[("t", np.int64), ("x", np.int16), ("p", np.int8)])
+    return EventStore(events, np.array([0, 1, 2]), np.array([0, 1]), sensor_size, device=device)
+
+
+def _cached(root="/nonexistent", name="x", split="train", **kw):
+    """Every cached_store check runs before the cache is read or written."""
+    from spikefuse.data.cache import cached_store
+    return cached_store(root, name, split, {}, _from_samples, **kw)
 
 
 def _lif_net():
@@ -134,6 +205,22 @@ SIZES = {
     "CapturedStep.max_graphs": ("max_graphs", lambda v: CapturedStep(abs, max_graphs=v)),
     "to_nir.time_steps": ("time_steps", lambda v: to_nir(_lif_net(), (3,), v)),
     "to_nir.input_shape": ("input_shape", lambda v: to_nir(_lif_net(), (v,))),
+    "split_stages.stages": ("stages", lambda v: split_stages(_layers(), v)),
+    "chunked_step.chunks": ("chunks", lambda v: _chunked(v)),
+    "pipeline_step.chunks": ("chunks", lambda v: _pipeline_step(v)),
+    "PipelineTrainer.chunks": ("chunks", lambda v: _pipeline_trainer(v)),
+    "PipelineTrainer.stages": ("stages", lambda v: _pipeline_trainer(stages=v)),
+    "plan.time_steps": ("time_steps", lambda v: _plan(time_steps=v)),
+    "plan.batch": ("batch", lambda v: _plan(batch=v)),
+    "plan.gpus": ("gpus", lambda v: _plan(gpus=v)),
+    "plan.max_gpus": ("max_gpus", lambda v: _plan(max_gpus=v)),
+    "plan.reps": ("reps", lambda v: _plan(reps=v)),
+    "plan.num_classes": ("num_classes", lambda v: _plan(num_classes=v)),
+    "launch.nproc": ("nproc", lambda v: launch(v, ["--help"])),
+    "bench.median_ms.min_reps": ("min_reps", lambda v: median_ms(abs, min_reps=v)),
+    "bench.median_ms.max_reps": ("max_reps", lambda v: median_ms(abs, max_reps=v)),
+    "bench.median_ms.back_to_back": ("back_to_back", lambda v: median_ms(abs, back_to_back=v)),
+    "bench.in_rounds.rounds": ("rounds", lambda v: in_rounds(abs, {}, v)),
     "DenseSpikeDataset.batches.batch_size": ("batch_size", lambda v: next(
         DenseSpikeDataset(torch.zeros(2, 3, 4), torch.zeros(3, dtype=torch.long)).batches(v, shuffle=False))),
     "DenseSpikeDataset.batches.group": ("group", lambda v: next(
@@ -198,8 +285,18 @@ NUMBERS = {  # entry: (name, call, values outside the bounds besides the non-fin
     "Trainer.rate_l1": ("rate_l1", lambda v: _trainer(rate_l1=v), [-1.0, 1e39]),
     "to_nir.dt": ("dt", lambda v: to_nir(_lif_net(), (3,), dt=v), [0.0, -1e-3]),
     "from_nir.dt": ("dt", lambda v: from_nir(to_nir(_lif_net(), (3,)), dt=v), [0.0, -1e-3]),
+    "split_stages.slack": ("slack", lambda v: split_stages(
+        _layers(), 2, slack=v), [-0.1]),
+    "split_stages.costs": ("costs", lambda v: split_stages(
+        _layers(), 2, costs=[v, 1, 1, 1]), [-1.0]),
+    "PipelineTrainer.timeout": ("timeout", lambda v: _pipeline_trainer(timeout=v), [0.0, -1.0, 1e14]),
+    "pipeline_step.timeout": ("timeout", lambda v: _pipeline_step(timeout=v), [0.0, 1e14]),
+    "bench.median_ms.budget_s": ("budget_s", lambda v: median_ms(abs, budget_s=v), [-1.0]),
+    "bench.median_ms.warmup_s": ("warmup_s", lambda v: median_ms(abs, warmup_s=v), [-1.0, 3601.0, 2.0**70]),
+    "plan.rate": ("rate", lambda v: _plan(rate=v), [-0.1, 1.5]),
 }
-NONE_VALID = {"TemporalBatchNorm1d.momentum", "BNLIF.momentum",  # torch's cumulative average
+NONE_VALID = {"PipelineTrainer.timeout", "pipeline_step.timeout",  # the group's own timeout
+              "TemporalBatchNorm1d.momentum", "BNLIF.momentum",  # torch's cumulative average
               "Trainer.clip_grad_norm", "Trainer.max_rate", "from_nir.dt"}  # off; the graph's own
 
 
@@ -235,6 +332,14 @@ def _loader_splits(batch_first):
 
 
 FLAGS.update({
+    "EventStore.from_samples.progress": ("progress", lambda v: _from_samples(progress=v)),
+    "tonic_sets.pack.progress": ("progress", lambda v: tonic_pack(
+        _samples(), (4, 1, 1), "x", progress=v)),
+    "cached_store.resident": ("resident", lambda v: _cached(resident=v)),
+    "PipelineTrainer.pack_spikes": ("pack_spikes", lambda v: _pipeline_trainer(pack_spikes=v)),
+    "pipeline_step.pack_spikes": ("pack_spikes", lambda v: _pipeline_step(pack_spikes=v)),
+    "pipeline_step.return_outputs": ("return_outputs", lambda v: _pipeline_step(return_outputs=v)),
+    "chunked_step.return_outputs": ("return_outputs", lambda v: _chunked(return_outputs=v)),
     "load.progress": ("progress", lambda v: load("digits", progress=v)),
     "loader_splits.batch_first": ("batch_first", _loader_splits),
 })
@@ -272,6 +377,68 @@ def test_load_root_and_device(value):
     """A cache root that is no path raised os.fspath's TypeError; device 2**70 an OverflowError."""
     _refused(lambda: load("shd-synthetic", root=value), "root")
     _refused(lambda: load("digits", device=value), "device")
+
+
+@pytest.mark.parametrize("value", [math.nan, "3", 2.5, 2**70], ids=repr)
+def test_parallel_devices_and_shapes(value):
+    """PipelineTrainer's device: NaN was taken and ignored, 2**70 or '3' failed inside Module.to;
+    plan's input_shape: a bare number raised "'float' object is not iterable"; init_data_parallel's
+    timeout (a timedelta) and device are checked before the environment is read."""
+    _refused(lambda: _pipeline_trainer(device=value), "device")
+    _refused(lambda: _plan(input_shape=value), "input_shape")
+    _refused(lambda: init_data_parallel(timeout=value), "timeout")
+    _refused(lambda: init_data_parallel(device=value), "device")
+
+
+@pytest.mark.parametrize("value", [math.nan, math.inf, 2.5, 0, -1, True, "3", 2**31, 2**70], ids=repr)
+def test_event_store_sensor_size(value):
+    """EventStore ran int() over sensor_size: NaN raised from int(), 2.5 was truncated to 2, 0 and
+    2**70 were kept; from_samples raised from int() on NaN. One check now (events.check_sensor_size),
+    shared with ToFrame and load's data set objects."""
+    _refused(lambda: _store((value, 1, 1)), "sensor_size")
+    _refused(lambda: _from_samples((1, value, 1)), "sensor_size")
+    _refused(lambda: tonic_pack(_samples(), (1, 1, value), "x", progress=False), "sensor_size")
+    _refused(lambda: _store(value), "sensor_size")  # not a triple
+
+
+@pytest.mark.parametrize("value", [math.nan, 2.5, -1, True, "3", 2**70], ids=repr)
+def test_event_store_total_and_device(value):
+    """from_samples' total (tqdm's bar) took NaN, "3" and -1; a device of NaN or 2**70 failed inside
+    torch.device, in EventStore and in cached_store."""
+    _refused(lambda: _from_samples(total=value), "total")
+    _refused(lambda: _store(device=value), "device")
+    _refused(lambda: _cached(device=value), "device")
+
+
+@pytest.mark.parametrize("value", [math.nan, 3, None], ids=repr)
+def test_cache_and_tonic_roots(value):
+    """A root that is no path raised os.fspath's TypeError (cached_store, entry_path, open_split)."""
+    from spikefuse.data.cache import entry_path
+    _refused(lambda: _cached(root=value), "root")
+    _refused(lambda: entry_path(value, "x", "train", {}), "root")
+    _refused(lambda: open_split("shd", "train", value), "root")
+
+
+@pytest.mark.parametrize("value", [math.nan, "", "../../escape", "a/b", ".hidden", None], ids=repr)
+def test_cache_names_stay_inside_the_cache(value):
+    """name="../../escape" wrote its entry two folders above the cache; NaN made a folder "nan-..."."""
+    _refused(lambda: _cached(name=value), "name")
+    _refused(lambda: _cached(split=value), "split")
+
+
+@pytest.mark.parametrize("value", ["nope", math.nan, None], ids=repr)
+def test_tonic_names_and_splits_before_tonic(value):
+    """open_split checks before importing Tonic: an unknown name raised KeyError (after the import),
+    a NaN or 'valid' split (not an SHD split) went on to Tonic's download."""
+    _refused(lambda: open_split(value, "train", "/nonexistent"), "name")
+    _refused(lambda: open_split("shd", value, "/nonexistent"), "split")
+    _refused(lambda: open_split("nmnist", "valid", "/nonexistent"), "split")
+
+
+@pytest.mark.parametrize("value", NOT_INTS + [-1, 2**70], ids=repr)
+def test_bench_warm_ups_may_be_zero(value):
+    """median_ms' warmup: NaN skipped the warm-up, 2**70 warmed up for ever; 0 is no warm-up."""
+    _refused(lambda: median_ms(abs, warmup=value), "warmup")
 
 
 def test_betas_must_be_a_pair():
@@ -312,5 +479,19 @@ def test_valid_edges_work():
     assert _trainer(max_rate=None, rate_l1=0.0, rate_weight=3.4e38).regularizer is None  # no rate term
     assert CapturedStep(abs, warmup=1, max_graphs=2**31 - 1, enabled=False)(torch.tensor(-1.0)) == 1
     assert _loader_splits(False).train.batch_first is False
+    assert split_stages(_layers(), 4, costs=[0, 0, 0, 0], slack=0) == [range(i, i + 1) for i in range(4)]
+    assert _pipeline_trainer(4, stages=1, timeout=2.5, pack_spikes=False, device="cpu").chunks == 4
+    loss, outputs = _chunked(4, return_outputs=True)  # chunks == T
+    assert outputs.shape == (4, 2, 2) and math.isfinite(loss.item())
+    assert _plan(rate=1.0, gpus=2**31 - 1).chosen.gpus == 1  # more GPUs than layers: noted, not refused
+    assert median_ms(int, warmup=0, min_reps=1, max_reps=1, budget_s=0, warmup_s=0)[1].__len__() == 1
+    assert in_rounds(lambda call: call(), {"a": int}, 1) == ({"a": [0]}, {})
+    import numpy as np
+    from pathlib import Path
+    from spikefuse.data.cache import entry_path
+    store = _store((np.int64(2**31 - 1), 1, 1), device=torch.device("cpu"))
+    assert store.sensor_size == (2**31 - 1, 1, 1) and isinstance(store.sensor_size[0], int)
+    assert len(_from_samples([4, 1, 1], total=0)) == 1  # a list; total is the bar's only
+    assert entry_path(Path("~"), "obj-x", "valid", {}).parent.name == "cache"
     graph = to_nir(_lif_net(), [3], 2**30, readout="integrator", dt=2**70)
     assert graph.metadata["time_steps"] == 2**30 and graph.metadata["dt"] == 2.0**70

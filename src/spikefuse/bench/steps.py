@@ -37,6 +37,7 @@ from torch._dynamo.utils import counters
 from .. import precision as precisions
 from ..errors import UsageError
 from ..models import build_model
+from ..neuron_options import check_int
 from ..ops.launch import through_triton
 from ..capture import CapturedStep, prepare_optimizer
 from .report import environment, table, write_results
@@ -191,6 +192,7 @@ def kernel_time_ms(step, inputs, reps=5):
     profiler, over `reps` eager steps."""
     from torch.profiler import ProfilerActivity, profile
 
+    reps = check_int("reps", reps)  # 0 divided by zero below
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for i in range(reps):
             step(*inputs[i % len(inputs)])

@@ -6,6 +6,8 @@ import time
 
 import torch
 
+from ..neuron_options import check_int, check_number
+
 
 def median_ms(fn, *, warmup: int = 3, min_reps: int = 5, max_reps: int = 100, budget_s: float = 2.0,
               back_to_back: int = 1, warmup_s: float = 0.0):
@@ -21,6 +23,13 @@ def median_ms(fn, *, warmup: int = 3, min_reps: int = 5, max_reps: int = 100, bu
     warmup_s: warm up for at least this long too (the calls waited for), so that the GPU's
     clocks settle to fn's own load whatever ran before it: after seconds of GEMMs at the power
     cap they sit lower than after a launch-bound loop, by up to 20 % on an H200."""
+    # a NaN warmup or warmup_s skipped the warm-up, an inf one never ended; back_to_back 0 divided
+    # by zero, min_reps 2.5 was truncated, 0 reps raised from statistics.median
+    warmup, min_reps, max_reps = (check_int(name, v, low) for name, v, low in
+                                  (("warmup", warmup, 0), ("min_reps", min_reps, 1), ("max_reps", max_reps, 1)))
+    back_to_back = check_int("back_to_back", back_to_back)
+    budget_s = check_number("budget_s", budget_s, low=0)  # max_reps bounds the reps it buys
+    warmup_s = check_number("warmup_s", warmup_s, low=0, high=3600)  # 2**70 s warmed up for ever
     cuda = torch.cuda.is_available()
     started, calls = time.perf_counter(), 0
     while calls < warmup or time.perf_counter() - started < warmup_s:
@@ -66,6 +75,7 @@ def in_rounds(measure, calls: dict, rounds: int) -> tuple[dict, dict]:
     loop). The spread of an entry's rounds is the run-to-run spread its comparisons are judged
     against. A call that raises (out of memory, a failing kernel) sits out the later rounds;
     the others go on."""
+    rounds = check_int("rounds", rounds)  # 0 measured nothing, NaN raised from range()
     keys = list(calls)
     results, errors = {key: [] for key in keys}, {}
     for r in range(rounds):
@@ -86,6 +96,7 @@ def captured(fn, warmup: int = 3):
     kernels with one launch from the host: timing it gives their GPU time, as inside a
     captured training step, where an eager call of several small kernels would time the
     host's launches instead. CUDA only."""
+    warmup = check_int("warmup", warmup, 0)
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):

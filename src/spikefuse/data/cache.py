@@ -17,6 +17,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+from .events import check_flag
 from .store import FILES, EventStore
 
 FORMAT_VERSION = 1
@@ -37,7 +38,19 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+def check_root(root):
+    """The cache root, a path, or a ValueError naming it (a number raised os.fspath's TypeError)."""
+    if not isinstance(root, (str, os.PathLike)):
+        raise ValueError(f"root: expected a directory path (the data cache), got {root!r}")
+    return root
+
+
 def entry_path(root, name: str, split: str, params: dict) -> Path:
+    check_root(root)
+    for arg, value in (("name", name), ("split", split)):  # "../x" put an entry outside the cache
+        if not isinstance(value, str) or not value or any(c in value for c in "/\\") or value.startswith("."):
+            raise ValueError(f"{arg}: expected a non-empty name without path separators or a leading '.', "
+                             f"got {value!r}")
     return Path(root).expanduser() / "cache" / f"{name}-{split}-{cache_key(name, split, params)}"
 
 
@@ -84,6 +97,7 @@ def cached_store(root, name: str, split: str, params: dict, build: Callable[[], 
 
     The store is memory-mapped from disk; resident=True copies it onto `device`.
     """
+    resident = check_flag("resident", resident)  # bool() took "no" as True
     entry = entry_path(root, name, split, params)
     store = None
     if is_valid(entry):

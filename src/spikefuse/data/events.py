@@ -35,6 +35,27 @@ def check_number(name: str, value, *, integer: bool = False, low: float = 0, low
     return int(value) if integer else float(value)
 
 
+def check_sensor_size(sensor_size) -> tuple[int, int, int]:
+    """sensor_size as (W, H, P) positive ints below 2**31 (x and y are stored as int16 or int32,
+    event_dtype), or a ValueError naming it: int() raised on NaN and truncated 2.5 before."""
+    ok = isinstance(sensor_size, (Sequence, np.ndarray)) and not isinstance(sensor_size, str) \
+        and len(sensor_size) == 3
+    try:
+        ok = ok and all(check_number("sensor_size", s, integer=True) < 2**31 for s in sensor_size)
+    except ValueError:
+        ok = False
+    if not ok:
+        raise ValueError(f"sensor_size: expected 3 positive ints (W, H, P), got {sensor_size!r}")
+    return tuple(int(s) for s in sensor_size)
+
+
+def check_flag(name: str, value) -> bool:
+    """True or False, or a ValueError naming `name` (bool() took "no" or NaN as True)."""
+    if not isinstance(value, bool):
+        raise ValueError(f"{name}: expected True or False, got {value!r}")
+    return value
+
+
 def class_indices(targets, name: str = "targets") -> torch.Tensor:
     """`targets` as an int64 tensor of class indices, or a ValueError naming the first bad one:
     a fraction, a negative value, NaN/inf or a non-number (casting would turn 2.5 into class 2 and

@@ -19,11 +19,12 @@ DataLoaders yielding `(x, y)` batches go to `fit`/`Trainer` as they are, or as a
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import torch
+
+from .events import check_sensor_size
 
 FINGERPRINT_SAMPLES = 16  # samples, evenly spaced and including the first and last, hashed into the cache key
 
@@ -106,11 +107,7 @@ def sensor_of(train, test, sensor_size) -> tuple[int, int, int]:
         if other is not None and tuple(other) != tuple(sensor_size):
             raise ValueError(f"sensor_size: the train set's is {tuple(sensor_size)} but the test set's is "
                              f"{tuple(other)}; pass sensor_size= to choose")
-    ok = isinstance(sensor_size, Sequence) and len(sensor_size) == 3 and all(
-        isinstance(s, (int, np.integer)) and not isinstance(s, bool) and s >= 1 for s in sensor_size)
-    if not ok:
-        raise ValueError(f"sensor_size: expected 3 positive ints (W, H, P), got {sensor_size!r}")
-    return tuple(int(s) for s in sensor_size)
+    return check_sensor_size(sensor_size)
 
 
 def num_classes_of(train, stores, num_classes) -> int:

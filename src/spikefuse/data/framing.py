@@ -16,7 +16,8 @@ import numpy as np
 import torch
 
 from . import memory
-from .events import LIMIT, Columns, as_columns, check_events, check_number, check_offsets, segment_ids
+from .events import (LIMIT, Columns, as_columns, check_events, check_number, check_offsets, check_sensor_size,
+                     segment_ids)
 
 MAX_WINDOWS = 2**62  # window counts are clamped here before becoming int64 (memory checks refuse far less)
 TABLE_BYTES = 48  # per (sample, window): the float64/int64 window tables `_windows` builds
@@ -44,7 +45,7 @@ class ToFrame:
     end_time: float | None = None
 
     def __post_init__(self):
-        object.__setattr__(self, "sensor_size", _sensor(self.sensor_size))
+        object.__setattr__(self, "sensor_size", check_sensor_size(self.sensor_size))
         modes = {k: getattr(self, k) for k in ("time_window", "event_count", "n_time_bins", "n_event_bins")}
         chosen = [k for k, v in modes.items() if v is not None]
         if len(chosen) != 1:
@@ -410,7 +411,7 @@ class Downsample:
         for v in f if isinstance(f, tuple) else (f,):
             check_number("spatial_factor", v)
         if self.sensor_size is not None:
-            object.__setattr__(self, "sensor_size", _sensor(self.sensor_size))
+            object.__setattr__(self, "sensor_size", check_sensor_size(self.sensor_size))
         if self.target_size is not None:
             size = self.target_size
             if not (isinstance(size, (tuple, list)) and len(size) == 2):
@@ -437,18 +438,6 @@ class Downsample:
         if "y" in cols:
             cols["y"] = _scale(cols["y"], fy, "spatial_factor", "y")
         return cols
-
-
-def _sensor(sensor_size) -> tuple[int, int, int]:
-    """sensor_size as (W, H, P) positive ints, or a ValueError naming it."""
-    ok = isinstance(sensor_size, (tuple, list, np.ndarray)) and len(sensor_size) == 3
-    try:  # x and y are stored as int16 or int32 (events.event_dtype)
-        ok = ok and all(check_number("sensor_size", s, integer=True) < 2**31 for s in sensor_size)
-    except ValueError:
-        ok = False
-    if not ok:
-        raise ValueError(f"sensor_size: expected 3 positive ints (W, H, P), got {sensor_size!r}")
-    return tuple(int(s) for s in sensor_size)
 
 
 def _scale(v: torch.Tensor, factor, name: str = "factor", field: str = "value") -> torch.Tensor:

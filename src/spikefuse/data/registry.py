@@ -1,15 +1,14 @@
 """Data sets by name, or as data set objects: `DATASETS` and `load(name_or_dataset, ...) -> Splits`."""
 from __future__ import annotations
 
-import os
-
 import torch
 
 from ..errors import require
 from ..neuron_options import MAX_INT
 from . import embedded, foreign, memory, synthetic, synthetic_events, synthetic_images
-from .cache import cached_store
+from .cache import cached_store, check_root
 from .dataset import DenseSpikeDataset, EventSpikeDataset, Splits, StaticImageDataset
+from .events import check_flag
 from .framing import ToFrame
 from .store import EventStore
 from .tonic_sets import PRE, TONIC_SETS, open_split, pack
@@ -64,10 +63,8 @@ def load(name, *, test=None, time_steps: int | None = None, sensor_size=None, nu
     progress: a progress bar (stderr) while an event set is packed for its cache.
     """
     # root and progress are used only where an event set is packed: checked for every set
-    if not isinstance(root, (str, os.PathLike)):  # a number raised os.fspath's TypeError
-        raise ValueError(f"root: expected a directory path (the data cache), got {root!r}")
-    if not isinstance(progress, bool):  # a string or NaN was taken as truthy
-        raise ValueError(f"progress: expected True or False, got {progress!r}")
+    check_root(root)
+    check_flag("progress", progress)  # a string or NaN was taken as truthy
     if not isinstance(name, str):
         return _load_objects(name, test, time_steps, sensor_size, num_classes, framing, root, device, progress)
     for arg, value in (("test", test), ("sensor_size", sensor_size), ("num_classes", num_classes),

@@ -15,8 +15,8 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from .events import (Columns, as_columns, check_events, check_fits, check_same_fields, class_indices, event_dtype,
-                     segment_ids)
+from .events import (Columns, as_columns, check_events, check_fits, check_flag, check_number, check_same_fields,
+                     check_sensor_size, class_indices, event_dtype, segment_ids)
 
 FILES = ("events.npy", "offsets.npy", "targets.npy", "meta.json")
 CHECK_CHUNK = 1 << 22  # events checked at a time when a store is loaded
@@ -29,9 +29,11 @@ class EventStore:
                  sensor_size: tuple[int, int, int], device="cpu", columns: Columns | None = None):
         if len(offsets) != len(np.asarray(targets)) + 1 or offsets[0] != 0 or offsets[-1] != len(events):
             raise ValueError(f"offsets: expected {len(targets) + 1} values from 0 to {len(events)}")
+        from .registry import check_device  # registry imports this module
+
         self.events = events  # host copy, maybe a memory map
-        self.sensor_size = tuple(int(s) for s in sensor_size)
-        self.device = torch.device(device)
+        self.sensor_size = check_sensor_size(sensor_size)  # int() raised on NaN, truncated 2.5
+        self.device = check_device(device)  # NaN or 2**70 failed inside torch.device
         self._offsets_np = np.asarray(offsets, dtype=np.int64)
         # host copies of the CSR layout: a batch's event counts are known without a device sync
         self.offsets_host = self._offsets_np
@@ -78,8 +80,10 @@ class EventStore:
         Every sample is checked before it is packed: the same fields as sample 0, and every
         coordinate, polarity and time inside the sensor and the packed dtype (ValueError
         naming the sample, field and value otherwise)."""
-        if len(sensor_size) != 3 or any(int(s) != s or s < 1 for s in sensor_size):
-            raise ValueError(f"sensor_size: expected 3 positive ints (W, H, P), got {tuple(sensor_size)}")
+        sensor_size = check_sensor_size(sensor_size)
+        progress = check_flag("progress", progress)
+        if total is not None:  # tqdm's bar only, but NaN, "3" or -1 were taken
+            total = check_number("total", total, integer=True, low=0, low_open=False)
         dtype, fields, parts, targets, lengths = None, None, [], [], []
         for i, (events, target) in enumerate(tqdm(samples, total=total, desc=desc, unit="sample",
                                                   disable=not progress)):

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import require
+from .cache import check_root
 from .events import as_columns
 from .store import EventStore
 
@@ -59,9 +60,16 @@ def _source(cls, split: str) -> tuple[str, str]:
 
 def open_split(name: str, split: str, root: str):
     """The Tonic data set object for one split (downloading if Tonic can)."""
-    datasets = require("tonic.datasets", f"the {name} data set")
-
+    # checked before Tonic is imported or asked to download: an unknown name raised KeyError,
+    # a NaN split went to the download, a non-path root raised os.fspath's TypeError
+    if name not in TONIC_SETS:
+        raise ValueError(f"name: unknown Tonic data set {name!r}; expected one of {list(TONIC_SETS)}")
     spec = TONIC_SETS[name]
+    splits = ("train", "valid", "test") if spec.tonic_class == "SSC" else ("train", "test")
+    if split not in splits:
+        raise ValueError(f"split: expected one of {list(splits)} for {name}, got {split!r}")
+    check_root(root)
+    datasets = require("tonic.datasets", f"the {name} data set")
     cls = getattr(datasets, spec.tonic_class)
     root = os.path.expanduser(root)
     try:

@@ -138,6 +138,12 @@ def init_data_parallel(device: str = "auto", timeout: datetime.timedelta = TIMEO
     """The process group of this torchrun process (nccl on CUDA, gloo on the CPU) and its
     device: GPU LOCAL_RANK for "auto" (when CUDA is there) or "cuda", the CPU for "cpu".
     Uses an already initialised default group as it is. ValueError on a device that cannot be."""
+    # checked before the environment is read: a timeout of 5 (no timedelta) failed inside torch
+    if device not in ("auto", "cuda", "cpu"):
+        raise ValueError(f"device {device!r}: under torchrun each process uses the GPU of its LOCAL_RANK; "
+                         "pass cuda, cpu or auto")
+    if not isinstance(timeout, datetime.timedelta) or timeout <= datetime.timedelta(0):
+        raise ValueError(f"timeout: expected a datetime.timedelta > 0, got {timeout!r}")
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -149,11 +155,8 @@ def init_data_parallel(device: str = "auto", timeout: datetime.timedelta = TIMEO
                              "GPU(s); start at most one process per GPU")
         where = torch.device("cuda", local_rank)
         torch.cuda.set_device(where)
-    elif device == "cpu":
-        where = torch.device("cpu")
     else:
-        raise ValueError(f"device {device!r}: under torchrun each process uses the GPU of its LOCAL_RANK; "
-                         "pass cuda, cpu or auto")
+        where = torch.device("cpu")
     if not dist.is_initialized():
         # device_id: NCCL starts at once (eager), not lazily at the first collective or send/recv.
         dist.init_process_group("nccl" if where.type == "cuda" else "gloo", timeout=timeout,
@@ -236,7 +239,9 @@ def launch(nproc: int, argv: list[str]) -> int:
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     from ..errors import RunError
+    from .pipeline import check_count
 
+    nproc = check_count("nproc", nproc)  # NaN or 2.5 failed inside the launcher's config
     config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=uuid.uuid4().hex,
                           rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0)
     agent_log = logging.getLogger("torch.distributed.elastic")

@@ -48,6 +48,7 @@ from torch import nn
 
 from .. import functional as F
 from ..errors import one_line
+from ..neuron_options import MAX_INT, check_int, check_number
 from ..nn import ALIF, BNLIF, CUBA, LIF, RecurrentALIF, RecurrentLIF
 from ..ops import spike_pack, weight_grad_queue
 
@@ -72,15 +73,18 @@ def split_stages(layers: Sequence[nn.Module], stages: int, costs: Sequence[float
     (1 + slack) of the best, one with the most stages ending in a neuron layer is taken:
     those hand off 1-bit spikes instead of floats."""
     layers = list(layers)
-    if isinstance(stages, bool) or not isinstance(stages, int) or stages < 1:
-        raise ValueError(f"stages: expected an integer >= 1, got {stages!r}")
+    stages = check_count("stages", stages)
+    # a NaN, negative or infinite slack or cost left no cut within the limit: an empty stage came back
+    slack = check_real("slack", slack, "a finite number >= 0", low=0)
     if stages > len(layers):
         raise ValueError(f"stages: cannot cut {len(layers)} layers into {stages} stages "
                          "(each stage needs at least one layer)")
     if costs is None:
         costs = [sum(p.numel() for p in layer.parameters()) for layer in layers]
-    if len(costs) != len(layers) or any(not c >= 0 for c in costs):
-        raise ValueError(f"costs: expected {len(layers)} non-negative numbers, got {list(costs)}")
+    costs = list(costs)
+    if len(costs) != len(layers):
+        raise ValueError(f"costs: expected {len(layers)} non-negative numbers, got {costs}")
+    costs = [check_real("costs", c, f"{len(layers)} finite non-negative numbers", low=0, whole=costs) for c in costs]
     prefix = [0.0]
     for c in costs:
         prefix.append(prefix[-1] + float(c))
@@ -168,8 +172,12 @@ class PipelineTrainer:
         layers = list(layers)
         check_layers(layers, batch_norm)
         _check_chunks(chunks)
+        pack_spikes = _check_flag("pack_spikes", pack_spikes)
+        if device is not None:  # NaN was taken and ignored, 2**70 or '3' failed inside .to()
+            from ..data.registry import check_device
+            device = check_device(device)
         self.peers = _Peers(group, timeout)
-        if stages is not None and stages != self.peers.size:
+        if stages is not None and check_count("stages", stages) != self.peers.size:
             raise ValueError(f"stages: {stages} stages asked for, but the process group has {self.peers.size} "
                              "ranks; run one process per stage")
         if cut is None:
@@ -180,7 +188,7 @@ class PipelineTrainer:
             raise ValueError(f"cut: expected {self.peers.size} consecutive non-empty ranges covering layers "
                              f"0..{len(layers) - 1} (one per rank), got {cut}")
         self.cut, self.chunks, self.batch_norm = cut, int(chunks), batch_norm
-        self.loss_fn, self.pack_spikes = loss_fn, bool(pack_spikes)
+        self.loss_fn, self.pack_spikes = loss_fn, pack_spikes
         own = cut[self.peers.index]
         self.stage = nn.Sequential(OrderedDict((str(i), layers[i]) for i in own))
         if device is not None:
@@ -276,6 +284,7 @@ def pipeline_step(stage: nn.Sequential, x: torch.Tensor | None, target, loss_fn:
     layers = list(stage)
     check_layers(layers, batch_norm)
     _check_chunks(chunks)
+    pack_spikes, return_outputs = _check_flag("pack_spikes", pack_spikes), _check_flag("return_outputs", return_outputs)
     loss, outputs = _step(layers, x, target, loss_fn, chunks, _Peers(group, timeout), pack_spikes)
     return (loss, outputs) if return_outputs else loss
 
@@ -288,6 +297,7 @@ def chunked_step(layers: Sequence[nn.Module], x: torch.Tensor, target, loss_fn: 
     layers = list(layers)
     check_layers(layers, batch_norm)
     _check_chunks(chunks)
+    return_outputs = _check_flag("return_outputs", return_outputs)
     loss, outputs = _step(layers, x, target, loss_fn, chunks, _Peers(None, None, alone=True), False)
     return (loss, outputs) if return_outputs else loss
 
@@ -472,8 +482,9 @@ class _Peers:
     """This rank's place in the pipeline and the point-to-point traffic with its neighbours."""
 
     def __init__(self, group, timeout, alone=False):
-        if timeout is not None and (isinstance(timeout, bool) or not timeout > 0):
-            raise ValueError(f"timeout: expected a number of seconds > 0, got {timeout!r}")
+        if timeout is not None:  # "3" raised from '>'; inf or 2**70 overflowed timedelta at the first wait
+            timeout = check_real("timeout", timeout, f"a number of seconds > 0 and at most {MAX_TIMEOUT:.0f}",
+                                 low_open=0, high=MAX_TIMEOUT)
         self.timeout = timeout
         if not alone and dist.is_available() and dist.is_initialized():
             self.group = group if group is not None else dist.group.WORLD
@@ -635,9 +646,36 @@ def _unpack(bits, shape, dtype):
 
 # ---- argument checks ----
 
+MAX_TIMEOUT = datetime.timedelta.max.total_seconds()  # the longest wait datetime.timedelta holds
+
+
+def check_count(name: str, value, most: int = MAX_INT) -> int:
+    """An int in [1, most] (check_int's test; bools and floats refused), refused in this package's
+    words, "name: expected ...", which the planner's command line maps to its option names."""
+    try:
+        return check_int(name, value, 1, most)
+    except ValueError:  # check_int's ArgumentError is one too
+        over = isinstance(value, int) and not isinstance(value, bool) and value > most
+        raise ValueError(f"{name}: expected an integer {f'from 1 to {most}' if over else '>= 1'}, "
+                         f"got {value!r}") from None
+
+
+def check_real(name: str, value, expected: str, whole=None, **bounds) -> float:
+    """A finite number within check_number's bounds, refused as "name: expected <expected>, got ..."."""
+    try:
+        return check_number(name, value, **bounds)
+    except ValueError:
+        raise ValueError(f"{name}: expected {expected}, got {value if whole is None else whole!r}") from None
+
+
+def _check_flag(name: str, value) -> bool:
+    if not isinstance(value, bool):  # bool() took "no" or NaN as True
+        raise ValueError(f"{name}: expected True or False, got {value!r}")
+    return value
+
+
 def _check_chunks(chunks):
-    if isinstance(chunks, bool) or not isinstance(chunks, int) or chunks < 1:
-        raise ValueError(f"chunks: expected an integer >= 1, got {chunks!r}")
+    check_count("chunks", chunks)  # a larger count than T is refused with the input (_check_input)
 
 
 def _check_input(x, chunks):

@@ -48,7 +48,7 @@ from torch import nn
 
 from .. import precision as precisions
 from ..nn import LIF
-from .pipeline import check_layers, chunked_step, split_stages
+from .pipeline import check_count, check_layers, check_real, chunked_step, split_stages
 
 MAX_GPUS = 8
 MAX_CHUNKS = 256
@@ -301,11 +301,13 @@ def plan(model_name: str, time_steps: int, batch: int, gpus: int | None = None, 
 
     if model_name not in MODELS:
         raise ValueError(f"model_name: unknown model {model_name!r}; expected one of {sorted(MODELS)}")
-    for name, value in (("time_steps", time_steps), ("batch", batch), ("max_gpus", max_gpus)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name}: expected an integer >= 1, got {value!r}")
-    if gpus is not None and (isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1):
-        raise ValueError(f"gpus: expected an integer >= 1, got {gpus!r}")
+    # sizes past 2**31 - 1 failed inside torch.rand or build_model (not named as the CLI names them);
+    # reps 0 raised StatisticsError, 2.5 a TypeError; a NaN rate gave an input without spikes
+    for name, value in (("time_steps", time_steps), ("batch", batch), ("max_gpus", max_gpus), ("reps", reps)):
+        check_count(name, value)
+    if gpus is not None:
+        check_count("gpus", gpus)
+    rate = check_real("rate", rate, "a spike probability in [0, 1]", low=0, high=1)
     if link is not None:
         if not (isinstance(link, (tuple, list)) and len(link) == 2):
             raise ValueError(f"link: expected (latency s, bandwidth B/s), got {link!r}")
@@ -371,8 +373,10 @@ def _measuring_device(device) -> torch.device:
 
 
 def _default(value, defaults, name, model_name):
-    if value is not None:
-        return tuple(value) if name == "input_shape" else int(value)
+    if value is not None:  # the builder checks them (int() raised on NaN, truncated 2.5, took "3")
+        if name == "input_shape" and not isinstance(value, (tuple, list, torch.Size)):
+            raise ValueError(f"input_shape: expected a tuple of sizes, got {value!r}")
+        return tuple(value) if name == "input_shape" else value
     param = defaults.get(name)
     if param is None or param.default is inspect.Parameter.empty:
         raise ValueError(f"{name}: model {model_name!r} has no default {name}; pass one")
