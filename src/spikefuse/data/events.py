@@ -256,3 +256,21 @@ def to_structured(cols: Columns, dtype: np.dtype | None = None) -> np.ndarray:
     for k in dtype.names:
         out[k] = cols[k].cpu().numpy()
     return out
+
+
+def check_device(device) -> torch.device:
+    """`device` as a torch.device, or ValueError if this PyTorch or this machine cannot use it."""
+    try:
+        device = torch.device(device)
+    except (RuntimeError, TypeError, ValueError) as e:  # ValueError: an index of 2**70 overflowed
+        raise ValueError(f"device: expected a device such as 'cpu' or 'cuda', got {device!r}") from e
+    if device.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if not count:
+            why = "this PyTorch build has no CUDA support" if torch.version.cuda is None else "no CUDA GPU is visible"
+            raise ValueError(f"device: {str(device)!r} requested but {why}; use device='cpu'")
+        if device.index is not None and device.index >= count:
+            raise ValueError(f"device: {str(device)!r} requested but only {count} CUDA device(s) exist")
+    elif device.type == "mps" and not torch.backends.mps.is_available():
+        raise ValueError("device: 'mps' requested but MPS is not available here; use device='cpu'")
+    return device

@@ -8,7 +8,7 @@ from ..neuron_options import MAX_INT
 from . import embedded, foreign, memory, synthetic, synthetic_events, synthetic_images
 from .cache import cached_store, check_root
 from .dataset import DenseSpikeDataset, EventSpikeDataset, Splits, StaticImageDataset
-from .events import check_flag
+from .events import check_device, check_flag
 from .framing import ToFrame
 from .store import EventStore
 from .tonic_sets import PRE, TONIC_SETS, open_split, pack
@@ -175,24 +175,6 @@ def _load_objects(data, test, time_steps, sensor_size, num_classes, framing, roo
     frame = frame_for(framing, sensor, time_steps)
     train_ds, test_ds = (EventSpikeDataset(s, frame, time_steps, input_shape) for s in stores)
     return Splits(type(train).__name__, train_ds, test_ds, classes, input_shape, time_steps)
-
-
-def check_device(device) -> torch.device:
-    """`device` as a torch.device, or ValueError if this PyTorch or this machine cannot use it."""
-    try:
-        device = torch.device(device)
-    except (RuntimeError, TypeError, ValueError) as e:  # ValueError: an index of 2**70 overflowed
-        raise ValueError(f"device: expected a device such as 'cpu' or 'cuda', got {device!r}") from e
-    if device.type == "cuda":
-        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        if not count:
-            why = "this PyTorch build has no CUDA support" if torch.version.cuda is None else "no CUDA GPU is visible"
-            raise ValueError(f"device: {str(device)!r} requested but {why}; use device='cpu'")
-        if device.index is not None and device.index >= count:
-            raise ValueError(f"device: {str(device)!r} requested but only {count} CUDA device(s) exist")
-    elif device.type == "mps" and not torch.backends.mps.is_available():
-        raise ValueError("device: 'mps' requested but MPS is not available here; use device='cpu'")
-    return device
 
 
 def frame_for(framing: str, sensor_size, time_steps: int) -> ToFrame:

@@ -15,8 +15,8 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from .events import (Columns, as_columns, check_events, check_fits, check_flag, check_number, check_same_fields,
-                     check_sensor_size, class_indices, event_dtype, segment_ids)
+from .events import (Columns, as_columns, check_device, check_events, check_fits, check_flag, check_number,
+                     check_same_fields, check_sensor_size, class_indices, event_dtype, segment_ids)
 
 FILES = ("events.npy", "offsets.npy", "targets.npy", "meta.json")
 CHECK_CHUNK = 1 << 22  # events checked at a time when a store is loaded
@@ -29,7 +29,6 @@ class EventStore:
                  sensor_size: tuple[int, int, int], device="cpu", columns: Columns | None = None):
         if len(offsets) != len(np.asarray(targets)) + 1 or offsets[0] != 0 or offsets[-1] != len(events):
             raise ValueError(f"offsets: expected {len(targets) + 1} values from 0 to {len(events)}")
-        from .registry import check_device  # registry imports this module
 
         self.events = events  # host copy, maybe a memory map
         self.sensor_size = check_sensor_size(sensor_size)  # int() raised on NaN, truncated 2.5
