@@ -324,7 +324,7 @@ def assert_grads_match(a, b, exempt, rtol, what, exact=None, moved=None):
             reference_off = max(reference_off, (moved.double().to(a.device)[both] - y)[ok].nan_to_num(0.0).norm().item())
         assert fused_off <= 4 * reference_off + rtol * e[ok].norm().item(), \
             f"{what}: relative error {err:.3g} > {rtol:g}; from float64's answer {fused_off:.3g} (fused) " \
-            f"against {reference_off:.3g} (the float32 reference)"
+            f"against {reference_off:.3g} (the float32 reference's distance, or its move under a 2-ulp nudge)"
         return
     assert err < rtol or (x - y).abs().max() < 1e-30, f"{what}: relative error {err:.3g} > {rtol:g}"
 
