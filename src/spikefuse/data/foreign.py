@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .events import check_sensor_size
+from .events import check_flag, check_sensor_size
 
 FINGERPRINT_SAMPLES = 16  # samples, evenly spaced and including the first and last, hashed into the cache key
 
@@ -172,8 +172,7 @@ class LoaderSplit:
     def __init__(self, loader, arg: str = "splits", batch_first: bool = True):
         if not isinstance(loader, torch.utils.data.DataLoader):
             raise TypeError(f"{arg}: expected a torch.utils.data.DataLoader, got {type(loader).__name__}")
-        if not isinstance(batch_first, bool):  # bool() took "no" as True: the layout read wrongly
-            raise ValueError(f"batch_first: expected True or False, got {batch_first!r}")
+        check_flag("batch_first", batch_first)  # bool() took "no" as True: the layout read wrongly
         try:
             self.size = len(loader.dataset)
         except TypeError:

@@ -47,6 +47,7 @@ import torch.distributed as dist
 from torch import nn
 
 from .. import functional as F
+from ..data.events import check_flag
 from ..errors import one_line
 from ..neuron_options import MAX_INT, check_int, check_number
 from ..nn import ALIF, BNLIF, CUBA, LIF, RecurrentALIF, RecurrentLIF
@@ -172,7 +173,7 @@ class PipelineTrainer:
         layers = list(layers)
         check_layers(layers, batch_norm)
         _check_chunks(chunks)
-        pack_spikes = _check_flag("pack_spikes", pack_spikes)
+        pack_spikes = check_flag("pack_spikes", pack_spikes)
         if device is not None:  # NaN was taken and ignored, 2**70 or '3' failed inside .to()
             from ..data.registry import check_device
             device = check_device(device)
@@ -284,7 +285,7 @@ def pipeline_step(stage: nn.Sequential, x: torch.Tensor | None, target, loss_fn:
     layers = list(stage)
     check_layers(layers, batch_norm)
     _check_chunks(chunks)
-    pack_spikes, return_outputs = _check_flag("pack_spikes", pack_spikes), _check_flag("return_outputs", return_outputs)
+    pack_spikes, return_outputs = check_flag("pack_spikes", pack_spikes), check_flag("return_outputs", return_outputs)
     loss, outputs = _step(layers, x, target, loss_fn, chunks, _Peers(group, timeout), pack_spikes)
     return (loss, outputs) if return_outputs else loss
 
@@ -297,7 +298,7 @@ def chunked_step(layers: Sequence[nn.Module], x: torch.Tensor, target, loss_fn: 
     layers = list(layers)
     check_layers(layers, batch_norm)
     _check_chunks(chunks)
-    return_outputs = _check_flag("return_outputs", return_outputs)
+    return_outputs = check_flag("return_outputs", return_outputs)
     loss, outputs = _step(layers, x, target, loss_fn, chunks, _Peers(None, None, alone=True), False)
     return (loss, outputs) if return_outputs else loss
 
@@ -666,12 +667,6 @@ def check_real(name: str, value, expected: str, whole=None, **bounds) -> float:
         return check_number(name, value, **bounds)
     except ValueError:
         raise ValueError(f"{name}: expected {expected}, got {value if whole is None else whole!r}") from None
-
-
-def _check_flag(name: str, value) -> bool:
-    if not isinstance(value, bool):  # bool() took "no" or NaN as True
-        raise ValueError(f"{name}: expected True or False, got {value!r}")
-    return value
 
 
 def _check_chunks(chunks):
