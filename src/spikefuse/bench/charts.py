@@ -87,13 +87,15 @@ def _neurons(ax, payload):
 
 
 def _steps(ax, payload):
-    keys = list(dict.fromkeys((c["net"], c["precision"], c["B"]) for c in payload["cases"]))
+    def key(c):  # one group per network, width, precision and batch
+        return c["net"], c.get("width", 1.0), c["precision"], c["B"]
+    keys = list(dict.fromkeys(key(c) for c in payload["cases"]))
     modes = list(dict.fromkeys(c["mode"] for c in payload["cases"]))
-    row = {(c["net"], c["precision"], c["B"], c["mode"]): c for c in payload["cases"]}
+    row = {(*key(c), c["mode"]): c for c in payload["cases"]}
     series = {m: [row.get((*k, m), {}).get("step_ms") for k in keys] for m in modes}
     kernels = [row.get((*k, "captured"), {}).get("kernel_ms") or row.get((*k, "eager"), {}).get("kernel_ms")
                for k in keys]
-    groups = [f"{net} {precision}\nB={b}" for net, precision, b in keys]
+    groups = [f"{net}{'' if w == 1.0 else f' x{w:g}'} {precision}\nB={b}" for net, w, precision, b in keys]
     return grouped_bars(ax, groups, series, kernels, "ms per training step (log scale)", "GPU kernel time")
 
 

@@ -6,7 +6,7 @@ Modes (fp32 and bf16):
     captured-local-bn   the same with each rank's own BN statistics (as SpikingJelly's DDP runs)
     eager               spikefuse's step issued from Python under DDP, SyncBN
     eager-local-bn      the same, local BN: what a user wrapping the model in DDP by hand gets
-    spikingjelly        SpikingJelly's network (bench.train.spikingjelly_cifar) in plain DDP
+    spikingjelly        SpikingJelly's network (bench.spikingjelly.cifar) in plain DDP
 On one GPU there is no DDP and no SyncBN: the -local-bn modes are their base mode there.
 Times: CUDA events, the median of 10 x 10 steps queued back to back after warm-up, the
 slowest rank's; samples/s = world size x 64 / step time. A check trains 15 steps captured and
@@ -52,8 +52,8 @@ QUICK = {"BATCH": 8, "TIME_STEPS": 4, "WIDTH": 0.25, "REPS": 3, "BACK_TO_BACK": 
 def build(mode: str, device, dp):
     torch.manual_seed(0)  # the same weights on every rank (DDP broadcasts rank 0's anyway)
     if mode == "spikingjelly":
-        from spikefuse.bench.train import spikingjelly_cifar
-        return spikingjelly_cifar("medium", WIDTH, time_steps=TIME_STEPS).to(device)
+        from spikefuse.bench.spikingjelly import cifar
+        return cifar("medium", WIDTH, time_steps=TIME_STEPS).to(device)
     model = build_model("cifar-medium", (3, 32, 32), 10, TIME_STEPS, width=WIDTH).to(device)
     return convert_sync_batchnorm(model, dp.sync_bn_group) if dp is not None and "local-bn" not in mode else model
 

@@ -41,7 +41,8 @@ from ..optim import LazyAdam
 from ..errors import UsageError
 from ..capture import CapturedStep, prepare_optimizer
 from .report import environment, table, write_results
-from .steps import INPUT_DENSITY, spikingjelly_mlp
+from . import spikingjelly
+from .steps import INPUT_DENSITY
 from .timing import captured, median_ms
 
 MODES = ("dense", "sparse-adam", "sparse", "auto", "spikingjelly")
@@ -196,7 +197,7 @@ def build(net, width, mode, theta):
     if mode == "spikingjelly":
         if recurrent:
             raise ImportError("no SpikingJelly recurrent counterpart in this benchmark")
-        return spikingjelly_mlp(net, width)
+        return spikingjelly.mlp(net, width)
     sparse = {"dense": False, "auto": True}.get(mode, "sparse")
     lif = {} if mode == "dense" else {"grad_threshold": theta}
     return IPUNet(spec.input_shape, spec.num_classes, width=width, sparse=sparse, recurrent=recurrent, **lif)

@@ -6,14 +6,20 @@ optimizer step: "reduce-overhead-step"; of the whole step as one function, its b
 traced by compiled autograd: "reduce-overhead-whole"; compiled rows note how many graphs
 and graph breaks dynamo made); beside them the
 step's GPU kernel time (profiler: the sum of its kernels' durations, what a step costs when
-the host is never in the way) and SpikingJelly 2.0's eager step on the same network.
+the host is never in the way) and SpikingJelly 2.0's step on the same network in each of its
+execution modes (bench.spikingjelly: eager, its StaticCudaGraph as its trainer uses it, and
+torch.compile), the captured row compared with the fastest of them.
 
 Networks: the IPU study's dense networks (ipu-shd, ipu-nmnist, ipu-dvsgesture; Adam) at
-several batch sizes, the CIFAR-10 medium network of Liang et al. (T=10, B=64, SGD; fp32 and
+several batch sizes, widths and precisions (--batches, --widths, --precisions), the CIFAR-10 medium network of Liang et al. (T=10, B=64, SGD; fp32 and
 bf16) and a spiking ResNet-18 (T=4, B=32, SGD). Every step reads one of two input batches in
 turn, so the captured step pays its copy into the static input buffer like a training loop.
 Times: CUDA events, medians; "step" is the steady state (10 steps queued back to back,
-timed after 10 more), "call" one step from an idle GPU.
+timed after 10 more), the median of --rounds alternating rounds in which every mode of the
+case is timed in turn (all resident), so drift on a shared GPU hits all alike; "call" one
+step from an idle GPU. Peak memory is each mode's absolute peak over one step (its model,
+optimizer state, inputs and graph pool included). SpikingJelly's IPU logits are cross-checked
+against ours at the same weights.
 
     spikefuse bench steps --out benchmarks/results
     spikefuse bench steps --quick --out /tmp/bench   # a smoke test: steps-quick-<device>.*
@@ -24,10 +30,9 @@ timed after 10 more), "call" one step from an idle GPU.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import copy
 import gc
-import math
+import statistics
 import traceback
 
 import torch
@@ -37,11 +42,12 @@ from torch._dynamo.utils import counters
 from .. import precision as precisions
 from ..errors import UsageError
 from ..models import build_model
-from ..neuron_options import check_int
+from ..neuron_options import MAX_INT, check_int, check_number
 from ..ops.launch import through_triton
 from ..capture import CapturedStep, prepare_optimizer
+from . import spikingjelly
 from .report import environment, table, write_results
-from .timing import median_ms
+from .timing import in_rounds, median_ms
 
 MODES = ("eager", "eager-triton-launch", "captured", "compiled", "compiled-cpp-wrapper", "reduce-overhead",
          "reduce-overhead-step", "reduce-overhead-whole")
@@ -49,11 +55,15 @@ MODES = ("eager", "eager-triton-launch", "captured", "compiled", "compiled-cpp-w
 # diagnoses of where a way loses time, ~20 s of compiling each; `bench all` keeps under 10 min)
 DEFAULT_MODES = ("eager", "captured", "compiled", "reduce-overhead")
 IPU_NETS = ("ipu-shd", "ipu-nmnist", "ipu-dvsgesture")
-DEFAULT_NETS = ",".join(IPU_NETS + ("shd", "cifar-medium", "resnet18"))
+NETS = IPU_NETS + ("shd", "cifar-medium", "resnet18")
+DEFAULT_NETS = ",".join(NETS)
 DEFAULT_BATCHES = "1,8,48,256"
 # --quick: one IPU network and CIFAR-medium, tiny, eager and captured (no compiling: ~20 s each)
-QUICK = {"nets": "ipu-shd,cifar-medium", "batches": "1", "modes": "eager,captured"}
+QUICK = {"nets": "ipu-shd,cifar-medium", "batches": "1", "modes": "eager,captured", "peer_modes": "eager,graph"}
 INPUT_DENSITY = 0.05  # event inputs: a binary frame with this share of ones
+DEFAULT_PEER_MODES = ("eager", "graph", "compiled")
+PEER_MODES = tuple(f"spikingjelly-{m}" for m in spikingjelly.MODES)
+ROUNDS = 3
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -61,6 +71,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--nets", default=DEFAULT_NETS,
                         help="comma-separated: ipu-shd, ipu-nmnist, ipu-dvsgesture, shd, cifar-medium, resnet18")
     parser.add_argument("--batches", default=DEFAULT_BATCHES, help="batch sizes of the IPU networks")
+    parser.add_argument("--widths", default="1", help="width multipliers of the IPU networks (1: 1472-1470 hidden)")
+    parser.add_argument("--precisions", default="fp32",
+                        help="precisions of the IPU networks: fp32 (TF32 matmuls), bf16 (autocast); CIFAR-medium "
+                             "runs both")
+    parser.add_argument("--peer-modes", default=",".join(DEFAULT_PEER_MODES),
+                        help=f"SpikingJelly's execution modes, of {', '.join(spikingjelly.MODES)} (bench.spikingjelly; "
+                             "compiled only on --compile-nets and --compile-batches)")
+    parser.add_argument("--rounds", type=int, default=ROUNDS,
+                        help="alternating timing rounds per case (every mode of a case timed in turn each round)")
     parser.add_argument("--modes", default=",".join(DEFAULT_MODES),
                         help=f"comma-separated, of {', '.join(MODES)} (default: {','.join(DEFAULT_MODES)}; "
                              "reduce-overhead-step: the optimizer step "
@@ -70,7 +89,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="networks that also run the compiled and launch-path modes")
     parser.add_argument("--compile-batches", default="8",
                         help="IPU batch sizes that also run the compiled modes (compiling costs ~20 s each)")
-    parser.add_argument("--no-peers", action="store_true", help="skip SpikingJelly")
+    parser.add_argument("--no-peers", action="store_true", help="skip SpikingJelly (all its modes)")
     parser.add_argument("--smoke", action="store_true", help="tiny widths and batches, 2 timed steps (tests)")
     parser.add_argument("--quick", action="store_true",
                         help="a smoke test: --smoke's sizes, and unless given, --nets " + QUICK["nets"] + " --batches "
@@ -80,22 +99,49 @@ def configure(parser: argparse.ArgumentParser) -> None:
 # ---- workloads ----
 
 def workloads(args):
-    """(net, precision, batch, optimizer name) cases in the order they run."""
-    nets = [n.strip() for n in args.nets.split(",") if n.strip()]
-    batches = [int(b) for b in args.batches.split(",") if b.strip()]
+    """(net, precision, batch, optimizer name, width) cases in the order they run."""
+    nets = parse_list("--nets", args.nets, NETS)
+    batches = parse_ints("--batches", args.batches)
+    widths = [check_number("--widths", w, low_open=0, high=64) for w in parse_floats("--widths", args.widths)]
+    ipu_precisions = parse_list("--precisions", args.precisions, ("fp32", "bf16"))
     cases = []
     for net in nets:
         if net in IPU_NETS:
-            cases += [(net, "fp32", b, "adam") for b in batches]
+            cases += [(net, p, b, "adam", w) for w in widths for p in ipu_precisions for b in batches]
         elif net == "cifar-medium":
-            cases += [(net, "fp32", 2 if args.smoke else 64, "sgd"), (net, "bf16", 2 if args.smoke else 64, "sgd")]
+            cases += [(net, p, 2 if args.smoke else 64, "sgd", 1.0) for p in ("fp32", "bf16")]
         elif net == "resnet18":
-            cases.append((net, "fp32", 2 if args.smoke else 32, "sgd"))
-        elif net == "shd":  # the `spikefuse train --dataset shd-synthetic --model shd` step
-            cases.append((net, "fp32", 2 if args.smoke else 128, "adam"))
-        else:
-            raise ValueError(f"--nets: unknown {net!r}")
+            cases.append((net, "fp32", 2 if args.smoke else 32, "sgd", 1.0))
+        else:  # shd: the `spikefuse train --dataset shd-synthetic --model shd` step
+            cases.append((net, "fp32", 2 if args.smoke else 128, "adam", 1.0))
     return cases
+
+
+def parse_list(option, text, allowed):
+    """The comma-separated names of `text`, each one of `allowed` (else a UsageError naming
+    the option)."""
+    names = [n.strip() for n in str(text).split(",") if n.strip()]
+    unknown = [n for n in names if n not in allowed]
+    if unknown:
+        raise UsageError(f"{option}: unknown {', '.join(map(repr, unknown))}; expected some of {', '.join(allowed)}")
+    return names
+
+
+def parse_ints(option, text):
+    try:
+        values = [int(b) for b in str(text).split(",") if b.strip()]
+    except ValueError:
+        raise UsageError(f"{option}: expected comma-separated whole numbers, got {text!r}") from None
+    if any(v < 1 or v > MAX_INT for v in values):
+        raise UsageError(f"{option}: expected whole numbers from 1 to {MAX_INT}, got {text!r}")
+    return values
+
+
+def parse_floats(option, text):
+    try:
+        return [float(w) for w in str(text).split(",") if w.strip()]
+    except ValueError:
+        raise UsageError(f"{option}: expected comma-separated numbers, got {text!r}") from None
 
 
 def make_model(net, width, backend):
@@ -158,33 +204,6 @@ def whole_step(step):
     return call
 
 
-def spikingjelly_mlp(net, width):
-    """The IPU network from SpikingJelly 2.0 layers (multi-step LIF, the same equations:
-    tau = 1/(1-decay), decay_input=False, hard reset to 0 with the reset detached; its
-    Sigmoid surrogate) and a time-averaged linear readout, no biases."""
-    from spikingjelly.activation_based import functional, layer, neuron, surrogate
-
-    from ..models.ipu import HIDDEN, NETWORKS
-    spec = NETWORKS[net]
-    sizes = [math.prod(spec.input_shape), *(max(1, round(h * width)) for h in HIDDEN)]
-    layers = [nn.Flatten(2)]
-    for a, b in zip(sizes, sizes[1:]):
-        layers += [layer.Linear(a, b, bias=False, step_mode="m"),
-                   neuron.LIFNode(tau=1 / (1 - 0.95), decay_input=False, v_threshold=1.0, v_reset=0.0,
-                                  detach_reset=True, surrogate_function=surrogate.Sigmoid(), step_mode="m")]
-
-    class Net(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.body = nn.Sequential(*layers)
-            self.readout = nn.Linear(sizes[-1], spec.num_classes, bias=False)
-
-        def forward(self, x):
-            functional.reset_net(self.body)
-            return self.readout(self.body(x)).mean(0)
-    return Net()
-
-
 # ---- measurement ----
 
 def kernel_time_ms(step, inputs, reps=5):
@@ -210,87 +229,192 @@ def rotating(step, inputs):
     return call
 
 
-def time_step(call, smoke):
-    warm = 1 if smoke else 5
-    stream, _ = median_ms(call, warmup=warm, min_reps=2 if smoke else 10, max_reps=2 if smoke else 30,
-                          back_to_back=1 if smoke else 10, budget_s=3.0)
-    single, _ = median_ms(call, warmup=0, min_reps=2 if smoke else 10, max_reps=2 if smoke else 30)
-    return stream, single
+def stream_ms(call, smoke):
+    """The steady-state step: 10 queued back to back, after 10 more (timing.median_ms)."""
+    ms, _ = median_ms(call, warmup=1 if smoke else 3, min_reps=2 if smoke else 10, max_reps=2 if smoke else 30,
+                      back_to_back=1 if smoke else 10, budget_s=1.5)
+    return ms
+
+
+def single_ms(call, smoke):
+    """One step from an idle GPU."""
+    ms, _ = median_ms(call, warmup=0, min_reps=2 if smoke else 10, max_reps=2 if smoke else 30)
+    return ms
+
+
+def new_case(net, precision, batch, opt_name, mode, width=1.0):
+    return {"net": net, "precision": precision, "B": batch, "width": width, "optimizer": opt_name, "mode": mode}
 
 
 def measure(net, precision, batch, opt_name, mode, args, device, template):
-    """eager-triton-launch: eager with every kernel launched through Triton's own path
-    instead of ops/launch.py's cached one (what the cache saves the host)."""
-    case = {"net": net, "precision": precision, "B": batch, "optimizer": opt_name, "mode": mode}
-    with through_triton() if mode == "eager-triton-launch" else contextlib.nullcontext():
-        return _measure(case, net, precision, batch, opt_name, mode, args, device, template)
+    """One mode's case on its own (prepared, then timed in one round). eager-triton-launch:
+    eager with every kernel launched through Triton's own path instead of ops/launch.py's
+    cached one (what the cache saves the host)."""
+    case = new_case(net, precision, batch, opt_name, mode, args.width)
+    call = prepare(case, args, device, template)
+    if call is not None:
+        time_in_rounds({mode: (case, call)}, args, rounds=1)
+    finish(case, call)
+    return case
 
 
-def _measure(case, net, precision, batch, opt_name, mode, args, device, template):
+def prepare(case, args, device, template):
+    """The case's step built, warmed up (captured where the mode captures) and its GPU time
+    and absolute peak memory measured: the call that runs one step, or None with
+    case["error"] recorded."""
     try:
         torch._dynamo.reset()
         counters.clear()  # graphs and graph breaks of this case alone
         torch.manual_seed(0)
-        if mode == "spikingjelly":
-            model = spikingjelly_mlp(net, args.width).to(device)
+        gc.collect()
+        base = torch.cuda.memory_allocated() if device.type == "cuda" else 0  # the other modes' own
+        inputs = make_inputs(args.shapes, args.num_classes, case["B"], device)
+        if case["mode"].startswith("spikingjelly-"):
+            call = _prepare_peer(case, args, device, template, inputs)
         else:
-            model = copy.deepcopy(template)
-        optimizer = make_optimizer(opt_name, model.parameters())
-        if mode in ("captured", "reduce-overhead-step", "reduce-overhead-whole"):  # a tensor learning rate
-            why = prepare_optimizer(optimizer)
-            if why is not None:
-                raise RuntimeError(f"optimizer not capturable: {why}")
-        forward = model
-        if mode == "compiled":
-            forward = torch.compile(model)
-        if mode == "compiled-cpp-wrapper":  # inductor's launches from C++, not Python
-            forward = torch.compile(model, options={"cpp_wrapper": True})
-        optimizer_step = None
-        if mode in ("reduce-overhead", "reduce-overhead-step"):
-            forward = torch.compile(model, mode="reduce-overhead")
-        if mode == "reduce-overhead-step":  # the update compiled too, its learning rate a tensor
-            optimizer_step = torch.compile(optimizer.step, mode="reduce-overhead")
-        step = step_function(model, forward, optimizer, precision, optimizer_step,
-                             mark_step=mode in ("reduce-overhead", "reduce-overhead-step"))
-        if mode == "reduce-overhead-whole":
-            step = whole_step(step)
-        inputs = make_inputs(args.shapes, args.num_classes, batch, device)
-        if mode == "captured":
-            for x, y in inputs:  # the profiler's steps also warm up what the graph will hold
-                step(x, y)
-            case["kernel_ms"] = kernel_time_ms(step, inputs)  # its own kernels: capturable Adam differs
-            captured = CapturedStep(step)
-            call = rotating(captured, inputs)
-            for _ in range(captured.warmup + 1):
-                call()
-            if captured.captured != 1:
-                raise RuntimeError(f"not captured: {captured.fallback_reason}")
-            case["pool_mib"] = captured.pool_bytes / 2**20
-        else:
-            call = rotating(step, inputs)
-        torch.cuda.reset_peak_memory_stats()
-        case["step_ms"], case["call_ms"] = time_step(call, args.smoke)
-        case["peak_mib"] = torch.cuda.max_memory_allocated() / 2**20
-        if mode == "eager":
-            case["kernel_ms"] = kernel_time_ms(step, inputs)
-        case["loss"] = float(call().detach())
-        if counters["stats"]["unique_graphs"]:  # what dynamo made of the compiled modes
-            case["graphs"] = counters["stats"]["unique_graphs"]
-            case["graph_breaks"] = sum(counters["graph_break"].values())
-            case["autograd_graphs"] = counters["compiled_autograd"]["captures"]
+            call = _prepare_ours(case, args, device, template, inputs)
+        case["peak_mib"] = step_peak_bytes(call, base, device) / 2**20
+        return call
     except Exception as e:  # noqa: BLE001  (recorded; the rest still run)
         if not isinstance(e, ImportError):
             traceback.print_exc()
         case["error"] = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}"
-    finally:
-        gc.collect()
-        torch.cuda.empty_cache()
+        return None
+
+
+def _prepare_ours(case, args, device, template, inputs):
+    mode = case["mode"]
+    model = copy.deepcopy(template)
+    optimizer = make_optimizer(case["optimizer"], model.parameters())
+    if mode in ("captured", "reduce-overhead-step", "reduce-overhead-whole"):  # a tensor learning rate
+        why = prepare_optimizer(optimizer)
+        if why is not None:
+            raise RuntimeError(f"optimizer not capturable: {why}")
+    forward = model
+    if mode == "compiled":
+        forward = torch.compile(model)
+    if mode == "compiled-cpp-wrapper":  # inductor's launches from C++, not Python
+        forward = torch.compile(model, options={"cpp_wrapper": True})
+    optimizer_step = None
+    if mode in ("reduce-overhead", "reduce-overhead-step"):
+        forward = torch.compile(model, mode="reduce-overhead")
+    if mode == "reduce-overhead-step":  # the update compiled too, its learning rate a tensor
+        optimizer_step = torch.compile(optimizer.step, mode="reduce-overhead")
+    step = step_function(model, forward, optimizer, case["precision"], optimizer_step,
+                         mark_step=mode in ("reduce-overhead", "reduce-overhead-step"))
+    if mode == "reduce-overhead-whole":
+        step = whole_step(step)
+    if mode == "eager-triton-launch":
+        step = triton_launched(step)
+    if mode != "captured":
+        call = rotating(step, inputs)
+        warm(call, args.smoke)
+        if mode == "eager":
+            case["kernel_ms"] = kernel_time_ms(step, inputs)
+        return call
+    for x, y in inputs:  # the profiler's steps also warm up what the graph will hold
+        step(x, y)
+    case["kernel_ms"] = kernel_time_ms(step, inputs)  # its own kernels: capturable Adam differs
+    captured = CapturedStep(step)
+    call = rotating(captured, inputs)
+    for _ in range(captured.warmup + 1):
+        call()
+    if captured.captured != 1:
+        raise RuntimeError(f"not captured: {captured.fallback_reason}")
+    case["pool_mib"] = captured.pool_bytes / 2**20
+    return call
+
+
+def triton_launched(step):
+    """step with every kernel launched through Triton's own path (ops.launch.through_triton)."""
+    def call(x, y):
+        with through_triton():
+            return step(x, y)
+    return call
+
+
+def _prepare_peer(case, args, device, template, inputs):
+    """SpikingJelly's step in the mode the case names (bench.spikingjelly); on the IPU
+    networks its logits are first cross-checked against ours at the same weights."""
+    net, mode = case["net"], case["mode"].removeprefix("spikingjelly-")
+    if net in IPU_NETS:
+        model = spikingjelly.mlp(net, args.width).to(device)
+        case["cross_check"] = cross_check(template, model, inputs[0][0], case["precision"])
+    elif net == "cifar-medium":
+        model = spikingjelly.cifar("medium", args.width, time_steps=10).to(device)
+    else:
+        raise ImportError(f"no SpikingJelly counterpart of {net} in this benchmark")
+    step = spikingjelly.training_step(model, case["optimizer"], case["precision"], mode)
+    call = rotating(step, inputs)
+    warm(call, args.smoke, at_least=spikingjelly.GRAPH_WARMUP + 2)  # its graph captured, then replayed
+    case["kernel_ms"] = kernel_time_ms(step, inputs)  # graph mode: the replay's kernels and the eager update's
+    return call
+
+
+def cross_check(ours, theirs, x, precision):
+    """Copy our IPU network's weights into SpikingJelly's and compare the logits on x: the
+    largest difference relative to the largest logit (its LIF rounds h = v(1 - 1/tau) + x
+    differently, so a spike near the threshold may flip: small, not 0)."""
+    weights = [m.weight for m in ours.modules() if isinstance(m, nn.Linear)]
+    targets = [m.weight for m in theirs.modules() if isinstance(m, nn.Linear)]
+    if [w.shape for w in weights] != [t.shape for t in targets]:
+        raise RuntimeError("SpikingJelly's network has other layer sizes than ours")
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    with torch.no_grad(), torch.autocast("cuda", dtype=dtype, enabled=precision == "bf16"):
+        for w, t in zip(weights, targets):
+            t.copy_(w)
+        a, b = ours(x).float(), theirs(x).float()
+    return float((a - b).abs().max() / a.abs().max().clamp_min(1e-30))
+
+
+def step_peak_bytes(call, base, device):
+    """The absolute peak of one step: what the mode holds (model, optimizer state, inputs,
+    graph pool) plus what the step allocates, without what other modes hold (`base`)."""
+    if device.type != "cuda":
+        return 0
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    call()
+    torch.cuda.synchronize()
+    return torch.cuda.max_memory_allocated() - base
+
+
+def warm(call, smoke, at_least=1):
+    for _ in range(max(at_least, 1 if smoke else 5)):
+        call()
+
+
+def time_in_rounds(prepared, args, rounds):
+    """Each prepared mode's steady-state step timed in alternating rounds (timing.in_rounds:
+    drift on a shared GPU hits all alike): step_ms is the median of its round medians,
+    round_ms the rounds; then one step from an idle GPU (call_ms) each."""
+    calls = {mode: call for mode, (case, call) in prepared.items()}
+    times, errors = in_rounds(lambda call: stream_ms(call, args.smoke), calls, rounds)
+    for mode, (case, call) in prepared.items():
+        if mode in errors:
+            case["error"] = f"{type(errors[mode]).__name__}: {str(errors[mode])[:200]}"
+            continue
+        case["step_ms"], case["round_ms"] = statistics.median(times[mode]), times[mode]
+        case["call_ms"] = single_ms(call, args.smoke)
+
+
+def finish(case, call):
+    try:
+        if call is not None and "error" not in case:
+            case["loss"] = float(call().detach())
+            if counters["stats"]["unique_graphs"]:  # what dynamo made of the compiled modes
+                case["graphs"] = counters["stats"]["unique_graphs"]
+                case["graph_breaks"] = sum(counters["graph_break"].values())
+                case["autograd_graphs"] = counters["compiled_autograd"]["captures"]
+    except Exception as e:  # noqa: BLE001
+        case["error"] = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}"
     print(summary_line(case), flush=True)
-    return case
 
 
 def summary_line(case):
     head = f"{case['net']} {case['precision']} B={case['B']} {case['mode']}:"
+    if case.get("width", 1.0) != 1.0:
+        head = f"{case['net']} x{case['width']:g} {case['precision']} B={case['B']} {case['mode']}:"
     if "error" in case:
         return f"{head} skipped ({case['error']})"
     kern = f", kernels {case['kernel_ms']:.3f} ms" if "kernel_ms" in case else ""
@@ -305,11 +429,19 @@ def graph_note(case):
     return f"dynamo graphs: {case['graphs']}{autograd}, graph breaks: {case['graph_breaks']}"
 
 
+def case_key(c):
+    return c["net"], c.get("width", 1.0), c["precision"], c["B"]
+
+
 def add_ratios(cases):
-    by_key = {(c["net"], c["precision"], c["B"], c["mode"]): c for c in cases}
+    """Per row: against its own eager and captured rows and its GPU time; on the captured
+    row, SpikingJelly's fastest mode over ours (wall and GPU time) and where we stand: a tie
+    where the two rows' rounds overlap once widened by TIE (the issue's rule), else ahead or
+    behind."""
+    by_key = {(*case_key(c), c["mode"]): c for c in cases}
     for c in cases:
-        eager = by_key.get((c["net"], c["precision"], c["B"], "eager"), {})
-        captured = by_key.get((c["net"], c["precision"], c["B"], "captured"), {})
+        eager = by_key.get((*case_key(c), "eager"), {})
+        captured = by_key.get((*case_key(c), "captured"), {})
         if "step_ms" not in c:
             continue
         kernel_ms = c.get("kernel_ms", eager.get("kernel_ms"))
@@ -319,12 +451,37 @@ def add_ratios(cases):
             c["speedup_vs_eager"] = eager["step_ms"] / c["step_ms"]
         if "step_ms" in captured:
             c["x_captured"] = c["step_ms"] / captured["step_ms"]
+    for c in cases:
+        peers = [by_key.get((*case_key(c), m), {}) for m in PEER_MODES]
+        peers = [p for p in peers if "step_ms" in p]
+        if c["mode"] != "captured" or "step_ms" not in c or not peers:
+            continue
+        best = min(peers, key=lambda p: p["step_ms"])
+        c["sj_best_mode"], c["sj_best_ms"] = best["mode"], best["step_ms"]
+        c["vs_sj_best"] = best["step_ms"] / c["step_ms"]
+        if best.get("kernel_ms") and c.get("kernel_ms"):
+            c["vs_sj_best_gpu"] = best["kernel_ms"] / c["kernel_ms"]
+        if best.get("peak_mib") and c.get("peak_mib"):
+            c["peak_vs_sj_best"] = c["peak_mib"] / best["peak_mib"]
+        c["standing"] = standing(c.get("round_ms") or [c["step_ms"]], best.get("round_ms") or [best["step_ms"]])
+
+
+TIE = 0.02  # the issue's tie: the rounds' ranges overlap within 2 %
+
+
+def standing(ours, theirs):
+    """'tie' where [min, max] of our rounds and of theirs overlap once each is widened by
+    TIE; else 'ahead' (ours faster) or 'behind'."""
+    if min(ours) * (1 - TIE) <= max(theirs) * (1 + TIE) and min(theirs) * (1 - TIE) <= max(ours) * (1 + TIE):
+        return "tie"
+    return "ahead" if statistics.median(ours) < statistics.median(theirs) else "behind"
 
 
 def quick_settings(args) -> None:
     """--quick: --smoke's sizes, and QUICK in place of the lists left at their defaults."""
     args.smoke = True
-    defaults = {"nets": DEFAULT_NETS, "batches": DEFAULT_BATCHES, "modes": ",".join(DEFAULT_MODES)}
+    defaults = {"nets": DEFAULT_NETS, "batches": DEFAULT_BATCHES, "modes": ",".join(DEFAULT_MODES),
+                "peer_modes": ",".join(DEFAULT_PEER_MODES)}
     for name, value in QUICK.items():
         if getattr(args, name) == defaults[name]:
             setattr(args, name, value)
@@ -337,31 +494,43 @@ def run(args) -> int:
     if args.quick:
         quick_settings(args)
     device = torch.device("cuda")
-    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    compile_batches = {int(b) for b in args.compile_batches.split(",") if b.strip()}
-    compile_nets = {n.strip() for n in args.compile_nets.split(",") if n.strip()}
-    args.width = 1 / 16 if args.smoke else 1.0
+    modes = parse_list("--modes", args.modes, MODES)
+    peer_modes = [] if args.no_peers else parse_list("--peer-modes", args.peer_modes, spikingjelly.MODES)
+    compile_batches = set(parse_ints("--compile-batches", args.compile_batches))
+    compile_nets = set(parse_list("--compile-nets", args.compile_nets, NETS))
+    rounds = 1 if args.smoke else check_int("--rounds", args.rounds)
     cases = []
-    for net, precision, batch, opt_name in workloads(args):
+    for net, precision, batch, opt_name, width in workloads(args):
+        args.width = width / 16 if args.smoke else width
         template, args.shapes, args.num_classes = make_model(net, args.width, "auto")
         template = template.to(device)
         # the compiled and launch-path modes (a compile costs ~1 min): chosen networks and batches
         chosen = net in compile_nets and (net not in IPU_NETS or batch in compile_batches)
         wanted = [m for m in modes if m in ("eager", "captured") or chosen]
-        peer = not args.no_peers and (net in IPU_NETS or net == "cifar-medium")
-        for mode in wanted + (["spikingjelly"] if peer else []):
-            if mode == "spikingjelly" and net == "cifar-medium":
-                mode = "spikingjelly-cifar"
-            if mode == "spikingjelly-cifar":
-                cases.append(measure_sj_cifar(precision, batch, args, device))
-            else:
-                cases.append(measure(net, precision, batch, opt_name, mode, args, device, template))
-        del template
+        peer = net in IPU_NETS or net == "cifar-medium"
+        wanted += [f"spikingjelly-{m}" for m in peer_modes if peer and (m != "compiled" or chosen)]
+        prepared = {}
+        for mode in wanted:  # all built first, all resident while the rounds alternate
+            case = new_case(net, precision, batch, opt_name, mode, width)
+            cases.append(case)
+            call = prepare(case, args, device, template)
+            if call is not None:
+                prepared[mode] = (case, call)
+        time_in_rounds(prepared, args, rounds)
+        for mode, (case, call) in prepared.items():
+            finish(case, call)
+        del template, prepared
+        gc.collect()
+        torch.cuda.empty_cache()
     add_ratios(cases)
     payload = {"benchmark": "steps", "environment": environment(), "input_density": INPUT_DENSITY,
-               "timing": "CUDA events, medians; step = steady state (10 queued, after 10 more), call = one "
-                         "step from an idle GPU; kernel = profiler sum of the GPU kernels of the step run eagerly (captured: with its capturable optimizer)",
-               "smoke": args.smoke, "quick": args.quick, "cases": cases}
+               "timing": f"CUDA events, medians; step = steady state (10 queued, after 10 more), the median of "
+                         f"{rounds} alternating rounds' medians (every mode of a case resident, timed in turn); "
+                         "call = one step from an idle GPU; kernel = profiler sum of the GPU kernels of the step "
+                         "(captured: run eagerly with its capturable optimizer; SpikingJelly's graph mode: its "
+                         "replays and its eager update); peak = absolute peak of one step (model, optimizer "
+                         "state, inputs, graph pool and what the step allocates)",
+               "smoke": args.smoke, "quick": args.quick, "rounds": rounds, "cases": cases}
     # --quick: write_results names it steps-quick-<device>
     paths = write_results("steps-smoke" if args.smoke and not args.quick else "steps", payload,
                           markdown(payload), args.out)
@@ -369,36 +538,33 @@ def run(args) -> int:
     return 1 if any("error" in c and not c["mode"].startswith("spikingjelly") for c in cases) else 0
 
 
-def measure_sj_cifar(precision, batch, args, device):
-    """SpikingJelly's CIFAR-medium step, eager, from the train benchmark's builder."""
-    from .train import make_step, spikingjelly_cifar
-
-    case = {"net": "cifar-medium", "precision": precision, "B": batch, "optimizer": "sgd", "mode": "spikingjelly"}
-    try:
-        torch.manual_seed(0)
-        model = spikingjelly_cifar("medium", args.width, time_steps=10).to(device)
-        x = torch.randn(batch, 3, 32, 32, device=device)
-        y = torch.randint(0, 10, (batch,), device=device)
-        step = make_step(model, x, y, precision, "sgd")
-        torch.cuda.reset_peak_memory_stats()
-        case["step_ms"], case["call_ms"] = time_step(step, args.smoke)
-        case["peak_mib"] = torch.cuda.max_memory_allocated() / 2**20
-    except Exception as e:  # noqa: BLE001
-        case["error"] = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}"
-    print(summary_line(case), flush=True)
-    return case
-
-
 def markdown(payload) -> str:
     env = payload["environment"]
-    out = ["# Training step: eager, captured, compiled\n",
+    out = ["# Training step: eager, captured, compiled, and SpikingJelly's modes\n",
            f"{env['device']}, {env['date']}, versions {env['versions']}\n",
            f"{payload['timing']}. IPU inputs: binary frames, {payload['input_density']:.0%} ones.\n"]
-    header = ["net", "precision", "B", "mode", "step ms", "call ms", "kernel ms", "x kernel",
-              "vs eager", "x captured", "peak MiB", "graph pool MiB", "note"]
-    rows = [[c["net"], c["precision"], c["B"], c["mode"], c.get("step_ms"), c.get("call_ms"),
-             c.get("kernel_ms"), c.get("x_kernel_time"), c.get("speedup_vs_eager"), c.get("x_captured"),
-             c.get("peak_mib"), c.get("pool_mib"), c.get("error") or (graph_note(c) if "graphs" in c else "")]
+    header = ["net", "width", "precision", "B", "mode", "step ms", "rounds spread", "call ms", "kernel ms",
+              "x kernel", "vs eager", "x captured", "peak MiB", "graph pool MiB", "SJ best / ours (wall)",
+              "(GPU)", "standing", "note"]
+
+    def spread(c):
+        r = c.get("round_ms")
+        return (max(r) - min(r)) / c["step_ms"] if r and c.get("step_ms") else None
+
+    def note(c):
+        if c.get("error"):
+            return c["error"]
+        parts = [graph_note(c)] if "graphs" in c else []
+        if "sj_best_mode" in c:
+            parts.append(f"SJ best: {c['sj_best_mode']}")
+        if "cross_check" in c:
+            parts.append(f"logits vs ours at the same weights: {c['cross_check']:.1e}")
+        return "; ".join(parts)
+
+    rows = [[c["net"], c.get("width", 1.0), c["precision"], c["B"], c["mode"], c.get("step_ms"), spread(c),
+             c.get("call_ms"), c.get("kernel_ms"), c.get("x_kernel_time"), c.get("speedup_vs_eager"),
+             c.get("x_captured"), c.get("peak_mib"), c.get("pool_mib"), c.get("vs_sj_best"), c.get("vs_sj_best_gpu"),
+             c.get("standing"), note(c)]
             for c in payload["cases"]]
     out.append(table(header, rows))
     return "\n".join(out)

@@ -27,6 +27,7 @@ from ..models.cifar import LIANG_LIF, CifarNet
 from .timing import median_ms
 from ..models.resnet import SpikingResNet
 from ..nn.spiking_layers import _BNLIFBlock
+from . import spikingjelly
 from .report import environment, table, write_results
 from .timing import copy_bandwidth_gbs
 
@@ -55,45 +56,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 # ---- the networks ----
 
-def spikingjelly_cifar(size, width, num_classes=10, time_steps=10, image=32):
-    """The same CIFAR network from SpikingJelly 2.0 layers (multi-step, its automatic
-    fastest LIF backend; Sigmoid surrogate: its fused kernels have no rectangular one)."""
-    from spikingjelly.activation_based import functional, layer, neuron, surrogate
-
-    from ..models.cifar import FC, TABLE_I, scaled
-
-    def lif():
-        return neuron.LIFNode(tau=1 / (1 - LIANG_LIF["decay"]), decay_input=False,
-                              v_threshold=LIANG_LIF["threshold"], v_reset=0.0,
-                              surrogate_function=surrogate.Sigmoid(), step_mode="m")
-
-    layers, c, hw = [], 3, image
-    for channels, stride in TABLE_I[size]:
-        out = scaled(channels, width)
-        layers += [layer.Conv2d(c, out, 3, stride, 1, bias=False, step_mode="m"),
-                   layer.BatchNorm2d(out, step_mode="m"), lif()]
-        c, hw = out, (hw - 1) // stride + 1
-    layers.append(layer.Flatten(step_mode="m"))
-    sizes = [c * hw * hw, *(scaled(f, width) for f in FC)]
-    for a, b in zip(sizes, sizes[1:]):
-        layers += [layer.Linear(a, b, bias=False, step_mode="m"), layer.BatchNorm1d(b, step_mode="m"), lif()]
-
-    class Net(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.body, self.readout = nn.Sequential(*layers), nn.Linear(sizes[-1], num_classes)
-
-        def forward(self, x):
-            functional.reset_net(self.body)
-            x = x.unsqueeze(0).repeat(time_steps, *([1] * x.dim()))
-            return self.readout(self.body(x).mean(0))
-
-    return Net()
-
-
 def build(impl, net, width, T, backend, image=32):
     if impl == "spikingjelly":
-        return spikingjelly_cifar(net, width, time_steps=T, image=image)
+        return spikingjelly.cifar(net, width, time_steps=T, image=image)
     fused, shape = impl == "spikefuse-fused", (3, image, image)
     if net == "resnet18":
         return SpikingResNet(18, shape, time_steps=T, width=width, fused=fused, backend=backend)
