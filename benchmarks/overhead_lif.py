@@ -41,9 +41,9 @@ def main(out=None):
 
     def bare_launch(kernel):
         kernel[(1,)](
-            xd, spikes, ckpt, xd, vT, xd, xd, xd, 0.5, 1.0, 0.0, 4, 128, 1, 1, RESET=0, DECAY=0,
-            THRESHOLD=0, HAS_V0=False, SAVE_CKPT=True, STORE_VT=True, STORE_H=False, BLOCK=BLOCK, K=K,
-            EVEN_N=True,
+            xd, spikes, ckpt, xd, vT, xd, xd, xd, xd, 0.5, 1.0, 0.0, 0.0, 4, 128, 1, 1, RESET=0, DECAY=0,
+            THRESHOLD=0, HAS_V0=False, SAVE_CKPT=True, STORE_VT=True, STORE_H=False, TRACK=False, BITS=False,
+            BLOCK=BLOCK, K=K, EVEN_N=True,
             num_warps=warps, enable_fp_fusion=False)
 
     class Identity(torch.autograd.Function):  # PyTorch's own cost of a custom op's autograd

@@ -132,6 +132,27 @@ def test_a_step_that_syncs_falls_back_once_and_trains_like_eager():
         assert torch.equal(a, b)
 
 
+def test_prepared_adam_takes_the_fused_kernel_unless_told_otherwise():
+    torch.manual_seed(0)
+    shapes = [(33, 17), (17,), (5, 3, 3)]
+    grads = [[torch.randn(shape, device="cuda") for shape in shapes] for _ in range(3)]
+    start = [torch.randn(shape, device="cuda") for shape in shapes]
+    chosen = {"unset": {}, "foreach": {"foreach": True}, "not fused": {"fused": False}}
+    runs = {}
+    for name, kwargs in chosen.items():
+        params = [nn.Parameter(p.clone()) for p in start]
+        optimizer = torch.optim.Adam(params, lr=1e-2, **kwargs)
+        assert prepare_optimizer(optimizer) is None
+        assert optimizer.param_groups[0]["fused"] is (True if name == "unset" else kwargs.get("fused"))
+        for step_grads in grads:  # the same gradients: the updates alone are compared
+            for p, g in zip(params, step_grads):
+                p.grad = g.clone()
+            optimizer.step()
+        runs[name] = [p.detach() for p in params]
+    for fused, foreach in zip(runs["unset"], runs["foreach"]):  # the same update, rounded otherwise
+        torch.testing.assert_close(fused, foreach, rtol=1e-5, atol=1e-6)
+
+
 def test_trainer_captures_by_default_and_resumes_bit_for_bit(tmp_path):
     from spikefuse.data import load
     from spikefuse.train.loop import Trainer

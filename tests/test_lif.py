@@ -97,6 +97,22 @@ def test_lif_chunk_boundaries(dtype, config, T, N, monkeypatch):
                  rtol=1e-5 if dtype == torch.float32 else 1e-2)
 
 
+@pytest.mark.parametrize("T,N", [(1, 8), (5, 24), (19, 40), (3, 1048)])
+def test_spike_bits_come_with_the_spikes(T, N):
+    """With gradients on, the LIF's forward kernel also writes its spikes packed as pack()
+    would (what a following spiking conv or linear saves), partial chunks and blocks
+    included; an in-place change drops them, and N % 8 != 0 or no_grad writes none."""
+    from spikefuse.ops.spike_pack import attached_bits, pack
+    x = rand(T, N, seed=T * N).requires_grad_()
+    for out in (F.lif(x, backend="fused"), F.lif(x, backend="fused", return_state=True)[0]):
+        bits = attached_bits(out)
+        assert bits is not None and torch.equal(bits, pack(out.detach()))
+    with torch.no_grad():
+        out.mul_(1.0)
+        assert attached_bits(out) is None and attached_bits(F.lif(x, backend="fused")) is None
+    assert attached_bits(F.lif(rand(T, N + 1).requires_grad_(), backend="fused")) is None
+
+
 def test_lif_non_contiguous_input():
     base = rand(6, 9, 4, 5, seed=4)
     x = base.transpose(1, 3)[..., ::2]  # [6, 5, 4, 5] strided view

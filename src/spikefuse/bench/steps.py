@@ -47,7 +47,7 @@ from ..ops.launch import through_triton
 from ..capture import CapturedStep, prepare_optimizer
 from . import spikingjelly
 from .report import environment, table, write_results
-from .timing import in_rounds, median_ms
+from .timing import graph_pool_segments, in_rounds, median_ms, step_peak_bytes
 
 MODES = ("eager", "eager-triton-launch", "captured", "compiled", "compiled-cpp-wrapper", "reduce-overhead",
          "reduce-overhead-step", "reduce-overhead-whole")
@@ -267,13 +267,16 @@ def prepare(case, args, device, template):
         counters.clear()  # graphs and graph breaks of this case alone
         torch.manual_seed(0)
         gc.collect()
-        base = torch.cuda.memory_allocated() if device.type == "cuda" else 0  # the other modes' own
+        cuda = device.type == "cuda"
+        base = torch.cuda.memory_allocated() if cuda else 0  # what the other modes hold
+        pools = graph_pool_segments() if cuda else {}
         inputs = make_inputs(args.shapes, args.num_classes, case["B"], device)
         if case["mode"].startswith("spikingjelly-"):
             call = _prepare_peer(case, args, device, template, inputs)
         else:
             call = _prepare_ours(case, args, device, template, inputs)
-        case["peak_mib"] = step_peak_bytes(call, base, device) / 2**20
+        if cuda:
+            case["peak_mib"] = step_peak_bytes(call, base, pools) / 2**20
         return call
     except Exception as e:  # noqa: BLE001  (recorded; the rest still run)
         if not isinstance(e, ImportError):
@@ -367,18 +370,6 @@ def cross_check(ours, theirs, x, precision):
     return float((a - b).abs().max() / a.abs().max().clamp_min(1e-30))
 
 
-def step_peak_bytes(call, base, device):
-    """The absolute peak of one step: what the mode holds (model, optimizer state, inputs,
-    graph pool) plus what the step allocates, without what other modes hold (`base`)."""
-    if device.type != "cuda":
-        return 0
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    call()
-    torch.cuda.synchronize()
-    return torch.cuda.max_memory_allocated() - base
-
-
 def warm(call, smoke, at_least=1):
     for _ in range(max(at_least, 1 if smoke else 5)):
         call()
@@ -419,8 +410,8 @@ def summary_line(case):
         return f"{head} skipped ({case['error']})"
     kern = f", kernels {case['kernel_ms']:.3f} ms" if "kernel_ms" in case else ""
     graphs = f", {graph_note(case)}" if "graphs" in case else ""
-    return (f"{head} step {case['step_ms']:.3f} ms, call {case['call_ms']:.3f} ms{kern}, "
-            f"peak {case['peak_mib']:.0f} MiB{graphs}")
+    peak = f", peak {case['peak_mib']:.0f} MiB" if "peak_mib" in case else ""
+    return f"{head} step {case['step_ms']:.3f} ms, call {case['call_ms']:.3f} ms{kern}{peak}{graphs}"
 
 
 def graph_note(case):
@@ -545,7 +536,7 @@ def markdown(payload) -> str:
            f"{payload['timing']}. IPU inputs: binary frames, {payload['input_density']:.0%} ones.\n"]
     header = ["net", "width", "precision", "B", "mode", "step ms", "rounds spread", "call ms", "kernel ms",
               "x kernel", "vs eager", "x captured", "peak MiB", "graph pool MiB", "SJ best / ours (wall)",
-              "(GPU)", "standing", "note"]
+              "(GPU)", "standing", "peak / SJ best's", "note"]
 
     def spread(c):
         r = c.get("round_ms")
@@ -564,7 +555,7 @@ def markdown(payload) -> str:
     rows = [[c["net"], c.get("width", 1.0), c["precision"], c["B"], c["mode"], c.get("step_ms"), spread(c),
              c.get("call_ms"), c.get("kernel_ms"), c.get("x_kernel_time"), c.get("speedup_vs_eager"),
              c.get("x_captured"), c.get("peak_mib"), c.get("pool_mib"), c.get("vs_sj_best"), c.get("vs_sj_best_gpu"),
-             c.get("standing"), note(c)]
+             c.get("standing"), c.get("peak_vs_sj_best"), note(c)]
             for c in payload["cases"]]
     out.append(table(header, rows))
     return "\n".join(out)

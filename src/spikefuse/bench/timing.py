@@ -123,6 +123,33 @@ def peak_extra_mib(fn) -> float | None:
     return (torch.cuda.max_memory_allocated() - base) / 2**20
 
 
+def graph_pool_segments() -> dict:
+    """{(pool id, address): (reserved bytes, allocated bytes)} of the caching allocator's
+    segments outside its default pool: CUDA graphs' private pools. A replay writes into its
+    pool without allocating, so torch.cuda.max_memory_allocated misses what the pool holds
+    beyond its live tensors; a step's absolute peak needs the pool's reserved bytes."""
+    segments = {}
+    for segment in torch.cuda.memory_snapshot():
+        pool = tuple(segment.get("segment_pool_id") or (0, 0))
+        if pool != (0, 0):
+            allocated = sum(b["size"] for b in segment["blocks"] if b["state"] == "active_allocated")
+            segments[(pool, segment["address"])] = (segment["total_size"], allocated)
+    return segments
+
+
+def step_peak_bytes(fn, base: int, pools_before: dict) -> int:
+    """The absolute peak of one call of fn (a training step) on CUDA: everything allocated
+    since `base` (torch.cuda.memory_allocated() before its model, optimizer and inputs were
+    made) at the call's peak, with the graph pools made since `pools_before`
+    (graph_pool_segments()) counted at their reserved size instead of their live tensors."""
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    fn()
+    torch.cuda.synchronize()
+    new = [v for k, v in graph_pool_segments().items() if k not in pools_before]
+    return torch.cuda.max_memory_allocated() - base - sum(a for _, a in new) + sum(r for r, _ in new)
+
+
 def copy_bandwidth_gbs(nbytes: int = 2**31) -> float | None:
     """Device-to-device copy bandwidth, counting bytes read plus bytes written (GB/s)."""
     if not torch.cuda.is_available():

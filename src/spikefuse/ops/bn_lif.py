@@ -49,7 +49,7 @@ import math
 
 import torch
 
-from .kernel_base import EAGER, RESET_CODES, TRACED, cdiv, f32, next_power_of_2, grad_h, load_per_neuron, or_empty, program_neurons, reset_potential, row, spike_value, surrogate_grad
+from .kernel_base import EAGER, RESET_CODES, TRACED, cdiv, f32, next_power_of_2, grad_h, load_per_neuron, or_empty, program_neurons, reset_potential, row, spike_value, store_bits, surrogate_grad
 from .double_backward import grads_with_graph
 from .launch import cached_launch
 from .spike_pack import attach_bits
@@ -322,11 +322,7 @@ def _bn_lif_forward_kernel(
             S = tl.where(sel, spike_value(u, fired)[None, :], S)
         tl.store(s_ptr + t.to(tl.int64)[:, None] * N + n[None, :], S.to(s_ptr.dtype.element_ty), mask=mask)
         if BITS:  # the same spikes packed as spike_pack.pack does (N % 8 == 0: whole bytes per row)
-            byte = tl.program_id(0) * (BLOCK // 8) + tl.arange(0, BLOCK // 8)
-            octets = tl.reshape((S != 0.0).to(tl.int32), [K, BLOCK // 8, 8])  # NaN: 1, as pack()
-            packed = tl.sum(octets << tl.arange(0, 8)[None, None, :], axis=2)
-            tl.store(bits_ptr + t.to(tl.int64)[:, None] * (N // 8) + byte[None, :], packed.to(tl.uint8),
-                     mask=(t < T)[:, None] & (byte < N // 8)[None, :])
+            store_bits(bits_ptr, S, t, T, N)
 
 
 @cached_launch

@@ -247,6 +247,20 @@ def chunk_registers(X):
 
 
 @triton.jit
+def store_bits(bits_ptr, S, t, T, N):
+    """A chunk's spikes S [K, BLOCK] (this program's neurons, contiguous from
+    program_id * BLOCK) packed as spike_pack.pack packs the [T, N] spikes: bit n % 8 of byte
+    n // 8 of row t; N % 8 == 0, so every row is whole bytes. A NaN spike packs as 1, as in pack()."""
+    K: tl.constexpr = S.shape[0]
+    BYTES: tl.constexpr = S.shape[1] // 8
+    byte = tl.program_id(0) * BYTES + tl.arange(0, BYTES)
+    octets = tl.reshape((S != 0.0).to(tl.int32), [K, BYTES, 8])
+    packed = tl.sum(octets << tl.arange(0, 8)[None, None, :], axis=2)
+    tl.store(bits_ptr + t.to(tl.int64)[:, None] * (N // 8) + byte[None, :], packed.to(tl.uint8),
+             mask=(t < T)[:, None] & (byte < N // 8)[None, :])
+
+
+@triton.jit
 def store_outputs(s_ptr, h_ptr, t0, offs, k, n_mask, T, N, S, H, EVEN_N: tl.constexpr, STORE_H: tl.constexpr):
     """A chunk's spikes and, with STORE_H (return_potential), its pre-reset potentials."""
     store_chunk(s_ptr, t0, offs, k, n_mask, T, N, S, EVEN_N)

@@ -33,10 +33,11 @@ import torch
 from .kernel_base import (EAGER, RESET_CODES, TRACED, cdiv, channel_layout, chunk_registers, f32, grad_h,
                           load_chunk, load_earlier_chunks, load_per_neuron, or_empty, param_mode,
                           program_neurons, reset_partials, reset_potential, row, spike_adjoint, spike_value, state_buffer,
-                          store_chunk, store_outputs, surrogate_grad, time_major)
+                          store_bits, store_chunk, store_outputs, surrogate_grad, time_major)
 from .triton_or_stub import tl, triton
 from .launch import cached_launch
 from .double_backward import grads_with_graph
+from .spike_pack import attach_bits
 from ..surrogates import CUSTOM, SURROGATES, CustomSurrogate
 
 
@@ -91,14 +92,15 @@ def forward_chunk(X, v, d, t0, T, threshold, v_reset, RESET: tl.constexpr, TAIL:
 @cached_launch
 @triton.jit
 def _lif_forward_kernel(
-    x_ptr, s_ptr, ckpt_ptr, v0_ptr, vT_ptr, decay_ptr, h_ptr, thr_ptr,
+    x_ptr, s_ptr, ckpt_ptr, v0_ptr, vT_ptr, decay_ptr, h_ptr, thr_ptr, bits_ptr,
     decay, threshold, v_reset, grad_floor, T, N, inner, C,
     RESET: tl.constexpr, DECAY: tl.constexpr, THRESHOLD: tl.constexpr, HAS_V0: tl.constexpr,
     SAVE_CKPT: tl.constexpr, STORE_VT: tl.constexpr, STORE_H: tl.constexpr, TRACK: tl.constexpr,
-    BLOCK: tl.constexpr, K: tl.constexpr, EVEN_N: tl.constexpr,
+    BITS: tl.constexpr, BLOCK: tl.constexpr, K: tl.constexpr, EVEN_N: tl.constexpr,
 ):
     """TRACK: after the checkpoints (row cdiv(T, K) of ckpt), 1.0 for each neuron whose h
-    reached grad_floor at some step, else 0.0."""
+    reached grad_floor at some step, else 0.0. BITS: the spikes also packed into bits_ptr
+    (spike_pack's layout; N % 8 == 0)."""
     decay, threshold, v_reset, grad_floor = f32(decay), f32(threshold), f32(v_reset), f32(grad_floor)
     n = program_neurons(BLOCK)
     n_mask = n < N
@@ -121,6 +123,8 @@ def _lif_forward_kernel(
         S, H, v, reached = forward_chunk(X, v, d, t0, T, threshold, v_reset, RESET, False, STORE_H,
                                          reached, grad_floor, TRACK)
         store_outputs(s_ptr, h_ptr, t0, offs, k, n_mask, T, N, S, H, EVEN_N, STORE_H)
+        if BITS:
+            store_bits(bits_ptr, S, t0 + k, T, N)
         X = X_next
     if full * K < T:  # the last, partial chunk
         if SAVE_CKPT:
@@ -128,6 +132,8 @@ def _lif_forward_kernel(
         S, H, v, reached = forward_chunk(X, v, d, full * K, T, threshold, v_reset, RESET, True, STORE_H,
                                          reached, grad_floor, TRACK)
         store_outputs(s_ptr, h_ptr, full * K, offs, k, n_mask, T, N, S, H, EVEN_N, STORE_H)
+        if BITS:
+            store_bits(bits_ptr, S, full * K + k, T, N)
     if STORE_VT:
         tl.store(vT_ptr + n, v, mask=n_mask)
     if TRACK:
@@ -251,12 +257,14 @@ def _lif_backward_kernel(
 # contiguous memory as [T, N]).
 
 def _forward(x, decay, decay_tensor, v0, threshold, reset, v_reset, save, want_state=True,
-             launch=EAGER, want_h=False, threshold_tensor=None, grad_threshold=float("-inf"), grad_scope="step"):
+             launch=EAGER, want_h=False, threshold_tensor=None, grad_threshold=float("-inf"), grad_scope="step",
+             bits=None):
     """spikes like x, v[T-1] (float32, None unless `want_state`) and, if `save`,
     (contiguous x, checkpoints) for backward; with `want_h` the pre-reset potential trace
     h (x's dtype) follows as a fifth value. threshold_tensor (float32, one value or one per
     channel) stands in for the float threshold when given. A per-neuron cut (grad_scope other
-    than "step") adds a row of flags after the checkpoints (tracks_cut)."""
+    than "step") adds a row of flags after the checkpoints (tracks_cut). bits (uint8, T * N / 8,
+    N % 8 == 0: spike_bits_buffer): filled with the spikes packed, as spike_pack.pack would."""
     x, T, N, BLOCK, K, warps = time_major(x)
     spikes = torch.empty_like(x)
     vT = state_buffer(x, want_state)
@@ -269,15 +277,27 @@ def _forward(x, decay, decay_tensor, v0, threshold, reset, v_reset, save, want_s
         launch(_lif_forward_kernel)[(cdiv(N, BLOCK),)](
             x, spikes, ckpt, v0.contiguous() if v0 is not None else unused, vT if want_state else unused,
             decay_tensor if decay_tensor is not None else unused, h if want_h else unused,
-            threshold_tensor if threshold_tensor is not None else unused,
+            threshold_tensor if threshold_tensor is not None else unused, bits if bits is not None else unused,
             decay, threshold, v_reset, grad_threshold if track else 0.0, T, N, inner, C,
             RESET=RESET_CODES[reset], DECAY=param_mode(decay_tensor), THRESHOLD=param_mode(threshold_tensor),
             HAS_V0=v0 is not None, SAVE_CKPT=save, STORE_VT=want_state, STORE_H=want_h, TRACK=track,
-            BLOCK=BLOCK, K=K, EVEN_N=N % BLOCK == 0, num_warps=warps,
+            BITS=bits is not None, BLOCK=BLOCK, K=K, EVEN_N=N % BLOCK == 0, num_warps=warps,
             enable_fp_fusion=False)
     if want_h:
         return spikes, vT, x, ckpt, h
     return spikes, vT, x, ckpt
+
+
+def spike_bits_buffer(x: torch.Tensor) -> torch.Tensor | None:
+    """Room for the spikes as bits (spike_pack's layout) when gradients are on and each step's
+    N neurons fill whole bytes: a spiking conv or linear that reads these spikes then saves the
+    kernel's bits (spike_pack.attached_bits) instead of packing them in a pass of its own (issue 34:
+    0.06 ms a layer at the IPU SHD net's batch 256 on an H100). The kernel writes 1/32 of the
+    spikes' bytes more; unused, they live as long as the spikes."""
+    if not torch.is_grad_enabled() or x.dim() == 0 or x.shape[0] == 0:
+        return None
+    N = x.numel() // x.shape[0]
+    return x.new_empty(x.numel() // 8, dtype=torch.uint8) if N % 8 == 0 else None
 
 
 def tracks_cut(grad_threshold, grad_scope):
@@ -347,13 +367,13 @@ class LIFFunction(torch.autograd.Function):
     (options[-2:]: return_state, return_potential; the outputs are spikes, [h], [v[T-1]])."""
 
     @staticmethod
-    def forward(ctx, x, decay_tensor, v0, threshold_tensor, options):
+    def forward(ctx, x, decay_tensor, v0, threshold_tensor, bits, options):
         decay, threshold, reset, v_reset, detach, surrogate, alpha, grad_threshold, grad_scope, want_state, want_h = \
             options
         save = any(ctx.needs_input_grad)
         spikes, vT, x, ckpt, *h = _forward(x, decay, decay_tensor, v0, threshold, reset, v_reset, save,
                                            want_state, want_h=want_h, threshold_tensor=threshold_tensor,
-                                           grad_threshold=grad_threshold, grad_scope=grad_scope)
+                                           grad_threshold=grad_threshold, grad_scope=grad_scope, bits=bits)
         if save:
             ctx.save_for_backward(x, ckpt, decay_tensor, v0, threshold_tensor)
             ctx.options = options[:-2]
@@ -370,13 +390,14 @@ class LIFFunction(torch.autograd.Function):
         grad_vT = next(grads) if ctx.want[1] else None
         if torch.is_grad_enabled():  # create_graph=True: this backward will be differentiated
             return (*reference_grads(x, decay, decay_tensor, v0, grad_s, grad_vT, options, ctx.needs_input_grad[:4],
-                                     grad_threshold, grad_h, threshold_tensor, grad_scope), None)
+                                     grad_threshold, grad_h, threshold_tensor, grad_scope), None, None)
 
         def run(grad_s, need_gv0, need_gd, need_gthr):
             return _backward(grad_s, grad_vT, x, ckpt, decay, decay_tensor, *options, need_gv0, need_gd,
                              grad_threshold, grad_h=grad_h, threshold_tensor=threshold_tensor, need_gthr=need_gthr,
                              grad_scope=grad_scope)
-        return (*_input_grads(run, grad_s, x, decay_tensor, v0, threshold_tensor, ctx.needs_input_grad[1:4]), None)
+        return (*_input_grads(run, grad_s, x, decay_tensor, v0, threshold_tensor, ctx.needs_input_grad[1:4]),
+                None, None)
 
 
 def _input_grads(run_backward, grad_s, x, decay_tensor, v0, threshold_tensor, needs):
@@ -502,7 +523,11 @@ def lif_fused(x, decay, decay_tensor, options, v0, return_state, return_potentia
         flat = (decay, *common, options.grad_threshold, options.grad_scope, return_state, bool(return_potential))
         if not x.is_contiguous():  # copied here, not inside: the x saved for backward keeps its graph
             x = x.contiguous()     # (a double backward differentiates through it)
-        return LIFFunction.apply(x, decay_tensor, v0, threshold_tensor, flat)
+        bits = spike_bits_buffer(x)
+        out = LIFFunction.apply(x, decay_tensor, v0, threshold_tensor, bits, flat)
+        if bits is not None:
+            attach_bits(out[0] if isinstance(out, tuple) else out, bits)
+        return out
     wants_grad = torch.is_grad_enabled() and any(
         t is not None and t.requires_grad for t in (x, decay_tensor, v0, threshold_tensor))
     spikes, vT, _ = lif_forward(x, decay, decay_tensor, v0, *common, wants_grad, options.grad_threshold,
