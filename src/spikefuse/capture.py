@@ -83,6 +83,26 @@ def prepare_optimizer(optimizer: torch.optim.Optimizer) -> str | None:
     return None
 
 
+def _generator_state(device) -> tuple | None:
+    """(device's default CUDA generator, its state) to restore after a failed capture."""
+    if device.type != "cuda":
+        return None
+    generator = torch.cuda.default_generators[device.index if device.index is not None
+                                              else torch.cuda.current_device()]
+    return generator, generator.get_state()
+
+
+def _restore_generator(generator: torch.Generator, state: torch.Tensor) -> None:
+    """A capture that fails leaves the CUDA generator marked as capturing (torch 2.11: every
+    later draw, dropout's included, raises "Offset increment outside graph capture"); a fresh
+    copy of its state is not marked. Then back to the state before the capture, so the eager
+    step draws what it would have drawn. (Measured on an H200: neither set_state, manual_seed
+    nor CUDAGraph.reset alone clears the mark.)"""
+    if hasattr(generator, "clone_state"):  # torch >= 2.4
+        generator.graphsafe_set_state(generator.clone_state())
+    generator.set_state(state)
+
+
 FUSABLE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
@@ -198,6 +218,7 @@ class CapturedStep:
         torch.cuda.empty_cache()  # as capturing does first: then the growth is the pool's
         reserved = torch.cuda.memory_reserved(device)
         failure = None
+        rng = _generator_state(device)
         try:
             with torch.cuda.graph(graph, pool=self._pool, stream=self._side_stream,  # the warm-ups' stream
                                   capture_error_mode="thread_local"):
@@ -205,6 +226,8 @@ class CapturedStep:
         except Exception as e:  # the step did not run: run it eagerly, and from now on
             first_line = (str(e).strip().splitlines() or [""])[0]
             failure = f"capturing failed: {type(e).__name__}: {first_line}"
+            if rng is not None:
+                _restore_generator(*rng)
         if self.agree_across is not None:  # nothing ran yet on any rank: all replay, or all go eager
             failure = self._agree(failure, device)
         if failure is not None:
