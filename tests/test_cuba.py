@@ -60,6 +60,7 @@ def small_chunks(monkeypatch, BLOCK=32, K=4):
 SURR = ["rectangular", "triangle", "fast_sigmoid", "sigmoid", "atan", "sigmoid"]
 CASES = [(r, d, SURR[n]) for n, (r, d) in enumerate(itertools.product(["hard", "soft", "none"],
                                                                        [False, True]))]
+CASES += [("subtract", False, "atan"), ("subtract", True, "triangle")]  # snnTorch's Synaptic reset
 
 
 @pytest.mark.parametrize("reset,detach,surrogate", CASES)
@@ -83,12 +84,23 @@ def test_cuba_default_launch_config_several_chunks():
                  **PARAMS)
 
 
-def test_cuba_non_contiguous_input(monkeypatch):
+@pytest.mark.parametrize("reset", ["soft", "subtract"])
+def test_cuba_non_contiguous_input(reset, monkeypatch):
     small_chunks(monkeypatch)
     base = rand(6, 9, 4, 5, seed=4)
     x = base.transpose(1, 3)[..., ::2]  # [6, 5, 4, 5] strided view
     assert not x.is_contiguous()
-    assert_match(x, reset="soft", **PARAMS)
+    assert_match(x, reset=reset, **PARAMS)
+
+
+@pytest.mark.parametrize("detach", [False, True])
+def test_cuba_subtract_t1_and_decay_one(detach):
+    """T = 1 from a state above the threshold (s[-1] = 1 resets step 0), and decay 1."""
+    x = rand(1, 3, 11, seed=14)
+    assert_state_match(x, state0_for(x), reset="subtract", detach_reset=detach, surrogate="atan", **PARAMS)
+    x = rand(12, 3, 11, seed=15)
+    assert_state_match(x, state0_for(x), reset="subtract", detach_reset=detach, surrogate="atan",
+                       **{**PARAMS, "decay": 1.0})
 
 
 @pytest.mark.parametrize("reset", ["hard", "soft"])
@@ -135,12 +147,13 @@ def test_inference_saves_nothing():
     assert torch.equal(s, F.cuba(x, backend="reference", **PARAMS))
 
 
-def test_double_backward_matches_reference():
+@pytest.mark.parametrize("reset", ["hard", "subtract"])
+def test_double_backward_matches_reference(reset):
     x = rand(6, 2, 7, seed=13)
     penalties = []
     for backend in ("fused", "reference"):
         xi = x.clone().requires_grad_(True)
-        s = F.cuba(xi, backend=backend, surrogate="sigmoid", **PARAMS)
+        s = F.cuba(xi, backend=backend, surrogate="sigmoid", reset=reset, **PARAMS)
         (gx,) = torch.autograd.grad((s * torch.linspace(-1, 1, s.shape[-1], device=s.device)).sum(), xi, create_graph=True)
         penalties.append(torch.autograd.grad(gx.pow(2).sum(), xi)[0])
     assert rel_err(*penalties) < 1e-5
@@ -291,7 +304,7 @@ def state0_for(x, seed=30):
     return tuple(torch.randn(x.shape[1:], generator=g).to(DEVICE) for _ in range(2))
 
 
-@pytest.mark.parametrize("reset,detach", list(itertools.product(["hard", "soft", "none"], [False, True])))
+@pytest.mark.parametrize("reset,detach", list(itertools.product(["hard", "soft", "none", "subtract"], [False, True])))
 def test_initial_state_matches_reference(reset, detach, monkeypatch):
     """Nonzero (v0, i0) over several chunks and programs: spikes and h exact, dL/dx, dL/dv0, dL/di0."""
     small_chunks(monkeypatch)

@@ -58,7 +58,8 @@ def assert_same(fused, ref, rtol=1e-5, zero_ok=()):
 
 
 @pytest.mark.parametrize("reset,surrogate,detach", [("hard", "atan", False), ("soft", "sigmoid", False),
-                                                    ("hard", "fast_sigmoid", True), ("none", "triangle", False)])
+                                                    ("hard", "fast_sigmoid", True), ("none", "triangle", False),
+                                                    ("subtract", "atan", False)])
 def test_lif_gradient_penalty(reset, surrogate, detach):
     x = randn(9, 2, 13, seed=1)
     kw = dict(decay=0.7, threshold=0.8, reset=reset, v_reset=-0.1, detach_reset=detach, surrogate=surrogate)

@@ -164,3 +164,65 @@ def test_spike_at_exact_threshold():
     for threshold in (1.0, 0.0):
         kw = dict(decay=1.0, threshold=threshold, reset="none")
         assert_match(*run_both(x, **kw))
+
+
+# ---- reset="subtract": snnTorch's reset, a step late, firing at h > threshold ----
+# decay 0 and 1 among them: no soft-reset setting gives snnTorch's spikes at decay 0
+SUBTRACT = [(0.0, "atan", False), (0.8, "triangle", True), (1.0, "sigmoid", False), (0.6, "rectangular", True),
+            (0.9, "fast_sigmoid", False)]
+
+
+@pytest.mark.parametrize("decay,surrogate,detach", SUBTRACT)
+def test_lif_subtract_reset(decay, surrogate, detach):
+    """Spikes exact, v[T-1] and the gradients of x and v0 (also through s[-1] = H(v0 -
+    threshold) without detach_reset) within 1e-5; some v0 start above the threshold."""
+    x = rand(13, 3, 37, seed=40)
+    v0 = rand(3, 37, seed=41)
+    assert_match(*run_both(x, decay=decay, threshold=0.9, reset="subtract", detach_reset=detach,
+                           surrogate=surrogate, v0=v0, return_state=True))
+
+
+@pytest.mark.parametrize("grad_scope", ["step", "sequence"])
+def test_plif_subtract_learnable_threshold_and_cut(grad_scope, monkeypatch):
+    """Per-channel decay and threshold tensors (their gradients include the delayed reset's
+    -dL/dh[t] * s[t-1]) and the sparse cut, over several chunks and programs."""
+    from spikefuse.ops import kernel_base
+    monkeypatch.setattr(kernel_base, "launch_config", lambda num_neurons, dtype: (32, 4, 1))
+    x = rand(10, 3, 4, 5, seed=42)
+    decay = torch.linspace(0.3, 0.9, 4).to(DEVICE)
+    threshold = torch.linspace(0.6, 1.1, 4).to(DEVICE)
+    assert_match(*run_both(x, decay=decay, threshold=threshold, v0=rand(3, 4, 5, seed=43), reset="subtract",
+                           surrogate="atan", grad_threshold=0.2, grad_scope=grad_scope, return_state=True))
+
+
+@pytest.mark.parametrize("make_x", [lambda: rand(1, 2, 5, seed=44),
+                                    lambda: rand(6, 9, 4, 5, seed=45).transpose(1, 3)[..., ::2]])
+def test_lif_subtract_t1_and_non_contiguous(make_x):
+    x = make_x()
+    v0 = rand(*x.shape[1:], seed=46)
+    assert_match(*run_both(x, decay=0.7, threshold=0.8, reset="subtract", v0=v0, return_state=True))
+
+
+def test_subtract_fires_above_the_threshold_and_resets_the_next_step():
+    """h == threshold does not fire (snnTorch's strict test); a spike's threshold comes off
+    the next step's potential: h = 1, 2.5, 2.5 - 1, 1.5 - 1 fires 0, 1, 1, 0."""
+    x = torch.tensor([1.0, 1.5, 0.0, 0.0], device=DEVICE).view(4, 1, 1)
+    for backend in ("fused", "reference", "auto"):
+        s, h = F.lif(x, decay=1.0, threshold=1.0, reset="subtract", return_potential=True, backend=backend)
+        assert s.flatten().tolist() == [0.0, 1.0, 1.0, 0.0], backend
+        assert h.flatten().tolist() == [1.0, 2.5, 1.5, 0.5], backend
+
+
+def test_lif_subtract_continues_across_calls():
+    """Two calls, the first's v[T-1] the second's v0, give one call's spikes and dL/dx: s[-1]
+    from v0 is the spike the first call ended with, gradient included."""
+    x = rand(10, 2, 9, seed=47)
+    kw = dict(decay=0.7, threshold=0.8, reset="subtract", surrogate="atan", backend="fused")
+    w = torch.randn(x.shape, generator=torch.Generator().manual_seed(2)).to(DEVICE)
+    xs = [x.clone().requires_grad_() for _ in range(2)]
+    whole = F.lif(xs[0], **kw)
+    first, v = F.lif(xs[1][:4], return_state=True, **kw)
+    split = torch.cat([first, F.lif(xs[1][4:], v0=v, **kw)])
+    assert torch.equal(split, whole) and 0 < whole.mean() < 1
+    grads = [torch.autograd.grad((s * w).sum(), xi)[0] for s, xi in ((whole, xs[0]), (split, xs[1]))]
+    assert rel_err(*grads) < 1e-5

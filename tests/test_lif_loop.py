@@ -13,6 +13,7 @@ from spikefuse.surrogates import SURROGATES
 from helpers import rel_err
 
 nan, inf = float("nan"), float("inf")
+RESETS = ["hard", "soft", "none", "subtract"]
 
 
 def run(backend, x, decay=0.7, v0=None, return_state=False, loss_on_spikes=True, **options):
@@ -65,14 +66,14 @@ def rand(*shape, seed=0, scale=0.8, shift=0.35, dtype=torch.float32):
     return (torch.randn(shape, generator=g, dtype=torch.float64) * scale + shift).to(dtype)
 
 
-@pytest.mark.parametrize("reset,surrogate,detach", list(itertools.product(["hard", "soft", "none"], SURROGATES,
+@pytest.mark.parametrize("reset,surrogate,detach", list(itertools.product(RESETS, SURROGATES,
                                                                           [False, True])))
 def test_every_reset_surrogate_and_detach(reset, surrogate, detach):
     assert_match(rand(11, 3, 5, 7), reset=reset, surrogate=surrogate, detach_reset=detach,
                  v_reset=-0.1, threshold=0.9)
 
 
-@pytest.mark.parametrize("reset,detach", list(itertools.product(["hard", "soft", "none"], [False, True])))
+@pytest.mark.parametrize("reset,detach", list(itertools.product(RESETS, [False, True])))
 @pytest.mark.parametrize("per_channel", [False, True])
 def test_plif_decay_v0_state_and_grad_threshold(reset, detach, per_channel):
     x = rand(13, 4, 5, 3, seed=2)
@@ -80,6 +81,16 @@ def test_plif_decay_v0_state_and_grad_threshold(reset, detach, per_channel):
     v0 = rand(4, 5, 3, seed=4, shift=0.0)
     assert_match(x, decay=decay, v0=v0, return_state=True, reset=reset, detach_reset=detach,
                  surrogate="triangle", alpha=1.3, grad_threshold=0.6)
+
+
+@pytest.mark.parametrize("detach", [False, True])
+@pytest.mark.parametrize("grad_scope", ["sequence", "batch"])
+def test_subtract_float64_decay_zero_and_per_neuron_cut(detach, grad_scope):
+    """reset="subtract" at decay 0 (h = x - threshold * s[t-1]), in float64, with a per-neuron cut
+    (which also decides v0's spike s[-1])."""
+    x = rand(12, 3, 11, seed=6, dtype=torch.float64)
+    assert_match(x, decay=0.0, v0=rand(3, 11, seed=7, dtype=torch.float64), return_state=True, reset="subtract",
+                 detach_reset=detach, surrogate="atan", grad_threshold=0.5, grad_scope=grad_scope)
 
 
 @pytest.mark.parametrize("grad_threshold", [0.9, -0.2, float("-inf")])
@@ -108,7 +119,7 @@ def test_float64():
                  v0=rand(3, 5, seed=12, dtype=torch.float64), return_state=True, surrogate="atan")
 
 
-@pytest.mark.parametrize("reset,detach", list(itertools.product(["hard", "soft", "none"], [False, True])))
+@pytest.mark.parametrize("reset,detach", list(itertools.product(RESETS, [False, True])))
 @pytest.mark.parametrize("surrogate", ["rectangular", "sigmoid"])
 def test_nan_and_inf_follow_the_reference_policy(reset, detach, surrogate):
     g = torch.Generator().manual_seed(13)

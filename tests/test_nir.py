@@ -396,6 +396,33 @@ def test_snntorch_graphs_import_to_snntorch_spikes(quiet):
     assert torch.equal(back(x), theirs)
 
 
+def test_snntorch_default_leaky_imports_with_the_snntorch_convention(quiet):
+    """snnTorch's default Leaky (subtract reset, a step late, detached) exported to NIR loads
+    with convention="snntorch" as reset="subtract" and gives its spikes exactly; read as NIR
+    says (reset at once) the spikes differ. snnTorch is a test dependency: this fails, not
+    skips, without it."""
+    import snntorch as snn
+    from snntorch.export_nir import export_to_nir
+
+    torch.manual_seed(3)
+    net = nn.Sequential(nn.Linear(12, 16), snn.Leaky(beta=torch.full((16,), 0.9), threshold=torch.full((16,), 0.5),
+                                                     init_hidden=True),
+                        nn.Linear(16, 6, bias=False),
+                        snn.Leaky(beta=torch.full((6,), 0.8), threshold=torch.full((6,), 0.4), init_hidden=True,
+                                  output=True))
+    graph = export_to_nir(net, torch.randn(1, 12), ignore_dims=[0])
+    x = (torch.rand(15, 4, 12) < 0.4).float()
+    with torch.no_grad():
+        theirs = torch.stack([net(step)[0] for step in x])
+    back = from_nir(graph, dt=1e-4, convention="snntorch")
+    assert back[1].reset == "subtract" and back[1].detach_reset and back[1].threshold == 0.5
+    assert 0.02 < theirs.mean() < 0.9
+    assert torch.equal(back(x), theirs)
+    assert not torch.equal(from_nir(graph, dt=1e-4)(x), theirs)
+    with pytest.raises(ValueError, match="convention"):
+        from_nir(graph, dt=1e-4, convention="norse")
+
+
 def test_norse_graphs_import_to_norse_spikes(quiet):
     norse = pytest.importorskip("norse.torch")
 

@@ -22,7 +22,7 @@ from typing import Callable
 import torch
 
 from . import reference
-from .neuron_options import ArgumentError, NeuronOptions, check_number
+from .neuron_options import ArgumentError, NeuronOptions, check_immediate_reset, check_number
 from .neuron_options import GRAD_SCOPES, RESETS  # noqa: F401  (public names here before NeuronOptions)
 from .surrogates import resolve as resolve_surrogate  # noqa: F401  (likewise)
 from .surrogates import surrogate_name
@@ -52,7 +52,10 @@ def lif(
 
     decay: float in [0, 1], or a tensor (PLIF) that is a scalar or holds one value per
         channel, channel being dim 2 of x ([T, B, C, ...]).
-    reset: "hard" (to v_reset), "soft" (subtract threshold) or "none".
+    reset: "hard" (to v_reset), "soft" (subtract threshold), "none", or "subtract": snnTorch's
+        default reset, a step late and firing at h > threshold (h[t] = decay * v[t-1] + x[t] -
+        threshold * s[t-1], v[t] = h[t]; spikes bit-equal to snnTorch's `Leaky`, whose
+        detached reset is detach_reset=True; spikefuse.NeuronOptions gives the details).
     surrogate, alpha: the backward ds/dh (see spikefuse.surrogates); alpha=None
         takes the surrogate's default width/slope. `surrogate` may also be
         - spikefuse.surrogates.custom(triton_fn, torch_fn, alpha): your surrogate written for
@@ -376,6 +379,7 @@ def alif(
     adapt_decay = check_number("adapt_decay", adapt_decay, low_open=0.0, high=1.0)
     beta = check_number("beta", beta, low=0.0)
     options = NeuronOptions(threshold, reset, v_reset, detach_reset, surrogate, alpha, callable_surrogate=False)
+    check_immediate_reset(reset, "alif")
     return_potential = bool(return_potential)
     if _use_fused(backend, x) and not (return_potential and torch.compiler.is_dynamo_compiling()):
         from .ops.alif import alif_fused
@@ -432,6 +436,9 @@ def cuba(
         s[t] = 1 if h[t] >= threshold else 0
         v[t] = reset as `lif` ("hard" to v_reset, "soft" subtracts threshold, "none")
 
+    reset="subtract" is snnTorch's `Synaptic` (its default reset; alpha = syn_decay, beta =
+        decay): h[t] also loses threshold * s[t-1], fires at h > threshold and is not reset at
+        once (as `lif`'s "subtract"); its spikes are snnTorch's bit for bit.
     decay: float in (0, 1]. syn_decay: float in [0, 1] (0 feeds x straight through: `lif`
         exactly).
     surrogate, alpha: backward ds/dh = sg(h - threshold). detach_reset cuts the reset of v
@@ -508,6 +515,7 @@ def rlif(
     decay = check_number("decay", decay, low_open=0.0, high=1.0)
     options = NeuronOptions(threshold, reset, v_reset, detach_reset, surrogate, alpha, grad_threshold,
                             callable_surrogate=False)
+    check_immediate_reset(reset, "rlif")
     if activity is not None and not (isinstance(activity, torch.Tensor) and activity.shape == (2,)
                                      and activity.dtype == torch.float64 and activity.device == x.device):
         raise ValueError(f"activity must be None or a float64 tensor [2] on {x.device}")
@@ -582,6 +590,7 @@ def ralif(
     beta = check_number("beta", beta, low=0.0)
     options = NeuronOptions(threshold, reset, v_reset, detach_reset, surrogate, alpha, grad_threshold,
                             callable_surrogate=False)
+    check_immediate_reset(reset, "ralif")
     return_potential = bool(return_potential)
     if _use_fused(backend, x) and not (return_potential and torch.compiler.is_dynamo_compiling()):
         from .ops.recurrent_alif import ralif_fused

@@ -20,7 +20,8 @@ from .surrogates import resolve_any as resolve_any_surrogate
 
 __all__ = ["NeuronOptions", "ArgumentError"]
 
-RESETS = ("hard", "soft", "none")
+RESETS = ("hard", "soft", "none", "subtract")
+IMMEDIATE_RESETS = RESETS[:3]  # what every neuron supports; "subtract" only lif, if_, plif and cuba
 GRAD_SCOPES = ("step", "sequence", "batch")
 
 
@@ -35,7 +36,17 @@ class NeuronOptions:
     (ArgumentError, a TypeError and ValueError, or ValueError, naming the field):
 
     threshold: a finite number (a learnable tensor threshold is `lif`'s own argument).
-    reset: "hard" (to v_reset), "soft" (subtract the threshold) or "none".
+    reset: "hard" (to v_reset), "soft" (subtract the threshold), "none", or "subtract":
+        snnTorch's reset by subtraction (its default), delayed by one step and firing at `>`:
+            h[t] = decay * v[t-1] + x[t] - threshold * s[t-1]     v[t] = h[t]
+            s[t] = 1 if h[t] > threshold else 0                   s[-1] = 1 if v0 > threshold else 0
+        in snnTorch's order of float32 operations, so its spikes are bit-equal to
+        snnTorch's `Leaky`/`Synaptic` (a strict `>`: equality is common, e.g. x = threshold
+        at decay 0). "soft" is the same reset applied at once, h[t] - threshold * s[t],
+        which rounds differently and fires at `>=`. detach_reset cuts h[t]'s dependence
+        on s[t-1] (snnTorch always detaches it: its default is detach_reset=True); without
+        it the gradient also reaches v0 through s[-1]. Only lif, if_, plif and cuba have it
+        (check_immediate_reset: the others refuse it).
     v_reset: a finite number. detach_reset: cut the reset from the spike in backward.
     surrogate, alpha: the backward ds/dh (spikefuse.surrogates): a name, and for LIF a
         spikefuse.surrogates.custom(...) or a callable sg(u); alpha=None takes its default.
@@ -87,6 +98,14 @@ class NeuronOptions:
         arguments every spikefuse.functional neuron takes (a module passes its options on)."""
         return dict(threshold=self.threshold, reset=self.reset, v_reset=self.v_reset,
                     detach_reset=self.detach_reset, surrogate=self.surrogate, alpha=self.alpha)
+
+
+def check_immediate_reset(reset: str, neuron: str) -> None:
+    """ValueError naming `reset` where a neuron that resets at once (all but lif, if_, plif
+    and cuba) is given the delayed "subtract" reset."""
+    if reset not in IMMEDIATE_RESETS:
+        raise ValueError(f"reset: {neuron} supports {list(IMMEDIATE_RESETS)}, not {reset!r} (snnTorch's delayed "
+                         f"subtract reset runs on lif, if_, plif and cuba)")
 
 
 def check_number(name, value, low=None, low_open=None, high=None, high_open=None) -> float:

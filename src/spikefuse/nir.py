@@ -16,6 +16,12 @@ Conventions (docs/nir.md has the full table):
 - Threshold. NIR fires at v > v_threshold, we at h >= threshold. v_threshold is written one
   float32 ulp below our threshold, and read back one ulp up: in float32 `v > nextafter(t, -inf)`
   is `v >= t`, so peers fire exactly where we do, and snnTorch's `>` graphs import exactly.
+- Import convention. from_nir(convention="nir") reads a LIF node as NIR says: reset to v_reset
+  at once. snnTorch writes every `Leaky` as such a node, whatever its reset; its default Leaky
+  (reset_mechanism="subtract", a delayed reset) loads with convention="snntorch": LIF nodes
+  become reset="subtract", detach_reset=True (snnTorch's arithmetic, firing at h > v_threshold
+  itself), so its spikes are snnTorch's bit for bit. IF nodes read alike in both (snnTorch
+  writes none).
 - Readout. A mean-over-time readout is written as its Affine (readout="affine", default; the
   graph's output is the per-step drive, the logits are its mean over T; metadata readout="mean"),
   or as Affine + NIR's integrator I with r = 1/(T dt) (readout="integrator"; needs time_steps;
@@ -39,6 +45,7 @@ from .neuron_options import check_int
 
 DEFAULT_DT = 1e-4
 FORMS = ("peers", "nir")
+CONVENTIONS = ("nir", "snntorch")
 READOUT_NODES = ("affine", "integrator")
 UNIT_GAIN_TOLERANCE = 1e-6  # |r dt/tau - 1| below this is float32 rounding of r = tau/dt: taken as 1
 
@@ -344,7 +351,7 @@ class LeakyIntegrator(nn.Module):
 SUPPORTED = ("Input", "Output", "Affine", "Linear", "Conv2d", "Flatten", "AvgPool2d", "LIF", "IF", "LI", "I")
 
 
-def from_nir(graph, dt: float | None = None) -> nn.Sequential:
+def from_nir(graph, dt: float | None = None, convention: str = "nir") -> nn.Sequential:
     """A spikefuse model of a sequential NIR graph (a nir.NIRGraph or a .nir file path): an
     nn.Sequential of Linear, TimeFolded(Conv2d/AvgPool2d), Flatten, spikefuse LIF/IF (and
     Integrator/LeakyIntegrator for NIR's I/LI), mapping time-major [T, B, *shape] to [T, B, ...].
@@ -352,9 +359,13 @@ def from_nir(graph, dt: float | None = None) -> nn.Sequential:
     dt: seconds per step; default the graph's metadata["dt"] (spikefuse writes it; snnTorch
     assumes 1e-4, Norse 1e-3 unless told). The NIR gain r dt/tau is folded into the preceding
     Linear/Conv2d; v > v_threshold becomes h >= nextafter(v_threshold, +inf) in float32.
+    convention: "nir" (LIF nodes reset to v_reset at once) or "snntorch" (LIF nodes are
+    snnTorch's default Leaky: reset="subtract", detach_reset=True; see the module docstring).
     The model's `readout` attribute repeats the graph's ("mean": average the output over T)."""
     nir = require("nir", "NIR export and import")
 
+    if convention not in CONVENTIONS:
+        raise ValueError(f"convention: expected one of {list(CONVENTIONS)}, got {convention!r}")
     if isinstance(graph, (str, Path)):
         graph = _read(nir, Path(graph))
     if not isinstance(graph, nir.NIRGraph):
@@ -366,7 +377,7 @@ def from_nir(graph, dt: float | None = None) -> nn.Sequential:
         except (TypeError, ValueError):  # a string or an array: float() raised, naming nothing
             raise ValueError(f"graph: its metadata's dt is not one number: {metadata['dt']!r}") from None
     dt = None if dt is None else _check_dt(dt)
-    reader = _Reader(dt)
+    reader = _Reader(dt, convention)
     for key in _chain(graph):
         _check_finite_node(key, graph.nodes[key])
         reader.add(key, graph.nodes[key])
@@ -490,8 +501,8 @@ def _f32(x: float) -> float:
 
 
 class _Reader:
-    def __init__(self, dt):
-        self.dt, self.modules = dt, []
+    def __init__(self, dt, convention="nir"):
+        self.dt, self.convention, self.modules = dt, convention, []
         self.weighted = None  # the module just built from an Affine/Linear/Conv2d, if the last one
 
     def add(self, key, node):
@@ -604,18 +615,21 @@ class _Reader:
         left = np.unique(np.atleast_1d(left))
         if left.size != 1:
             raise ValueError(f"node {key!r}: a per-neuron input gain r dt/tau needs an Affine/Conv2d before it")
+        snntorch = self.convention == "snntorch" and isinstance(node, nir.LIF)
         threshold = np.float32(_uniform(key, "v_threshold", node.v_threshold))
-        threshold = float(np.nextafter(threshold, np.float32(np.inf)))  # v > t  ==  v >= nextafter(t, +inf)
+        if not snntorch:  # reset="subtract" fires at h > threshold itself
+            threshold = float(np.nextafter(threshold, np.float32(np.inf)))  # v > t  ==  v >= nextafter(t, +inf)
         v_reset = 0.0 if node.v_reset is None else _uniform(key, "v_reset", node.v_reset)
         threshold, v_reset = _f32(threshold / left[0]), _f32(v_reset / left[0])
         if isinstance(node, nir.IF):
             self.modules.append(IF(threshold=threshold, v_reset=v_reset))
             return
+        reset = dict(reset="subtract", detach_reset=True) if snntorch else dict(v_reset=v_reset)
         if decay.size == 1:
-            self.modules.append(LIF(decay=_f32(decay[0]), threshold=threshold, v_reset=v_reset))
+            self.modules.append(LIF(decay=_f32(decay[0]), threshold=threshold, **reset))
         else:
-            self.modules.append(LIF(decay=torch.tensor(decay, dtype=torch.float32), threshold=threshold,
-                                    v_reset=v_reset))
+            self.modules.append(LIF(decay=torch.tensor(decay, dtype=torch.float32), threshold=threshold, **reset))
 
 
-__all__ = ["to_nir", "from_nir", "DEFAULT_DT", "FORMS", "READOUT_NODES", "Integrator", "LeakyIntegrator"]
+__all__ = ["to_nir", "from_nir", "DEFAULT_DT", "FORMS", "CONVENTIONS", "READOUT_NODES", "Integrator",
+           "LeakyIntegrator"]

@@ -6,6 +6,8 @@ Equations (docs/neurons.md gives them for every neuron), time-major x of shape [
     v[t] = h[t]*(1-s[t]) + v_reset*s[t]              reset="hard"
          = h[t] - threshold*s[t]                     reset="soft"
          = h[t]                                      reset="none"
+reset="subtract" (snnTorch's, delayed): h[t] = decay * v[t-1] + x[t] - threshold*s[t-1],
+s[t] = 1 if h[t] > threshold, v[t] = h[t], s[-1] = 1 if v0 > threshold (NeuronOptions).
 `detach_reset` cuts the reset's dependence on s. `grad_threshold` (sparse backward) zeroes
 the surrogate gradient where h[t] < grad_threshold; -inf (the default) cuts nothing.
 Gradients come from autograd alone, so this file is deliberately the plainest possible
@@ -24,6 +26,7 @@ from typing import Callable
 
 import torch
 
+from .neuron_options import check_immediate_reset
 from .surrogates import spike
 
 
@@ -61,11 +64,16 @@ def lif(
             _, h_trace = lif(x, _detached(decay), _detached(threshold), reset, v_reset, False, surrogate, alpha,
                              _detached(v0), return_potential=True)
         cut = ~reached_grad_threshold(h_trace, grad_threshold, grad_scope)
+    def fire(h):  # the spike of potential h, its surrogate cut where the sparse backward cuts
+        return spike(h - threshold, surrogate, alpha, cut if cut is not None else h < grad_threshold if sparse else None,
+                     strict=reset == "subtract")
+    s_prev = _initial_spike(v, fire, reset, detach_reset)
     spikes, potentials = [], []
     for t in range(x.shape[0]):
-        h = decay * v + x[t]
-        s = spike(h - threshold, surrogate, alpha, cut if cut is not None else h < grad_threshold if sparse else None)
+        h = _charge(decay * v + x[t], threshold, s_prev)
+        s = fire(h)
         v = _reset(h, s.detach() if detach_reset else s, threshold, reset, v_reset)
+        s_prev = s_prev if s_prev is None else s.detach() if detach_reset else s
         spikes.append(s)
         if return_potential:
             potentials.append(h)
@@ -90,9 +98,24 @@ def _detached(t):
     return t.detach() if isinstance(t, torch.Tensor) else t
 
 
+def _initial_spike(v0, fire, reset, detach_reset):
+    """s[-1] for the "subtract" reset, fire(v0) (detached with detach_reset: snnTorch's
+    reset of the first step); None for the resets that act at once."""
+    if reset != "subtract":
+        return None
+    s = fire(v0)
+    return s.detach() if detach_reset else s
+
+
+def _charge(h, threshold, s_prev):
+    """h[t] less the "subtract" reset of the step before (s_prev None: no delayed reset), as
+    snnTorch computes it: (decay * v + x) - threshold * s[t-1], in that order."""
+    return h if s_prev is None else h - threshold * s_prev
+
+
 def _reset(h, s, threshold, reset, v_reset):
     """v[t] from h[t] and the spikes s (detached or not): hard to v_reset, soft (subtract
-    the threshold), or none."""
+    the threshold), or none (and "subtract", whose reset acts on the next step: _charge)."""
     if reset == "hard":  # h capped at the largest float: h = +inf resets to v_reset, not to inf * 0
         # (addcmul: one op for the product and sum, exact as both terms are h or 0, v_reset or 0;
         # where, not clamp: clamp's backward is 0 at a NaN h, which would cut a NaN gradient)
@@ -100,9 +123,9 @@ def _reset(h, s, threshold, reset, v_reset):
         return torch.addcmul(v_reset * s, torch.where(h > largest, largest, h), 1 - s)
     if reset == "soft":
         return h - threshold * s
-    if reset == "none":
+    if reset in ("none", "subtract"):
         return h
-    raise ValueError(f"reset: unknown mode {reset!r}; expected 'hard', 'soft' or 'none'")
+    raise ValueError(f"reset: unknown mode {reset!r}; expected 'hard', 'soft', 'none' or 'subtract'")
 
 
 def if_(x: torch.Tensor, **kwargs):
@@ -141,6 +164,7 @@ def alif(
     `return_potential`, then (v[T-1], a[T-1]) if `return_state`. state0: the initial
     (v0, a0), each shaped like x[0] or None for zeros.
     """
+    check_immediate_reset(reset, "alif")
     v, a = _initial_state(x, state0)
     spikes, potentials = [], []
     for t in range(x.shape[0]):
@@ -188,12 +212,12 @@ class _LastStepAdjoint(torch.autograd.Function):
 def _reset_slope(h, theta, reset, v_reset, detach_reset):
     """(dv[t]/ds[t], dv[t]/dh[t] with s held, (theta, dv[t]/dtheta) or None) of the reset,
     detached, each None where it is a finite constant (0 * it adds nothing): dv/ds with
-    detach_reset, no reset, or a float soft threshold; dv/dh except under the hard reset,
+    detach_reset, no reset or "subtract" (v = h), or a float soft threshold; dv/dh except under the hard reset,
     whose 1 - s stands here as NaN where the spike is NaN and 1 elsewhere (only 0 * it is
     used); dv/dtheta = -s only for a threshold tensor with a gradient under the soft reset
     (detach_reset detaches s, not theta), NaN where the spike is."""
     dv_ds = None
-    if not (detach_reset or reset == "none" or (reset == "soft" and not isinstance(theta, torch.Tensor))):
+    if not (detach_reset or reset in ("none", "subtract") or (reset == "soft" and not isinstance(theta, torch.Tensor))):
         dv_ds = (v_reset - h if reset == "hard" else -theta).detach()
     u = (h - theta).detach()
     dv_dh = torch.where(u.isnan(), u, 1.0) if reset == "hard" else None
@@ -243,6 +267,7 @@ def rlif(
     then fire and reset as `lif`. Returns spikes [T, *, N], then the pre-reset potential h
     [T, *, N] if `return_potential`, then v[T-1] if `return_state` (as `lif`).
     """
+    check_immediate_reset(reset, "rlif")
     v = torch.zeros_like(x[0])
     sparse = grad_threshold > float("-inf")
     spikes, potentials = [], []
@@ -281,6 +306,7 @@ def ralif(
     [T, *, N], then the pre-reset potential h [T, *, N] if `return_potential`, then
     (v[T-1], a[T-1]) if `return_state`.
     """
+    check_immediate_reset(reset, "ralif")
     v = torch.zeros_like(x[0])
     a = torch.zeros_like(x[0])
     sparse = grad_threshold > float("-inf")
@@ -319,18 +345,25 @@ def cuba(
         h[t] = decay * v[t-1] + i[t]                 v[-1] = v0
         s[t] = 1 if h[t] >= threshold else 0         (surrogate sg(h - threshold) in backward)
         v[t] = hard: v_reset where s, else h / soft: h - threshold*s / none: h
-    `detach_reset` cuts the reset of v from s. syn_decay = 0 is `lif` exactly.
+    reset="subtract" (snnTorch's `Synaptic`): h[t] = decay * v[t-1] + i[t] - threshold*s[t-1],
+    fire at h > threshold, v[t] = h[t] (as `lif`'s). `detach_reset` cuts the reset of v from s.
+    syn_decay = 0 is `lif` exactly.
     Returns spikes [T, *], then the membrane's pre-reset potential h [T, *] (not the current
     i) if `return_potential`, then (v[T-1], i[T-1]) if `return_state`. state0: the initial
     (v0, i0), each shaped like x[0] or None for zeros.
     """
     v, i = _initial_state(x, state0)
+
+    def fire(h):
+        return spike(h - threshold, surrogate, alpha, strict=reset == "subtract")
+    s_prev = _initial_spike(v, fire, reset, detach_reset)
     spikes, potentials = [], []
     for t in range(x.shape[0]):
         i = syn_decay * i + x[t]
-        h = decay * v + i
-        s = spike(h - threshold, surrogate, alpha)
+        h = _charge(decay * v + i, threshold, s_prev)
+        s = fire(h)
         v = _reset(h, s.detach() if detach_reset else s, threshold, reset, v_reset)
+        s_prev = s_prev if s_prev is None else s.detach() if detach_reset else s
         spikes.append(s)
         potentials.append(h)
     return _outputs(spikes, potentials if return_potential else None, (v, i) if return_state else None,

@@ -203,14 +203,15 @@ def surrogate_grad(u: torch.Tensor, name, alpha: float | None) -> torch.Tensor:
 
 
 class Heaviside(torch.autograd.Function):
-    """s = (u >= 0) forward (NaN where u is NaN: a NaN potential never reads as "no spike"),
-    sg(u) backward, zeroed where the bool tensor `cut` is True (sparse backward)."""
+    """s = (u >= 0) forward ((u > 0) if `strict`: snnTorch's test), NaN where u is NaN (a NaN
+    potential never reads as "no spike"), sg(u) backward, zeroed where the bool tensor `cut`
+    is True (sparse backward)."""
 
     @staticmethod
-    def forward(ctx, u, name, alpha, cut=None):
+    def forward(ctx, u, name, alpha, cut=None, strict=False):
         ctx.save_for_backward(u, cut)
         ctx.name, ctx.alpha = name, alpha
-        return torch.where(u >= 0, 1.0, u.clamp(min=0))  # clamp keeps NaN: 0 below, NaN for NaN
+        return torch.where(u > 0 if strict else u >= 0, 1.0, u.clamp(min=0))  # clamp keeps NaN: 0 below, NaN for NaN
 
     @staticmethod
     def backward(ctx, grad_s):
@@ -218,11 +219,12 @@ class Heaviside(torch.autograd.Function):
         sg = surrogate_grad(u, ctx.name, ctx.alpha)
         if cut is not None:
             sg = sg.masked_fill(cut, 0.0)
-        return grad_s * sg, None, None, None
+        return grad_s * sg, None, None, None, None
 
 
 def spike(u: torch.Tensor, name="rectangular", alpha: float | None = None,
-          cut: torch.Tensor | None = None) -> torch.Tensor:
-    """Heaviside with a surrogate: `name` a surrogate's name or a callable sg(u) -> tensor."""
+          cut: torch.Tensor | None = None, strict: bool = False) -> torch.Tensor:
+    """Heaviside with a surrogate: `name` a surrogate's name or a callable sg(u) -> tensor;
+    `strict` fires at u > 0 (the "subtract" reset's test), else at u >= 0."""
     name, alpha = resolve_any(name, alpha)
-    return Heaviside.apply(u, name, alpha, cut)
+    return Heaviside.apply(u, name, alpha, cut, strict)

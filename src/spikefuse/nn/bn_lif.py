@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from .. import functional as F
-from ..neuron_options import NeuronOptions, check_int
+from ..neuron_options import NeuronOptions, check_immediate_reset, check_int
 from .batchnorm import check_batch_norm, step_momentum
 from .layers import check_input, fold, layer_name, unfold
 from .neuron_base import option_property
@@ -61,6 +61,7 @@ class BNLIF(nn.modules.batchnorm._BatchNorm):
         # the kernels take a surrogate by name (callable_surrogate=False)
         self.options = NeuronOptions(threshold, reset, v_reset, detach_reset, surrogate, alpha,
                                      callable_surrogate=False)
+        check_immediate_reset(reset, "BNLIF")  # its kernels reset at once (and so must its reference path)
         if backend not in F.BACKENDS:
             raise ValueError(f"backend: unknown {backend!r}; expected one of {list(F.BACKENDS)}")
         F._check_decay(decay, None)

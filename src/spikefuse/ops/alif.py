@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import torch
 
-from .kernel_base import (EAGER, RESET_CODES, cdiv, chunk_registers, f32, kernel_arg, load_chunk,  # noqa: F401
+from .kernel_base import (EAGER, reset_code, cdiv, chunk_registers, f32, kernel_arg, load_chunk,  # noqa: F401
                           load_earlier_chunks, load_or_zeros, program_neurons, reset_partials, reset_potential,
                           row, spike_adjoint, spike_value, state_buffer, store_chunk, store_outputs, surrogate_grad,
                           time_major)
@@ -247,7 +247,7 @@ def _forward(x, v0, a0, decay, adapt_decay, beta, threshold, reset, v_reset, sav
             x, spikes, ckpt, kernel_arg(v0, unused), kernel_arg(a0, unused), kernel_arg(vT, unused),
             kernel_arg(aT, unused), kernel_arg(h, unused),
             decay, adapt_decay, beta, threshold, v_reset, T, N,
-            RESET=RESET_CODES[reset], HAS_V0=v0 is not None, HAS_A0=a0 is not None, SAVE_CKPT=save,
+            RESET=reset_code(reset, "alif"), HAS_V0=v0 is not None, HAS_A0=a0 is not None, SAVE_CKPT=save,
             STORE_STATE=want_state, STORE_H=want_h,
             BLOCK=BLOCK, K=K, EVEN_N=N % BLOCK == 0, num_warps=warps, enable_fp_fusion=False)
     return spikes, vT, aT, x, ckpt, h
@@ -270,7 +270,7 @@ def _backward(grad_s, grad_vT, grad_aT, x, ckpt, decay, adapt_decay, beta, thres
             gs, x, ckpt, kernel_arg(grad_vT, unused), kernel_arg(grad_aT, unused), grad_x,
             kernel_arg(grad_h, unused), kernel_arg(gv0, unused), kernel_arg(ga0, unused),
             decay, adapt_decay, beta, threshold, v_reset, alpha, T, N,
-            RESET=RESET_CODES[reset], DETACH=detach, SURROGATE=SURROGATES[surrogate],
+            RESET=reset_code(reset, "alif"), DETACH=detach, SURROGATE=SURROGATES[surrogate],
             HAS_GVT=grad_vT is not None, HAS_GAT=grad_aT is not None, HAS_GH=grad_h is not None,
             NEED_GV0=need_gv0, NEED_GA0=need_ga0,
             BLOCK=BLOCK, K=K, EVEN_N=N % BLOCK == 0, num_warps=warps, enable_fp_fusion=False)

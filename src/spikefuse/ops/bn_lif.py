@@ -49,7 +49,8 @@ import math
 
 import torch
 
-from .kernel_base import EAGER, RESET_CODES, TRACED, cdiv, f32, next_power_of_2, grad_h, load_per_neuron, or_empty, program_neurons, reset_potential, row, spike_value, store_bits, surrogate_grad
+from .kernel_base import (EAGER, TRACED, cdiv, f32, grad_h, load_per_neuron, next_power_of_2, or_empty,
+                          program_neurons, reset_code, reset_potential, row, spike_value, store_bits, surrogate_grad)
 from .double_backward import grads_with_graph
 from .launch import cached_launch
 from .spike_pack import attach_bits
@@ -373,7 +374,7 @@ def _bn_lif_backward_kernel(
             sel = (k == j)[:, None]
             h = row(H, sel)
             u = h - threshold
-            gh = grad_h(row(GS, sel), gv, h, u >= 0.0, surrogate_grad(u, SURROGATE, alpha),
+            gh = grad_h(row(GS, sel), gv, gv, h, u >= 0.0, surrogate_grad(u, SURROGATE, alpha),
                          threshold, v_reset, RESET, DETACH)
             gh = tl.where(ci * K + j < T, gh, 0.0)  # rows past T: no gradient, gv passes
             if NEED_GD:
@@ -458,7 +459,7 @@ def _forward(x, residual, stats, decay, decay_tensor, threshold, reset, v_reset,
             x, residual if residual is not None else unused, spikes, bits if bits is not None else unused,
             ckpt, stats, decay_tensor if decay_tensor is not None else unused,
             decay, threshold, v_reset, T, N, stride_t, inner, C,
-            RESET=RESET_CODES[reset], DECAY=_decay_code(decay_tensor), HAS_RES=residual is not None,
+            RESET=reset_code(reset, "bn_lif"), DECAY=_decay_code(decay_tensor), HAS_RES=residual is not None,
             SAVE=save and chunks > 1, BITS=bits is not None, BLOCK=BLOCK, K=_steps(T), num_warps=warps,
             enable_fp_fusion=False)
     return spikes, ckpt
@@ -484,7 +485,7 @@ def _backward(grad_s, x, residual, ckpt, stats, decay, decay_tensor, threshold, 
             x, residual if residual is not None else unused, gs, ckpt, gy, part, stats,
             decay_tensor if decay_tensor is not None else unused,
             decay, threshold, v_reset, alpha, T, N, stride_t, inner, C,
-            RESET=RESET_CODES[reset], DETACH=detach, SURROGATE=SURROGATES[surrogate],
+            RESET=reset_code(reset, "bn_lif"), DETACH=detach, SURROGATE=SURROGATES[surrogate],
             DECAY=_decay_code(decay_tensor), HAS_RES=residual is not None, NEED_GD=need_gd,
             STORE_GY=store_gy, BLOCK=BLOCK, K=_steps(T), num_warps=warps, enable_fp_fusion=False)
     sums = _channel_sums(part[:2], x.shape, channels_last)  # [sum dL/dy (Eq. 11), sum dL/dy*xhat (Eq. 10)]

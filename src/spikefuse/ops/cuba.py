@@ -6,6 +6,8 @@ backward.
     h[t] = decay * v[t-1] + i[t]                         v[-1] = v0 (default 0)
     s[t] = 1 if h[t] >= threshold else 0
     v[t] = v_reset (hard) / h - threshold (soft) / h (none) where s[t] = 1, else h[t]
+reset="subtract" (snnTorch's `Synaptic`): h[t] also loses threshold * s[t-1], fires at
+h > threshold, v[t] = h[t]; backward also carries dL/dh[t+1], the path from s[t] (as LIF's).
 Backward: ds/dh = sg(h - threshold) as for the LIF (`detach_reset` cuts the reset of v
 from s); the adjoints of v and i run backward together:
     dL/dh[t] = (dL/ds[t] + dL/dv[t] * through_spike) * sg + dL/dv[t] * direct
@@ -31,9 +33,10 @@ from __future__ import annotations
 
 import torch
 
-from .kernel_base import (EAGER, RESET_CODES, cdiv, chunk_registers, f32, grad_h, kernel_arg,  # noqa: F401
-                          load_chunk, load_earlier_chunks, load_or_zeros, program_neurons, reset_potential, row,
-                          spike_value, state_buffer, store_chunk, store_outputs, surrogate_grad, time_major)
+from .kernel_base import (EAGER, cdiv, charge, chunk_registers, f32, fires, grad_h, kernel_arg,  # noqa: F401
+                          load_chunk, load_earlier_chunks, load_or_zeros, program_neurons, reset_code, reset_potential,
+                          row, spike_adjoint, spike_value, state_buffer, store_chunk, store_outputs, surrogate_grad,
+                          time_major)
 from .launch import cached_launch
 from .neuron_op import TwoStateNeuron, register
 from ..surrogates import SURROGATES
@@ -52,9 +55,9 @@ def cuba_forward_chunk(X, v, i, d, sd, t0, T, threshold, v_reset,
     for j in tl.static_range(K):
         sel = (k == j)[:, None]
         i_next = sd * i + row(Xf, sel)
-        h = d * v + i_next
+        h = charge(d * v + i_next, v, threshold, RESET)
         u = h - threshold
-        fired = u >= 0.0
+        fired = fires(u, RESET)
         s = spike_value(u, fired)
         v_next = reset_potential(h, fired, threshold, v_reset, RESET)
         if TAIL:
@@ -111,21 +114,22 @@ def _cuba_forward_kernel(
 
 
 @triton.jit
-def cuba_backward_chunk(X, GS, v, i, gv, gi, d, sd, t0, T, threshold, v_reset, alpha,
+def cuba_backward_chunk(X, GS, v, i, gv, gi, gp, d, sd, t0, T, threshold, v_reset, alpha,
                         RESET: tl.constexpr, DETACH: tl.constexpr, SURROGATE: tl.constexpr,
                         TAIL: tl.constexpr, GH, HAS_GH: tl.constexpr):
     """Recompute the chunk forward from its checkpoint (v, i) (h[t] into registers), then
-    run the adjoint recurrence backward through it: (dL/dx chunk, dL/dv[t0-1], and
-    syn_decay * dL/di[t0] = the gradient reaching i[t0-1]).
+    run the adjoint recurrence backward through it: (dL/dx chunk, dL/dv[t0-1],
+    syn_decay * dL/di[t0] = the gradient reaching i[t0-1], and dL/dh[t0], through which the
+    "subtract" reset reaches s[t0-1]).
     HAS_GH: GH is the chunk of dL/dh from a loss on the returned potential, added to dL/dh[t]."""
     K: tl.constexpr = X.shape[0]
     k, Xf, H, GX = chunk_registers(X)  # H: the replay's potentials; GX: dL/dx, filled in reverse
     for j in tl.static_range(K):
         sel = (k == j)[:, None]
         i = sd * i + row(Xf, sel)
-        h = d * v + i
+        h = charge(d * v + i, v, threshold, RESET)
         H = tl.where(sel, h[None, :], H)
-        v = reset_potential(h, h - threshold >= 0.0, threshold, v_reset, RESET)
+        v = reset_potential(h, fires(h - threshold, RESET), threshold, v_reset, RESET)
     GSf = GS.to(tl.float32)
     for jj in tl.static_range(K):
         j = K - 1 - jj
@@ -133,7 +137,7 @@ def cuba_backward_chunk(X, GS, v, i, gv, gi, d, sd, t0, T, threshold, v_reset, a
         h = row(H, sel)
         u = h - threshold
         sg = surrogate_grad(u, SURROGATE, alpha)
-        gh = grad_h(row(GSf, sel), gv, h, u >= 0.0, sg, threshold, v_reset, RESET, DETACH)
+        gh = grad_h(row(GSf, sel), gv, gp, h, fires(u, RESET), sg, threshold, v_reset, RESET, DETACH)
         if HAS_GH:
             gh += row(GH.to(tl.float32), sel)
         gx = gh + gi  # dL/di[t] = dL/dh[t] + syn_decay * dL/di[t+1]
@@ -145,8 +149,9 @@ def cuba_backward_chunk(X, GS, v, i, gv, gi, d, sd, t0, T, threshold, v_reset, a
         else:
             gv = gh * d
             gi = gx * sd
+        gp = tl.where(t0 + j < T, gh, 0.0) if TAIL else gh
         GX = tl.where(sel, gx[None, :], GX)
-    return GX, gv, gi
+    return GX, gv, gi, gp
 
 
 @cached_launch
@@ -166,6 +171,7 @@ def _cuba_backward_kernel(
     # "the gradient reaching i[T-1] from later", added to dL/dh[T-1]
     gv = load_or_zeros(gvT_ptr, n, n_mask, BLOCK, HAS_GVT)
     gi = load_or_zeros(giT_ptr, n, n_mask, BLOCK, HAS_GIT)
+    gp = tl.zeros([BLOCK], tl.float32)  # dL/dh[t+1]: none after the last step
     k = tl.arange(0, K)
     offs = k[:, None] * N + n[None, :]
     full = T // K
@@ -184,8 +190,8 @@ def _cuba_backward_kernel(
                                                            HAS_GH)
         v_prev = tl.load(ckpt_ptr + prev, mask=n_mask, other=0.0)
         i_prev = tl.load(i_ckpt_ptr + prev, mask=n_mask, other=0.0)
-        GX, gv, gi = cuba_backward_chunk(X, GS, v, i, gv, gi, d, sd, last * K, T, threshold,
-                                         v_reset, alpha, RESET, DETACH, SURROGATE, True, GH, HAS_GH)
+        GX, gv, gi, gp = cuba_backward_chunk(X, GS, v, i, gv, gi, gp, d, sd, last * K, T, threshold,
+                                             v_reset, alpha, RESET, DETACH, SURROGATE, True, GH, HAS_GH)
         store_chunk(gx_ptr, last * K, offs, k, n_mask, T, N, GX, EVEN_N)
         X, GS, GH, v, i = X_prev, GS_prev, GH_prev, v_prev, i_prev
     for c_rev in range(0, full):
@@ -197,10 +203,12 @@ def _cuba_backward_kernel(
                                                            HAS_GH)
         v_prev = tl.load(ckpt_ptr + prev, mask=n_mask, other=0.0)
         i_prev = tl.load(i_ckpt_ptr + prev, mask=n_mask, other=0.0)
-        GX, gv, gi = cuba_backward_chunk(X, GS, v, i, gv, gi, d, sd, t0, T, threshold,
-                                         v_reset, alpha, RESET, DETACH, SURROGATE, False, GH, HAS_GH)
+        GX, gv, gi, gp = cuba_backward_chunk(X, GS, v, i, gv, gi, gp, d, sd, t0, T, threshold,
+                                             v_reset, alpha, RESET, DETACH, SURROGATE, False, GH, HAS_GH)
         store_chunk(gx_ptr, t0, offs, k, n_mask, T, N, GX, EVEN_N)
         X, GS, GH, v, i = X_prev, GS_prev, GH_prev, v_prev, i_prev
+    if RESET == 3 and not DETACH:  # s[-1] = H(v0 - threshold) (v: the first checkpoint) resets step 0
+        gv += spike_adjoint(0.0, gp, -threshold, RESET, DETACH) * surrogate_grad(v - threshold, SURROGATE, alpha)
     if NEED_GV0:  # past step 0, gv and gi are dL/dv[-1] = dL/dv0 and dL/di[-1] = dL/di0
         tl.store(gv0_ptr + n, gv, mask=n_mask)
     if NEED_GI0:
@@ -225,7 +233,7 @@ def _forward(x, v0, i0, decay, syn_decay, threshold, reset, v_reset, save, want_
             x, spikes, ckpt, kernel_arg(v0, unused), kernel_arg(i0, unused), kernel_arg(vT, unused),
             kernel_arg(iT, unused), kernel_arg(h, unused),
             decay, syn_decay, threshold, v_reset, T, N,
-            RESET=RESET_CODES[reset], HAS_V0=v0 is not None, HAS_I0=i0 is not None, SAVE_CKPT=save,
+            RESET=reset_code(reset), HAS_V0=v0 is not None, HAS_I0=i0 is not None, SAVE_CKPT=save,
             STORE_STATE=want_state, STORE_H=want_h,
             BLOCK=BLOCK, K=K, EVEN_N=N % BLOCK == 0, num_warps=warps, enable_fp_fusion=False)
     return spikes, vT, iT, x, ckpt, h
@@ -248,7 +256,7 @@ def _backward(grad_s, grad_vT, grad_iT, x, ckpt, decay, syn_decay, threshold, re
             gs, x, ckpt, kernel_arg(grad_vT, unused), kernel_arg(grad_iT, unused), grad_x,
             kernel_arg(grad_h, unused), kernel_arg(gv0, unused), kernel_arg(gi0, unused),
             decay, syn_decay, threshold, v_reset, alpha, T, N,
-            RESET=RESET_CODES[reset], DETACH=detach, SURROGATE=SURROGATES[surrogate],
+            RESET=reset_code(reset), DETACH=detach, SURROGATE=SURROGATES[surrogate],
             HAS_GVT=grad_vT is not None, HAS_GIT=grad_iT is not None, HAS_GH=grad_h is not None,
             NEED_GV0=need_gv0, NEED_GI0=need_gi0,
             BLOCK=BLOCK, K=K, EVEN_N=N % BLOCK == 0, num_warps=warps, enable_fp_fusion=False)

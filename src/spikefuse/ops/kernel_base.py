@@ -17,9 +17,18 @@ import os
 
 import torch
 
+from ..neuron_options import check_immediate_reset
 from .triton_or_stub import tl, triton
 
-RESET_CODES = {"hard": 0, "soft": 1, "none": 2}
+RESET_CODES = {"hard": 0, "soft": 1, "none": 2, "subtract": 3}  # 3: snnTorch's, delayed (NeuronOptions)
+
+
+def reset_code(reset: str, neuron: str | None = None) -> int:
+    """The kernels' RESET for a mode. `neuron`: a kernel that resets at once only (all but
+    LIF and CUBA) names itself, and "subtract" gets check_immediate_reset's ValueError."""
+    if neuron is not None:
+        check_immediate_reset(reset, neuron)
+    return RESET_CODES[reset]
 
 
 class Launch:
@@ -95,9 +104,30 @@ def surrogate_grad(u, SURROGATE: tl.constexpr, alpha):
 
 
 @triton.jit
+def fires(u, RESET: tl.constexpr):
+    """s[t] as a bool from u = h - threshold: u >= 0, or snnTorch's u > 0 for "subtract"."""
+    if RESET == 3:
+        return u > 0.0
+    else:
+        return u >= 0.0
+
+
+@triton.jit
+def charge(h, v, threshold, RESET: tl.constexpr):
+    """h[t] from decay * v[t-1] + x[t]: less threshold * s[t-1] for "subtract", whose reset
+    acts on the next step (v[t-1] = h[t-1], so s[t-1] is recomputed from v: s[-1] from v0),
+    in snnTorch's order of operations; unchanged for the others. A NaN v gives a NaN h
+    (decay * NaN) whatever s[t-1] reads."""
+    if RESET == 3:
+        return h - threshold * fires(v - threshold, RESET).to(tl.float32)
+    else:
+        return h
+
+
+@triton.jit
 def reset_potential(h, fired, threshold, v_reset, RESET: tl.constexpr):
-    """v[t] from h[t] and s[t]: hard, soft (subtract) or no reset, by the reference's
-    arithmetic: NaN where the spike is (u = h - threshold NaN), and the soft reset's
+    """v[t] from h[t] and s[t]: hard, soft (subtract) or no reset ("subtract": v = h, its
+    reset is charge's), by the reference's arithmetic: NaN where the spike is (u = h - threshold NaN), and the soft reset's
     threshold * s is inf * 0 = NaN for an infinite threshold that did not fire (ALIF's
     theta after an infinite adaptation state)."""
     if RESET == 0:
@@ -119,12 +149,13 @@ def spike_value(u, fired):
 @triton.jit
 def reset_partials(h, fired, threshold, v_reset, RESET: tl.constexpr, DETACH: tl.constexpr):
     """(dv[t]/dh[t] with s held, dv[t]/ds[t]) of the reset (the second 0 with detach_reset);
-    the hard reset's 1 - s is NaN where the spike is (u = h - threshold NaN), as the reference's."""
+    the hard reset's 1 - s is NaN where the spike is (u = h - threshold NaN), as the reference's.
+    "subtract": (1, dh[t+1]/ds[t]), its reset being the next step's."""
     if RESET == 0:
         u = h - threshold
         direct = tl.where(u == u, tl.where(fired, 0.0, 1.0), u)
         through_spike = 0.0 if DETACH else v_reset - h
-    elif RESET == 1:
+    elif RESET == 1 or RESET == 3:
         direct = 1.0
         through_spike = 0.0 if DETACH else -threshold
     else:
@@ -137,7 +168,7 @@ def reset_partials(h, fired, threshold, v_reset, RESET: tl.constexpr, DETACH: tl
 def spike_adjoint(gs, gv, through_spike, RESET: tl.constexpr, DETACH: tl.constexpr):
     """All of dL/ds[t]: the loss's, plus the reset's dL/dv[t] * dv/ds unless there is no reset
     or detach_reset cut that path (then not even 0 * a NaN dL/dv[t] is added: the reference
-    has no such term)."""
+    has no such term). "subtract": gv is dL/dh[t+1], on which its reset acts."""
     if DETACH or RESET == 2:
         return gs
     else:
@@ -145,10 +176,13 @@ def spike_adjoint(gs, gv, through_spike, RESET: tl.constexpr, DETACH: tl.constex
 
 
 @triton.jit
-def grad_h(gs, gv, h, fired, sg, threshold, v_reset, RESET: tl.constexpr, DETACH: tl.constexpr):
-    """dL/dh[t] from dL/ds[t] and dL/dv[t]: through the spike (surrogate) and the reset."""
+def grad_h(gs, gv, gh_next, h, fired, sg, threshold, v_reset, RESET: tl.constexpr, DETACH: tl.constexpr):
+    """dL/dh[t] from dL/ds[t] and dL/dv[t]: through the spike (surrogate) and the reset.
+    gh_next: dL/dh[t+1] (0 at the last step), through which the "subtract" reset reaches s[t];
+    the other resets do not read it."""
     direct, through_spike = reset_partials(h, fired, threshold, v_reset, RESET, DETACH)
-    return spike_adjoint(gs, gv, through_spike, RESET, DETACH) * sg + gv * direct
+    g_reset = gh_next if RESET == 3 else gv
+    return spike_adjoint(gs, g_reset, through_spike, RESET, DETACH) * sg + gv * direct
 
 
 @triton.jit

@@ -20,6 +20,10 @@ whether h reached grad_floor at any step (in a row after the checkpoints), and t
 keeps the whole surrogate of the neurons that did ("batch": of every sample's neuron at a
 position some sample's neuron reached it; the flags are reduced over the batch by torch).
 
+reset="subtract" (snnTorch's, a step late: kernel_base.charge) needs no state beyond v: v[t-1] =
+h[t-1] gives s[t-1]. Backward carries dL/dh[t+1] (gp) besides dL/dv[t], as the path from s[t]
+to h[t+1]; past step 0 it reaches v0 (and the threshold) through s[-1] = H(v0 - threshold).
+
 A tensor threshold (learnable: one value, or one per channel) is read per neuron like a
 tensor decay; its gradient is summed over time in registers, one partial per neuron, and
 reduced over the batch and spatial dims by torch (no atomics: deterministic).
@@ -30,10 +34,10 @@ import math
 
 import torch
 
-from .kernel_base import (EAGER, RESET_CODES, TRACED, cdiv, channel_layout, chunk_registers, f32, grad_h,
+from .kernel_base import (EAGER, TRACED, cdiv, channel_layout, charge, chunk_registers, f32, fires, grad_h,
                           load_chunk, load_earlier_chunks, load_per_neuron, or_empty, param_mode,
-                          program_neurons, reset_partials, reset_potential, row, spike_adjoint, spike_value, state_buffer,
-                          store_bits, store_chunk, store_outputs, surrogate_grad, time_major)
+                          program_neurons, reset_code, reset_partials, reset_potential, row, spike_adjoint, spike_value,
+                          state_buffer, store_bits, store_chunk, store_outputs, surrogate_grad, time_major)
 from .triton_or_stub import tl, triton
 from .launch import cached_launch
 from .double_backward import grads_with_graph
@@ -52,15 +56,23 @@ def lif_surrogate_grad(u, SURROGATE: tl.constexpr, alpha, CUSTOM_FN: tl.constexp
 
 
 @triton.jit
-def threshold_grad_step(gs, gv, h, fired, sg, threshold, v_reset, RESET: tl.constexpr, DETACH: tl.constexpr):
+def cut_surrogate(sg, h, keep, grad_floor, KEEP: tl.constexpr):
+    """The sparse backward's cut: sg where kept (per neuron with KEEP, else h >= grad_floor;
+    a NaN h keeps its NaN)."""
+    return tl.where(keep == 0.0, 0.0, sg) if KEEP else tl.where(h < grad_floor, 0.0, sg)
+
+
+@triton.jit
+def threshold_grad_step(gs, g_reset, h, fired, sg, threshold, v_reset, RESET: tl.constexpr, DETACH: tl.constexpr):
     """dL/dthreshold at step t: s = H(h - threshold) gives -(dL/ds[t] total) * sg, and the
     soft reset v = h - threshold*s gives -dL/dv[t] where it fired (detach_reset detaches s,
-    not the threshold)."""
+    not the threshold). g_reset: what the reset's spike term multiplies (grad_h's: dL/dv[t],
+    or dL/dh[t+1] for "subtract", whose own threshold term backward_chunk adds)."""
     _, through_spike = reset_partials(h, fired, threshold, v_reset, RESET, DETACH)
-    g = -spike_adjoint(gs, gv, through_spike, RESET, DETACH) * sg
+    g = -spike_adjoint(gs, g_reset, through_spike, RESET, DETACH) * sg
     if RESET == 1:  # -dL/dv[t] * s[t]: NaN where the spike is NaN (the reference's NaN * gv)
         u = h - threshold
-        g -= tl.where(u == u, tl.where(fired, gv, 0.0), u)
+        g -= tl.where(u == u, tl.where(fired, g_reset, 0.0), u)
     return g
 
 
@@ -75,9 +87,9 @@ def forward_chunk(X, v, d, t0, T, threshold, v_reset, RESET: tl.constexpr, TAIL:
     k, Xf, S, H = chunk_registers(X)
     for j in tl.static_range(K):
         sel = (k == j)[:, None]
-        h = d * v + row(Xf, sel)
+        h = charge(d * v + row(Xf, sel), v, threshold, RESET)
         u = h - threshold
-        fired = u >= 0.0
+        fired = fires(u, RESET)
         v_next = reset_potential(h, fired, threshold, v_reset, RESET)
         v = tl.where(t0 + j < T, v_next, v) if TAIL else v_next
         S = tl.where(sel, spike_value(u, fired)[None, :], S)
@@ -141,24 +153,26 @@ def _lif_forward_kernel(
 
 
 @triton.jit
-def backward_chunk(X, GS, v, gv, gd, gthr, d, t0, T, threshold, v_reset, alpha, grad_floor, keep,
+def backward_chunk(X, GS, v, gv, gp, gd, gthr, d, t0, T, threshold, v_reset, alpha, grad_floor, keep,
                    RESET: tl.constexpr, DETACH: tl.constexpr, SURROGATE: tl.constexpr,
                    CUSTOM_FN: tl.constexpr, NEED_GD: tl.constexpr, TAIL: tl.constexpr, GH,
                    HAS_GH: tl.constexpr, NEED_GTHR: tl.constexpr, KEEP: tl.constexpr):
     """Recompute the chunk forward from its checkpoint v (h[t] and v[t-1] into registers),
-    then run the gradient recurrence backward through it: (dL/dx chunk, dL/dv, dL/d decay,
+    then run the gradient recurrence backward through it: (dL/dx chunk, dL/dv, dL/dh at the
+    chunk's first step (gp: "subtract" reaches s[t] through dL/dh[t+1]), dL/d decay,
     dL/d threshold; the last two summed over the chunk's steps onto gd, gthr).
     HAS_GH: GH is the chunk of dL/dh from a loss on the returned potential, added to dL/dh[t].
     KEEP: the cut is per neuron, not per step: the surrogate is kept where keep != 0."""
     K: tl.constexpr = X.shape[0]
     k, Xf, H, V_before = chunk_registers(X)
+    DELAYED_GTHR: tl.constexpr = NEED_GTHR and RESET == 3  # its threshold term reads s[t-1], from v[t-1]
     for j in tl.static_range(K):
         sel = (k == j)[:, None]
-        h = d * v + row(Xf, sel)
+        h = charge(d * v + row(Xf, sel), v, threshold, RESET)
         H = tl.where(sel, h[None, :], H)
-        if NEED_GD:
+        if NEED_GD or DELAYED_GTHR:
             V_before = tl.where(sel, v[None, :], V_before)
-        v = reset_potential(h, h - threshold >= 0.0, threshold, v_reset, RESET)
+        v = reset_potential(h, fires(h - threshold, RESET), threshold, v_reset, RESET)
     GSf = GS.to(tl.float32)
     GX = tl.zeros(X.shape, tl.float32)
     for jj in tl.static_range(K):
@@ -166,13 +180,13 @@ def backward_chunk(X, GS, v, gv, gd, gthr, d, t0, T, threshold, v_reset, alpha, 
         sel = (k == j)[:, None]
         h = row(H, sel)
         u = h - threshold
-        sg = lif_surrogate_grad(u, SURROGATE, alpha, CUSTOM_FN)
-        sg = tl.where(keep == 0.0, 0.0, sg) if KEEP else tl.where(h < grad_floor, 0.0, sg)  # NaN h keeps its NaN
+        fired = fires(u, RESET)
+        sg = cut_surrogate(lif_surrogate_grad(u, SURROGATE, alpha, CUSTOM_FN), h, keep, grad_floor, KEEP)
         gs = row(GSf, sel)
         if NEED_GTHR:  # (before gv moves on: it is dL/dv[t] here)
-            gt = threshold_grad_step(gs, gv, h, u >= 0.0, sg, threshold, v_reset, RESET, DETACH)
+            gt = threshold_grad_step(gs, gp if RESET == 3 else gv, h, fired, sg, threshold, v_reset, RESET, DETACH)
             gthr += tl.where(t0 + j < T, gt, 0.0) if TAIL else gt
-        gh = grad_h(gs, gv, h, u >= 0.0, sg, threshold, v_reset, RESET, DETACH)
+        gh = grad_h(gs, gv, gp, h, fired, sg, threshold, v_reset, RESET, DETACH)
         if HAS_GH:
             gh += row(GH.to(tl.float32), sel)
         if TAIL:  # steps past T carry no gradient
@@ -180,10 +194,14 @@ def backward_chunk(X, GS, v, gv, gd, gthr, d, t0, T, threshold, v_reset, alpha, 
             gv = tl.where(t0 + j < T, gh * d, gv)
         else:
             gv = gh * d
+        gp = gh
+        if DELAYED_GTHR:  # h[t] = ... - threshold * s[t-1]: -dL/dh[t] * s[t-1]
+            u_before = row(V_before, sel) - threshold
+            gthr -= gh * spike_value(u_before, fires(u_before, RESET))
         if NEED_GD:  # dL/d decay += dL/dh[t] * v[t-1] (past T, v is the last step's: 0 * inf would be NaN)
             gd += tl.where(t0 + j < T, gh * row(V_before, sel), 0.0) if TAIL else gh * row(V_before, sel)
         GX = tl.where(sel, gh[None, :], GX)
-    return GX, gv, gd, gthr
+    return GX, gv, gp, gd, gthr
 
 
 @cached_launch
@@ -210,6 +228,7 @@ def _lif_backward_kernel(
         gv = tl.zeros([BLOCK], tl.float32)
     gd = tl.zeros([BLOCK], tl.float32)
     gthr = tl.zeros([BLOCK], tl.float32)
+    gp = gthr  # dL/dh[t+1]: none after the last step
     keep = gthr
     if KEEP:
         keep = tl.load(keep_ptr + n % KEEP_N, mask=n_mask, other=0.0)
@@ -227,9 +246,9 @@ def _lif_backward_kernel(
         X_prev, GS_prev, GH_prev = load_earlier_chunks(x_ptr, gs_ptr, gh_ptr, (last - 1) * K, offs, n_mask, N, EVEN_N,
                                                            HAS_GH)
         v_prev = tl.load(ckpt_ptr + tl.cast(tl.maximum(last - 1, 0), tl.int64) * N + n, mask=n_mask, other=0.0)
-        GX, gv, gd, gthr = backward_chunk(X, GS, v, gv, gd, gthr, d, last * K, T, threshold, v_reset, alpha,
-                                          grad_floor, keep, RESET, DETACH, SURROGATE, CUSTOM_FN, NEED_GD, True,
-                                          GH, HAS_GH, NEED_GTHR, KEEP)
+        GX, gv, gp, gd, gthr = backward_chunk(X, GS, v, gv, gp, gd, gthr, d, last * K, T, threshold, v_reset, alpha,
+                                              grad_floor, keep, RESET, DETACH, SURROGATE, CUSTOM_FN, NEED_GD, True,
+                                              GH, HAS_GH, NEED_GTHR, KEEP)
         store_chunk(gx_ptr, last * K, offs, k, n_mask, T, N, GX, EVEN_N)
         X, GS, GH, v = X_prev, GS_prev, GH_prev, v_prev
     for i in range(0, full):
@@ -239,11 +258,17 @@ def _lif_backward_kernel(
         X_prev, GS_prev, GH_prev = load_earlier_chunks(x_ptr, gs_ptr, gh_ptr, t0 - K, offs, n_mask, N, EVEN_N,
                                                            HAS_GH)
         v_prev = tl.load(ckpt_ptr + tl.cast(tl.maximum(c - 1, 0), tl.int64) * N + n, mask=n_mask, other=0.0)
-        GX, gv, gd, gthr = backward_chunk(X, GS, v, gv, gd, gthr, d, t0, T, threshold, v_reset, alpha,
-                                          grad_floor, keep, RESET, DETACH, SURROGATE, CUSTOM_FN, NEED_GD, False,
-                                          GH, HAS_GH, NEED_GTHR, KEEP)
+        GX, gv, gp, gd, gthr = backward_chunk(X, GS, v, gv, gp, gd, gthr, d, t0, T, threshold, v_reset, alpha,
+                                              grad_floor, keep, RESET, DETACH, SURROGATE, CUSTOM_FN, NEED_GD, False,
+                                              GH, HAS_GH, NEED_GTHR, KEEP)
         store_chunk(gx_ptr, t0, offs, k, n_mask, T, N, GX, EVEN_N)
         X, GS, GH, v = X_prev, GS_prev, GH_prev, v_prev
+    if RESET == 3 and not DETACH:  # s[-1] = H(v0 - threshold) (v: the first checkpoint) resets step 0
+        u0 = v - threshold
+        g0 = spike_adjoint(0.0, gp, -threshold, RESET, DETACH) * cut_surrogate(
+            lif_surrogate_grad(u0, SURROGATE, alpha, CUSTOM_FN), v, keep, grad_floor, KEEP)
+        gv += g0
+        gthr -= g0
     if NEED_GV0:
         tl.store(gv0_ptr + n, gv, mask=n_mask)
     if NEED_GD:
@@ -279,7 +304,7 @@ def _forward(x, decay, decay_tensor, v0, threshold, reset, v_reset, save, want_s
             decay_tensor if decay_tensor is not None else unused, h if want_h else unused,
             threshold_tensor if threshold_tensor is not None else unused, bits if bits is not None else unused,
             decay, threshold, v_reset, grad_threshold if track else 0.0, T, N, inner, C,
-            RESET=RESET_CODES[reset], DECAY=param_mode(decay_tensor), THRESHOLD=param_mode(threshold_tensor),
+            RESET=reset_code(reset), DECAY=param_mode(decay_tensor), THRESHOLD=param_mode(threshold_tensor),
             HAS_V0=v0 is not None, SAVE_CKPT=save, STORE_VT=want_state, STORE_H=want_h, TRACK=track,
             BITS=bits is not None, BLOCK=BLOCK, K=K, EVEN_N=N % BLOCK == 0, num_warps=warps,
             enable_fp_fusion=False)
@@ -344,7 +369,7 @@ def _backward(grad_s, grad_vT, x, ckpt, decay, decay_tensor, threshold, reset,
             threshold_tensor if threshold_tensor is not None else unused, gthr if gthr is not None else unused,
             keep if keep is not None else unused,
             decay, threshold, v_reset, alpha, grad_threshold, T, N, inner, C, 1 if keep is None else keep.numel(),
-            RESET=RESET_CODES[reset], DETACH=detach, SURROGATE=CUSTOM if custom else SURROGATES[surrogate],
+            RESET=reset_code(reset), DETACH=detach, SURROGATE=CUSTOM if custom else SURROGATES[surrogate],
             CUSTOM_FN=custom.triton_fn if custom else None,
             DECAY=param_mode(decay_tensor), THRESHOLD=param_mode(threshold_tensor), HAS_GVT=gvT is not None,
             NEED_GV0=need_gv0, NEED_GD=need_gd, HAS_GH=gh is not None, NEED_GTHR=need_gthr, KEEP=keep is not None,

@@ -15,6 +15,9 @@ from it in whole-T passes) and x (only read by a double backward).
 Backward: everything that does not depend on the carried dL/dv is computed over all T at
 once, B = dL/ds * sg and A = sg * through_spike + direct, so the reverse-time loop is two
 ops per step:  dL/dh[t] = B[t] + dL/dv[t] * A[t],   dL/dv[t-1] = decay * dL/dh[t].
+reset="subtract" (snnTorch's, delayed): H[t] also loses threshold * s[t-1], fired[t] is
+H[t] > threshold, v = H[t]; backward, dL/dh[t] = B[t] + dL/dh[t+1] * A[t] with
+A = decay - threshold * sg (or the "none" loop with detach_reset).
 Non-finite values follow spikefuse.functional.lif's policy; where h is infinite the hard
 reset's term (v_reset - h) * sg is inf * 0 = NaN, as in the fused kernels.
 Double backward (create_graph=True) differentiates spikefuse.reference instead.
@@ -49,7 +52,7 @@ def _reset(h, fired, threshold, v_reset, reset):
         return torch.where(fired, v_reset, h)
     if reset == "soft":
         return torch.where(fired, h - threshold, h)
-    return h
+    return h  # none, subtract
 
 
 def _forward(x, d, v0, threshold, reset, v_reset, save):
@@ -59,18 +62,22 @@ def _forward(x, d, v0, threshold, reset, v_reset, save):
     v = torch.zeros_like(H[0]) if v0 is None else v0
     v_next = torch.empty_like(H[0])  # one buffer for v: each step reads it (into H[t]) before writing it
     v_reset_t = torch.tensor(v_reset, dtype=x.dtype, device=x.device)
+    delayed = reset == "subtract"
+    fire = torch.gt if delayed else torch.ge  # == (h - threshold > 0 / >= 0); NaN: False
     for t in range(T):
         h = H[t]
         torch.mul(v, d, out=h)
         h.add_(x[t])  # == decay * v + x[t], the reference's two roundings
-        torch.ge(h, threshold, out=fired[t])  # == (h - threshold >= 0); NaN: False
+        if delayed:  # - threshold * s[t-1] (h - threshold or h exactly, as the reference's; v_next: scratch)
+            torch.where(fired[t - 1] if t else fire(v, threshold), torch.sub(h, threshold, out=v_next), h, out=h)
+        fire(h, threshold, out=fired[t])
         if reset == "hard":
             v = torch.where(fired[t], v_reset_t, h, out=v_next)
         elif reset == "soft":
             v = torch.where(fired[t], h - threshold, h, out=v_next)
         else:
             v = h
-    if reset == "none":
+    if reset in ("none", "subtract"):
         v = v.clone()  # v[T-1] must not alias the saved H
     spikes = fired.to(x.dtype)
     if H.sum().isnan():  # a NaN somewhere (or inf - inf: then the exact test below finds none)
@@ -109,12 +116,18 @@ def _backward(H, grad_s, grad_vT, d, v0, threshold, reset, v_reset, detach, surr
     direct = None
     if reset == "hard":  # 1 - s, NaN where the spike is (NaN in, NaN out: the reference's rule)
         direct = torch.lt(H, threshold, out=torch.empty_like(H)).masked_fill_(H.isnan(), float("nan"))
+    delayed = reset == "subtract" and not detach  # the reset reaches s[t] through dL/dh[t+1]
+    if delayed:  # v0 as step -1, whose spike resets step 0
+        H = torch.cat([(torch.zeros_like(H[0]) if v0 is None else v0).unsqueeze(0), H])
     sg = _surrogate_(H - threshold, surrogate, alpha)
     if grad_threshold > float("-inf") and grad_scope != "step":
-        sg.masked_fill_(~reached_grad_threshold(H, grad_threshold, grad_scope), 0.0)
+        sg.masked_fill_(~reached_grad_threshold(H[int(delayed):], grad_threshold, grad_scope), 0.0)
     elif grad_threshold > float("-inf"):
         sg.masked_fill_(H < grad_threshold, 0.0)
-    if reset == "hard" and not detach:  # A = sg * (v_reset - h) + (1 - s)
+    if delayed:  # A = decay - threshold * sg for steps -1 .. T-1; A0 takes dL/dh[0] to v0
+        A = torch.mul(sg, -threshold).add_(d)
+        A0, A, H, sg = A[0], A[1:], H[1:], sg[1:]
+    elif reset == "hard" and not detach:  # A = sg * (v_reset - h) + (1 - s)
         A = H.neg().add_(v_reset).mul_(sg).add_(direct)
     elif reset == "hard":
         A = direct
@@ -132,13 +145,18 @@ def _backward(H, grad_s, grad_vT, d, v0, threshold, reset, v_reset, detach, surr
         GX.add_(grad_h)
     # GX holds B; the loop turns each B[t] into dL/dh[t] = dL/dx[t] in place
     gv = grad_vT.clone() if grad_vT is not None else torch.zeros_like(H[0])
+    if delayed:  # v[T-1] = h[T-1]; then the carry is dL/dh[t+1], not dL/dv[t]
+        GX[-1].add_(gv)
+        gv.zero_()
     for t in range(T - 1, -1, -1):
         gh = GX[t]
         if A is None:
             gh.add_(gv)
         else:
             gh.addcmul_(gv, A[t])
-        if t > 0 or need_gv0:
+        if delayed and (t > 0 or need_gv0):
+            gv.copy_(gh)
+        elif t > 0 or need_gv0:
             torch.mul(gh, d, out=gv)  # dL/dv[t-1]
     grad_decay = grad_v0 = None
     if need_gd:
@@ -152,7 +170,7 @@ def _backward(H, grad_s, grad_vT, d, v0, threshold, reset, v_reset, detach, surr
             P[1:].copy_(_reset(H[:-1], fired, threshold, v_reset, reset))
         grad_decay = P.mul_(GX)  # per neuron-step; summed to the decay's shape by the caller
     if need_gv0:
-        grad_v0 = gv
+        grad_v0 = gv.mul_(A0) if delayed else gv
     return GX, grad_decay, grad_v0
 
 

@@ -106,7 +106,7 @@ def store_adjoint(gs, gv, h_ptr, gh_ptr, ghx_ptr, now, offs, mask, threshold, v_
     u = h - threshold
     fired = u >= 0.0
     sg = tl.where(h < grad_floor, 0.0, surrogate_grad(u, SURROGATE, alpha))  # NaN h keeps its NaN (as ops.lif)
-    gh = grad_h(gs, gv, h, fired, sg, threshold, v_reset, RESET, DETACH)
+    gh = grad_h(gs, gv, gv, h, fired, sg, threshold, v_reset, RESET, DETACH)
     if HAS_GHX:
         gh += tl.load(ghx_ptr + now + offs, mask=mask, other=0.0).to(tl.float32)
     tl.store(gh_ptr + now + offs, gh, mask=mask)

@@ -27,7 +27,7 @@ from __future__ import annotations
 import torch
 
 from .launch import cached_launch
-from .kernel_base import EAGER, RESET_CODES, cdiv, f32
+from .kernel_base import EAGER, reset_code, cdiv, f32
 from .recurrent_common import _rlif_backward_step, _tf32, fire_and_store, store_adjoint
 from ..surrogates import SURROGATES
 from .triton_or_stub import tl, triton
@@ -220,7 +220,7 @@ def forward(x, weight, decay, threshold, reset, v_reset, grad_threshold, save, l
         step_kernel[grid](
             x, wt, v, spikes, h if save else unused, active, active_count, spiked, near if save else unused,
             t, decay, threshold, v_reset, grad_threshold, M, N, nseg,
-            RESET=RESET_CODES[reset], FIRST=t == 0, SAVE_H=save, CARRY=save, TF32=_tf32(x),
+            RESET=reset_code(reset, "rlif"), FIRST=t == 0, SAVE_H=save, CARRY=save, TF32=_tf32(x),
             BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, SEG=SEG, num_warps=warps,
             enable_fp_fusion=False)
         list_kernel[(nseg,)](
@@ -256,7 +256,7 @@ def backward(grad_s, grad_vT, h, spikes, wt, carry, carry_count, weight, decay, 
         elementwise[(cdiv(M, BLOCK_M), cdiv(N, BLOCK_N))](
             gs, weight, h, gvT if gvT is not None else unused, gh, ghx_arg, t,
             decay, threshold, v_reset, alpha, grad_threshold, M, N, weight.stride(0), weight.stride(1),
-            RESET=RESET_CODES[reset], DETACH=detach, SURROGATE=SURROGATES[surrogate], LAST=last,
+            RESET=reset_code(reset, "rlif"), DETACH=detach, SURROGATE=SURROGATES[surrogate], LAST=last,
             HAS_GVT=gvT is not None, TF32=False, RECURRENT=False, HAS_GHX=ghx is not None,
             BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, num_warps=warps, enable_fp_fusion=False)
         if not last:  # the carrying columns again, now with gh[t+1] @ W
@@ -266,7 +266,7 @@ def backward(grad_s, grad_vT, h, spikes, wt, carry, carry_count, weight, decay, 
             finish[lists](
                 gs, h, gh, ghx_arg, partials, carry, carry_count, t,
                 decay, threshold, v_reset, alpha, grad_threshold, M, N, nseg, nchunk,
-                RESET=RESET_CODES[reset], DETACH=detach, SURROGATE=SURROGATES[surrogate],
+                RESET=reset_code(reset, "rlif"), DETACH=detach, SURROGATE=SURROGATES[surrogate],
                 HAS_GHX=ghx is not None, BLOCK_M=BLOCK_M, BLOCK_K=LIST_BLOCK, SEG=SEG, num_warps=warps, enable_fp_fusion=False)
     grad_w = gh[1:].reshape(-1, N).t() @ spikes[:-1].reshape(-1, N).float()
     return gh.to(spikes.dtype), grad_w.to(weight.dtype)
