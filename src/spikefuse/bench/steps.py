@@ -342,7 +342,8 @@ def _prepare_peer(case, args, device, template, inputs):
     net, mode = case["net"], case["mode"].removeprefix("spikingjelly-")
     if net in IPU_NETS:
         model = spikingjelly.mlp(net, args.width).to(device)
-        case["cross_check"] = cross_check(template, model, inputs[0][0], case["precision"])
+        case["cross_check"], case["cross_check_logit_max"] = cross_check(template, model, inputs[0][0],
+                                                                        case["precision"])
     elif net == "cifar-medium":
         model = spikingjelly.cifar("medium", args.width, time_steps=10).to(device)
     else:
@@ -355,9 +356,10 @@ def _prepare_peer(case, args, device, template, inputs):
 
 
 def cross_check(ours, theirs, x, precision):
-    """Copy our IPU network's weights into SpikingJelly's and compare the logits on x: the
-    largest difference relative to the largest logit (its LIF rounds h = v(1 - 1/tau) + x
-    differently, so a spike near the threshold may flip: small, not 0)."""
+    """Copy our IPU network's weights into SpikingJelly's and compare the logits on x:
+    (the largest difference relative to the largest logit, the largest logit: 0 would mean
+    silent networks and a vacuous check). Its LIF rounds h = v(1 - 1/tau) + x its own way,
+    so a spike near the threshold may flip; under bf16 autocast its LIF runs in bf16."""
     weights = [m.weight for m in ours.modules() if isinstance(m, nn.Linear)]
     targets = [m.weight for m in theirs.modules() if isinstance(m, nn.Linear)]
     if [w.shape for w in weights] != [t.shape for t in targets]:
@@ -367,7 +369,7 @@ def cross_check(ours, theirs, x, precision):
         for w, t in zip(weights, targets):
             t.copy_(w)
         a, b = ours(x).float(), theirs(x).float()
-    return float((a - b).abs().max() / a.abs().max().clamp_min(1e-30))
+    return float((a - b).abs().max() / a.abs().max().clamp_min(1e-30)), float(a.abs().max())
 
 
 def warm(call, smoke, at_least=1):
