@@ -120,12 +120,17 @@ def test_strided_channels_last_weight_gradient_is_exact_on_cpu():
         torch.testing.assert_close(layer.weight.grad.view(8, 4).double(), expected, rtol=1e-5, atol=1e-5)
 
 
-def test_spiking_linear_matches_linear():
+@pytest.mark.parametrize("padded", [False, True])
+def test_spiking_linear_matches_linear(padded, monkeypatch):
+    """padded: the path CUDA takes for 5 outputs (products padded to 8 rows, spike_linear.ALIGN)."""
+    from spikefuse.ops import spike_linear
+    monkeypatch.setattr(spike_linear, "PAD_OFF_CUDA", padded)
     torch.manual_seed(0)
     layer, plain = SpikingLinear(13, 5), nn.Linear(13, 5)
     plain.load_state_dict(layer.state_dict())
     for a, b in zip(*reference_grads(layer, plain, spikes(4, 3, 13))):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    assert layer(spikes(2, 2, 13)).is_contiguous()
 
 
 def test_frozen_weights_save_nothing():

@@ -29,14 +29,13 @@ derivatives equal nn.Linear's (the kernels' gradients carry no graph: they were 
 from __future__ import annotations
 
 import torch
-from torch.nn import functional as F
 
 from .kernel_base import cdiv
 from . import grad_rows
 from .launch import cached_launch
 from .recurrent_lif import _tf32
 from .spike_index import line_flags, nonzero_lines
-from .spike_linear import _backward as dense_backward, graph_edge, spikes_with_graph
+from .spike_linear import _backward as dense_backward, graph_edge, linear_forward, spikes_with_graph
 from .spike_pack import pack, use_triton
 
 from .triton_or_stub import tl, triton
@@ -205,7 +204,7 @@ class SparseSpikeLinearFunction(torch.autograd.Function):
         ctx.save_for_backward(bits, weight, edge)
         ctx.s_shape, ctx.s_dtype, ctx.has_bias = s.shape, s.dtype, bias is not None
         ctx.carry, ctx.sparse = carry, sparse
-        return F.linear(s, weight, bias)
+        return linear_forward(s, weight, bias)
 
     @staticmethod
     def backward(ctx, gy):
