@@ -88,3 +88,24 @@ def test_quick_shrinks_only_the_lists_left_at_their_defaults():
     steps.quick_settings(args)
     assert args.smoke and args.nets == steps.QUICK["nets"] and args.batches == steps.QUICK["batches"]
     assert args.modes == "eager"  # given: kept
+
+
+def test_floor_counts_every_neuron_step_and_the_products():
+    """bench.roofline on a narrow IPU net: neuron-steps = T x B x (its two hidden widths);
+    FLOPs = forward and backward matmuls (the first layer's input takes no gradient)."""
+    from spikefuse.bench import roofline
+    from spikefuse.models import build_model
+    torch.manual_seed(0)
+    T, B = 5, 3
+    model = build_model("ipu-shd", (700,), 20, T, width=1 / 16, backend="reference")
+    hidden = [m.out_features for m in model.modules() if isinstance(m, nn.Linear)][:2]
+    x = (torch.rand(T, B, 700) < 0.05).float()
+    assert roofline.neuron_steps(model, x) == T * B * sum(hidden)
+    step = steps.step_function(model, model, steps.make_optimizer("adam", model.parameters()), "fp32")
+    widths = [700, *hidden, 20]
+    products = sum(2 * T * B * a * b for a, b in zip(widths, widths[1:]))  # forward
+    products += sum(2 * T * B * a * b for a, b in zip(widths[1:], widths[2:]))  # input gradients
+    products += products - sum(2 * T * B * a * b for a, b in zip(widths[1:], widths[2:]))  # weight gradients
+    assert roofline.step_flops(lambda: step(x, torch.randint(0, 20, (B,)))) == products
+    floor, memory, compute = roofline.floor_ms("fp32", 1000, 2e9, {"copy_gbs": 1000.0, "matmul_tflops": {"fp32": 2.0}})
+    assert (memory, compute) == (pytest.approx(30 * 1000 / 1e12 * 1e3), pytest.approx(1.0)) and floor == memory + compute

@@ -45,7 +45,7 @@ from ..models import build_model
 from ..neuron_options import MAX_INT, check_int, check_number
 from ..ops.launch import through_triton
 from ..capture import CapturedStep, prepare_optimizer
-from . import spikingjelly
+from . import roofline, spikingjelly
 from .report import environment, table, write_results
 from .timing import graph_pool_segments, in_rounds, median_ms, step_peak_bytes
 
@@ -328,6 +328,24 @@ def _prepare_ours(case, args, device, template, inputs):
     return call
 
 
+def step_floor(template, args, precision, batch, opt_name, device, measured) -> dict:
+    """The case's floor (bench.roofline) from our network: its FLOPs counted over one eager
+    step of a copy, its neuron-steps over one forward."""
+    try:
+        model = copy.deepcopy(template)
+        step = step_function(model, model, make_optimizer(opt_name, model.parameters()), precision)
+        x, y = make_inputs(args.shapes, args.num_classes, batch, device, count=1)[0]
+        flops, steps = roofline.step_flops(lambda: step(x, y)), roofline.neuron_steps(model, x)
+        floor, memory, compute = roofline.floor_ms(precision, steps, flops, measured)
+        return {"floor_ms": floor, "floor_memory_ms": memory, "floor_compute_ms": compute,
+                "neuron_steps": steps, "flops": flops}
+    except Exception as e:  # noqa: BLE001  (a floor that cannot be computed must not lose the timings)
+        print(f"  floor not computed: {type(e).__name__}: {e}", flush=True)
+        return {}
+    finally:
+        gc.collect()
+
+
 def triton_launched(step):
     """step with every kernel launched through Triton's own path (ops.launch.through_triton)."""
     def call(x, y):
@@ -444,6 +462,8 @@ def add_ratios(cases):
             c["speedup_vs_eager"] = eager["step_ms"] / c["step_ms"]
         if "step_ms" in captured:
             c["x_captured"] = c["step_ms"] / captured["step_ms"]
+        if c.get("kernel_ms") and c.get("floor_ms"):
+            c["gpu_x_floor"] = c["kernel_ms"] / c["floor_ms"]
     for c in cases:
         peers = [by_key.get((*case_key(c), m), {}) for m in PEER_MODES]
         peers = [p for p in peers if "step_ms" in p]
@@ -492,6 +512,7 @@ def run(args) -> int:
     compile_batches = set(parse_ints("--compile-batches", args.compile_batches))
     compile_nets = set(parse_list("--compile-nets", args.compile_nets, NETS))
     rounds = 1 if args.smoke else check_int("--rounds", args.rounds)
+    measured = roofline.rates(device, args.smoke)  # the floor's copy bandwidth and matmul rates
     cases = []
     for net, precision, batch, opt_name, width in workloads(args):
         args.width = width / 16 if args.smoke else width
@@ -502,9 +523,11 @@ def run(args) -> int:
         wanted = [m for m in modes if m in ("eager", "captured") or chosen]
         peer = net in IPU_NETS or net == "cifar-medium"
         wanted += [f"spikingjelly-{m}" for m in peer_modes if peer and (m != "compiled" or chosen)]
+        floor = step_floor(template, args, precision, batch, opt_name, device, measured)
         prepared = {}
         for mode in wanted:  # all built first, all resident while the rounds alternate
             case = new_case(net, precision, batch, opt_name, mode, width)
+            case.update(floor)
             cases.append(case)
             call = prepare(case, args, device, template)
             if call is not None:
@@ -523,6 +546,9 @@ def run(args) -> int:
                          "(captured: run eagerly with its capturable optimizer; SpikingJelly's graph mode: its "
                          "replays and its eager update); peak = absolute peak of one step (model, optimizer "
                          "state, inputs, graph pool and what the step allocates)",
+               "floor": f"bench.roofline: {roofline.FLOOR_BYTES} bytes per neuron-step at the copy bandwidth "
+                        "plus the step's matmul/conv FLOPs at the matmul rate, both measured in this run; "
+                        "'GPU x floor' is the row's profiler GPU time over it", "rates": measured,
                "smoke": args.smoke, "quick": args.quick, "rounds": rounds, "cases": cases}
     # --quick: write_results names it steps-quick-<device>
     paths = write_results("steps-smoke" if args.smoke and not args.quick else "steps", payload,
@@ -537,7 +563,7 @@ def markdown(payload) -> str:
            f"{env['device']}, {env['date']}, versions {env['versions']}\n",
            f"{payload['timing']}. IPU inputs: binary frames, {payload['input_density']:.0%} ones.\n"]
     header = ["net", "width", "precision", "B", "mode", "step ms", "rounds spread", "call ms", "kernel ms",
-              "x kernel", "vs eager", "x captured", "peak MiB", "graph pool MiB", "SJ best / ours (wall)",
+              "x kernel", "floor ms", "GPU x floor", "vs eager", "x captured", "peak MiB", "graph pool MiB", "SJ best / ours (wall)",
               "(GPU)", "standing", "peak / SJ best's", "note"]
 
     def spread(c):
@@ -555,7 +581,8 @@ def markdown(payload) -> str:
         return "; ".join(parts)
 
     rows = [[c["net"], c.get("width", 1.0), c["precision"], c["B"], c["mode"], c.get("step_ms"), spread(c),
-             c.get("call_ms"), c.get("kernel_ms"), c.get("x_kernel_time"), c.get("speedup_vs_eager"),
+             c.get("call_ms"), c.get("kernel_ms"), c.get("x_kernel_time"), c.get("floor_ms"), c.get("gpu_x_floor"),
+             c.get("speedup_vs_eager"),
              c.get("x_captured"), c.get("peak_mib"), c.get("pool_mib"), c.get("vs_sj_best"), c.get("vs_sj_best_gpu"),
              c.get("standing"), c.get("peak_vs_sj_best"), note(c)]
             for c in payload["cases"]]

@@ -26,12 +26,9 @@ from .. import precision as precisions
 from ..models.cifar import LIANG_LIF, CifarNet
 from .timing import median_ms
 from ..models.resnet import SpikingResNet
-from ..nn.spiking_layers import _BNLIFBlock
-from . import spikingjelly
+from . import roofline, spikingjelly
 from .report import environment, table, write_results
-from .timing import copy_bandwidth_gbs
 
-FLOOR_BYTES = {"fp32": 30, "bf16": 15}  # per neuron-step: ~7.5 accesses in the dtype
 PRECISIONS = ("fp32", "bf16")
 
 
@@ -104,47 +101,6 @@ def peak_memory_mib(step, device):
     return peak / 2**20, (peak - base) / 2**20
 
 
-def neuron_steps(model, x):
-    """LIF neuron-steps of one forward: the elements of every BN-LIF block's output."""
-    counts = []
-    hooks = [m.register_forward_hook(lambda m, i, o: counts.append(o.numel()))
-             for m in model.modules() if isinstance(m, _BNLIFBlock)]
-    with torch.no_grad():
-        model(x)
-    for h in hooks:
-        h.remove()
-    return sum(counts)
-
-
-def step_flops(step):
-    """FLOPs of one training step as torch counts them (convolutions and matmuls)."""
-    try:
-        from torch.utils.flop_counter import FlopCounterMode
-        with FlopCounterMode(display=False) as counter:
-            step()
-        return counter.get_total_flops()
-    except Exception as e:  # noqa: BLE001  (a counting failure must not lose the timing)
-        print(f"  flop counting failed: {e!r}", flush=True)
-        return None
-
-
-def matmul_tflops(device, precision, n):
-    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
-    a = torch.randn(n, n, device=device, dtype=dtype)
-    b = torch.randn(n, n, device=device, dtype=dtype)
-    ms, _ = time_steps_ms(lambda: a @ b, device, warmup=2, iters=5)
-    return 2 * n**3 / (ms * 1e-3) / 1e12
-
-
-def copy_gbs(device, smoke):
-    if device.type == "cuda":
-        return copy_bandwidth_gbs(2**24 if smoke else 2**31)
-    src = torch.rand(2**22)
-    dst = torch.empty_like(src)
-    ms, _ = time_steps_ms(lambda: dst.copy_(src), device, warmup=2, iters=5)
-    return 2 * src.numel() * 4 / (ms * 1e-3) / 1e9
-
-
 def measure(impl, net, precision, T, B, args, device, rates, flops_cache):
     """One case; errors (out of memory, a missing peer) are recorded, not raised."""
     case = {"impl": impl, "net": net, "precision": precision, "T": T, "B": B, "width": args.width}
@@ -159,7 +115,7 @@ def measure(impl, net, precision, T, B, args, device, rates, flops_cache):
         peak, extra = peak_memory_mib(step, device)
         key = (net, T, B)
         if key not in flops_cache and impl == "spikefuse-vanilla":  # the work the network defines
-            flops_cache[key] = (step_flops(step), neuron_steps(model, x))
+            flops_cache[key] = (roofline.step_flops(step), roofline.neuron_steps(model, x))
         case.update(ms=ms, times_ms=times, peak_mib=peak, step_extra_mib=extra)
     except Exception as e:  # noqa: BLE001  (recorded; a spikefuse failure fails the run at the end)
         if not isinstance(e, ImportError) and "out of memory" not in str(e).lower():
@@ -180,10 +136,9 @@ def add_floors(cases, flops_cache, rates):
         case["neuron_steps"], case["flops"] = steps, flops
         if steps is None or "ms" not in case:
             continue
-        mem_ms = FLOOR_BYTES[case["precision"]] * steps / (rates["copy_gbs"] * 1e9) * 1e3
-        flop_ms = flops / (rates["matmul_tflops"][case["precision"]] * 1e12) * 1e3 if flops else 0.0
-        case.update(floor_ms=mem_ms + flop_ms, floor_memory_ms=mem_ms, floor_compute_ms=flop_ms,
-                    ratio_to_floor=case["ms"] / (mem_ms + flop_ms))
+        floor, mem_ms, flop_ms = roofline.floor_ms(case["precision"], steps, flops, rates)
+        case.update(floor_ms=floor, floor_memory_ms=mem_ms, floor_compute_ms=flop_ms,
+                    ratio_to_floor=case["ms"] / floor)
     by_key = {(c["impl"], c["net"], c["precision"], c["T"]): c for c in cases}
     for case in cases:
         for peer in ("spikefuse-vanilla", "spikingjelly"):
@@ -205,8 +160,7 @@ def run(args) -> int:
         args.width, args.batch, args.resnet_batch, args.image = 1 / 16, 2, 2, 16
         args.time_steps, resnet_T, args.iters, args.warmup = 2, resnet_T[:1] and [2], 2, 1
         args.backend = "auto" if device.type == "cuda" else "reference"
-    rates = {"copy_gbs": copy_gbs(device, args.smoke),
-             "matmul_tflops": {p: matmul_tflops(device, p, 256 if args.smoke else 8192) for p in PRECISIONS}}
+    rates = roofline.rates(device, args.smoke)
     print(f"copy {rates['copy_gbs']:.0f} GB/s, matmul {rates['matmul_tflops']}", flush=True)
     impls = ["spikefuse-fused", "spikefuse-vanilla"] + ([] if args.no_peers else ["spikingjelly"])
     cases, flops_cache = [], {}
@@ -220,7 +174,7 @@ def run(args) -> int:
                                  rates, flops_cache))
     add_floors(cases, flops_cache, rates)
     payload = {"benchmark": "train", "environment": environment(), "rates": rates,
-               "optimizer": args.optimizer, "floor_bytes_per_neuron_step": FLOOR_BYTES,
+               "optimizer": args.optimizer, "floor_bytes_per_neuron_step": roofline.FLOOR_BYTES,
                "equations": "LIF decay 0.25, threshold 0.25, hard reset to 0; spikefuse: rectangular "
                             "surrogate, SpikingJelly: Sigmoid (its fused kernels lack a rectangular one)",
                "cudnn_benchmark": args.cudnn_benchmark, "smoke": args.smoke, "quick": args.quick, "cases": cases}
