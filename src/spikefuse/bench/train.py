@@ -3,11 +3,9 @@ al. and a spiking ResNet-18: spikefuse fused vs its vanilla per-step form vs Spi
 
 Each case reports the median step time (CUDA events after warm-up), the peak memory
 (torch.cuda.max_memory_allocated after a reset: absolute, and beyond what the model,
-optimizer and batch already held), and a floor measured in the same run:
-    FLOOR_BYTES per neuron-step (BN+LIF layers) / device-to-device copy bandwidth
-  + the step's conv/linear FLOPs (torch's FlopCounterMode) / a matmul rate
-(a single stream runs the elementwise and the conv kernels one after the other, so
-the two add). Input: random CIFAR-shaped images, direct encoding (repeated over T; the
+optimizer and batch already held), and the floor of bench.roofline with its rates measured
+in the same run (bytes per neuron-step at the copy bandwidth plus the conv/linear FLOPs at
+a matmul rate). Input: random CIFAR-shaped images, direct encoding (repeated over T; the
 fused form convolves the image once and reuses it at every step).
 
     spikefuse bench train --out benchmarks/results
