@@ -40,6 +40,7 @@ from ..models import build_model
 from ..neuron_options import check_int
 from ..ops.launch import through_triton
 from ..capture import CapturedStep, prepare_optimizer
+from .options import counts, names
 from .report import environment, table, write_results
 from .timing import median_ms
 
@@ -49,7 +50,8 @@ MODES = ("eager", "eager-triton-launch", "captured", "compiled", "compiled-cpp-w
 # diagnoses of where a way loses time, ~20 s of compiling each; `bench all` keeps under 10 min)
 DEFAULT_MODES = ("eager", "captured", "compiled", "reduce-overhead")
 IPU_NETS = ("ipu-shd", "ipu-nmnist", "ipu-dvsgesture")
-DEFAULT_NETS = ",".join(IPU_NETS + ("shd", "cifar-medium", "resnet18"))
+NETS = IPU_NETS + ("shd", "cifar-medium", "resnet18")
+DEFAULT_NETS = ",".join(NETS)
 DEFAULT_BATCHES = "1,8,48,256"
 # --quick: one IPU network and CIFAR-medium, tiny, eager and captured (no compiling: ~20 s each)
 QUICK = {"nets": "ipu-shd,cifar-medium", "batches": "1", "modes": "eager,captured"}
@@ -330,16 +332,27 @@ def quick_settings(args) -> None:
             setattr(args, name, value)
 
 
+def check_args(args) -> tuple[list[str], set[int], set[str]]:
+    """(modes, compile batches, compile nets); UsageError naming the option, before the device is
+    looked at: "--batches 1,x" raised int()'s ValueError (exit 1), an unknown mode was skipped
+    silently, "--batches 0" reached the model."""
+    names("--nets", args.nets, NETS)
+    counts("--batches", args.batches)
+    modes = names("--modes", args.modes, MODES)
+    compile_batches = set(counts("--compile-batches", args.compile_batches, empty=True))
+    none = not args.compile_nets.replace(",", "").strip()  # compile no network
+    compile_nets = set() if none else set(names("--compile-nets", args.compile_nets, NETS))
+    return modes, compile_batches, compile_nets
+
+
 @precisions.applied("fp32")  # TF32 matmuls and convolutions for every library alike; the caller's flags after
 def run(args) -> int:
-    if not torch.cuda.is_available():
-        raise UsageError("spikefuse bench steps needs a CUDA device: its steps (--quick's too) run in CUDA graphs")
     if args.quick:
         quick_settings(args)
+    modes, compile_batches, compile_nets = check_args(args)
+    if not torch.cuda.is_available():
+        raise UsageError("spikefuse bench steps needs a CUDA device: its steps (--quick's too) run in CUDA graphs")
     device = torch.device("cuda")
-    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    compile_batches = {int(b) for b in args.compile_batches.split(",") if b.strip()}
-    compile_nets = {n.strip() for n in args.compile_nets.split(",") if n.strip()}
     args.width = 1 / 16 if args.smoke else 1.0
     cases = []
     for net, precision, batch, opt_name in workloads(args):
