@@ -98,8 +98,11 @@ def test_other_equations_fail_the_check(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("argv, expected", [
-    (["--sizes", "0"], "--sizes 0: every size must be 1 or more"),
-    (["--time-steps", "0"], "--time-steps 0: must be 1 or more"),
+    (["--sizes", "0"], "--sizes must be at least 1, got 0"),
+    (["--time-steps", "0"], "--time-steps must be at least 1, got 0"),
+    (["--batch", str(2**70)], "--batch must be at most 2147483647, got 1180591620717411303424"),
+    (["--sizes", "16", str(2**31)], "--sizes must be at most 2147483647, got 2147483648"),
+    (["--seed", str(2**70)], "--seed must be an integer from -2**63 to 2**63 - 1"),
     (["--libraries", "nope"], "--libraries nope: pick from spikefuse"),
     (["--modes", "sideways"], "--modes sideways: pick from forward, forward-backward"),
     (["--precisions", "float8"], "--precisions float8: pick from float32, bfloat16"),

@@ -30,7 +30,7 @@ def test_lif_quick(tmp_path):
 def test_lif_unknown_library_is_a_usage_error(tmp_path, capsys):
     assert cli.main(["bench", "lif", "--quick", "--libraries", "nope", "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err
-    assert len(err.strip().splitlines()) == 1 and "--libraries nope: unknown nope" in err
+    assert len(err.strip().splitlines()) == 1 and "--libraries nope: pick from spikefuse" in err
 
 
 def test_train_quick(tmp_path):

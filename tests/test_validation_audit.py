@@ -48,6 +48,22 @@ outside the cache, a non-path root raised os.fspath's TypeError; open_split rais
 unknown name and sent a NaN split to Tonic's download. And spikefuse.bench's timing: median_ms'
 NaN warmup or warmup_s skipped the warm-up, 2**70 of either never ended, back_to_back 0 divided
 by zero, 0 reps raised StatisticsError; in_rounds' rounds=0 measured nothing.
+
+Fourth pass: spikefuse.parallel's DataParallel.shard, Shard and Shard.batches,
+convert_sync_batchnorm, the planner's measuring helpers (profile_layers, saved_bytes,
+step_seconds, chunked_seconds, measure_link) and EventStore.load, .to and .sample (the bench
+command's options: tests/test_bench_options.py). Found: shard's pad and batches' shuffle went
+through bool() ("no" padded); a rank past world_size, or a NaN world_size, was kept (no batch,
+or a TypeError at the first); batches' batch_size 0 raised range()'s ValueError, NaN or "3" a
+misleading "does not split" or a formatting TypeError; a non-Generator generator failed inside
+torch.randperm; convert_sync_batchnorm raised AttributeError for a non-module and kept any object
+as its process group (failing at the first training forward's all-reduce); the planner's reps 0
+raised StatisticsError, 2**70 ran for ever, memory_steps 0 was refused as "x has T == 0", a
+non-tensor x raised AttributeError, a non-list of layers "not iterable"; measure_link took
+nbytes 0 (a bandwidth of 0) and non-CUDA devices into torch.cuda; EventStore.load raised Path's
+TypeError for a number and read the whole split before checking device, mmap="no" mapped;
+EventStore.to failed inside Tensor.to for device 0 or -1 and took resident="no" as True;
+EventStore.sample(-1) returned an empty sample, len() and 2.5 raised numpy's IndexError.
 """
 from __future__ import annotations
 
@@ -74,8 +90,10 @@ from spikefuse.nn.sparse_linear import SparseSpikingLinear
 from spikefuse.nn.spiking_layers import ConvBNLIF, LinearBNLIF, SpikingConv2d, SpikingLinear
 from spikefuse.nir import from_nir, to_nir
 from spikefuse.optim import LazyAdam
-from spikefuse.parallel import PipelineTrainer, chunked_step, init_data_parallel, pipeline_step, plan, split_stages
+from spikefuse.parallel import (DataParallel, PipelineTrainer, chunked_step, convert_sync_batchnorm, init_data_parallel,
+                                pipeline_step, plan, split_stages)
 from spikefuse.parallel.ddp import launch
+from spikefuse.parallel.planner import measure_link
 from spikefuse.train import Trainer
 from spikefuse.train.config import ConfigError, make
 
@@ -156,6 +174,36 @@ def _cached(root="/nonexistent", name="x", split="train", **kw):
     return cached_store(root, name, split, {}, _from_samples, **kw)
 
 
+def _dense():
+    return DenseSpikeDataset(torch.zeros(2, 5, 3), torch.zeros(5, dtype=torch.long))
+
+
+def _shard(rank=0, world_size=2, pad=True):
+    from spikefuse.parallel.ddp import Shard
+    return Shard(_dense(), rank, world_size, pad=pad)
+
+
+_DEFAULT = object()
+
+
+def _measure(helper, x=_DEFAULT, layers=_DEFAULT, **kw):
+    """A planner helper on a tiny stack (the CPU: the same checks as on CUDA)."""
+    from spikefuse.parallel import planner
+    x = torch.rand(4, 2, 3) if x is _DEFAULT else x
+    args = {"chunked_seconds": {"chunks": 2, "reps": 1}, "saved_bytes": {}}.get(helper, {"reps": 1})
+    return getattr(planner, helper)(_layers() if layers is _DEFAULT else layers, x, **{**args, **kw})
+
+
+def _saved_store(directory=_DEFAULT, **kw):
+    """EventStore.load of a store saved into a fresh folder (or of `directory`)."""
+    import tempfile
+    from spikefuse.data.store import EventStore
+    if directory is _DEFAULT:
+        directory = tempfile.mkdtemp()
+        _store().save(directory)
+    return EventStore.load(directory, **kw)
+
+
 def _lif_net():
     from spikefuse.nn import LIF
     return torch.nn.Sequential(torch.nn.Linear(3, 4), LIF(decay=0.5))
@@ -221,6 +269,14 @@ SIZES = {
     "bench.median_ms.max_reps": ("max_reps", lambda v: median_ms(abs, max_reps=v)),
     "bench.median_ms.back_to_back": ("back_to_back", lambda v: median_ms(abs, back_to_back=v)),
     "bench.in_rounds.rounds": ("rounds", lambda v: in_rounds(abs, {}, v)),
+    "Shard.world_size": ("world_size", lambda v: _shard(world_size=v)),
+    "Shard.batches.batch_size": ("batch_size", lambda v: next(_shard().batches(v, shuffle=False))),
+    "profile_layers.reps": ("reps", lambda v: _measure("profile_layers", reps=v)),
+    "profile_layers.memory_steps": ("memory_steps", lambda v: _measure("profile_layers", memory_steps=v)),
+    "step_seconds.reps": ("reps", lambda v: _measure("step_seconds", reps=v)),
+    "chunked_seconds.chunks": ("chunks", lambda v: _measure("chunked_seconds", chunks=v)),
+    "measure_link.nbytes": ("nbytes", lambda v: measure_link(nbytes=v)),
+    "measure_link.reps": ("reps", lambda v: measure_link(reps=v)),
     "DenseSpikeDataset.batches.batch_size": ("batch_size", lambda v: next(
         DenseSpikeDataset(torch.zeros(2, 3, 4), torch.zeros(3, dtype=torch.long)).batches(v, shuffle=False))),
     "DenseSpikeDataset.batches.group": ("group", lambda v: next(
@@ -342,6 +398,10 @@ FLAGS.update({
     "chunked_step.return_outputs": ("return_outputs", lambda v: _chunked(return_outputs=v)),
     "load.progress": ("progress", lambda v: load("digits", progress=v)),
     "loader_splits.batch_first": ("batch_first", _loader_splits),
+    "DataParallel.shard.pad": ("pad", lambda v: DataParallel(0, 2, torch.device("cpu")).shard(_dense(), pad=v)),
+    "Shard.batches.shuffle": ("shuffle", lambda v: next(_shard().batches(2, shuffle=v))),
+    "EventStore.load.mmap": ("mmap", lambda v: _saved_store(mmap=v)),
+    "EventStore.to.resident": ("resident", lambda v: _store().to("cpu", resident=v)),
 })
 
 
@@ -441,6 +501,58 @@ def test_bench_warm_ups_may_be_zero(value):
     _refused(lambda: median_ms(abs, warmup=value), "warmup")
 
 
+@pytest.mark.parametrize("value", [math.nan, 2.5, -1, 2, True, "3", 2**70], ids=repr)
+def test_shard_rank_is_one_of_world_size(value):
+    """A rank past world_size (or NaN) was kept: every batch came out empty, or failed at the first."""
+    _refused(lambda: _shard(rank=value), "rank")
+
+
+@pytest.mark.parametrize("value", [math.nan, 0, "3", True, lambda: 0], ids=repr)
+def test_shard_generator_is_a_generator(value):
+    """Any object reached torch.randperm's generator= (a TypeError listing its signatures)."""
+    _refused(lambda: next(_shard().batches(2, shuffle=True, generator=value)), "generator")
+
+
+@pytest.mark.parametrize("value", [math.nan, 3, "group", True], ids=repr)
+def test_convert_sync_batchnorm(value):
+    """A non-module raised AttributeError; any object was kept as the group until the first
+    training forward's all-reduce."""
+    _refused(lambda: convert_sync_batchnorm(value), "module")
+    _refused(lambda: convert_sync_batchnorm(torch.nn.Linear(2, 2), value), "process_group")
+
+
+@pytest.mark.parametrize("helper", ["profile_layers", "saved_bytes", "step_seconds", "chunked_seconds"])
+@pytest.mark.parametrize("value", [math.nan, 3, None, "x", torch.tensor(1.0), torch.zeros(3)], ids=repr)
+def test_planner_helpers_take_a_time_major_x_and_a_list_of_layers(helper, value):
+    """A non-tensor x raised AttributeError deep in the helper; a bare number as layers "not iterable"."""
+    _refused(lambda: _measure(helper, x=value), "x")
+    if not isinstance(value, torch.Tensor):
+        _refused(lambda: _measure(helper, layers=value), "layers")
+
+
+@pytest.mark.parametrize("value", [math.nan, "cuda:0", ("cpu", "cpu"), ("cuda:0",), ("cuda:0", math.nan)], ids=repr)
+def test_measure_link_devices(value):
+    """Two CUDA devices, checked before torch.cuda is touched (a CPU pair failed in synchronize)."""
+    _refused(lambda: measure_link(value), "devices")
+
+
+@pytest.mark.parametrize("value", [math.nan, 3, None, True], ids=repr)
+def test_event_store_load_and_to_check_before_reading(value):
+    """load: a number as directory raised Path's TypeError; the device was checked only after the
+    whole split was read. to: device 0 or -1 failed inside Tensor.to, after the columns' copy began."""
+    _refused(lambda: _saved_store(value), "directory")
+    _refused(lambda: _saved_store("/nonexistent", device=value), "device")  # before the missing files
+    _refused(lambda: _store().to(value), "device")
+
+
+def test_event_store_sample_index():
+    """-1 returned an empty sample (offsets[-1]:offsets[0]); len() raised numpy's IndexError."""
+    store = _store()
+    for bad in (-1, len(store), 2**70, 1.5, math.nan, "0", True):
+        _refused(lambda: store.sample(bad), "i")
+    assert len(store.sample(len(store) - 1)) == 1
+
+
 def test_betas_must_be_a_pair():
     for bad in (0.9, (0.9,), "ab", None):
         _refused(lambda: _adam(betas=bad), "betas")
@@ -493,5 +605,12 @@ def test_valid_edges_work():
     assert store.sensor_size == (2**31 - 1, 1, 1) and isinstance(store.sensor_size[0], int)
     assert len(_from_samples([4, 1, 1], total=0)) == 1  # a list; total is the bar's only
     assert entry_path(Path("~"), "obj-x", "valid", {}).parent.name == "cache"
+    shard = DataParallel(1, 2, torch.device("cpu")).shard(_dense(), pad=False)
+    assert [len(y) for _, y in shard.batches(4, shuffle=True, generator=torch.Generator())] == [2]
+    assert _shard(world_size=1).world_size == 1 and convert_sync_batchnorm(_lif_net()) is not None
+    assert len(_measure("profile_layers", memory_steps=2**31 - 1)) == 4 and _measure("saved_bytes") is not None
+    assert _measure("chunked_seconds", chunks=4) >= 0  # chunks == T
+    assert len(_saved_store(mmap=False).to(torch.device("cpu"), resident=False)) == 2
+    assert len(_store().sample(np.int64(0))) == 1
     graph = to_nir(_lif_net(), [3], 2**30, readout="integrator", dt=2**70)
     assert graph.metadata["time_steps"] == 2**30 and graph.metadata["dt"] == 2.0**70

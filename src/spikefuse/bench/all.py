@@ -63,6 +63,8 @@ def selected(args) -> list[str]:
         return picked
 
     only, skip = listed("--only", args.only), listed("--skip", args.skip)
+    if args.only is not None and not only:  # "--only ," ran every part
+        raise UsageError(f"--only {args.only!r}: name at least one part; pick from {', '.join(known)}")
     chosen = [n for n in (only or known) if n not in skip]
     if not chosen:
         raise UsageError("--only/--skip leave no part to run")

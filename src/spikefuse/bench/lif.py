@@ -14,9 +14,8 @@ import gc
 
 import torch
 
-from spikefuse.errors import UsageError
-
 from . import peers
+from .options import names
 from .report import environment, table, write_results
 from .timing import captured, copy_bandwidth_gbs, median_ms, peak_extra_mib
 
@@ -113,11 +112,7 @@ def measure_case(libs, T, B, N, dtype, device, bandwidth, floor_bytes, quick=Fal
 
 def run(args) -> int:
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    wanted = {n.strip() for n in args.libraries.split(",") if n.strip()}
-    unknown = sorted(wanted - set(peers.ADAPTERS))
-    if unknown:
-        raise UsageError(f"--libraries {args.libraries}: unknown {', '.join(unknown)}; pick from "
-                         + ",".join(peers.ADAPTERS))
+    wanted = set(names("--libraries", args.libraries, peers.ADAPTERS))  # "," measured spikefuse alone
     libs = {k: v for k, v in peers.available().items() if k in wanted | {"spikefuse"}}
     not_installed = sorted(wanted - set(libs) - {"spikefuse"})
     if not_installed:

@@ -30,8 +30,7 @@ from dataclasses import dataclass
 
 import torch
 
-from spikefuse.errors import UsageError
-
+from .options import names
 from .report import environment, table, write_results
 from .timing import median_ms, peak_extra_mib
 
@@ -426,11 +425,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def run(args) -> int:
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    neurons = [n for n in args.neurons.split(",") if n]
-    wanted = set(args.libraries.split(",")) | {"spikefuse"}
-    unknown = (set(neurons) - set(ADAPTERS)) | (wanted - set(LIBRARIES))
-    if unknown:
-        raise UsageError(f"unknown neuron or library: {', '.join(sorted(unknown))}")
+    # "--neurons ," wrote a results file of no cases; "--libraries ," named no option
+    neurons = names("--neurons", args.neurons, ADAPTERS)
+    wanted = set(names("--libraries", args.libraries, LIBRARIES)) | {"spikefuse"}
     cases, skipped, skipped_neurons = [], {}, {}
     for neuron in neurons:
         missing = rlif_missing() if neuron == "rlif" else None

@@ -51,6 +51,7 @@ from spikefuse.precision import applied as float32_math
 from spikefuse.errors import UsageError, one_line
 
 from . import peers
+from .options import count, names, seed
 from .report import atomic_write, environment, table, write_results
 from .timing import copy_bandwidth_gbs, in_rounds, median_ms, peak_extra_mib
 
@@ -98,11 +99,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def check_args(args) -> tuple[str, list[str], list[str], list[str]]:
     """(device, precisions, modes, libraries); UsageError naming the bad option."""
+    # 2**70 failed inside torch.randn (exit 1), a seed of 2**70 inside torch.Generator
     for name, value in (("--batch", args.batch), ("--time-steps", args.time_steps)):
-        if value < 1:
-            raise UsageError(f"{name} {value}: must be 1 or more")
-    if min(args.sizes) < 1:
-        raise UsageError(f"--sizes {' '.join(map(str, args.sizes))}: every size must be 1 or more")
+        count(name, value)
+    for size in args.sizes:
+        count("--sizes", size)
+    seed("--seed", args.seed)
     precisions, modes = names("--precisions", args.precisions, PRECISIONS), names("--modes", args.modes, MODES)
     libraries = ["spikefuse"] + [n for n in names("--libraries", args.libraries, peers.LAYERS) if n != "spikefuse"]
     device = args.device
@@ -111,14 +113,6 @@ def check_args(args) -> tuple[str, list[str], list[str], list[str]]:
     elif device == "cuda" and not torch.cuda.is_available():
         raise UsageError("--device cuda: no CUDA device is available here (--device cpu runs the flow at toy sizes)")
     return device, precisions, modes, libraries
-
-
-def names(option: str, text: str, known) -> list[str]:
-    picked = [n.strip() for n in text.split(",") if n.strip()]
-    unknown = [n for n in picked if n not in known]
-    if unknown or not picked:
-        raise UsageError(f"{option} {text}: pick from {', '.join(known)}")
-    return picked
 
 
 # ---- one case's tensors and calls ----

@@ -27,9 +27,11 @@ import torch
 from spikefuse.errors import RunError, UsageError
 
 from . import parallel_pipeline
+from .options import count, width
 
 PARTS = ("ddp", "pipeline")
 NEEDS_TWO = {"ddp": "it compares 1 GPU with N", "pipeline": "one stage on each process"}
+MAX_PROCESSES = 1024  # processes of one run on one machine (spikefuse train's --threads bound)
 LAUNCHER = (sys.executable, "-m", "torch.distributed.run", "--standalone")
 
 
@@ -91,8 +93,14 @@ def check(args, parts: list[str]) -> int:
     for option, values in (("--time-steps", args.time_steps), ("--chunks", args.chunks)):
         if values and min(values) < 1:
             raise UsageError(f"{option}: expected whole numbers >= 1, got {' '.join(map(str, values))}")
+        for value in values or ():  # 2**70 reached the workers' torch.rand
+            count(option, value)
     if args.width is not None and not 0 < args.width < float("inf"):
         raise UsageError(f"--width: expected a number > 0, got {args.width}")
+    if args.width is not None:  # 1e300 failed in every worker's build_model
+        width("--width", args.width, parallel_pipeline.FEATURES)
+    if args.gpus is not None and args.gpus > 1:  # fewer: refused below, saying why; 2**70 CPU
+        count("--gpus", args.gpus, MAX_PROCESSES)  # processes went to torch's launcher
     if args.device == "cpu" and "ddp" in parts:
         raise UsageError("the ddp part needs CUDA GPUs (its steps run in CUDA graphs); "
                          "on the CPU pass --parts pipeline")

@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import copy
 import gc
+import math
 import traceback
 from collections import Counter
 
@@ -33,13 +34,15 @@ import torch
 from torch import nn
 
 from .. import precision as precisions
-from ..models.ipu import NETWORKS, IPUNet
+from ..models.ipu import HIDDEN, NETWORKS, IPUNet
 from ..nn import LIF
 from ..nn.recurrent_lif import RecurrentLIF
 from ..nn.sparse_linear import SparseSpikingLinear, update_dispatch
 from ..optim import LazyAdam
 from ..errors import UsageError
+from ..train.config import MAX_COUNT
 from ..capture import CapturedStep, prepare_optimizer
+from . import options
 from .report import environment, table, write_results
 from . import spikingjelly
 from .steps import INPUT_DENSITY
@@ -138,8 +141,11 @@ def parse_cases(text):
         except ValueError:
             raise ValueError(f"--cases: expected net:width:batch:theta_grad items, got {item!r}") from None
         network(net)
-        if not (case[1] > 0 and case[2] >= 1):
-            raise ValueError(f"--cases: width must be > 0 and batch >= 1, got {item!r}")
+        # an infinite width, a batch of 2**70 and a NaN theta were taken (failing once measured)
+        if not (0 < case[1] < math.inf and 1 <= case[2] <= MAX_COUNT and case[3] < math.inf):
+            raise ValueError(f"--cases: width must be finite and > 0, batch from 1 to {MAX_COUNT} and theta a real "
+                             f"number or -inf (no cut), got {item!r}")
+        options.width(f"--cases {item!r}", case[1], max(HIDDEN))
         out.append(case)
     return out
 
@@ -426,6 +432,8 @@ def run(args) -> int:
         return run_training(args)
     if args.lr is None:
         args.lr = 0.0
+    elif args.lr != 0:  # 0 keeps the weights; NaN, inf or -1 were taken
+        options.rate("--lr", args.lr)
     args.smoke = args.smoke or args.quick
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     if not modes or set(modes) - set(MODES):

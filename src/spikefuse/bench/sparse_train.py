@@ -28,6 +28,7 @@ the CUDA-graph capture: run with a fresh TRITON_CACHE_DIR for a cold-cache figur
 from __future__ import annotations
 
 import io
+import math
 import statistics
 import time
 
@@ -37,10 +38,13 @@ from ..data import embedded, load
 from ..data.dataset import DenseSpikeDataset, Splits
 from ..data.synthetic import SyntheticSHD
 from ..errors import UsageError
-from ..models.ipu import IPUNet
+from ..models.ipu import HIDDEN, IPUNet
 from ..optim import LazyAdam
+from ..train.activity import check_rate_options
+from ..train.config import MAX_COUNT
 from ..train.loop import Trainer
 from .atomic import atomic_write
+from . import options
 from .report import environment, table, write_results
 
 RUNS = ("dense", "sparse", "dense-lazyadam", "dense-free")
@@ -95,9 +99,10 @@ def parse_cases(text):
             case = (task, net, float(width), int(batch))
         except ValueError:
             raise UsageError(f"--cases: expected task:net:width:batch items, got {item!r}") from None
-        if task not in TASKS or net not in NETS or not case[2] > 0 or case[3] < 1:
+        if task not in TASKS or net not in NETS or not 0 < case[2] < math.inf or not 1 <= case[3] <= MAX_COUNT:
             raise UsageError(f"--cases {item!r}: task one of {list(TASKS)}, net one of {list(NETS)}, "
-                             "width > 0, batch >= 1")
+                             f"width finite and > 0, batch from 1 to {MAX_COUNT}")
+        options.width(f"--cases {item!r}", case[2], max(HIDDEN))
         cases.append(case)
     if not cases:
         raise UsageError("--cases: no case given")
@@ -152,6 +157,19 @@ def train_run(run, splits, case, seed, state, args, device) -> dict:
                                      "sparse_layers")} for h in history]
     return {"task": task, "net": net, "width": width, "B": batch, "seed": seed, "run": run,
             "regularised": regularised, "setup_s": setup, "epochs": epochs}
+
+
+def check_args(args) -> None:
+    """The numeric options, named as given (UsageError), before the device is looked at: a NaN
+    --lr, --max-rate or --margin, --epochs 0 or 2**70 were taken into the runs."""
+    options.count("--epochs", args.epochs)
+    options.rate("--lr", args.lr)
+    try:
+        check_rate_options(0.0 if args.max_rate is None else args.max_rate, args.rate_weight, args.rate_l1)
+    except ValueError as e:  # the words of `spikefuse train`'s --max-rate, --rate-weight, --rate-l1
+        raise UsageError("--" + str(e).replace("_", "-", 1)) from None
+    options.number("--grad-threshold", args.grad_threshold)
+    options.number("--margin", args.margin, low=0, high=100)
 
 
 def _regularised(args) -> bool:
@@ -213,7 +231,8 @@ def run(args) -> int:
     # quick: one feed-forward case (under Triton's interpreter a recurrent one launches per step)
     cases = [("shd-synthetic-hard", "ff", 1 / 64, 8)] if quick else parse_cases(args.cases)
     runs = parse_list(args.runs, str, "runs", RUNS)
-    seeds = parse_list(args.seeds, int, "seeds")
+    seeds = [options.seed("--seeds", s) for s in parse_list(args.seeds, int, "seeds")]
+    check_args(args)
     args.epochs = 2 if quick else args.epochs
     if not _regularised(args):
         runs = [r for r in runs if r != "dense-free"]  # without a regulariser it is the dense run

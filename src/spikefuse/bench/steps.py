@@ -42,10 +42,12 @@ from torch._dynamo.utils import counters
 from .. import precision as precisions
 from ..errors import UsageError
 from ..models import build_model
-from ..neuron_options import MAX_INT, check_int, check_number
+from ..models.ipu import HIDDEN
+from ..neuron_options import check_int
 from ..ops.launch import through_triton
 from ..capture import CapturedStep, prepare_optimizer
 from . import roofline, spikingjelly
+from .options import count, counts, names, width as check_width
 from .report import environment, table, write_results
 from .timing import graph_pool_segments, in_rounds, median_ms, step_peak_bytes
 
@@ -100,10 +102,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def workloads(args):
     """(net, precision, batch, optimizer name, width) cases in the order they run."""
-    nets = parse_list("--nets", args.nets, NETS)
-    batches = parse_ints("--batches", args.batches)
-    widths = [check_number("--widths", w, low_open=0, high=64) for w in parse_floats("--widths", args.widths)]
-    ipu_precisions = parse_list("--precisions", args.precisions, ("fp32", "bf16"))
+    nets = names("--nets", args.nets, NETS)
+    batches = counts("--batches", args.batches)
+    widths = [check_width("--widths", w, max(HIDDEN)) for w in floats("--widths", args.widths)]
+    ipu_precisions = names("--precisions", args.precisions, ("fp32", "bf16"))
     cases = []
     for net in nets:
         if net in IPU_NETS:
@@ -117,31 +119,14 @@ def workloads(args):
     return cases
 
 
-def parse_list(option, text, allowed):
-    """The comma-separated names of `text`, each one of `allowed` (else a UsageError naming
-    the option)."""
-    names = [n.strip() for n in str(text).split(",") if n.strip()]
-    unknown = [n for n in names if n not in allowed]
-    if unknown:
-        raise UsageError(f"{option}: unknown {', '.join(map(repr, unknown))}; expected some of {', '.join(allowed)}")
-    return names
-
-
-def parse_ints(option, text):
+def floats(option, text):
     try:
-        values = [int(b) for b in str(text).split(",") if b.strip()]
+        values = [float(w) for w in str(text).split(",") if w.strip()]
     except ValueError:
-        raise UsageError(f"{option}: expected comma-separated whole numbers, got {text!r}") from None
-    if any(v < 1 or v > MAX_INT for v in values):
-        raise UsageError(f"{option}: expected whole numbers from 1 to {MAX_INT}, got {text!r}")
+        values = []
+    if not values:
+        raise UsageError(f"{option} {text}: expected comma-separated numbers")
     return values
-
-
-def parse_floats(option, text):
-    try:
-        return [float(w) for w in str(text).split(",") if w.strip()]
-    except ValueError:
-        raise UsageError(f"{option}: expected comma-separated numbers, got {text!r}") from None
 
 
 def make_model(net, width, backend):
@@ -500,18 +485,29 @@ def quick_settings(args) -> None:
             setattr(args, name, value)
 
 
+def check_args(args) -> tuple[list[str], list[str], set[int], set[str]]:
+    """(modes, SpikingJelly's modes, compile batches, compile nets); UsageError naming the option, before the device is
+    looked at: "--batches 1,x" raised int()'s ValueError (exit 1), an unknown mode was skipped
+    silently, "--batches 0" reached the model."""
+    workloads(args)  # --nets, --batches, --widths, --precisions
+    modes = names("--modes", args.modes, MODES)
+    peer_modes = [] if args.no_peers else names("--peer-modes", args.peer_modes, spikingjelly.MODES)
+    count("--rounds", args.rounds)
+    compile_batches = set(counts("--compile-batches", args.compile_batches, empty=True))
+    none = not args.compile_nets.replace(",", "").strip()  # compile no network
+    compile_nets = set() if none else set(names("--compile-nets", args.compile_nets, NETS))
+    return modes, peer_modes, compile_batches, compile_nets
+
+
 @precisions.applied("fp32")  # TF32 matmuls and convolutions for every library alike; the caller's flags after
 def run(args) -> int:
-    if not torch.cuda.is_available():
-        raise UsageError("spikefuse bench steps needs a CUDA device: its steps (--quick's too) run in CUDA graphs")
     if args.quick:
         quick_settings(args)
+    modes, peer_modes, compile_batches, compile_nets = check_args(args)
+    if not torch.cuda.is_available():
+        raise UsageError("spikefuse bench steps needs a CUDA device: its steps (--quick's too) run in CUDA graphs")
     device = torch.device("cuda")
-    modes = parse_list("--modes", args.modes, MODES)
-    peer_modes = [] if args.no_peers else parse_list("--peer-modes", args.peer_modes, spikingjelly.MODES)
-    compile_batches = set(parse_ints("--compile-batches", args.compile_batches))
-    compile_nets = set(parse_list("--compile-nets", args.compile_nets, NETS))
-    rounds = 1 if args.smoke else check_int("--rounds", args.rounds)
+    rounds = 1 if args.smoke else args.rounds
     measured = roofline.rates(device, args.smoke)  # the floor's copy bandwidth and matmul rates
     cases = []
     for net, precision, batch, opt_name, width in workloads(args):

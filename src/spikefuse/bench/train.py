@@ -25,6 +25,7 @@ from ..models.cifar import LIANG_LIF, CifarNet
 from .timing import median_ms
 from ..models.resnet import SpikingResNet
 from . import roofline, spikingjelly
+from .options import count, counts
 from .report import environment, table, write_results
 
 PRECISIONS = ("fp32", "bf16")
@@ -149,10 +150,15 @@ def add_floors(cases, flops_cache, rates):
 
 @precisions.applied("fp32")  # TF32 matmuls and convolutions for every library alike; the caller's flags after
 def run(args) -> int:
+    # checked before anything runs: 0, -1 or 2**70 were measured (or failed deep inside torch),
+    # "--resnet-time-steps 1,x" raised int()'s ValueError (exit 1)
+    for option, value in (("--batch", args.batch), ("--time-steps", args.time_steps),
+                          ("--resnet-batch", args.resnet_batch), ("--iters", args.iters)):
+        count(option, value)
+    resnet_T = counts("--resnet-time-steps", args.resnet_time_steps, empty=True)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     torch.backends.cudnn.benchmark = args.cudnn_benchmark
     args.width, args.warmup, args.backend, args.image = 1.0, 3, "auto", 32
-    resnet_T = [int(t) for t in args.resnet_time_steps.split(",") if t.strip()]
     args.smoke = args.smoke or args.quick
     if args.smoke:
         args.width, args.batch, args.resnet_batch, args.image = 1 / 16, 2, 2, 16

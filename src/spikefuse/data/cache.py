@@ -17,7 +17,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from .events import check_flag
+from .events import check_flag, check_path
 from .store import FILES, EventStore
 
 FORMAT_VERSION = 1
@@ -40,9 +40,7 @@ def _sha256(path: Path) -> str:
 
 def check_root(root):
     """The cache root, a path, or a ValueError naming it (a number raised os.fspath's TypeError)."""
-    if not isinstance(root, (str, os.PathLike)):
-        raise ValueError(f"root: expected a directory path (the data cache), got {root!r}")
-    return root
+    return check_path("root", root, "the data cache")
 
 
 def entry_path(root, name: str, split: str, params: dict) -> Path:

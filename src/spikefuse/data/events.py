@@ -8,6 +8,7 @@ columns plus int64 `offsets` of length B+1, sample i being events[offsets[i]:off
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -47,6 +48,13 @@ def check_sensor_size(sensor_size) -> tuple[int, int, int]:
     if not ok:
         raise ValueError(f"sensor_size: expected 3 positive ints (W, H, P), got {sensor_size!r}")
     return tuple(int(s) for s in sensor_size)
+
+
+def check_path(name: str, value, what: str):
+    """A path (str or os.PathLike), or a ValueError naming `name` (a number raised os.fspath's TypeError)."""
+    if not isinstance(value, (str, os.PathLike)):
+        raise ValueError(f"{name}: expected a directory path ({what}), got {value!r}")
+    return value
 
 
 def check_flag(name: str, value) -> bool:

@@ -16,7 +16,7 @@ import torch
 from tqdm.auto import tqdm
 
 from .events import (Columns, as_columns, check_device, check_events, check_fits, check_flag, check_number,
-                     check_same_fields, check_sensor_size, class_indices, event_dtype, segment_ids)
+                     check_path, check_same_fields, check_sensor_size, class_indices, event_dtype, segment_ids)
 
 FILES = ("events.npy", "offsets.npy", "targets.npy", "meta.json")
 CHECK_CHUNK = 1 << 22  # events checked at a time when a store is loaded
@@ -121,9 +121,12 @@ class EventStore:
         (offsets, targets, every event inside the sensor, time sorted within each sample): a
         manifest proves the files are the ones written, not that what was written is sound
         (an older release, or a hand-made entry). ValueError naming the field otherwise."""
-        directory = Path(directory)
+        # checked before any file is read: a NaN device failed after the split was loaded,
+        # mmap="no" mapped, a number raised Path's TypeError
+        directory = Path(check_path("directory", directory, "a saved event store"))
+        device = check_device(device)
+        mode = "r" if check_flag("mmap", mmap) else None
         meta = json.loads((directory / "meta.json").read_text())
-        mode = "r" if mmap else None
         events = np.load(directory / "events.npy", mmap_mode=mode)
         if events.dtype.names is None or any(k not in events.dtype.names for k in ("t", "x", "p")):
             raise ValueError(f"{directory}: events.npy holds {events.dtype}, not packed events")
@@ -141,8 +144,9 @@ class EventStore:
 
     def to(self, device, resident: bool = True) -> EventStore:
         """A store whose batches come out on `device`; resident=True also copies the events there."""
+        device = check_device(device)  # before the copy: NaN or 2**70 failed inside Tensor.to
         columns = None
-        if resident:
+        if check_flag("resident", resident):
             # np.array copies the memory map into RAM once, field by field, then one transfer each
             columns = {k: torch.from_numpy(np.array(self.events[k])).to(device) for k in self.events.dtype.names}
         return EventStore(self.events, self._offsets_np, self.targets.cpu().numpy(), self.sensor_size,
@@ -150,6 +154,10 @@ class EventStore:
 
     def sample(self, i: int) -> np.ndarray:
         """Sample i as a structured numpy array (a copy)."""
+        # -1 gave an empty sample (offsets[-1]:offsets[0]), len() or 2.5 raised numpy's IndexError
+        i = check_number("i", i, integer=True, low=0, low_open=False)
+        if i >= len(self):
+            raise ValueError(f"i: expected a sample index from 0 to {len(self) - 1}, got {i}")
         return np.array(self.events[self._offsets_np[i]:self._offsets_np[i + 1]])
 
     def gather(self, idx: torch.Tensor) -> tuple[Columns, torch.Tensor]:

@@ -32,6 +32,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ..data.events import check_flag
+from ..data.framing import check_batch_size
+from ..neuron_options import check_int
 from .sync_bn import SYNCABLE
 
 TIMEOUT = datetime.timedelta(minutes=30)  # a collective waiting longer than this fails (a hung rank)
@@ -189,10 +192,17 @@ class Shard:
         if missing:
             raise TypeError(f"data parallel needs data sets with random access; {type(dataset).__name__} "
                             f"has no {' or '.join(missing)} (see spikefuse.data.SpikeDataset)")
-        self.dataset, self.rank, self.world_size, self.pad = dataset, rank, world_size, pad
+        # pad="no" padded, a NaN world_size or a rank past it failed at the first batch (or gave none)
+        world_size = check_int("world_size", world_size)
+        rank = check_int("rank", rank, 0, world_size - 1)
+        self.dataset, self.rank, self.world_size, self.pad = dataset, rank, world_size, check_flag("pad", pad)
 
     def batches(self, batch_size: int, *, shuffle: bool, generator: torch.Generator | None = None):
         """Yield this rank's (x, y) of each global batch of `batch_size` samples."""
+        check_batch_size(batch_size)  # SpikeDataset.batches' words: 0 raised range()'s ValueError
+        shuffle = check_flag("shuffle", shuffle)
+        if not (generator is None or isinstance(generator, torch.Generator)):
+            raise ValueError(f"generator: expected a torch.Generator or None, got {generator!r}")
         n = len(self.dataset)
         if self.pad and batch_size % self.world_size:
             raise ValueError(f"batch_size {batch_size} does not split into {self.world_size} equal slices")

@@ -47,8 +47,9 @@ import torch
 from torch import nn
 
 from .. import precision as precisions
+from ..data.events import check_device
 from ..nn import LIF
-from .pipeline import check_count, check_layers, check_real, chunked_step, split_stages
+from .pipeline import _check_input, check_count, check_layers, check_real, chunked_step, split_stages
 
 MAX_GPUS = 8
 MAX_CHUNKS = 256
@@ -192,6 +193,9 @@ def profile_layers(layers, x: torch.Tensor, reps: int = 3, memory_steps: int = 1
     """Each layer timed forward and backward on its real input (the previous layers' output
     over all of x); the memory per step from one forward of the stack over the first
     `memory_steps` steps of x."""
+    # reps 0 raised StatisticsError, memory_steps 0 divided by zero, a non-tensor x AttributeError
+    _check_stack(layers, x)
+    reps, memory_steps = check_count("reps", reps), check_count("memory_steps", memory_steps)
     T = x.shape[0]
     saved = saved_bytes(layers, x[:memory_steps])
     profiles, a = [], x
@@ -217,6 +221,7 @@ def profile_layers(layers, x: torch.Tensor, reps: int = 3, memory_steps: int = 1
 def saved_bytes(layers, x: torch.Tensor) -> list[int]:
     """Bytes each layer saves for backward in one forward of the stack (saved-tensor hooks;
     each storage counted once, for the layer that saved it first; parameters and x not counted)."""
+    _check_stack(layers, x)
     seen = {p.untyped_storage().data_ptr() for layer in layers for p in layer.parameters()}
     seen.add(x.untyped_storage().data_ptr())
     per_layer, current = [0] * len(layers), [0]
@@ -243,6 +248,8 @@ def _zero_grads(layers):
 
 def step_seconds(layers, x: torch.Tensor, reps: int = 3) -> float:
     """The ordinary single-device forward+backward of the whole stack (captured on CUDA)."""
+    _check_stack(layers, x)
+    reps = check_count("reps", reps)
     stack = nn.Sequential(*layers)
 
     def run(x):
@@ -256,6 +263,9 @@ def step_seconds(layers, x: torch.Tensor, reps: int = 3) -> float:
 
 def chunked_seconds(layers, x: torch.Tensor, chunks: int, reps: int = 3) -> float:
     """The pipeline's step on one device, all of x in `chunks` chunks (captured on CUDA)."""
+    _check_stack(layers, x, check_count("chunks", chunks))  # not first inside a CUDA-graph capture
+    reps = check_count("reps", reps)
+
     def run(x):
         _zero_grads(layers)
         chunked_step(layers, x, None, lambda out, _: out.float().mean(), chunks)
@@ -267,7 +277,16 @@ def chunked_seconds(layers, x: torch.Tensor, chunks: int, reps: int = 3) -> floa
 def measure_link(devices=("cuda:0", "cuda:1"), nbytes: int = 2**26, reps: int = 10) -> tuple[float, float]:
     """(latency s, bandwidth B/s) of copies from one GPU to another: a 4-byte copy, and the
     time of an nbytes copy beyond that latency."""
-    src, dst = torch.device(devices[0]), torch.device(devices[1])
+    # reps 0 raised StatisticsError, nbytes 0 gave a bandwidth of 0, 2**70 failed in torch.empty
+    nbytes, reps = check_count("nbytes", nbytes, 2**40), check_count("reps", reps)
+    if not (isinstance(devices, (tuple, list)) and len(devices) == 2):
+        raise ValueError(f"devices: expected two CUDA devices, got {devices!r}")
+    try:
+        src, dst = (check_device(d) for d in devices)
+    except ValueError as e:
+        raise ValueError(f"devices: {str(e).removeprefix('device: ')}") from None
+    if src.type != "cuda" or dst.type != "cuda":
+        raise ValueError(f"devices: expected two CUDA devices (copies between GPUs), got {devices!r}")
 
     def copy_seconds(n):
         a = torch.empty(n, dtype=torch.uint8, device=src)
@@ -283,6 +302,13 @@ def measure_link(devices=("cuda:0", "cuda:1"), nbytes: int = 2**26, reps: int = 
         return statistics.median(times)
     latency = copy_seconds(4)
     return latency, nbytes / max(copy_seconds(nbytes) - latency, 1e-9)
+
+
+def _check_stack(layers, x, chunks: int = 1) -> None:
+    """What the measuring helpers take: a list of modules and a time-major x [T, B, ...]."""
+    if not (isinstance(layers, (list, tuple, nn.Sequential)) and all(isinstance(m, nn.Module) for m in layers)):
+        raise TypeError(f"layers: expected a list of torch.nn.Module layers, got {type(layers).__name__}")
+    _check_input(x, chunks)
 
 
 # ---- the plan ----
@@ -364,8 +390,6 @@ def check_link(latency, bandwidth, name: str = "link", units: tuple[str, str] = 
 
 def _measuring_device(device) -> torch.device:
     """Where to measure: cpu or a CUDA device this machine has (ValueError naming `device` otherwise)."""
-    from ..data.registry import check_device
-
     device = check_device(device if device is not None else "cuda" if torch.cuda.is_available() else "cpu")
     if device.type not in ("cpu", "cuda"):
         raise ValueError(f"device: the planner measures on 'cpu' or 'cuda', got {str(device)!r}")

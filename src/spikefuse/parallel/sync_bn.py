@@ -38,6 +38,12 @@ def convert_sync_batchnorm(module: nn.Module, process_group=None) -> nn.Module:
     untouched); returns `module`. Mirrors torch.nn.SyncBatchNorm.convert_sync_batchnorm,
     which would fold time wrongly for these layers; plain torch BatchNorm layers are left
     to torch's converter."""
+    # a module without .modules() raised AttributeError; any other object as the group was kept
+    # and failed at the first training forward's all-reduce
+    if not isinstance(module, nn.Module):
+        raise TypeError(f"module: expected a torch.nn.Module, got {type(module).__name__}")
+    if process_group is not None and not isinstance(process_group, dist.ProcessGroup):
+        raise TypeError(f"process_group: expected a torch.distributed process group or None, got {process_group!r}")
     sync = RankSync(process_group)
     for layer in module.modules():
         if isinstance(layer, SYNCABLE):
