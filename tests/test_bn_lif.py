@@ -185,6 +185,45 @@ def test_batch_statistics_match_float64(layout):
     torch.testing.assert_close(running[1].double(), 0.9 + 0.1 * var * count / (count - 1), rtol=1e-6, atol=0)
 
 
+def fuzz_case_x():
+    """The fuzzer's x (seed 52902, benchmarks/results/fuzz-long-2026-11-26.md): each channel's
+    first value, the statistics' shift, is far from its mean (2.45 against 0.28 in channel 1)."""
+    return seeded_randn((8, 2, 2, 3), 52902) + 0.3
+
+
+def test_batch_mean_rounded_like_float64_with_a_far_shift():
+    """The batch mean within one float32 ulp of float64's: a float32 mean of x - shift (of the
+    spread's size) was 20 ulps of the mean off here, the cause of the dL/dx gap below."""
+    x = fuzz_case_x()
+    mean = x.double().mean(dim=(0, 1, 3))
+    stats = _statistics(x, None, None, None, None, True, 0.1, 1e-5)
+    assert ((stats[0].double() - mean).abs() <= torch.finfo(torch.float32).eps * mean.abs()).all(), \
+        f"batch mean {stats[0].tolist()} against float64's {mean.tolist()}"
+
+
+@pytest.mark.parametrize("threshold,decay", [(0.0, 0.2), (1.0, 0.5)])
+def test_input_gradient_as_accurate_as_torch_near_the_threshold(threshold, decay):
+    """Issue 36's fuzz cases (affine, hard reset, the steep fast_sigmoid, a potential near the
+    threshold): the fused dL/dx no further from the float64 answer than 4x torch's float32
+    reference (it was 15x, from the batch mean's rounding), plus a floor of 1e-7 relative."""
+    x = fuzz_case_x()[..., None].expand(8, 2, 2, 3, 2)[..., 0]  # a strided view, as the fuzzer's
+    g = torch.Generator().manual_seed(19146)
+    weight, bias = torch.rand(2, generator=g) + 0.5, torch.rand(2, generator=g) * 0.6 - 0.3
+    w = seeded_randn(x.shape, 1000).bfloat16().float()
+    grads = {}
+    for backend, dtype in (("fused", torch.float32), ("reference", torch.float32), ("reference", torch.float64)):
+        module = BNLIF(2, decay=decay, threshold=threshold, surrogate="fast_sigmoid", backend=backend).to(dtype)
+        with torch.no_grad():
+            module.weight.copy_(weight), module.bias.copy_(bias)
+        xi = x.to(dtype).detach().requires_grad_(True)
+        (module(xi) * w.to(dtype)).sum().backward()
+        grads[backend, dtype] = xi.grad.double()
+    exact = grads["reference", torch.float64]
+    fused_off, reference_off = ((grads[k, torch.float32] - exact).norm().item() for k in ("fused", "reference"))
+    assert fused_off <= 4 * reference_off + 1e-7 * exact.norm().item(), \
+        f"dL/dx from float64: {fused_off:.3g} (fused) against {reference_off:.3g} (torch float32)"
+
+
 @pytest.mark.parametrize("layout", ["contiguous", "channels_last"])
 @pytest.mark.parametrize("training", [True, False])
 def test_static_input_over_time_steps(layout, training):

@@ -10,9 +10,9 @@ neuron at offset n of a step is in channel (n // inner) % C, where inner is the 
 stride of the channel dimension (H*W contiguous, 1 channels-last and for [T, B, C]).
 Spikes, dL/dx and dL/dresidual come out in x's layout. Other layouts are copied once.
 
-Statistics: one Triton pass over x (per-channel mean and M2 of row tiles, two-pass in
-registers, merged by Chan's formula), then one small launch that combines the partials
-and writes, per channel, mean, invstd, a = gamma*invstd and b = beta - mean*a (the
+Statistics: one Triton pass over x (per-channel mean and M2 of row tiles, corrected two-pass
+in registers, merged by Chan's formula in float64), then one small launch that combines the
+partials and writes, per channel, mean, invstd, a = gamma*invstd and b = beta - mean*a (the
 [4, C] `stats` every kernel reads) and updates the running statistics in place.
 
 Saved for backward: x (the conv/linear output, which the graph holds anyway), `stats`,
@@ -142,15 +142,19 @@ def _stats_partial_kernel(x_ptr, part_ptr, M, C, inner, tiles_per_program, P,
                           ROWS: tl.constexpr, CB: tl.constexpr):
     """Per-channel (mean, M2) over this program's rows of x seen as [M, C]: row m, channel c
     lies at (m // inner) * C * inner + c * inner + m % inner (inner = 1: a plain matrix).
-    Values are shifted by row 0 so that sums stay small next to a large mean."""
+    Values are shifted by row 0 so that sums stay small next to a large mean.
+    The shifted mean is kept in float64 (per tile and channel, not per element): it is of the
+    size of the spread |x - shift|, and the mean itself, shift + it, may be far smaller; a
+    float32 shifted mean left the batch mean 20 float32 ulps off (issue 36's fuzz case), which
+    a steep surrogate turned into a dL/dx 10-25x further from float64 than torch's float32 one."""
     c = tl.program_id(0) * CB + tl.arange(0, CB)
     c_mask = c < C
     shift = tl.load(x_ptr + c * inner, mask=c_mask, other=0.0).to(tl.float32)
     p = tl.program_id(1)
     r = tl.arange(0, ROWS)
-    count = tl.zeros([CB], tl.float32)
-    mean = tl.zeros([CB], tl.float32)
-    m2 = tl.zeros([CB], tl.float32)
+    count = tl.zeros([CB], tl.float64)
+    mean = tl.zeros([CB], tl.float64)
+    m2 = tl.zeros([CB], tl.float64)
     for i in range(0, tiles_per_program):
         # row m = first + r: M (T*B*H*W) may pass 2^31, so first is split into int64 (a
         # scalar, once per tile) and m // inner, m % inner into int32 parts for the rows
@@ -163,13 +167,20 @@ def _stats_partial_kernel(x_ptr, part_ptr, M, C, inner, tiles_per_program, P,
         X = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
         X = tl.where(mask, X - shift[None, :], 0.0)
         n = tl.sum(row_mask.to(tl.float32), axis=0)  # 0 for a tile past the end
-        tile_mean = tl.sum(X, axis=0) / tl.maximum(n, 1.0)
-        D = tl.where(mask, X - tile_mean[None, :], 0.0)
+        rough = tl.sum(X, axis=0) / tl.maximum(n, 1.0)
+        D = tl.where(mask, X - rough[None, :], 0.0)
+        # corrected two-pass (Chan, Golub, LeVeque): sum(D) recovers what the float32 sum of X
+        # rounded off (an error growing with n * |mean of X|; sum(D)'s only with the spread)
+        residue = tl.sum(D, axis=0)
+        residue = tl.where(residue == residue, residue, 0.0)  # an infinite mean stays inf, not inf - inf
+        n, residue = n.to(tl.float64), residue.to(tl.float64)
+        tile_mean = rough.to(tl.float64) + residue / tl.maximum(n, 1.0)
+        tile_m2 = tl.sum(D * D, axis=0).to(tl.float64) - residue * residue / tl.maximum(n, 1.0)
         total = count + n
         share = n / tl.maximum(total, 1.0)
         delta = tile_mean - mean  # Chan et al.: merge (count, mean, m2) with the tile's
         mean += delta * share
-        m2 += tl.sum(D * D, axis=0) + delta * delta * (count * share)
+        m2 += tile_m2 + delta * delta * (count * share)
         count = total
     tl.store(part_ptr + p * C + c, mean, mask=c_mask)
     tl.store(part_ptr + (P + p) * C + c, m2, mask=c_mask)
@@ -179,7 +190,7 @@ def _stats_partial_kernel(x_ptr, part_ptr, M, C, inner, tiles_per_program, P,
 def _partial_means(part_ptr, p, c, c_mask, M, C, P, rows_per_program):
     """Partials p of channels c: (p, mask, rows each partial covers, their means)."""
     mask = (p < P)[:, None] & c_mask[None, :]
-    n_p = tl.minimum(M - p.to(tl.int64) * rows_per_program, rows_per_program).to(tl.float32)
+    n_p = tl.minimum(M - p.to(tl.int64) * rows_per_program, rows_per_program).to(tl.float64)
     mean_p = tl.load(part_ptr + p[:, None] * C + c[None, :], mask=mask, other=0.0)
     return p, mask, n_p, mean_p
 
@@ -194,21 +205,22 @@ def _stats_finalize_kernel(x_ptr, inner, part_ptr, stats_ptr, w_ptr, b_ptr, rm_p
     eps, momentum, count = f32(eps), f32(momentum), f32(count)
     c = tl.program_id(0) * CB + tl.arange(0, CB)
     c_mask = c < C
-    if BATCH:
+    if BATCH:  # in float64 until the shift is added back (see _stats_partial_kernel)
         q = tl.arange(0, PB)
-        mean = tl.zeros([CB], tl.float32)
+        mean = tl.zeros([CB], tl.float64)
         for p0 in range(0, P, PB):
             p, mask, n_p, mean_p = _partial_means(part_ptr, p0 + q, c, c_mask, M, C, P, rows_per_program)
             mean += tl.sum(mean_p * n_p[:, None], axis=0)
         mean = mean / M
-        m2 = tl.zeros([CB], tl.float32)
+        m2 = tl.zeros([CB], tl.float64)
         for p0 in range(0, P, PB):
             p, mask, n_p, mean_p = _partial_means(part_ptr, p0 + q, c, c_mask, M, C, P, rows_per_program)
             m2_p = tl.load(part_ptr + (P + p)[:, None] * C + c[None, :], mask=mask, other=0.0)
             d = mean_p - mean[None, :]
             m2 += tl.sum(tl.where(mask, m2_p + n_p[:, None] * d * d, 0.0), axis=0)
-        var = m2 / M
-        mean += tl.load(x_ptr + c * inner, mask=c_mask & (tl.zeros_like(c) + M > 0), other=0.0).to(tl.float32)  # the shift
+        var = (m2 / M).to(tl.float32)
+        mean += tl.load(x_ptr + c * inner, mask=c_mask & (tl.zeros_like(c) + M > 0), other=0.0).to(tl.float64)  # the shift
+        mean = mean.to(tl.float32)
         if UPDATE:  # as torch.nn.BatchNorm: unbiased variance into the running estimate
             rm = tl.load(rm_ptr + c, mask=c_mask, other=0.0)
             rv = tl.load(rv_ptr + c, mask=c_mask, other=0.0)
@@ -254,7 +266,7 @@ def _statistics(x, weight, bias, running_mean, running_var, use_batch, momentum,
         P = cdiv(tiles, tiles_per_program)
         rows_per_program = tiles_per_program * STAT_ROWS
         inner = _geometry(data)[3]
-        part = torch.empty((2, P, C), device=x.device, dtype=torch.float32)
+        part = torch.empty((2, P, C), device=x.device, dtype=torch.float64)
         if P:
             launch(_stats_partial_kernel)[(channel_blocks, P)](
                 data, part, M, C, inner, tiles_per_program, P,
