@@ -91,3 +91,21 @@ def test_neurons_without_it_refuse_it_naming_reset(call, backend):
 def test_bnlif_refuses_it_naming_reset():
     with pytest.raises(ValueError, match=r"^reset: BNLIF .*'subtract'"):
         BNLIF(4, reset="subtract")
+
+
+# found by the property fuzzer's longer run (plif, seed 2): the fused backward added the delayed
+# reset's threshold term -dL/dh[t] * s[t-1] at padded steps past T too, where s[t-1] is NaN
+# after a NaN input (0 * NaN): a NaN threshold gradient where the reference's is 0
+@pytest.mark.parametrize("T", [1, 2, 5])
+def test_nan_input_threshold_gradient_as_reference(T):
+    results = []
+    for backend in ("fused", "reference"):
+        x = torch.full((T, 1, 1), 0.4, device=DEVICE)
+        x[0] = float("nan")
+        x.requires_grad_()
+        decay = torch.tensor([0.3], device=DEVICE, requires_grad=True)
+        threshold = torch.tensor([1.0], device=DEVICE, requires_grad=True)
+        s = F.plif(x, decay, threshold=threshold, reset="subtract", surrogate="rectangular", backend=backend)
+        results.append(torch.autograd.grad(s.sum(), [x, decay, threshold]))
+    for a, b in zip(*results):
+        torch.testing.assert_close(a, b, equal_nan=True)

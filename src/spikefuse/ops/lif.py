@@ -195,9 +195,10 @@ def backward_chunk(X, GS, v, gv, gp, gd, gthr, d, t0, T, threshold, v_reset, alp
         else:
             gv = gh * d
         gp = gh
-        if DELAYED_GTHR:  # h[t] = ... - threshold * s[t-1]: -dL/dh[t] * s[t-1]
+        if DELAYED_GTHR:  # h[t] = ... - threshold * s[t-1]: -dL/dh[t] * s[t-1] (past T, s[t-1] may be NaN: 0 * NaN)
             u_before = row(V_before, sel) - threshold
-            gthr -= gh * spike_value(u_before, fires(u_before, RESET))
+            delayed = gh * spike_value(u_before, fires(u_before, RESET))
+            gthr -= tl.where(t0 + j < T, delayed, 0.0) if TAIL else delayed
         if NEED_GD:  # dL/d decay += dL/dh[t] * v[t-1] (past T, v is the last step's: 0 * inf would be NaN)
             gd += tl.where(t0 + j < T, gh * row(V_before, sel), 0.0) if TAIL else gh * row(V_before, sel)
         GX = tl.where(sel, gh[None, :], GX)
