@@ -152,7 +152,7 @@ def test_learn_beta_gradients():
 
 
 def test_init_hidden_and_output():
-    x = inputs(3, (6, 2, 5))
+    x = inputs(3, (6, 2, 5)).requires_grad_()
     outs = {}
     for name, cls in (("theirs", snntorch.Leaky), ("mine", compat.Leaky)):
         plain, with_output = cls(beta=0.8, init_hidden=True), cls(beta=0.8, init_hidden=True, output=True)
@@ -161,7 +161,10 @@ def test_init_hidden_and_output():
             spk = plain(step)
             spk2, mem = with_output(step)
             assert isinstance(spk, torch.Tensor) and torch.equal(spk, spk2)
-            records.append((spk, mem.clone()))
+            records.append((spk.detach(), mem.detach().clone()))
+        assert plain.mem.requires_grad
+        plain.detach_hidden()  # keeps the values, cuts the graph
+        assert not plain.mem.requires_grad
         with pytest.raises(TypeError, match="`mem` should not be passed"):
             plain(x[0], torch.zeros_like(x[0]))
         plain.reset_mem()
@@ -173,6 +176,19 @@ def test_init_hidden_and_output():
     spk, s, m = syn(x[0])
     assert torch.equal(s, x[0]) and torch.equal(m, x[0])
     assert isinstance(compat.Synaptic(alpha=0.5, beta=0.8, init_hidden=True)(x[0]), torch.Tensor)
+
+
+@pytest.mark.parametrize("reset", LEAKY_RESETS)
+def test_float64_input(reset):
+    """snnTorch computes a float64 input in float64 with its float32 threshold and beta: the
+    same values here (its spikes are float32, ours float64)."""
+    x = inputs(8, (9, 3, 5), quarters=True).double()
+    theirs_neuron, mine_neuron = (cls(beta=0.5, threshold=0.75, reset_mechanism=reset).to(DEVICE)
+                                  for cls in (snntorch.Leaky, compat.Leaky))
+    theirs = stepped(theirs_neuron, x, None, theirs_neuron.init_leaky)
+    mine = stepped(mine_neuron, x, None, mine_neuron.init_leaky)
+    assert mine[0].dtype == torch.float64
+    assert_same((theirs[0].double(), *theirs[1:]), mine, f"float64 {reset}")
 
 
 def test_sequence_continues_from_the_module_state():

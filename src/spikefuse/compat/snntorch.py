@@ -21,7 +21,8 @@ under "subtract"), `syn` likewise, and gradients equal up to rounding (snnTorch 
 reset; its surrogates atan, fast_sigmoid and sigmoid are spikefuse's of the same name and
 parameter, alpha or slope). The state dict has snnTorch's entries (beta, threshold,
 graded_spikes_factor, reset_mechanism_val; alpha for Synaptic): a trained snnTorch model's
-`load_state_dict` loads.
+`load_state_dict` loads. One difference: spikes come in the input's dtype (snnTorch's are
+always float32); for float64 input the values are still snnTorch's.
 
 What maps exactly is supported; the rest is refused at construction with a ValueError
 naming the argument:
@@ -173,16 +174,15 @@ class _SnnTorchNeuron(nn.Module):
     def detach_hidden(self):
         """Detach this module's state from the graph, keeping its values (snnTorch's
         detach_hidden, for this module)."""
-        for name in self.STATE:
-            getattr(self, name).detach_()
+        for name in self.STATE:  # not detach_(): the kept mem is a view of the call's trace
+            setattr(self, name, getattr(self, name).detach())
 
     # spikefuse.nn.reset(model) / detach_state(model) reach these modules too
     def reset_state(self):
         self.reset_mem()
 
     def detach_state_(self):
-        for name in self.STATE:
-            setattr(self, name, getattr(self, name).detach())
+        self.detach_hidden()
 
     def extra_repr(self):
         return (f"threshold={self.threshold.item()}, reset_mechanism={self.reset_mechanism!r}, "
