@@ -29,6 +29,7 @@ MODULES = [
     "spikefuse.loss",
     "spikefuse.data",
     "spikefuse.models",
+    "spikefuse.compat.snntorch",
     "spikefuse.train",
     "spikefuse.capture",
     "spikefuse.optim",

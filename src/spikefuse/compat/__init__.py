@@ -1,0 +1,6 @@
+"""Drop-in modules with a peer library's constructor arguments and semantics, running on
+spikefuse's fused kernels: `spikefuse.compat.snntorch` (snnTorch's `Leaky` and `Synaptic`).
+
+The layer above spikefuse.nn (docs/architecture.md): the modules here call
+spikefuse.functional; a peer library itself is never imported.
+"""
