@@ -216,3 +216,15 @@ def test_cache_build_shows_progress(tmp_path, source, capsys):
     src = source
     EventStore.from_samples((src[i] for i in range(4)), SENSOR, total=4, desc="caching syn")
     assert "caching syn" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("meta,message", [("{not json", "not JSON"), ("[1, 2]", "sensor_size list"),
+                                          ('{"samples": 24}', "sensor_size list")])
+def test_a_meta_file_without_a_sensor_size_is_refused_naming_the_file(tmp_path, source, meta, message):
+    """meta.json that is not JSON, not an object, or lacks sensor_size (an older or hand-made
+    entry): a ValueError naming the file, not a bare KeyError."""
+    Builder(source)().save(tmp_path)
+    (tmp_path / "meta.json").write_text(meta)
+    with pytest.raises(ValueError, match=message) as error:
+        EventStore.load(tmp_path)
+    assert "meta.json" in str(error.value)

@@ -126,7 +126,7 @@ class EventStore:
         directory = Path(check_path("directory", directory, "a saved event store"))
         device = check_device(device)
         mode = "r" if check_flag("mmap", mmap) else None
-        meta = json.loads((directory / "meta.json").read_text())
+        meta = _read_meta(directory / "meta.json")
         events = np.load(directory / "events.npy", mmap_mode=mode)
         if events.dtype.names is None or any(k not in events.dtype.names for k in ("t", "x", "p")):
             raise ValueError(f"{directory}: events.npy holds {events.dtype}, not packed events")
@@ -187,3 +187,15 @@ def _target_array(targets: list) -> np.ndarray:
     """Per-sample targets (ints, numpy or 0-d tensor scalars) as one array for `class_indices`."""
     return np.array([t.item() if isinstance(t, (torch.Tensor, np.generic, np.ndarray)) and np.ndim(t) == 0 else t
                      for t in targets])
+
+
+def _read_meta(path: Path) -> dict:
+    """meta.json as written by save: an object with the sensor size as a list (a hand-made or
+    older entry without it raised a bare KeyError; one that is not JSON, json's own error)."""
+    try:
+        meta = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not JSON ({e})") from None
+    if not isinstance(meta, dict) or not isinstance(meta.get("sensor_size"), list):
+        raise ValueError(f"{path}: expected an object with a sensor_size list, as EventStore.save writes, got {meta!r}"[:300])
+    return meta
