@@ -420,7 +420,7 @@ def test_snntorch_default_leaky_imports_with_the_snntorch_convention(quiet):
     assert torch.equal(back(x), theirs)
     assert not torch.equal(from_nir(graph, dt=1e-4)(x), theirs)
     with pytest.raises(ValueError, match="convention"):
-        from_nir(graph, dt=1e-4, convention="norse")
+        from_nir(graph, dt=1e-4, convention="lava")
 
 
 def test_norse_graphs_import_to_norse_spikes(quiet):
@@ -446,3 +446,68 @@ def test_norse_graphs_import_to_norse_spikes(quiet):
     assert back[1].decay == pytest.approx(0.8) and back[3].decay == pytest.approx(0.9)
     assert 0.02 < theirs.mean() < 0.9
     assert torch.equal(back(x), theirs)
+
+
+def run_norse_net(net, x):
+    """A Norse SequentialState over x [T, ...], one step per call, from its initial state."""
+    state, outs = None, []
+    with torch.no_grad():
+        for step in x:
+            out, state = net(step, state)
+            outs.append(out)
+    return torch.stack(outs)
+
+
+@pytest.mark.parametrize("v_leak", [0.0, 0.1, -0.2])
+def test_norse_lifbox_graphs_load_with_the_norse_convention(v_leak, quiet):
+    """Linear + LIFBoxCell exported by Norse's to_nir (dt=1.0: tau = 1/tau_mem_inv) loads with
+    convention="norse" (dt 1e-3, the cells', and the potential starting at v_leak) to Norse's
+    spikes exactly. Norse is a test dependency: this fails, not skips, without it."""
+    import norse.torch as norse
+
+    from spikefuse.nir import RestingLIF
+
+    torch.manual_seed(0)
+    p1 = norse.LIFBoxParameters(tau_mem_inv=torch.tensor(200.0), v_th=torch.tensor(0.3), v_leak=torch.tensor(v_leak))
+    p2 = norse.LIFBoxParameters(tau_mem_inv=torch.full((6,), 100.0), v_th=torch.full((6,), 0.2),
+                                v_leak=torch.full((6,), v_leak / 2))
+    net = norse.SequentialState(nn.Linear(12, 16), norse.LIFBoxCell(p1), nn.Linear(16, 6), norse.LIFBoxCell(p2))
+    for p in net.parameters():
+        p.data.mul_(4.0)  # so that both layers fire
+    graph = norse.to_nir(net, torch.randn(1, 12), dt=1.0)
+    x = (torch.rand(30, 4, 12, generator=torch.Generator().manual_seed(7)) < 0.5).float() * 2
+    theirs = run_norse_net(net, x)
+    back = from_nir(graph, convention="norse")  # no dt: Norse's 1e-3
+    assert isinstance(back[1], RestingLIF) and back[1].decay == pytest.approx(0.8)
+    assert back[3].decay == pytest.approx(0.9)
+    assert 0.02 < theirs.mean() < 0.9
+    assert torch.equal(back(x), theirs)
+    assert torch.equal(from_nir(graph, dt=1e-3, convention="norse")(x), theirs)
+    if v_leak:  # read as NIR says, the potential starts at 0: some spikes differ
+        assert not torch.equal(from_nir(graph, dt=1e-3)(x), theirs)
+
+
+def test_norse_iaf_graphs_load_with_the_norse_convention(quiet):
+    """IAFCell adds its input unscaled (its dt is unused): convention="norse" reads its IF
+    nodes with dt = 1, whatever dt is passed; with dt = 1e-3 they would barely fire."""
+    import norse.torch as norse
+
+    torch.manual_seed(1)
+    net = norse.SequentialState(nn.Linear(12, 16), norse.IAFCell(norse.IAFParameters(v_th=torch.tensor(0.5))),
+                                nn.Linear(16, 6), norse.IAFCell(norse.IAFParameters(v_th=torch.tensor(0.3))))
+    graph = norse.to_nir(net, torch.randn(1, 12))
+    x = (torch.rand(30, 4, 12, generator=torch.Generator().manual_seed(8)) < 0.5).float()
+    theirs = run_norse_net(net, x)
+    assert 0.02 < theirs.mean() < 0.9
+    assert torch.equal(from_nir(graph, convention="norse")(x), theirs)
+    assert torch.equal(from_nir(graph, dt=1e-3, convention="norse")(x), theirs)
+    assert not torch.equal(from_nir(graph, dt=1e-3)(x), theirs)
+
+
+def test_norse_lifcell_graphs_are_refused_as_cubalif(quiet):
+    """Norse's LIFCell is written as a CubaLIF node, which from_nir does not read (yet)."""
+    import norse.torch as norse
+
+    graph = norse.to_nir(norse.SequentialState(nn.Linear(12, 16), norse.LIFCell()), torch.randn(1, 12), dt=1.0)
+    with pytest.raises(ValueError, match="CubaLIF"):
+        from_nir(graph, convention="norse")

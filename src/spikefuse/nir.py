@@ -21,7 +21,11 @@ Conventions (docs/nir.md has the full table):
   (reset_mechanism="subtract", a delayed reset) loads with convention="snntorch": LIF nodes
   become reset="subtract", detach_reset=True (snnTorch's arithmetic, firing at h > v_threshold
   itself), so its spikes are snnTorch's bit for bit. IF nodes read alike in both (snnTorch
-  writes none).
+  writes none). convention="norse" reads a graph of Norse's `to_nir` as Norse's cells run it:
+  Norse writes no dt and tau = export_dt / tau_mem_inv, so LIF nodes (LIFBoxCell) take dt =
+  1e-3 (its cells' default; export with dt=1.0 so that tau is 1/tau_mem_inv), IF nodes
+  (IAFCell, which adds its input as it is and ignores dt) take dt = 1, and LIF neurons start
+  at v_leak (Norse's initial state) rather than 0 (RestingLIF).
 - Readout. A mean-over-time readout is written as its Affine (readout="affine", default; the
   graph's output is the per-step drive, the logits are its mean over T; metadata readout="mean"),
   or as Affine + NIR's integrator I with r = 1/(T dt) (readout="integrator"; needs time_steps;
@@ -42,10 +46,12 @@ from torch import nn
 
 from .errors import require
 from .neuron_options import check_int
+from .nn.neurons import LIF
 
 DEFAULT_DT = 1e-4
+NORSE_DT = 1e-3  # the dt of Norse's cells and of its from_nir, unless told
 FORMS = ("peers", "nir")
-CONVENTIONS = ("nir", "snntorch")
+CONVENTIONS = ("nir", "snntorch", "norse")
 READOUT_NODES = ("affine", "integrator")
 UNIT_GAIN_TOLERANCE = 1e-6  # |r dt/tau - 1| below this is float32 rounding of r = tau/dt: taken as 1
 
@@ -348,6 +354,24 @@ class LeakyIntegrator(nn.Module):
         return torch.stack(out)
 
 
+class RestingLIF(LIF):
+    """A LIF whose potential starts at `v_init` rather than 0: Norse's LIFBoxCell starts at
+    v_leak. v_init is one number or one value per neuron of a sample (NIR's shape), broadcast
+    over the batch; with stateful=True the first call (and the first after a reset) starts there."""
+
+    def __init__(self, v_init, **kwargs):
+        super().__init__(**kwargs)
+        self.register_buffer("v_init", torch.as_tensor(v_init, dtype=torch.float32))
+
+    def call_neuron(self, function, x, **kwargs):
+        if kwargs.get("v0") is None and isinstance(x, torch.Tensor):
+            kwargs["v0"] = self.v_init.to(x.device, x.dtype).expand(x.shape[1:])
+        return super().call_neuron(function, x, **kwargs)
+
+    def extra_repr(self):
+        return super().extra_repr() + f", v_init={self.v_init.tolist() if self.v_init.numel() < 5 else 'per neuron'}"
+
+
 SUPPORTED = ("Input", "Output", "Affine", "Linear", "Conv2d", "Flatten", "AvgPool2d", "LIF", "IF", "LI", "I")
 
 
@@ -359,8 +383,14 @@ def from_nir(graph, dt: float | None = None, convention: str = "nir") -> nn.Sequ
     dt: seconds per step; default the graph's metadata["dt"] (spikefuse writes it; snnTorch
     assumes 1e-4, Norse 1e-3 unless told). The NIR gain r dt/tau is folded into the preceding
     Linear/Conv2d; v > v_threshold becomes h >= nextafter(v_threshold, +inf) in float32.
-    convention: "nir" (LIF nodes reset to v_reset at once) or "snntorch" (LIF nodes are
-    snnTorch's default Leaky: reset="subtract", detach_reset=True; see the module docstring).
+    convention: "nir" (LIF nodes reset to v_reset at once), "snntorch" (LIF nodes are
+    snnTorch's default Leaky: reset="subtract", detach_reset=True) or "norse" (a graph of
+    norse.torch.to_nir(..., dt=1.0): LIF nodes step with dt, default 1e-3 (Norse's cells'),
+    and start at v_leak (RestingLIF); IF nodes (IAFCell) step with dt = 1 whatever dt is, as
+    IAFCell adds its input unscaled. Norse does not write v_reset: a cell's v_reset other
+    than 0 (also IAFCell's initial potential) is lost in its export and cannot be recovered
+    here; CubaLIF (Norse's LIFCell) is refused like any other unsupported node). See the
+    module docstring.
     The model's `readout` attribute repeats the graph's ("mean": average the output over T)."""
     nir = require("nir", "NIR export and import")
 
@@ -376,6 +406,8 @@ def from_nir(graph, dt: float | None = None, convention: str = "nir") -> nn.Sequ
             dt = float(np.asarray(metadata["dt"]))
         except (TypeError, ValueError):  # a string or an array: float() raised, naming nothing
             raise ValueError(f"graph: its metadata's dt is not one number: {metadata['dt']!r}") from None
+    if dt is None and convention == "norse":
+        dt = NORSE_DT
     dt = None if dt is None else _check_dt(dt)
     reader = _Reader(dt, convention)
     for key in _chain(graph):
@@ -562,7 +594,7 @@ class _Reader:
     def _dt(self, key):
         if self.dt is None:
             raise ValueError(f"node {key!r}: the graph does not say its time step (no metadata['dt']); pass dt= "
-                             "(snnTorch writes graphs for dt = 1e-4, Norse for its from_nir dt, 1e-3 by default)")
+                             "(snnTorch writes graphs for dt = 1e-4; for Norse's, convention='norse' supplies its cells' dt)")
         return self.dt
 
     def _set(self, w):
@@ -597,7 +629,8 @@ class _Reader:
 
         from .nn.neurons import IF, LIF
 
-        dt = self._dt(key)
+        norse = self.convention == "norse"
+        dt = 1.0 if norse and isinstance(node, nir.IF) else self._dt(key)  # IAFCell: v += input
         r = _per_channel(key, "r", node.r)
         if isinstance(node, nir.IF):
             decay, gain, drive = np.ones(1), r * dt, np.zeros(1)
@@ -625,11 +658,13 @@ class _Reader:
             self.modules.append(IF(threshold=threshold, v_reset=v_reset))
             return
         reset = dict(reset="subtract", detach_reset=True) if snntorch else dict(v_reset=v_reset)
-        if decay.size == 1:
-            self.modules.append(LIF(decay=_f32(decay[0]), threshold=threshold, **reset))
+        decay = _f32(decay[0]) if decay.size == 1 else torch.tensor(decay, dtype=torch.float32)
+        if norse:  # Norse's cells start at v_leak (in the neuron's units: over the gain left)
+            v_init = _arr(node.v_leak) / left[0]
+            self.modules.append(RestingLIF(v_init, decay=decay, threshold=threshold, **reset))
         else:
-            self.modules.append(LIF(decay=torch.tensor(decay, dtype=torch.float32), threshold=threshold, **reset))
+            self.modules.append(LIF(decay=decay, threshold=threshold, **reset))
 
 
-__all__ = ["to_nir", "from_nir", "DEFAULT_DT", "FORMS", "CONVENTIONS", "READOUT_NODES", "Integrator",
-           "LeakyIntegrator"]
+__all__ = ["to_nir", "from_nir", "DEFAULT_DT", "NORSE_DT", "FORMS", "CONVENTIONS", "READOUT_NODES",
+           "Integrator", "LeakyIntegrator", "RestingLIF"]
