@@ -87,6 +87,7 @@ def test_captured_replays_the_call():
     assert result is out and torch.equal(out, torch.eye(64, device="cuda"))
 
 
+@pytest.mark.slow  # 15-17 s through the interpreter: the GPU test command runs it
 def test_quick_run_on_the_cpu_is_named_and_marked_quick(tmp_path, monkeypatch):
     # dense only and no kernel comparison: the sparse modes' CPU path is the smoke test's above
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # the CPU path on a GPU machine too
@@ -99,6 +100,7 @@ def test_quick_run_on_the_cpu_is_named_and_marked_quick(tmp_path, monkeypatch):
     assert path.with_suffix(".md").read_text().startswith("**Quick run (--quick)")
 
 
+@pytest.mark.slow  # 15-17 s through the interpreter: the GPU test command runs it
 def test_training_runs_quick_on_the_cpu(tmp_path, monkeypatch):
     """bench sparse --train (issue 32's harness): every run of a case starts from the same
     weights and records what the time-to-accuracy figures are read from."""

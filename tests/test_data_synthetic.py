@@ -216,6 +216,7 @@ def test_train_cifar_model_on_static_images(home, tmp_path, monkeypatch):
     assert main(["train", "--resume", str(out), "--quiet", "--device", "cpu"]) == 0  # same data, same model
 
 
+@pytest.mark.slow  # 7-10 s each through the interpreter: the GPU test command runs them
 @pytest.mark.parametrize("model, dataset", [("ipu-nmnist", "nmnist-synthetic"),
                                             ("ipu-dvsgesture", "dvsgesture-synthetic")])
 def test_train_dense_event_models(home, tmp_path, monkeypatch, model, dataset):
