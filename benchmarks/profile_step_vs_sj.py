@@ -9,31 +9,14 @@ sees them inside the graph replays), then the kernels grouped by name, GPU us pe
 largest first, and the sums. Prints to stdout (CUDA only).
 """
 import argparse
-import collections
 
 import torch
-from torch.profiler import ProfilerActivity, profile
+from on_probe import kernels  # benchmarks/on_probe.py: a call's kernels summed by name
 
 from spikefuse import precision as precisions
 from spikefuse.bench import steps
 
 STEPS = 20
-
-
-def kernels_per_step(call):
-    for _ in range(3):
-        call()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(STEPS):
-            call()
-        torch.cuda.synchronize()
-    totals, counts = collections.Counter(), collections.Counter()
-    for e in prof.events():
-        if e.device_type == torch.autograd.DeviceType.CUDA:
-            totals[e.name[:90]] += e.device_time / STEPS
-            counts[e.name[:90]] += 1 / STEPS
-    return totals, counts
 
 
 @precisions.applied("fp32")
@@ -58,11 +41,11 @@ def main():
                 print(f"-- {mode}: {case['error']}")
                 continue
             ms = steps.stream_ms(call, False)
-            totals, counts = kernels_per_step(call)
-            print(f"-- {mode}: step {ms:.3f} ms (steady state), GPU {sum(totals.values()) / 1e3:.3f} ms/step, "
-                  f"{sum(counts.values()):.0f} kernels/step, peak {case['peak_mib']:.0f} MiB")
-            for name, us in totals.most_common(a.top):
-                print(f"   {us:8.1f} us  x{counts[name]:4.1f}  {name}")
+            rows = kernels(call, STEPS)
+            print(f"-- {mode}: step {ms:.3f} ms (steady state), GPU {sum(t for _, t, _ in rows):.3f} ms/step, "
+                  f"{sum(c for _, _, c in rows)} kernels/step, peak {case['peak_mib']:.0f} MiB")
+            for name, ms_per_step, launches in rows[:a.top]:
+                print(f"   {ms_per_step * 1e3:8.1f} us  x{launches:4d}  {name[:90]}")
             del call
             torch.cuda.empty_cache()
 
