@@ -208,7 +208,7 @@ def test_input_gradient_as_accurate_as_torch_near_the_threshold(threshold, decay
     reference (it was 15x, from the batch mean's rounding), plus a floor of 1e-7 relative."""
     x = fuzz_case_x()[..., None].expand(8, 2, 2, 3, 2)[..., 0]  # a strided view, as the fuzzer's
     g = torch.Generator().manual_seed(19146)
-    weight, bias = torch.rand(2, generator=g) + 0.5, torch.rand(2, generator=g) * 0.6 - 0.3
+    weight, bias = torch.rand(2, generator=g, device="cpu") + 0.5, torch.rand(2, generator=g, device="cpu") * 0.6 - 0.3
     w = seeded_randn(x.shape, 1000).bfloat16().float()
     grads = {}
     for backend, dtype in (("fused", torch.float32), ("reference", torch.float32), ("reference", torch.float64)):

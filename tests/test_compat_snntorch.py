@@ -155,7 +155,8 @@ def test_init_hidden_and_output():
     x = inputs(3, (6, 2, 5)).requires_grad_()
     outs = {}
     for name, cls in (("theirs", snntorch.Leaky), ("mine", compat.Leaky)):
-        plain, with_output = cls(beta=0.8, init_hidden=True), cls(beta=0.8, init_hidden=True, output=True)
+        plain, with_output = (cls(beta=0.8, init_hidden=True).to(DEVICE),
+                              cls(beta=0.8, init_hidden=True, output=True).to(DEVICE))
         records = []
         for step in x:
             spk = plain(step)
@@ -172,10 +173,10 @@ def test_init_hidden_and_output():
         outs[name] = records
     for (s1, m1), (s2, m2) in zip(outs["theirs"], outs["mine"]):
         assert torch.equal(s1, s2) and torch.equal(m1, m2)
-    syn = compat.Synaptic(alpha=0.5, beta=0.8, init_hidden=True, output=True)
+    syn = compat.Synaptic(alpha=0.5, beta=0.8, init_hidden=True, output=True).to(DEVICE)
     spk, s, m = syn(x[0])
     assert torch.equal(s, x[0]) and torch.equal(m, x[0])
-    assert isinstance(compat.Synaptic(alpha=0.5, beta=0.8, init_hidden=True)(x[0]), torch.Tensor)
+    assert isinstance(compat.Synaptic(alpha=0.5, beta=0.8, init_hidden=True).to(DEVICE)(x[0]), torch.Tensor)
 
 
 @pytest.mark.parametrize("reset", LEAKY_RESETS)
@@ -196,7 +197,7 @@ def test_sequence_continues_from_the_module_state():
     the module keeps the last step's state, as snnTorch's forward does."""
     x = inputs(4, (10, 3, 5))
     for make in (lambda: compat.Leaky(beta=0.9), lambda: compat.Synaptic(alpha=0.4, beta=0.9)):
-        whole, halves = make(), make()
+        whole, halves = make().to(DEVICE), make().to(DEVICE)
         spk, mem = whole.sequence(x)
         a, ma = halves.sequence(x[:4])
         b, mb = halves.sequence(x[4:])
