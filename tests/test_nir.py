@@ -1,7 +1,8 @@
 """spikefuse.nir: to_nir -> from_nir round trips (spikes and parameters equal), graphs that
 snnTorch and Norse load and run to our spikes, their graphs loaded here, bad graphs refused.
-The peer tests skip where snnTorch / Norse are not installed (CI); see docs/nir.md. CUBA,
-RecurrentLIF and per-channel thresholds: tests/test_nir_zoo.py."""
+snnTorch and Norse are test dependencies: the peer tests fail, not skip, without them (their
+cells in docs/nir.md's conformance table rest on it). CUBA, RecurrentLIF and per-channel
+thresholds: tests/test_nir_zoo.py."""
 from __future__ import annotations
 
 import contextlib
@@ -9,16 +10,15 @@ import io
 import logging
 import warnings
 
+import nir
 import numpy as np
 import pytest
 import torch
 from torch import nn
 
 from spikefuse.models import build_model
+from spikefuse.nir import from_nir, to_nir
 from spikefuse.nn import IF, LIF, PLIF, TimeFolded
-
-nir = pytest.importorskip("nir")
-from spikefuse.nir import from_nir, to_nir  # noqa: E402
 
 
 def trace(seq: nn.Sequential, x: torch.Tensor) -> list[torch.Tensor]:
@@ -328,7 +328,7 @@ def test_cli_exports_a_batch_norm_model(tmp_path, capsys):
     assert isinstance(from_nir(tmp_path / "model.nir")[0], nn.Linear)
 
 
-# ---- peers: snnTorch and Norse (skipped where not installed) ----
+# ---- peers: snnTorch and Norse (test dependencies) ----
 
 @pytest.fixture
 def quiet():
@@ -365,7 +365,6 @@ PEERS = {"snntorch": run_snntorch, "norse": run_norse}
 
 @pytest.mark.parametrize("peer", list(PEERS))
 def test_peers_run_our_default_export_to_our_spikes(peer, quiet):
-    pytest.importorskip(peer)
     model = ipu(readout="count")  # the graph's output is the last layer's spikes
     x = (torch.rand(10, 3, 40, generator=torch.Generator().manual_seed(2)) < 0.3).float()
     with torch.no_grad():
@@ -383,7 +382,7 @@ def test_peers_run_our_default_export_to_our_spikes(peer, quiet):
 
 
 def test_snntorch_graphs_import_to_snntorch_spikes(quiet):
-    snn = pytest.importorskip("snntorch")
+    import snntorch as snn
     from snntorch.export_nir import export_to_nir
 
     torch.manual_seed(0)
@@ -432,7 +431,7 @@ def test_snntorch_default_leaky_imports_with_the_snntorch_convention(quiet):
 
 
 def test_norse_graphs_import_to_norse_spikes(quiet):
-    norse = pytest.importorskip("norse.torch")
+    import norse.torch as norse
 
     torch.manual_seed(0)
     p1 = norse.LIFBoxParameters(tau_mem_inv=torch.tensor(200.0), v_th=torch.tensor(0.3))
