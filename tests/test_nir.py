@@ -1,6 +1,8 @@
 """spikefuse.nir: to_nir -> from_nir round trips (spikes and parameters equal), graphs that
 snnTorch and Norse load and run to our spikes, their graphs loaded here, bad graphs refused.
-The peer tests skip where snnTorch / Norse are not installed (CI); see docs/nir.md."""
+snnTorch and Norse are test dependencies: the peer tests fail, not skip, without them (their
+cells in docs/nir.md's conformance table rest on it). CUBA, RecurrentLIF and per-channel
+thresholds: tests/test_nir_zoo.py."""
 from __future__ import annotations
 
 import contextlib
@@ -8,16 +10,15 @@ import io
 import logging
 import warnings
 
+import nir
 import numpy as np
 import pytest
 import torch
 from torch import nn
 
 from spikefuse.models import build_model
+from spikefuse.nir import from_nir, to_nir
 from spikefuse.nn import IF, LIF, PLIF, TimeFolded
-
-nir = pytest.importorskip("nir")
-from spikefuse.nir import from_nir, to_nir  # noqa: E402
 
 
 def trace(seq: nn.Sequential, x: torch.Tensor) -> list[torch.Tensor]:
@@ -181,10 +182,8 @@ def test_threshold_equality_fires_as_ours():
 
 def test_bad_graphs_name_the_node():
     lif = nir.LIF(tau=np.full(2, 1e-3), r=np.ones(2), v_leak=np.zeros(2), v_threshold=np.ones(2), v_reset=np.zeros(2))
-    cuba = nir.CubaLIF(tau_syn=np.ones(2), tau_mem=np.ones(2), r=np.ones(2), v_leak=np.zeros(2),
-                       v_threshold=np.ones(2))
-    g = nir.NIRGraph.from_list(nir.Affine(weight=np.ones((2, 3)), bias=np.zeros(2)), cuba)
-    with pytest.raises(ValueError, match=r"node 'cubalif' \(CubaLIF\): not supported by spikefuse.nir.from_nir"):
+    g = nir.NIRGraph.from_list(nir.Affine(weight=np.ones((2, 3)), bias=np.zeros(2)), nir.Scale(scale=np.ones(2)))
+    with pytest.raises(ValueError, match=r"node 'scale' \(Scale\): not supported by spikefuse.nir.from_nir"):
         from_nir(g)
     g = nir.NIRGraph.from_list(nir.Affine(weight=np.ones((2, 3)), bias=np.zeros(2)), lif)
     with pytest.raises(ValueError, match=r"node 'lif': the graph does not say its time step.*pass dt="):
@@ -237,6 +236,15 @@ NON_FINITE = {
                             nir.LI(tau=np.full(2, np.inf), r=np.ones(2), v_leak=np.zeros(2))], "li", "LI", "tau"),
     "i-r-nan": (lambda: [nir.Affine(weight=np.ones((2, 3)), bias=np.zeros(2)), nir.I(r=np.full(2, np.nan))],
                 "i", "I", "r"),
+    "cubalif-tau-syn-inf": (lambda: [nir.Affine(weight=np.ones((2, 3)), bias=np.zeros(2)),
+                                     nir.CubaLIF(tau_syn=np.full(2, np.inf), tau_mem=np.full(2, 1e-3), r=np.ones(2),
+                                                 v_leak=np.zeros(2), v_threshold=np.ones(2))],
+                            "cubalif", "CubaLIF", "tau_syn"),
+    "recurrent-weight-nan": (lambda: [nir.Affine(weight=np.ones((2, 3)), bias=np.zeros(2)), nir.NIRGraph(
+        nodes={"input": nir.Input(np.array([2])), "lif": _lif(), "w_rec": nir.Linear(weight=_with(np.eye(2), 0, np.nan)),
+               "output": nir.Output(np.array([2]))},
+        edges=[("input", "lif"), ("lif", "w_rec"), ("w_rec", "lif"), ("lif", "output")])],
+        "nirgraph.w_rec", "Linear", "weight"),
 }
 
 
@@ -320,7 +328,7 @@ def test_cli_exports_a_batch_norm_model(tmp_path, capsys):
     assert isinstance(from_nir(tmp_path / "model.nir")[0], nn.Linear)
 
 
-# ---- peers: snnTorch and Norse (skipped where not installed) ----
+# ---- peers: snnTorch and Norse (test dependencies) ----
 
 @pytest.fixture
 def quiet():
@@ -357,7 +365,6 @@ PEERS = {"snntorch": run_snntorch, "norse": run_norse}
 
 @pytest.mark.parametrize("peer", list(PEERS))
 def test_peers_run_our_default_export_to_our_spikes(peer, quiet):
-    pytest.importorskip(peer)
     model = ipu(readout="count")  # the graph's output is the last layer's spikes
     x = (torch.rand(10, 3, 40, generator=torch.Generator().manual_seed(2)) < 0.3).float()
     with torch.no_grad():
@@ -375,7 +382,7 @@ def test_peers_run_our_default_export_to_our_spikes(peer, quiet):
 
 
 def test_snntorch_graphs_import_to_snntorch_spikes(quiet):
-    snn = pytest.importorskip("snntorch")
+    import snntorch as snn
     from snntorch.export_nir import export_to_nir
 
     torch.manual_seed(0)
@@ -424,7 +431,7 @@ def test_snntorch_default_leaky_imports_with_the_snntorch_convention(quiet):
 
 
 def test_norse_graphs_import_to_norse_spikes(quiet):
-    norse = pytest.importorskip("norse.torch")
+    import norse.torch as norse
 
     torch.manual_seed(0)
     p1 = norse.LIFBoxParameters(tau_mem_inv=torch.tensor(200.0), v_th=torch.tensor(0.3))
@@ -502,12 +509,3 @@ def test_norse_iaf_graphs_load_with_the_norse_convention(quiet):
     assert torch.equal(from_nir(graph, convention="norse")(x), theirs)
     assert torch.equal(from_nir(graph, dt=1e-3, convention="norse")(x), theirs)
     assert not torch.equal(from_nir(graph, dt=1e-3)(x), theirs)
-
-
-def test_norse_lifcell_graphs_are_refused_as_cubalif(quiet):
-    """Norse's LIFCell is written as a CubaLIF node, which from_nir does not read (yet)."""
-    import norse.torch as norse
-
-    graph = norse.to_nir(norse.SequentialState(nn.Linear(12, 16), norse.LIFCell()), torch.randn(1, 12), dt=1.0)
-    with pytest.raises(ValueError, match="CubaLIF"):
-        from_nir(graph, convention="norse")

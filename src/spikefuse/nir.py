@@ -26,6 +26,24 @@ Conventions (docs/nir.md has the full table):
   1e-3 (its cells' default; export with dt=1.0 so that tau is 1/tau_mem_inv), IF nodes
   (IAFCell, which adds its input as it is and ignores dt) take dt = 1, and LIF neurons start
   at v_leak (Norse's initial state) rather than 0 (RestingLIF).
+- CUBA. Our CUBA (i = syn_decay i + x, h = decay v + i) is NIR's CubaLIF under forward Euler
+  with v stepped from the new current (as snnTorch's Synaptic and Norse's LIFCell do):
+  tau_syn = dt/(1-syn_decay), tau_mem = dt/(1-decay), written with r = tau_mem/dt and w_in =
+  tau_syn/dt (both gains 1, weights verbatim, in either form: snnTorch's importer asserts
+  r = tau_mem/dt, Norse's honours r and w_in). Read back, the gains w_in dt/tau_syn and
+  r dt/tau_mem fold into the Linear before; a v_leak drive rides on the current (RestingCUBA).
+  convention="snntorch" reads CubaLIF as Synaptic's default (reset="subtract"); "norse" as
+  LIFCell, which adds its input to the current unscaled (gain w_in, not w_in dt/tau_syn,
+  whatever its export says) and starts at v_leak.
+- Recurrence. RecurrentLIF is written as the nested graph snnTorch's RLeaky maps to: Input ->
+  LIF -> Output, with LIF -> Linear(w_rec) -> LIF. from_nir reads that, or the same loop in the
+  graph itself (snnTorch's export_to_nir, which nirtorch flattens), as a RecurrentLIF; the
+  loop's Affine bias (RLeaky adds it every step) joins the bias of the Linear before.
+  convention="snntorch" (RLeaky's subtract reset, a step late) gives reset="none" with the
+  threshold subtracted from w_rec's diagonal: the same spikes (the reset's gradient, which
+  snnTorch detaches, then flows).
+- Thresholds per channel (a NIR v_threshold that differs between channels) load into LIF/IF
+  as a `threshold` buffer and are written back; CUBA and RecurrentLIF take one per layer.
 - Readout. A mean-over-time readout is written as its Affine (readout="affine", default; the
   graph's output is the per-step drive, the logits are its mean over T; metadata readout="mean"),
   or as Affine + NIR's integrator I with r = 1/(T dt) (readout="integrator"; needs time_steps;
@@ -46,6 +64,7 @@ from torch import nn
 
 from .errors import require
 from .neuron_options import check_int
+from .nn.cuba import CUBA
 from .nn.neurons import LIF
 
 DEFAULT_DT = 1e-4
@@ -62,7 +81,8 @@ def to_nir(model: nn.Module, input_shape=None, time_steps: int | None = None, dt
            form: str = "peers", readout: str = "affine"):
     """A nir.NIRGraph of a sequential spiking model: an nn.Sequential, a model with a `.layers`
     Sequential (mlp, ipu-*, deep-lif), SHDNet or CifarNet; built from Flatten, Linear, Conv2d,
-    BatchNorm (folded, eval statistics), LIF/IF/PLIF, BNLIF and the *BNLIF blocks.
+    BatchNorm (folded, eval statistics), LIF/IF/PLIF, BNLIF and the *BNLIF blocks, CUBA (as a
+    CubaLIF) and RecurrentLIF (as a nested recurrent graph), all with the hard reset.
 
     input_shape: one sample's shape (default: model.input_shape). time_steps: only needed for
     readout="integrator". dt: seconds per step. form: "peers" or "nir"; readout: "affine" or
@@ -148,12 +168,17 @@ class _Writer:
 
     def add(self, name, layer):
         from .nn.bn_lif import BNLIF
+        from .nn.cuba import CUBA
         from .nn.layers import Dropout, TimeFolded
         from .nn.neurons import LIF
+        from .nn.recurrent_lif import RecurrentLIF
         from .nn.spiking_layers import _BNLIFBlock
 
         if isinstance(layer, TimeFolded):
             return self.add(name, layer.module)
+        if any(getattr(layer, init, torch.zeros(1)).any() for init in ("v_init", "i_init")):
+            raise ValueError(f"{name}: {type(layer).__name__} starts from a state other than 0 (v_init, i_init), "
+                             "which a NIR graph cannot say")
         if isinstance(layer, _BNLIFBlock):
             self.add(f"{name}.layer", layer.layer)
             self.add(f"{name}.bn", layer.bn)
@@ -165,9 +190,7 @@ class _Writer:
         if isinstance(layer, nn.modules.batchnorm._BatchNorm):
             self._fold_bn(name, layer)
             if isinstance(layer, BNLIF):
-                if layer.reset != "hard":
-                    raise ValueError(f"{name}: reset={layer.reset!r} has no NIR equivalent "
-                                     "(NIR neurons reset to v_reset)")
+                _check_hard_reset(name, layer)
                 decay = torch.sigmoid(layer.decay_logit) if layer.decay_logit is not None else layer.decay
                 self._neuron(name, decay, layer.threshold, layer.v_reset)
             return
@@ -201,12 +224,22 @@ class _Writer:
             self._flatten(name, layer)
             return
         if isinstance(layer, LIF):
-            if layer.reset != "hard":
-                raise ValueError(f"{name}: reset={layer.reset!r} has no NIR equivalent (NIR neurons reset to v_reset)")
+            _check_hard_reset(name, layer)
             self._neuron(name, layer.decay_value(), layer.threshold, layer.v_reset)
             return
+        if isinstance(layer, RecurrentLIF):
+            _check_hard_reset(name, layer)
+            if len(self.shape) != 1:
+                raise ValueError(f"{name}: RecurrentLIF gets per-sample shape {self.shape}; NIR's recurrent "
+                                 "Linear needs one vector of features per sample")
+            self._neuron(name, layer.decay, layer.threshold, layer.v_reset, recurrent=_np64(layer.weight))
+            return
+        if isinstance(layer, CUBA):
+            _check_hard_reset(name, layer)
+            self._cuba(name, layer)
+            return
         raise ValueError(f"cannot export layer {name} ({type(layer).__name__}) to NIR; supported: Flatten, Linear, "
-                         "Conv2d, BatchNorm (folded), LIF, IF, PLIF, BNLIF")
+                         "Conv2d, BatchNorm (folded), LIF, IF, PLIF, BNLIF, CUBA, RecurrentLIF")
 
     def flush(self):
         nir = require("nir", "NIR export and import")
@@ -254,23 +287,32 @@ class _Writer:
         p["weight"] = p["weight"] * scale.reshape(-1, *[1] * (p["weight"].ndim - 1))
         p["bias"] = shift if p["bias"] is None else p["bias"] * scale + shift
 
-    def _neuron(self, name, decay, threshold, v_reset):
+    def _full(self, per_channel, dtype=np.float64):
+        """One value per neuron of the current shape, as NIR wants, from one per channel (or one)."""
+        shape, channels = self.shape, self.shape[0]
+        values = np.broadcast_to(np.asarray(per_channel, np.float64).reshape(-1), (channels,))
+        return np.broadcast_to(values.reshape(channels, *[1] * (len(shape) - 1)), shape).astype(dtype)
+
+    def _firing(self, threshold, v_reset):
+        """(v_threshold, v_reset) per neuron: the threshold one float32 ulp below ours."""
+        threshold = _np64(threshold) if isinstance(threshold, torch.Tensor) else threshold
+        below = np.nextafter(np.asarray(threshold, np.float32), np.float32(-np.inf))
+        return self._full(below, np.float32), self._full(v_reset, np.float32)
+
+    def _neuron(self, name, decay, threshold, v_reset, recurrent=None):
+        """A LIF (IF for decay 1) node; with `recurrent` (a [N, N] weight from the layer's spikes
+        of the step before), the subgraph snnTorch's importer runs as a recurrent LIF."""
         nir = require("nir", "NIR export and import")
 
-        shape, channels = self.shape, self.shape[0]
+        channels = self.shape[0]
         decay = np.asarray(_np64(decay) if isinstance(decay, torch.Tensor) else decay, np.float64).reshape(-1)
         if decay.size not in (1, channels):
             raise ValueError(f"{name}: {decay.size} decay values for {channels} channels")
-
-        def full(per_channel, dtype=np.float64):  # one value per neuron, as NIR wants
-            values = np.broadcast_to(np.asarray(per_channel, np.float64).reshape(-1), (channels,))
-            return np.broadcast_to(values.reshape(channels, *[1] * (len(shape) - 1)), shape).astype(dtype)
-
-        thr = full(np.nextafter(np.float32(threshold), np.float32(-np.inf)), np.float32)
-        reset = full(v_reset, np.float32)
+        full = self._full
+        thr, reset = self._firing(threshold, v_reset)
         if (decay == 1).all():
             self.flush()
-            self.nodes.append(nir.IF(r=full(1.0 / self.dt), v_threshold=thr, v_reset=reset))
+            self._append(nir.IF(r=full(1.0 / self.dt), v_threshold=thr, v_reset=reset), recurrent)
             return
         if (decay >= 1).any() or (decay < 0).any():
             raise ValueError(f"{name}: decay must lie in [0, 1) for a NIR LIF (1 for IF), "
@@ -284,12 +326,49 @@ class _Writer:
             g = np.broadcast_to(gain, (channels,))
             p["weight"] = p["weight"] / g.reshape(-1, *[1] * (p["weight"].ndim - 1))
             p["bias"] = None if p["bias"] is None else p["bias"] / g
+            recurrent = None if recurrent is None else recurrent / g.reshape(-1, 1)
             r = full(1.0)
         else:
             r = full(1.0 / gain)
         self.flush()
-        self.nodes.append(nir.LIF(tau=full(self.dt / gain), r=r, v_leak=full(0.0), v_threshold=thr,
-                                  v_reset=reset))
+        self._append(nir.LIF(tau=full(self.dt / gain), r=r, v_leak=full(0.0), v_threshold=thr, v_reset=reset),
+                     recurrent)
+
+    def _append(self, neuron, recurrent):
+        """The neuron node, or with a recurrent weight the nested graph snnTorch's RLeaky is
+        (input -> neuron -> output, the neuron -> w_rec -> neuron loop): snnTorch's importer
+        runs it as RLeaky computes (its own flat export of RLeaky it wires wrongly)."""
+        nir = require("nir", "NIR export and import")
+
+        if recurrent is None:
+            self.nodes.append(neuron)
+            return
+        n = np.array(self.shape)
+        self.nodes.append(nir.NIRGraph(
+            nodes={"input": nir.Input(input_type=n), "lif": neuron, "w_rec": nir.Linear(weight=_compact(recurrent)),
+                   "output": nir.Output(output_type=n)},
+            edges=[("input", "lif"), ("lif", "w_rec"), ("w_rec", "lif"), ("lif", "output")]))
+
+    def _cuba(self, name, layer):
+        """A CubaLIF node. Written with r = tau_mem/dt and w_in = tau_syn/dt (both gains 1),
+        the weights before it verbatim, in either form: snnTorch's importer asserts
+        r = tau_mem/dt, and Norse's honours r and w_in."""
+        nir = require("nir", "NIR export and import")
+
+        for field, value in (("decay", layer.decay), ("syn_decay", layer.syn_decay)):
+            if value >= 1:
+                raise ValueError(f"{name}: {field}={value} (no leak) has no NIR CubaLIF: its time constant "
+                                 "would be infinite")
+        self.flush()
+        thr, reset = self._firing(layer.threshold, layer.v_reset)
+        tau_mem, tau_syn = self._full(self.dt / (1.0 - layer.decay)), self._full(self.dt / (1.0 - layer.syn_decay))
+        self.nodes.append(nir.CubaLIF(tau_syn=tau_syn, tau_mem=tau_mem, r=tau_mem / self.dt, v_leak=self._full(0.0),
+                                      v_threshold=thr, v_reset=reset, w_in=tau_syn / self.dt))
+
+
+def _check_hard_reset(name, layer) -> None:
+    if layer.reset != "hard":
+        raise ValueError(f"{name}: reset={layer.reset!r} has no NIR equivalent (NIR neurons reset to v_reset)")
 
 
 def _check_dt(dt) -> float:
@@ -304,16 +383,19 @@ def _check_finite(nodes, dt: float) -> None:
     naming the node and field (diverged weights, or a dt so small that a time constant
     underflows or 1/dt overflows in the float32 that peers compute in)."""
     for i, node in enumerate(nodes):
-        for field, value in vars(node).items():
-            if not (isinstance(value, np.ndarray) and value.dtype.kind == "f"):
-                continue
-            with np.errstate(over="ignore"):
-                value = value.astype(np.float32)
-            problem = ("a non-finite" if not np.isfinite(value).all() else
-                       "a zero" if field == "tau" and (value <= 0).any() else None)
-            if problem:
-                raise ValueError(f"cannot export: NIR node {i} ({type(node).__name__}) would have {problem} "
-                                 f"{field} (with dt = {dt}); check the model's weights and dt")
+        parts = node.nodes.items() if hasattr(node, "nodes") else [("", node)]  # a recurrent subgraph's nodes
+        for key, part in parts:
+            for field, value in vars(part).items():
+                if not (isinstance(value, np.ndarray) and value.dtype.kind == "f"):
+                    continue
+                with np.errstate(over="ignore"):
+                    value = value.astype(np.float32)
+                problem = ("a non-finite" if not np.isfinite(value).all() else
+                           "a zero" if field.startswith("tau") and (value <= 0).any() else None)
+                if problem:
+                    where = f"{i}" + (f" ({type(node).__name__}), its node {key!r}" if key else "")
+                    raise ValueError(f"cannot export: NIR node {where} ({type(part).__name__}) would have {problem} "
+                                     f"{field} (with dt = {dt}); check the model's weights and dt")
 
 
 def _np64(t) -> np.ndarray:
@@ -372,25 +454,47 @@ class RestingLIF(LIF):
         return super().extra_repr() + f", v_init={self.v_init.tolist() if self.v_init.numel() < 5 else 'per neuron'}"
 
 
-SUPPORTED = ("Input", "Output", "Affine", "Linear", "Conv2d", "Flatten", "AvgPool2d", "LIF", "IF", "LI", "I")
+class RestingCUBA(CUBA):
+    """A CUBA whose state starts at (v_init, i_init) rather than 0: Norse's LIFCell starts its
+    potential at v_leak, and from_nir carries a CubaLIF's v_leak drive on the synaptic current,
+    which then starts at it. Each is one number or one value per neuron of a sample, broadcast
+    over the batch; with stateful=True the first call (and the first after a reset) starts there."""
+
+    def __init__(self, v_init, i_init, **kwargs):
+        super().__init__(**kwargs)
+        self.register_buffer("v_init", torch.as_tensor(v_init, dtype=torch.float32))
+        self.register_buffer("i_init", torch.as_tensor(i_init, dtype=torch.float32))
+
+    def call_neuron(self, function, x, **kwargs):
+        if all(s is None for s in kwargs.get("state0") or (None,)) and isinstance(x, torch.Tensor):
+            kwargs["state0"] = tuple(s.to(x.device, x.dtype).expand(x.shape[1:]) for s in (self.v_init, self.i_init))
+        return super().call_neuron(function, x, **kwargs)
+
+
+SUPPORTED = ("Input", "Output", "Affine", "Linear", "Conv2d", "Flatten", "AvgPool2d", "LIF", "IF", "CubaLIF", "LI",
+             "I")
+NEURONS = ("LIF", "IF", "CubaLIF")  # node types that may carry a recurrent Affine/Linear
 
 
 def from_nir(graph, dt: float | None = None, convention: str = "nir") -> nn.Sequential:
     """A spikefuse model of a sequential NIR graph (a nir.NIRGraph or a .nir file path): an
-    nn.Sequential of Linear, TimeFolded(Conv2d/AvgPool2d), Flatten, spikefuse LIF/IF (and
-    Integrator/LeakyIntegrator for NIR's I/LI), mapping time-major [T, B, *shape] to [T, B, ...].
+    nn.Sequential of Linear, TimeFolded(Conv2d/AvgPool2d), Flatten, spikefuse LIF/IF, CUBA (for
+    CubaLIF), RecurrentLIF (for a LIF/IF with an Affine/Linear back to itself, nested or not;
+    see the module docstring) and Integrator/LeakyIntegrator (NIR's I/LI), mapping time-major
+    [T, B, *shape] to [T, B, ...]. A v_threshold may differ between channels for LIF/IF only.
 
     dt: seconds per step; default the graph's metadata["dt"] (spikefuse writes it; snnTorch
     assumes 1e-4, Norse 1e-3 unless told). The NIR gain r dt/tau is folded into the preceding
     Linear/Conv2d; v > v_threshold becomes h >= nextafter(v_threshold, +inf) in float32.
-    convention: "nir" (LIF nodes reset to v_reset at once), "snntorch" (LIF nodes are
-    snnTorch's default Leaky: reset="subtract", detach_reset=True) or "norse" (a graph of
-    norse.torch.to_nir(..., dt=1.0): LIF nodes step with dt, default 1e-3 (Norse's cells'),
-    and start at v_leak (RestingLIF); IF nodes (IAFCell) step with dt = 1 whatever dt is, as
+    convention: "nir" (LIF and CubaLIF nodes reset to v_reset at once), "snntorch" (LIF and
+    CubaLIF nodes are snnTorch's default Leaky/RLeaky/Synaptic: reset="subtract",
+    detach_reset=True; RLeaky as reset="none", see the module docstring) or "norse" (a graph
+    of norse.torch.to_nir(..., dt=1.0): LIF and CubaLIF nodes step with dt, default 1e-3
+    (Norse's cells'), and start at v_leak (RestingLIF, RestingCUBA); CubaLIF (LIFCell) adds
+    its input to the current unscaled; IF nodes (IAFCell) step with dt = 1 whatever dt is, as
     IAFCell adds its input unscaled. Norse does not write v_reset: a cell's v_reset other
     than 0 (also IAFCell's initial potential) is lost in its export and cannot be recovered
-    here; CubaLIF (Norse's LIFCell) is refused like any other unsupported node). See the
-    module docstring.
+    here). See the module docstring.
     The model's `readout` attribute repeats the graph's ("mean": average the output over T)."""
     nir = require("nir", "NIR export and import")
 
@@ -410,9 +514,10 @@ def from_nir(graph, dt: float | None = None, convention: str = "nir") -> nn.Sequ
         dt = NORSE_DT
     dt = None if dt is None else _check_dt(dt)
     reader = _Reader(dt, convention)
-    for key in _chain(graph):
-        _check_finite_node(key, graph.nodes[key])
-        reader.add(key, graph.nodes[key])
+    nodes, edges = _recurrences(nir, graph)
+    for key in _chain(nir, nodes, edges):
+        _check_finite_node(key, nodes[key])
+        reader.add(key, nodes[key])
     model = nn.Sequential(*reader.modules)
     readout = metadata.get("readout")
     readout = readout.decode() if isinstance(readout, bytes) else readout
@@ -435,6 +540,10 @@ def _read(nir, path: Path):
 def _check_finite_node(key, node) -> None:
     """Refuse NaN/inf in any float parameter of a node (export refuses to write them; a NaN
     weight or tau would otherwise load silently or be misreported). Loading may sync."""
+    if isinstance(node, _Recurrent):
+        for part_key, part in node.parts():
+            _check_finite_node(part_key, part)
+        return
     for field, value in vars(node).items():
         if isinstance(value, torch.Tensor):
             value = value.detach().cpu().numpy()
@@ -447,15 +556,59 @@ def _check_finite_node(key, node) -> None:
                                  f"({shown} at index {list(where)}); NIR parameters must be finite")
 
 
-def _chain(graph) -> list[str]:
-    """The node keys from Input to Output of a graph that is one chain; ValueError otherwise."""
-    nir = require("nir", "NIR export and import")
+class _Recurrent:
+    """A neuron node with an Affine/Linear from its spikes back to its own input: a recurrent
+    neuron (snnTorch's RLeaky), read as one node of the chain."""
 
-    nodes, edges = graph.nodes, [tuple(e) for e in graph.edges]
+    def __init__(self, neuron, weight, keys):
+        self.neuron, self.weight, self.keys = neuron, weight, keys  # keys: the two nodes' names
+
+    def parts(self):
+        return zip(self.keys, (self.neuron, self.weight))
+
+
+def _recurrences(nir, graph) -> tuple[dict, list]:
+    """The graph's nodes and edges with each recurrent neuron as one _Recurrent node. Two forms:
+    a nested NIRGraph node of Input -> neuron -> Output with an Affine/Linear from the neuron
+    back to itself (snnTorch's RLeaky before nirtorch flattens it; what to_nir writes), or
+    that loop in the graph itself (what snnTorch's export_to_nir writes). Any other nested
+    graph is refused naming it."""
+    nodes, edges = dict(graph.nodes), [tuple(e) for e in graph.edges]
+    for key, node in graph.nodes.items():
+        if isinstance(node, nir.NIRGraph):
+            nodes[key] = _recurrent_subgraph(nir, key, node)
+    for key, node in graph.nodes.items():
+        into, out_of = [a for a, b in edges if b == key], [b for a, b in edges if a == key]
+        if (isinstance(node, (nir.Affine, nir.Linear)) and len(into) == 1 and into == out_of
+                and type(nodes.get(into[0])).__name__ in NEURONS):  # neuron -> weight -> neuron, nothing else
+            nodes[into[0]] = _Recurrent(nodes[into[0]], node, (into[0], key))
+            del nodes[key]
+            edges = [e for e in edges if key not in e]
+    return nodes, edges
+
+
+def _recurrent_subgraph(nir, key, graph) -> _Recurrent:
+    try:
+        nodes, edges = _recurrences(nir, graph)
+        inner = _chain(nir, nodes, edges) if len(nodes) == 3 else []
+    except ValueError:
+        inner = []
+    if len(inner) != 1 or not isinstance(nodes[inner[0]], _Recurrent):
+        kinds = {k: type(n).__name__ for k, n in graph.nodes.items()}
+        raise ValueError(f"node {key!r} (NIRGraph): from_nir reads a nested graph only as a recurrent neuron "
+                         f"(Input -> LIF/IF/CubaLIF -> Output, and an Affine/Linear from the neuron back to it); "
+                         f"got nodes {kinds}, edges {sorted(map(tuple, graph.edges))}")
+    rec = nodes[inner[0]]
+    return _Recurrent(rec.neuron, rec.weight, tuple(f"{key}.{k}" for k in rec.keys))
+
+
+def _chain(nir, nodes, edges) -> list[str]:
+    """The node keys from Input to Output of a graph that is one chain; ValueError otherwise."""
     for key, node in nodes.items():
-        if type(node).__name__ not in SUPPORTED or isinstance(node, nir.NIRGraph):
+        if not isinstance(node, _Recurrent) and (type(node).__name__ not in SUPPORTED
+                                                  or isinstance(node, nir.NIRGraph)):
             raise ValueError(f"node {key!r} ({type(node).__name__}): not supported by spikefuse.nir.from_nir; "
-                             f"supported node types: {', '.join(SUPPORTED)}")
+                             f"supported node types: {', '.join(SUPPORTED)}, and recurrent neurons")
     inputs = [k for k, n in nodes.items() if isinstance(n, nir.Input)]
     outputs = [k for k, n in nodes.items() if isinstance(n, nir.Output)]
     if len(inputs) != 1 or len(outputs) != 1:
@@ -514,11 +667,10 @@ def _per_channel(key, field, value) -> np.ndarray:
     return rows[:1] if (rows == rows[0]).all() else rows
 
 
-def _uniform(key, field, value) -> float:
+def _uniform(key, field, value, why="spikefuse neurons take one value per layer") -> float:
     a = np.unique(_arr(value))
     if a.size != 1:
-        raise ValueError(f"node {key!r}: {field} differs between neurons ({a.min()}..{a.max()}); "
-                         "spikefuse neurons take one value per layer")
+        raise ValueError(f"node {key!r}: {field} differs between neurons ({a.min()}..{a.max()}); {why}")
     return float(a[0])
 
 
@@ -577,6 +729,13 @@ class _Reader:
             self.modules.append(TimeFolded(nn.AvgPool2d(pair(node.kernel_size), pair(node.stride), pair(node.padding))))
         elif isinstance(node, (nir.LIF, nir.IF)):
             self._neuron(key, node, weighted)
+        elif isinstance(node, nir.CubaLIF):
+            self._cuba(key, node, weighted)
+        elif isinstance(node, _Recurrent):
+            if isinstance(node.neuron, nir.CubaLIF):
+                raise ValueError(f"node {key!r}: a CubaLIF with a recurrent {type(node.weight).__name__} (snnTorch's "
+                                 "RSynaptic) has no spikefuse neuron; recurrent LIF/IF load as RecurrentLIF")
+            self._neuron(key, node.neuron, weighted, node)
         elif isinstance(node, (nir.LI, nir.I)):
             dt = self._dt(key)
             r = _per_channel(key, "r", node.r)
@@ -611,7 +770,8 @@ class _Reader:
             return 1.0
         if weighted is None:
             if drive.any():
-                raise ValueError(f"node {key!r}: v_leak != 0 needs an Affine/Conv2d before the neuron to carry it")
+                raise ValueError(f"node {key!r}: a constant input (v_leak != 0, or a recurrent Affine's bias) needs "
+                                 "an Affine/Conv2d before the neuron to carry it")
             return gain
         shape = (-1, *[1] * (weighted["weight"].ndim - 1))
         weighted["weight"] = weighted["weight"] * gain.reshape(shape)
@@ -624,7 +784,17 @@ class _Reader:
         self._set(weighted)
         return 1.0
 
-    def _neuron(self, key, node, weighted):
+    def _left(self, key, weighted, gain, drive) -> float:
+        """_scale_input for a neuron: the one gain left for it (1 where folded), or a ValueError."""
+        gain, drive = (np.array(a, np.float64) for a in np.broadcast_arrays(_unit(gain), drive))
+        left = np.unique(np.atleast_1d(self._scale_input(key, weighted, gain, drive)))
+        if left.size != 1:
+            raise ValueError(f"node {key!r}: a per-neuron input gain needs an Affine/Conv2d before it")
+        return float(left[0])
+
+    def _neuron(self, key, node, weighted, recurrent=None):
+        """A LIF/IF node as spikefuse's LIF/IF; with `recurrent` (the _Recurrent it is in), a
+        RecurrentLIF."""
         nir = require("nir", "NIR export and import")
 
         from .nn.neurons import IF, LIF
@@ -636,35 +806,127 @@ class _Reader:
             decay, gain, drive = np.ones(1), r * dt, np.zeros(1)
         else:
             tau = _per_channel(key, "tau", node.tau)
-            if (tau <= 0).any() or not np.isfinite(tau).all():
-                raise ValueError(f"node {key!r}: tau must be finite and > 0")
-            if (tau < dt).any():
-                raise ValueError(f"node {key!r}: tau = {tau.min()} < dt = {dt}: forward Euler would "
-                                 "overshoot (decay 1 - dt/tau < 0); pass the graph's dt")
+            _check_tau(key, "tau", tau, dt)
             decay = 1.0 - dt / tau
             gain, drive = r * dt / tau, dt / tau * _per_channel(key, "v_leak", node.v_leak)
-        left = self._scale_input(key, weighted, np.broadcast_to(gain, np.broadcast(gain, drive).shape).copy(),
-                                 np.broadcast_to(drive, np.broadcast(gain, drive).shape).copy())
-        left = np.unique(np.atleast_1d(left))
-        if left.size != 1:
-            raise ValueError(f"node {key!r}: a per-neuron input gain r dt/tau needs an Affine/Conv2d before it")
-        snntorch = self.convention == "snntorch" and isinstance(node, nir.LIF)
-        threshold = np.float32(_uniform(key, "v_threshold", node.v_threshold))
-        if not snntorch:  # reset="subtract" fires at h > threshold itself
-            threshold = float(np.nextafter(threshold, np.float32(np.inf)))  # v > t  ==  v >= nextafter(t, +inf)
-        v_reset = 0.0 if node.v_reset is None else _uniform(key, "v_reset", node.v_reset)
-        threshold, v_reset = _f32(threshold / left[0]), _f32(v_reset / left[0])
-        if isinstance(node, nir.IF):
-            self.modules.append(IF(threshold=threshold, v_reset=v_reset))
+        w_rec = None
+        if recurrent is not None:  # its bias is a constant input: snnTorch's RLeaky adds it every step
+            w_rec, b_rec = self._recurrent_weight(recurrent.keys[1], recurrent.weight)
+            drive = drive + _unit(gain) * b_rec
+        left = self._left(key, weighted, gain, drive)
+        delayed = self.convention == "snntorch" and isinstance(node, nir.LIF)  # snnTorch's Leaky/RLeaky
+        threshold = _per_channel(key, "v_threshold", node.v_threshold).astype(np.float32)
+        # NIR fires at v > t: in float32, v >= nextafter(t, +inf); reset="subtract" fires at h > t itself
+        fire = (threshold if delayed and w_rec is None else np.nextafter(threshold, np.float32(np.inf))) / left
+        v_reset = _f32((0.0 if node.v_reset is None else _uniform(key, "v_reset", node.v_reset)) / left)
+        if w_rec is not None:
+            self._recurrent(key, node, w_rec * (_unit(gain) / left).reshape(-1, 1), decay, fire, v_reset,
+                            subtract=threshold / left if delayed else None)
             return
-        reset = dict(reset="subtract", detach_reset=True) if snntorch else dict(v_reset=v_reset)
+        options = dict(threshold=_f32(fire[0]) if fire.size == 1 else 1.0)  # per channel: a buffer, set below
+        options.update(dict(reset="subtract", detach_reset=True) if delayed else dict(v_reset=v_reset))
         decay = _f32(decay[0]) if decay.size == 1 else torch.tensor(decay, dtype=torch.float32)
-        if norse:  # Norse's cells start at v_leak (in the neuron's units: over the gain left)
-            v_init = _arr(node.v_leak) / left[0]
-            self.modules.append(RestingLIF(v_init, decay=decay, threshold=threshold, **reset))
+        if isinstance(node, nir.IF):
+            neuron = IF(**options)
+        elif norse:  # Norse's cells start at v_leak (in the neuron's units: over the gain left)
+            neuron = RestingLIF(_arr(node.v_leak) / left, decay=decay, **options)
         else:
-            self.modules.append(LIF(decay=decay, threshold=threshold, **reset))
+            neuron = LIF(decay=decay, **options)
+        if fire.size > 1:  # a buffer, not a plain attribute: it moves with the model and is saved
+            del neuron.threshold
+            neuron.register_buffer("threshold", torch.tensor(fire, dtype=torch.float32))
+        self.modules.append(neuron)
+
+    def _recurrent_weight(self, key, node):
+        """The recurrent Affine/Linear's weight [N, N] and bias ([N], or [0.])."""
+        nir = require("nir", "NIR export and import")
+
+        weight = _arr(node.weight)
+        if weight.ndim != 2 or weight.shape[0] != weight.shape[1]:
+            raise ValueError(f"node {key!r}: the recurrent {type(node).__name__}'s weight must be square [N, N], "
+                             f"got shape {weight.shape}")
+        bias = _arr(node.bias) if isinstance(node, nir.Affine) and node.bias is not None else None
+        return weight, np.zeros(1) if bias is None else _bias(key, weight, bias)
+
+    def _recurrent(self, key, node, weight, decay, fire, v_reset, subtract):
+        """A RecurrentLIF: h = decay*v + x + s[t-1] @ weight.T, fired at h >= fire. snnTorch's
+        RLeaky (convention="snntorch") subtracts `subtract` * s[t-1] from h instead of resetting
+        at once: reset="none" with the subtraction on the weight's diagonal, the same forward
+        (but the reset's gradient, which snnTorch detaches, flows)."""
+        from .nn.recurrent_lif import RecurrentLIF
+
+        for field, values in (("tau", decay), ("v_threshold", fire)):
+            if np.unique(values).size > 1:
+                raise ValueError(f"node {key!r}: {field} differs between neurons; spikefuse's RecurrentLIF takes one "
+                                 "value per layer")
+        if self.convention == "norse" and np.any(_arr(getattr(node, "v_leak", 0.0))):
+            raise ValueError(f"node {key!r}: convention='norse' starts the potential at v_leak, RecurrentLIF at 0")
+        if decay[0] <= 0:
+            raise ValueError(f"node {key!r}: tau = dt gives decay 0; spikefuse's RecurrentLIF needs decay > 0")
+        options = dict(reset="hard", v_reset=v_reset)
+        if subtract is not None:
+            if subtract[0] < 0:  # snnTorch would subtract at the first step (0 > threshold): RecurrentLIF cannot
+                raise ValueError(f"node {key!r}: v_threshold < 0 under convention='snntorch' (RLeaky then resets "
+                                 "before its first spike)")
+            weight = weight - np.diag(np.full(len(weight), np.float64(subtract[0])))
+            options = dict(reset="none")
+        layer = RecurrentLIF(len(weight), decay=_f32(decay[0]), threshold=_f32(fire[0]), **options)
+        with torch.no_grad():
+            layer.weight.copy_(torch.from_numpy(weight.astype(np.float32)))
+        self.modules.append(layer)
+
+    def _cuba(self, key, node, weighted):
+        """A CubaLIF node as spikefuse's CUBA. NIR's tau_syn dI/dt = -I + w_in S and tau_mem dv/dt
+        = v_leak - v + r I, forward Euler (v from the new I, as snnTorch's Synaptic and Norse's
+        LIFCell step): I <- syn_decay I + g_syn S, v <- decay v + g_mem I + c, with g_syn =
+        w_in dt/tau_syn (Norse's LIFCell adds its input unscaled: g_syn = w_in under
+        convention="norse"), g_mem = r dt/tau_mem and c = dt/tau_mem v_leak. Both gains fold
+        into the Affine/Linear before it; c rides on the current (i' = g_mem I + c: the bias
+        gains c (1 - syn_decay) and i' starts at c, RestingCUBA)."""
+        from .nn.cuba import CUBA
+
+        dt = self._dt(key)
+        tau_syn, tau_mem = (_uniform(key, f, getattr(node, f), "spikefuse's CUBA takes one per layer")
+                            for f in ("tau_syn", "tau_mem"))
+        _check_tau(key, "tau_syn", tau_syn, dt)
+        _check_tau(key, "tau_mem", tau_mem, dt)
+        if tau_mem == dt:
+            raise ValueError(f"node {key!r}: tau_mem = dt = {dt} gives decay 0; spikefuse's CUBA needs decay > 0")
+        syn_decay, decay = 1.0 - dt / tau_syn, 1.0 - dt / tau_mem
+        norse = self.convention == "norse"
+        w_in = _per_channel(key, "w_in", node.w_in)
+        gain = (w_in if norse else w_in * dt / tau_syn) * _per_channel(key, "r", node.r) * dt / tau_mem
+        leak = dt / tau_mem * _arr(node.v_leak)  # c, per neuron
+        drive = dt / tau_mem * _per_channel(key, "v_leak", node.v_leak) * (1 - syn_decay)
+        left = self._left(key, weighted, gain, drive)
+        delayed = self.convention == "snntorch"  # snnTorch's Synaptic: the delayed subtract reset, fired at h > t
+        threshold = np.float32(_uniform(key, "v_threshold", node.v_threshold, "spikefuse's CUBA takes one threshold "
+                                        "per layer (only LIF takes one per channel)"))
+        if not delayed:
+            threshold = np.nextafter(threshold, np.float32(np.inf))
+        v_reset = 0.0 if node.v_reset is None else _uniform(key, "v_reset", node.v_reset)
+        reset = dict(reset="subtract", detach_reset=True) if delayed else dict(v_reset=_f32(v_reset / left))
+        options = dict(decay=_f32(decay), syn_decay=_f32(syn_decay), threshold=_f32(threshold / left), **reset)
+        v_init = _arr(node.v_leak) / left if norse else np.zeros(1)  # Norse's LIFCell starts at v_leak
+        if v_init.any() or leak.any():
+            self.modules.append(RestingCUBA(v_init, leak / left, **options))
+        else:
+            self.modules.append(CUBA(**options))
+
+
+def _unit(gain):
+    """gain, or exactly 1 where all of it is within UNIT_GAIN_TOLERANCE of 1 (float rounding of r = tau/dt)."""
+    return np.ones_like(gain) if (np.abs(np.asarray(gain) - 1) < UNIT_GAIN_TOLERANCE).all() else gain
+
+
+def _check_tau(key, field, tau, dt) -> None:
+    tau = np.asarray(tau)
+    if (tau <= 0).any() or not np.isfinite(tau).all():
+        raise ValueError(f"node {key!r}: {field} must be finite and > 0")
+    if (tau < dt).any():
+        raise ValueError(f"node {key!r}: {field} = {tau.min()} < dt = {dt}: forward Euler would "
+                         f"overshoot (decay 1 - dt/{field} < 0); pass the graph's dt")
 
 
 __all__ = ["to_nir", "from_nir", "DEFAULT_DT", "NORSE_DT", "FORMS", "CONVENTIONS", "READOUT_NODES",
-           "Integrator", "LeakyIntegrator", "RestingLIF"]
+           "Integrator", "LeakyIntegrator", "RestingLIF", "RestingCUBA"]

@@ -16,5 +16,4 @@ SPARSE_COMPILE = ("--sparse and --compile: the sparse backward runs its own kern
 NIR_EXPORT = {
     **dict.fromkeys(("resnet18", "resnet34"), "residual connections"),
     "dvs-gesture": "max pooling",
-    **dict.fromkeys(("ipu-shd-recurrent", "ipu-nmnist-recurrent", "ipu-dvsgesture-recurrent"), "RecurrentLIF"),
 }

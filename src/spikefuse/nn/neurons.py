@@ -129,7 +129,9 @@ class LIF(RecordsPotential, CarriesState):
 
     def _threshold_repr(self):
         t = self.threshold
-        return f"learned{list(t.shape)}" if isinstance(t, torch.Tensor) else f"{t}"
+        if isinstance(t, torch.Tensor):  # a Parameter is learned; a buffer is fixed (e.g. loaded from NIR)
+            return f"{'learned' if isinstance(t, nn.Parameter) else 'tensor'}{list(t.shape)}"
+        return f"{t}"
 
     def decay_value(self):
         return self.decay
