@@ -1,6 +1,7 @@
 """spikefuse.nir: to_nir -> from_nir round trips (spikes and parameters equal), graphs that
 snnTorch and Norse load and run to our spikes, their graphs loaded here, bad graphs refused.
-The peer tests skip where snnTorch / Norse are not installed (CI); see docs/nir.md."""
+The peer tests skip where NIR, snnTorch or Norse is missing, and fail instead under CI
+(tests/peers.py); see docs/nir.md."""
 from __future__ import annotations
 
 import contextlib
@@ -15,8 +16,9 @@ from torch import nn
 
 from spikefuse.models import build_model
 from spikefuse.nn import IF, LIF, PLIF, TimeFolded
+from peers import require
 
-nir = pytest.importorskip("nir")
+nir = require("nir")
 from spikefuse.nir import from_nir, to_nir  # noqa: E402
 
 
@@ -357,7 +359,7 @@ PEERS = {"snntorch": run_snntorch, "norse": run_norse}
 
 @pytest.mark.parametrize("peer", list(PEERS))
 def test_peers_run_our_default_export_to_our_spikes(peer, quiet):
-    pytest.importorskip(peer)
+    require(peer)
     model = ipu(readout="count")  # the graph's output is the last layer's spikes
     x = (torch.rand(10, 3, 40, generator=torch.Generator().manual_seed(2)) < 0.3).float()
     with torch.no_grad():
@@ -375,7 +377,7 @@ def test_peers_run_our_default_export_to_our_spikes(peer, quiet):
 
 
 def test_snntorch_graphs_import_to_snntorch_spikes(quiet):
-    snn = pytest.importorskip("snntorch")
+    snn = require("snntorch")
     from snntorch.export_nir import export_to_nir
 
     torch.manual_seed(0)
@@ -424,7 +426,7 @@ def test_snntorch_default_leaky_imports_with_the_snntorch_convention(quiet):
 
 
 def test_norse_graphs_import_to_norse_spikes(quiet):
-    norse = pytest.importorskip("norse.torch")
+    norse = require("norse.torch")
 
     torch.manual_seed(0)
     p1 = norse.LIFBoxParameters(tau_mem_inv=torch.tensor(200.0), v_th=torch.tensor(0.3))
