@@ -30,6 +30,8 @@ MODULES = [
     "spikefuse.data",
     "spikefuse.models",
     "spikefuse.compat.snntorch",
+    "spikefuse.compat.spikingjelly",
+    "spikefuse.compat.spikingjelly.surrogate",
     "spikefuse.train",
     "spikefuse.capture",
     "spikefuse.optim",

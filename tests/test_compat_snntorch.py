@@ -1,17 +1,20 @@
 """spikefuse.compat.snntorch against snnTorch itself: the same arguments, the same per-step
 loop code, equal spikes and equal `mem` (and `syn`) at every step, input gradients equal up to
 rounding; the whole-sequence path gives the same records; a small two-layer net built with
-either gives equal spike recordings and losses. snnTorch is imported plainly: a missing
-snnTorch fails these tests, it does not skip them."""
+either gives equal spike recordings and losses; snnTorch tutorial 5's network (784-1000-10,
+T=25) ported by its import line gives snnTorch's spikes. A missing snnTorch skips these tests,
+and fails them under CI (tests/peers.py)."""
 import pytest
-import snntorch
-import snntorch.surrogate
 import torch
 from torch import nn
 
 import spikefuse.compat.snntorch as compat
 import spikefuse.nn
 from helpers import DEVICE, rel_err
+from peers import require
+
+snntorch = require("snntorch")
+require("snntorch.surrogate")
 
 LEAKY_RESETS = ("subtract", "zero", "none")
 # (T, one step's shape, seed): T = 1, odd sizes, a step without a batch dim, a conv-like step
@@ -246,42 +249,81 @@ def test_unknown_reset_mechanism_is_snntorchs_error():
 
 
 class Net(nn.Module):
-    """snnTorch tutorial 5's network, tiny: Linear + Leaky twice, the per-step loop."""
+    """snnTorch tutorial 5's network, its code as written there with `snn` the imported module
+    (`import snntorch as snn`, or `import spikefuse.compat.snntorch as snn`: the port) and its
+    module-level sizes as arguments."""
 
-    def __init__(self, snn, beta=0.9):
+    def __init__(self, snn, num_inputs=28 * 28, num_hidden=1000, num_outputs=10, num_steps=25, beta=0.95):
         super().__init__()
-        self.fc1, self.lif1 = nn.Linear(20, 30), snn.Leaky(beta=beta)
-        self.fc2, self.lif2 = nn.Linear(30, 5), snn.Leaky(beta=beta)
+        self.num_steps = num_steps
+
+        # Initialize layers
+        self.fc1 = nn.Linear(num_inputs, num_hidden)
+        self.lif1 = snn.Leaky(beta=beta)
+        self.fc2 = nn.Linear(num_hidden, num_outputs)
+        self.lif2 = snn.Leaky(beta=beta)
 
     def forward(self, x):
-        mem1, mem2 = self.lif1.init_leaky(), self.lif2.init_leaky()
-        spk2_rec, mem2_rec = [], []
-        for step in range(x.shape[0]):
-            spk1, mem1 = self.lif1(self.fc1(x[step]), mem1)
-            spk2, mem2 = self.lif2(self.fc2(spk1), mem2)
+
+        # Initialize hidden states at t=0
+        mem1 = self.lif1.init_leaky()
+        mem2 = self.lif2.init_leaky()
+
+        # Record the final layer
+        spk2_rec = []
+        mem2_rec = []
+
+        for step in range(self.num_steps):
+            cur1 = self.fc1(x)
+            spk1, mem1 = self.lif1(cur1, mem1)
+            cur2 = self.fc2(spk1)
+            spk2, mem2 = self.lif2(cur2, mem2)
             spk2_rec.append(spk2)
             mem2_rec.append(mem2)
-        return torch.stack(spk2_rec), torch.stack(mem2_rec)
+
+        return torch.stack(spk2_rec, dim=0), torch.stack(mem2_rec, dim=0)
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2])
-def test_two_layer_net_equals_snntorch(seed):
+def digit_batch(n):
+    """n of spikefuse's embedded digits (8x8) scaled up to MNIST's 28x28, flattened as the
+    tutorial feeds them (`data.view(batch_size, -1)`), and their targets: the data source
+    change of the port (no MNIST download here)."""
+    from spikefuse.data.embedded import digits_split
+    x, y, _, _ = digits_split()
+    images = torch.tensor(x[:n], dtype=torch.float32).reshape(n, 1, 8, 8)
+    images = nn.functional.interpolate(images, size=(28, 28), mode="bilinear").clamp(0, 1)
+    return images.view(n, -1), torch.tensor(y[:n])
+
+
+@pytest.mark.parametrize("case", ["tutorial", "small0", "small1", "small2"])
+def test_tutorial5_net_equals_snntorch(case):
+    """The tutorial's network and loss (784-1000-10, beta 0.95, T=25, a batch of 8 digits), and
+    a small one on random input (20-30-5, beta 0.9, T=8): equal spike and membrane records,
+    equal loss, weight gradients equal up to rounding."""
+    seed = 0 if case == "tutorial" else int(case[-1])
     torch.manual_seed(seed)
-    theirs = Net(snntorch).to(DEVICE)
-    with torch.no_grad():  # PyTorch's default init is too small for the output layer to fire at T=8
-        theirs.fc1.weight.mul_(3)
-        theirs.fc2.weight.mul_(4)
-    mine = Net(compat).to(DEVICE)
+    if case == "tutorial":
+        theirs, mine = Net(snntorch), Net(compat)
+        data, targets = digit_batch(8)
+    else:
+        sizes = dict(num_inputs=20, num_hidden=30, num_outputs=5, num_steps=8, beta=0.9)
+        theirs, mine = Net(snntorch, **sizes), Net(compat, **sizes)
+        with torch.no_grad():  # PyTorch's default init is too small for the output layer to fire at T=8
+            theirs.fc1.weight.mul_(3)
+            theirs.fc2.weight.mul_(4)
+        g = torch.Generator().manual_seed(seed)
+        data, targets = torch.rand(6, 20, generator=g) * 1.5, torch.randint(0, 5, (6,), generator=g)
+    theirs, mine = theirs.to(DEVICE), mine.to(DEVICE)
     mine.load_state_dict(theirs.state_dict())  # the same weights (and snnTorch's neuron buffers)
-    g = torch.Generator().manual_seed(seed)
-    x = (torch.rand(8, 6, 20, generator=g) < 0.4).float().to(DEVICE) * 1.5  # T=8 of spiking input
-    targets = torch.randint(0, 5, (6,), generator=g).to(DEVICE)
     results = []
     for net in (theirs, mine):
-        spk_rec, mem_rec = net(x)
-        loss = sum(nn.functional.cross_entropy(mem_rec[t], targets) for t in range(x.shape[0]))
-        loss.backward()
-        results.append((spk_rec.detach(), mem_rec.detach(), loss.detach(), net.fc1.weight.grad))
+        spk_rec, mem_rec = net(data.to(DEVICE))
+        loss = nn.CrossEntropyLoss()
+        loss_val = torch.zeros(1, device=DEVICE)  # the tutorial's loss: summed over the time steps
+        for step in range(net.num_steps):
+            loss_val += loss(mem_rec[step], targets.to(DEVICE))
+        loss_val.backward()
+        results.append((spk_rec.detach(), mem_rec.detach(), loss_val.detach(), net.fc1.weight.grad))
     (s1, m1, l1, g1), (s2, m2, l2, g2) = results
     assert 0 < s1.sum() < s1.numel(), "degenerate case"
     assert torch.equal(s1, s2) and torch.equal(m1, m2) and torch.equal(l1, l2)

@@ -6,7 +6,8 @@ data cache land there), on one CPU thread, seeded. A block whose first line is a
 naming what it needs is skipped where that is missing:
     # needs: gpu          a CUDA device (always skipped here: these tests run on the CPU)
     # needs: download     a data set download (always skipped)
-    # needs: snntorch     an importable module (peer libraries in docs/migrating.md)
+    # needs: snntorch     an importable module (peer libraries in docs/migrating.md; under CI,
+                          SPIKEFUSE_REQUIRE_PEERS=1, a missing peer fails: tests/peers.py)
 Also: docs/api.md is what docs/gen_api.py writes now, and docs/index.md links every page.
 """
 from __future__ import annotations
@@ -20,6 +21,8 @@ from pathlib import Path
 
 import pytest
 import torch
+
+from peers import is_required
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
@@ -58,7 +61,7 @@ def missing_need(code: str) -> str | None:
     for need in (n.strip() for n in re.split(r"[ ,]+", m.group(1)) if n.strip()):
         if need in ALWAYS_SKIPPED:
             return need
-        if importlib.util.find_spec(need) is None:
+        if importlib.util.find_spec(need) is None and not is_required(need):
             return f"{need} (not installed)"
     return None
 
@@ -88,7 +91,8 @@ def sandbox(tmp_path, monkeypatch):
         torch.set_num_threads(threads)
 
 
-OPTIONAL = {"nir", "tonic", "matplotlib", "snntorch", "norse"}  # the extras' modules (all installed in CI)
+# the extras' modules (all installed in CI)
+OPTIONAL = {"nir", "tonic", "matplotlib", "snntorch", "norse", "spikingjelly"}
 
 
 @pytest.mark.interpreter  # the examples run fused kernels on CPU tensors
@@ -110,7 +114,7 @@ def test_page_examples_run(page, sandbox):
                 linecache.cache[source] = (len(code), None, code.splitlines(keepends=True), source)
                 exec(compile(code, source, "exec"), namespace)
         except ModuleNotFoundError as e:
-            if (e.name or "").split(".")[0] not in OPTIONAL:
+            if (e.name or "").split(".")[0] not in OPTIONAL or is_required(e.name or ""):
                 raise
             pytest.skip(f"{page.name}, the python block at line {line}: needs {e.name} (not installed)")
         except Exception as e:

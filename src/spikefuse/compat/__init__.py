@@ -1,5 +1,6 @@
 """Drop-in modules with a peer library's constructor arguments and semantics, running on
-spikefuse's fused kernels: `spikefuse.compat.snntorch` (snnTorch's `Leaky` and `Synaptic`).
+spikefuse's fused kernels: `spikefuse.compat.snntorch` (snnTorch's `Leaky` and `Synaptic`) and
+`spikefuse.compat.spikingjelly` (SpikingJelly's `LIFNode` and `IFNode`).
 
 The layer above spikefuse.nn (docs/architecture.md): the modules here call
 spikefuse.functional; a peer library itself is never imported.
