@@ -186,7 +186,7 @@ def test_the_penalty_is_inside_the_captured_step():
 
 
 @pytest.mark.parametrize("given, expected", [
-    ({}, (0.05, 10.0)),                                  # the measured default
+    ({}, (0.05, 0.0)),                                   # the measured default
     ({"max_rate": 0.1}, (0.1, 0.0)),                     # either option given: only what was given
     ({"rate_l1": 0.0}, (None, 0.0)),                     # --rate-l1 0 alone: no regulariser
 ])
@@ -195,4 +195,4 @@ def test_sparse_training_takes_the_measured_regulariser_unless_one_is_given(give
     cfg = make({"model": "ipu-shd", "sparse": True}, given)
     assert (cfg.max_rate, cfg.rate_l1) == expected
     assert make({"model": "ipu-shd"}).max_rate is None and make({"model": "ipu-shd"}).rate_l1 == 0.0  # dense: off
-    assert SPARSE_REGULARISER == {"max_rate": 0.05, "rate_l1": 10.0}
+    assert SPARSE_REGULARISER == {"max_rate": 0.05}

@@ -76,7 +76,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="sparse training (the ipu-* models): gradient only through neurons that came near threshold "
              "(0.9), the sparse backward where measured activity makes it pay, LazyAdam; starts from the "
              "fluctuation-driven init and, unless --max-rate or --rate-l1 is given, the measured regulariser "
-             "--max-rate 0.05 --rate-l1 10 (docs/sparse.md)")
+             "--max-rate 0.05 (docs/sparse.md)")
     add("--max-rate", type=float, default=s, metavar="RATE",
         help="keep each hidden neuron's firing rate (spikes per time step) under RATE: a penalty on the "
              "squared excess, added to the loss inside the step (default: off; 0.05 with --sparse)")
@@ -84,7 +84,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add("--rate-l1", type=float, default=s, metavar="W",
         help="add W x each hidden layer's mean firing rate to the loss: it also lowers potentials that come "
              "near threshold without firing, which --sparse's backward would otherwise still carry "
-             "(default: 0, off; 10 with --sparse; --rate-l1 0 alone turns --sparse's regulariser off)")
+             "(default: 0, off; --rate-l1 0 alone turns --sparse's default --max-rate off)")
     add("--seed", type=int, default=s, help="seeds init, data order and every RNG (default: 0)")
     add("--stop-on-nan", action=argparse.BooleanOptionalAction, default=s,
         help="stop when an epoch's training loss is NaN or infinite, keeping the last finite checkpoint "
