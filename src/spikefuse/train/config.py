@@ -56,7 +56,7 @@ TYPES = {"dataset": str, "model": str, "epochs": int, "batch_size": int, "lr": f
 # --sparse's regulariser when neither --max-rate nor --rate-l1 is given: the per-neuron bound
 # alone, which held test accuracy within 0.3 points of dense in issue 32's first slice. The L1
 # term (--rate-l1 10) buys 1.5x at width 4 but, measured over 20 epochs, drove the rates to
-# 0.1-0.3% and final accuracy 5-9 points down, and silenced width 1 (docs/sparse.md).
+# 0.1-0.3% and final accuracy 5-10 points down, and silenced width 1 (docs/sparse.md).
 # `--rate-l1 0` alone trains without a regulariser.
 SPARSE_REGULARISER = {"max_rate": 0.05}
 MAX_COUNT = 2**31 - 1  # epochs, batch size, time steps: far beyond use, still an int32
