@@ -7,8 +7,8 @@ then only the outputs whose neurons came near threshold carry gradient, and the 
 backwards count the carrying outputs on the device (no host sync inside a step);
 `update_dispatch(model)`, called where the loop already reads the device (between epochs,
 or every few hundred steps), reads the counts and picks the sparse backward where the
-mean carrying share is at most `sparse_below` (0.25: a first guess from one H100 run,
-docs/sparse.md), the dense one elsewhere. It returns whether any layer
+mean carrying share is at most `sparse_below` (0.35: where the sparse step stops paying at
+IPU width 4 and batch 64 on an H100, docs/sparse.md), the dense one elsewhere. It returns whether any layer
 changed its choice: a captured step must then be captured again.
 """
 from __future__ import annotations
@@ -23,7 +23,11 @@ from .layers import check_input, layer_name
 from .spiking_layers import SpikingLinear, _saved_bits
 
 BACKWARDS = ("auto", "sparse", "dense")
-SPARSE_BELOW = 0.25  # a first guess from one H100 run (docs/sparse.md), not a calibration
+# The carrying share up to which the sparse backward pays. Measured on one H100 with a fixed share
+# carrying (bench sparse --activity, sparse-dispatch-crossover-*): it breaks even near 0.57 at
+# IPU width 4 and batch 8, 0.35 at batch 64, above 0.7 at width 1; 0.25 flipped a run to dense
+# while sparse was still 1.45x faster (docs/sparse.md).
+SPARSE_BELOW = 0.35
 
 
 class SparseSpikingLinear(SpikingLinear):
