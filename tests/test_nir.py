@@ -5,11 +5,6 @@ cells in docs/nir.md's conformance table rest on it). CUBA, RecurrentLIF and per
 thresholds: tests/test_nir_zoo.py."""
 from __future__ import annotations
 
-import contextlib
-import io
-import logging
-import warnings
-
 import nir
 import numpy as np
 import pytest
@@ -19,6 +14,7 @@ from torch import nn
 from spikefuse.models import build_model
 from spikefuse.nir import from_nir, to_nir
 from spikefuse.nn import IF, LIF, PLIF, TimeFolded
+from peers import quiet, stepped  # noqa: F401  (quiet: the fixture)
 
 
 def trace(seq: nn.Sequential, x: torch.Tensor) -> list[torch.Tensor]:
@@ -330,15 +326,6 @@ def test_cli_exports_a_batch_norm_model(tmp_path, capsys):
 
 # ---- peers: snnTorch and Norse (test dependencies) ----
 
-@pytest.fixture
-def quiet():
-    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
-        warnings.simplefilter("ignore")
-        logging.disable(logging.WARNING)
-        yield
-        logging.disable(logging.NOTSET)
-
-
 def run_snntorch(graph, x):
     """snnTorch's import of `graph` over x [T, *] (one step per call; fresh state)."""
     from snntorch.import_nir import import_from_nir
@@ -455,16 +442,6 @@ def test_norse_graphs_import_to_norse_spikes(quiet):
     assert torch.equal(back(x), theirs)
 
 
-def run_norse_net(net, x):
-    """A Norse SequentialState over x [T, ...], one step per call, from its initial state."""
-    state, outs = None, []
-    with torch.no_grad():
-        for step in x:
-            out, state = net(step, state)
-            outs.append(out)
-    return torch.stack(outs)
-
-
 @pytest.mark.parametrize("v_leak", [0.0, 0.1, -0.2])
 def test_norse_lifbox_graphs_load_with_the_norse_convention(v_leak, quiet):
     """Linear + LIFBoxCell exported by Norse's to_nir (dt=1.0: tau = 1/tau_mem_inv) loads with
@@ -483,7 +460,7 @@ def test_norse_lifbox_graphs_load_with_the_norse_convention(v_leak, quiet):
         p.data.mul_(4.0)  # so that both layers fire
     graph = norse.to_nir(net, torch.randn(1, 12), dt=1.0)
     x = (torch.rand(30, 4, 12, generator=torch.Generator().manual_seed(7)) < 0.5).float() * 2
-    theirs = run_norse_net(net, x)
+    theirs = stepped(net, x)
     back = from_nir(graph, convention="norse")  # no dt: Norse's 1e-3
     assert isinstance(back[1], RestingLIF) and back[1].decay == pytest.approx(0.8)
     assert back[3].decay == pytest.approx(0.9)
@@ -504,7 +481,7 @@ def test_norse_iaf_graphs_load_with_the_norse_convention(quiet):
                                 nn.Linear(16, 6), norse.IAFCell(norse.IAFParameters(v_th=torch.tensor(0.3))))
     graph = norse.to_nir(net, torch.randn(1, 12))
     x = (torch.rand(30, 4, 12, generator=torch.Generator().manual_seed(8)) < 0.5).float()
-    theirs = run_norse_net(net, x)
+    theirs = stepped(net, x)
     assert 0.02 < theirs.mean() < 0.9
     assert torch.equal(from_nir(graph, convention="norse")(x), theirs)
     assert torch.equal(from_nir(graph, dt=1e-3, convention="norse")(x), theirs)

@@ -5,11 +5,6 @@ on random inputs over 30 steps. snnTorch and Norse are test dependencies: these 
 not skip, without them. docs/nir.md's conformance table cites them by name."""
 from __future__ import annotations
 
-import contextlib
-import io
-import logging
-import warnings
-
 import nir
 import numpy as np
 import pytest
@@ -19,32 +14,11 @@ from torch import nn
 from spikefuse.models import build_model
 from spikefuse.nir import RestingCUBA, from_nir, to_nir
 from spikefuse.nn import ALIF, CUBA, IF, LIF, RecurrentLIF
-
-
-@pytest.fixture
-def quiet():
-    """The peers' prints, warnings and log lines (snnTorch's importer prints as it goes)."""
-    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
-        warnings.simplefilter("ignore")
-        logging.disable(logging.WARNING)
-        yield
-        logging.disable(logging.NOTSET)
+from peers import quiet, stepped  # noqa: F401  (quiet: the fixture)
 
 
 def spikes_in(seed, shape=(30, 4, 12), p=0.4, scale=1.0):
     return (torch.rand(shape, generator=torch.Generator().manual_seed(seed)) < p).float() * scale
-
-
-def stepped(module, x):
-    """A module of the peers' calling style, out, state = module(x[t], state), over x [T, ...]
-    from a fresh state: Norse's SequentialState and the nirtorch graphs both peers import to
-    (a recurrent graph's loop lives in that state)."""
-    state, outs = None, []
-    with torch.no_grad():
-        for step in x:
-            out, state = module(step, state)
-            outs.append(out)
-    return torch.stack(outs)
 
 
 def hidden(net, x):
