@@ -50,23 +50,23 @@ def rank_env(rank: int, world: int, port: int) -> dict:
             "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
 
 
-def _rank_main(rank, fn, world, port, args):
-    os.environ.update(rank_env(rank, world, port))
+def _rank_main(rank, fn, world, port, args, device="cpu"):
+    os.environ.update(rank_env(rank, world, port), LOCAL_WORLD_SIZE=str(world))
     torch.set_num_threads(1)
-    dp = init_data_parallel("cpu")
+    dp = init_data_parallel(device)
     try:
         fn(dp, *args)
     finally:
         dist.destroy_process_group()
 
 
-def on_ranks(world: int, fn, *args, interpreter: bool = False):
+def on_ranks(world: int, fn, *args, interpreter: bool = False, device: str = "cpu"):
     """fn(DataParallel, *args) in `world` processes (forked where they can be, see
     helpers.worker_start_method); a rank's exception fails the test with its traceback, a
     run past TIMEOUT fails it as a hang. interpreter: fn runs fused kernels on gloo's CPU
-    tensors, which needs Triton's interpreter."""
+    tensors, which needs Triton's interpreter. device "cuda": rank r on GPU r, NCCL."""
     with worker_start_method(interpreter) as start_method:
-        context = mp.start_processes(_rank_main, args=(fn, world, free_port(), args), nprocs=world,
+        context = mp.start_processes(_rank_main, args=(fn, world, free_port(), args, device), nprocs=world,
                                      join=False, start_method=start_method)
     deadline = time.monotonic() + TIMEOUT
     while not context.join(timeout=1):
@@ -112,15 +112,15 @@ def close(actual, expected, what, rtol=1e-5):
     torch.testing.assert_close(actual, expected, rtol=rtol, atol=slack, msg=lambda m: f"{what}: {m}")
 
 
-def _steps_match_one_process(dp, backend, batch, steps):
+def _steps_match_one_process(dp, backend, batch, steps, transport="auto"):
     torch.manual_seed(0)
-    model = Net(backend)
+    model = Net(backend).to(dp.device)
     single = copy.deepcopy(model)  # the same initial weights, unconverted
     g = torch.Generator().manual_seed(1)
-    images = torch.randn(batch, 2, 4, 4, generator=g) * 1.5 + 0.3
-    labels = torch.randint(0, 3, (batch,), generator=g)
+    images = (torch.randn(batch, 2, 4, 4, generator=g) * 1.5 + 0.3).to(dp.device)
+    labels = torch.randint(0, 3, (batch,), generator=g).to(dp.device)
     assert dp.sync_bn_group not in (None, dist.group.WORLD)  # SyncBN's own communicator, as train uses it
-    ddp = dp.wrap(convert_sync_batchnorm(model, dp.sync_bn_group))
+    ddp = dp.wrap(convert_sync_batchnorm(model, dp.sync_bn_group, transport=transport))
     mine = slice(dp.rank * batch // dp.world_size, (dp.rank + 1) * batch // dp.world_size)
     for _ in range(steps):  # a second step starts from the first's running statistics
         loss = nn.functional.cross_entropy(single(images), labels)
@@ -150,8 +150,69 @@ def test_sync_bn_reference_equals_one_process_on_the_combined_batch(world):
     on_ranks(world, _steps_match_one_process, "reference", 6, 2)
 
 
-def test_sync_bn_fused_equals_one_process_on_the_combined_batch():
-    on_ranks(2, _steps_match_one_process, "fused", 4, 1, interpreter=True)
+@pytest.mark.parametrize("world, batch", [(2, 4), (3, 6)])
+def test_sync_bn_fused_equals_one_process_on_the_combined_batch(world, batch):
+    on_ranks(world, _steps_match_one_process, "fused", batch, 2, interpreter=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.multi_gpu
+@pytest.mark.parametrize("transport", ["nccl", "symmetric"])
+def test_sync_bn_fused_on_two_gpus_equals_one_process(transport):
+    """On NCCL ranks, through either transport of the statistics (symmetric: peer memory)."""
+    on_ranks(2, _steps_match_one_process, "fused", 6, 2, transport, device="cuda")
+
+
+def _captured_equals_eager(dp, transport):
+    """A CUDA graph of forward + backward replays what the eager step computes."""
+    from spikefuse.capture import CapturedStep
+
+    torch.manual_seed(0)
+    models = [convert_sync_batchnorm(Net("fused").to(dp.device), dp.sync_bn_group, transport=transport)
+              for _ in range(2)]
+    models[1].load_state_dict(models[0].state_dict())
+    g = torch.Generator().manual_seed(2 + dp.rank)
+    batches = [(torch.randn(3, 2, 4, 4, generator=g).to(dp.device), torch.randint(0, 3, (3,), generator=g).to(dp.device))
+               for _ in range(2)]
+
+    def stepper(model):
+        def step(x, y):
+            loss = nn.functional.cross_entropy(model(x), y)
+            model.zero_grad(set_to_none=False)
+            loss.backward()
+            return loss
+        return step
+    model_grads = []
+    for model, captured in zip(models, (False, True)):
+        step = CapturedStep(stepper(model)) if captured else stepper(model)
+        for i in range(14):
+            loss = step(*batches[i % 2])
+        assert not captured or step.captured > 0, "the step was not captured"
+        model_grads.append(([p.grad.clone() for p in model.parameters()], loss.detach().clone(),
+                            [b.clone() for b in model.buffers()]))
+    (eager_grads, eager_loss, eager_bufs), (graph_grads, graph_loss, graph_bufs) = model_grads
+    torch.testing.assert_close(graph_loss, eager_loss, rtol=0, atol=0)
+    for a, b in zip(graph_grads + graph_bufs, eager_grads + eager_bufs):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+@pytest.mark.gpu
+@pytest.mark.multi_gpu
+@pytest.mark.parametrize("transport", ["nccl", "symmetric"])
+def test_sync_bn_captured_on_two_gpus_equals_eager(transport):
+    on_ranks(2, _captured_equals_eager, transport, device="cuda")
+
+
+def _transport_refused_on_gloo(dp):
+    model = convert_sync_batchnorm(Net("fused"), dp.sync_bn_group, transport="symmetric")
+    with pytest.raises(RuntimeError, match="transport='symmetric': it takes float32 CUDA tensors"):
+        model(torch.randn(2, 2, 4, 4))
+
+
+def test_a_transport_that_cannot_serve_is_refused_by_name():
+    with pytest.raises(ValueError, match="transport: expected one of auto, nccl, symmetric, got 'nvlink'"):
+        convert_sync_batchnorm(Net("reference"), transport="nvlink")
+    on_ranks(2, _transport_refused_on_gloo, interpreter=True)
 
 
 def test_convert_sync_batchnorm_marks_temporal_bn_layers_in_place():

@@ -38,6 +38,7 @@ from spikefuse.bench.report import atomic_write, environment, table, write_resul
 from spikefuse.bench.timing import median_ms
 from spikefuse.models import build_model
 from spikefuse.parallel import convert_sync_batchnorm, init_data_parallel, launched
+from spikefuse.parallel.sync_bn import RankSync
 from spikefuse.capture import CaptureFallback, CapturedStep, prepare_optimizer
 
 BATCH, TIME_STEPS = 64, 10
@@ -55,10 +56,13 @@ def build(mode: str, device, dp):
         from spikefuse.bench.spikingjelly import cifar
         return cifar("medium", WIDTH, time_steps=TIME_STEPS).to(device)
     model = build_model("cifar-medium", (3, 32, 32), 10, TIME_STEPS, width=WIDTH).to(device)
-    return convert_sync_batchnorm(model, dp.sync_bn_group) if dp is not None and "local-bn" not in mode else model
+    if dp is None or "local-bn" in mode:
+        return model
+    return convert_sync_batchnorm(model, dp.sync_bn_group, transport=TRANSPORT)
 
 
 BUCKET_MB = None  # --bucket-mb: DDP's bucket size for spikefuse's modes (None: DDP's 25 MB)
+TRANSPORT = "auto"  # --transport: how SyncBN's statistics travel (spikefuse.parallel.sync_bn.RankSync)
 
 
 def make_step(mode: str, precision: str, device, dp):
@@ -111,7 +115,7 @@ def measure(mode, precision, device, dp) -> dict:
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", CaptureFallback)
-            step, _ = make_step(mode, precision, device, dp)
+            step, model = make_step(mode, precision, device, dp)
             batches = inputs(device, dp.rank if dp is not None else 0)
             turn = [0]
 
@@ -127,6 +131,8 @@ def measure(mode, precision, device, dp) -> dict:
         if isinstance(step, CapturedStep):
             case["captured"] = step.captured > 0
             case["fallback"] = step.fallback_reason
+        syncs = {m.sync.transport_in_use for m in model.modules() if getattr(m, "sync", None) is not None}
+        case["sync_bn_transport"] = syncs.pop() if syncs else None
         case["warnings"] = sorted({str(w.message)[:200] for w in caught})
         case["loss"] = float(call().detach())
     except Exception as e:  # noqa: BLE001  (recorded; the other modes still run)
@@ -164,7 +170,7 @@ def run(args) -> int:
     world = dp.world_size if dp is not None else 1
     modes = [m for m in args.modes.split(",") if m and (world > 1 or m not in ONE_GPU_ALIAS)]
     payload = {"gpus": world, "environment": environment(), "cases": [], "capture_check": None,
-               "bucket_cap_mb": BUCKET_MB, "quick": args.quick, "batch_per_gpu": BATCH, "time_steps": TIME_STEPS,
+               "bucket_cap_mb": BUCKET_MB, "sync_bn_transport": TRANSPORT, "quick": args.quick, "batch_per_gpu": BATCH, "time_steps": TIME_STEPS,
                "width": WIDTH, "timing": f"{REPS} x {BACK_TO_BACK}"}
     name = f"ddp-{world}gpu{args.tag}" + ("-quick" if args.quick else "")
 
@@ -261,13 +267,15 @@ def main(argv=None) -> int:
     parser.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, of {', '.join(MODES)}")
     parser.add_argument("--precisions", default=",".join(PRECISIONS), help="comma-separated, of fp32, bf16")
     parser.add_argument("--bucket-mb", type=float, help="DDP bucket size in MB for spikefuse's modes")
+    parser.add_argument("--transport", default="auto", choices=RankSync.TRANSPORTS,
+                        help="how SyncBN's statistics travel (default auto: GPU peer memory where it works)")
     parser.add_argument("--tag", default="", help="suffix of the output file (runs --merge leaves alone)")
     parser.add_argument("--no-check", action="store_true", help="skip the captured-vs-eager check")
     parser.add_argument("--merge", action="store_true", help="merge ddp-*gpu.json in --out into one table")
     parser.add_argument("--quick", action="store_true", help="a smoke test: tiny network, few steps (*-quick files)")
     args = parser.parse_args(argv)
-    global BUCKET_MB
-    BUCKET_MB = args.bucket_mb
+    global BUCKET_MB, TRANSPORT
+    BUCKET_MB, TRANSPORT = args.bucket_mb, args.transport
     if args.quick and not args.merge:  # a worker process of its own (torchrun): its constants, this run's
         quick_settings(args, parser)
     os.makedirs(args.out, exist_ok=True)

@@ -104,7 +104,7 @@ class BNLIF(nn.modules.batchnorm._BatchNorm):
             decay_value, decay_tensor = (1.0, decay.reshape(1)) if isinstance(decay, torch.Tensor) else (decay, None)
             return bn_lif_fused(x, self.weight, self.bias, self.running_mean, self.running_var,
                                 training, momentum, self.eps, decay_value, decay_tensor, self.options,
-                                residual, steps, sync=sync.fused() if sync is not None else None)
+                                residual, steps, sync=sync.fused(self) if sync is not None else None)
         x = x.expand(steps, *x.shape[1:])
         if sync is not None:
             y = sync.batch_norm(fold(x), self, momentum)

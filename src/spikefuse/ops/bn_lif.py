@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import functools
 import math
+import typing
 
 import torch
 
@@ -195,44 +196,46 @@ def _partial_means(part_ptr, p, c, c_mask, M, C, P, rows_per_program):
     return p, mask, n_p, mean_p
 
 
-@cached_launch
 @triton.jit
-def _stats_finalize_kernel(x_ptr, inner, part_ptr, stats_ptr, w_ptr, b_ptr, rm_ptr, rv_ptr,
-                           M, C, P, rows_per_program, eps, momentum, count,
-                           BATCH: tl.constexpr, UPDATE: tl.constexpr, HAS_W: tl.constexpr,
-                           HAS_B: tl.constexpr, PB: tl.constexpr, CB: tl.constexpr):
-    """Combine the partials (or read the running statistics) into stats [mean; invstd; a; b]."""
-    eps, momentum, count = f32(eps), f32(momentum), f32(count)
-    c = tl.program_id(0) * CB + tl.arange(0, CB)
-    c_mask = c < C
-    if BATCH:  # in float64 until the shift is added back (see _stats_partial_kernel)
-        q = tl.arange(0, PB)
-        mean = tl.zeros([CB], tl.float64)
-        for p0 in range(0, P, PB):
-            p, mask, n_p, mean_p = _partial_means(part_ptr, p0 + q, c, c_mask, M, C, P, rows_per_program)
-            mean += tl.sum(mean_p * n_p[:, None], axis=0)
-        mean = mean / M
-        m2 = tl.zeros([CB], tl.float64)
-        for p0 in range(0, P, PB):
-            p, mask, n_p, mean_p = _partial_means(part_ptr, p0 + q, c, c_mask, M, C, P, rows_per_program)
-            m2_p = tl.load(part_ptr + (P + p)[:, None] * C + c[None, :], mask=mask, other=0.0)
-            d = mean_p - mean[None, :]
-            m2 += tl.sum(tl.where(mask, m2_p + n_p[:, None] * d * d, 0.0), axis=0)
-        var = (m2 / M).to(tl.float32)
-        mean += tl.load(x_ptr + c * inner, mask=c_mask & (tl.zeros_like(c) + M > 0), other=0.0).to(tl.float64)  # the shift
-        mean = mean.to(tl.float32)
-        if UPDATE:  # as torch.nn.BatchNorm: unbiased variance into the running estimate
-            rm = tl.load(rm_ptr + c, mask=c_mask, other=0.0)
-            rv = tl.load(rv_ptr + c, mask=c_mask, other=0.0)
-            new_rm = rm.to(tl.float32) * (1 - momentum) + mean * momentum
-            unbias = count / tl.maximum(count - 1.0, 1.0)  # here, not on the host: under torch.compile's
-            # dynamic shapes a host-side ratio of two sizes reaches the launch as an expression typed int
-            new_rv = rv.to(tl.float32) * (1 - momentum) + (var * unbias) * momentum
-            tl.store(rm_ptr + c, new_rm.to(rm.dtype), mask=c_mask)
-            tl.store(rv_ptr + c, new_rv.to(rv.dtype), mask=c_mask)
-    else:
-        mean = tl.load(rm_ptr + c, mask=c_mask, other=0.0).to(tl.float32)
-        var = tl.load(rv_ptr + c, mask=c_mask, other=1.0).to(tl.float32)
+def _batch_moments(x_ptr, inner, part_ptr, c, c_mask, M, C, P, rows_per_program,
+                   PB: tl.constexpr, CB: tl.constexpr):
+    """Channels c's float32 (mean, biased variance) from the partials; float64 until the
+    shift is added back (see _stats_partial_kernel)."""
+    q = tl.arange(0, PB)
+    mean = tl.zeros([CB], tl.float64)
+    for p0 in range(0, P, PB):
+        p, mask, n_p, mean_p = _partial_means(part_ptr, p0 + q, c, c_mask, M, C, P, rows_per_program)
+        mean += tl.sum(mean_p * n_p[:, None], axis=0)
+    M1 = tl.maximum(M, 1)  # M = 0 (a rank without values, see bn_exchange): zeros, not 0/0
+    mean = mean / M1
+    m2 = tl.zeros([CB], tl.float64)
+    for p0 in range(0, P, PB):
+        p, mask, n_p, mean_p = _partial_means(part_ptr, p0 + q, c, c_mask, M, C, P, rows_per_program)
+        m2_p = tl.load(part_ptr + (P + p)[:, None] * C + c[None, :], mask=mask, other=0.0)
+        d = mean_p - mean[None, :]
+        m2 += tl.sum(tl.where(mask, m2_p + n_p[:, None] * d * d, 0.0), axis=0)
+    var = (m2 / M1).to(tl.float32)
+    mean += tl.load(x_ptr + c * inner, mask=c_mask & (tl.zeros_like(c) + M > 0), other=0.0).to(tl.float64)  # the shift
+    return mean.to(tl.float32), var
+
+
+@triton.jit
+def _update_running(rm_ptr, rv_ptr, c, c_mask, mean, var, momentum, count):
+    """As torch.nn.BatchNorm: the unbiased variance over `count` values into the running estimate."""
+    rm = tl.load(rm_ptr + c, mask=c_mask, other=0.0)
+    rv = tl.load(rv_ptr + c, mask=c_mask, other=0.0)
+    new_rm = rm.to(tl.float32) * (1 - momentum) + mean * momentum
+    unbias = count / tl.maximum(count - 1.0, 1.0)  # here, not on the host: under torch.compile's
+    # dynamic shapes a host-side ratio of two sizes reaches the launch as an expression typed int
+    new_rv = rv.to(tl.float32) * (1 - momentum) + (var * unbias) * momentum
+    tl.store(rm_ptr + c, new_rm.to(rm.dtype), mask=c_mask)
+    tl.store(rv_ptr + c, new_rv.to(rv.dtype), mask=c_mask)
+
+
+@triton.jit
+def _store_stats(stats_ptr, w_ptr, b_ptr, c, c_mask, C, mean, var, eps,
+                 HAS_W: tl.constexpr, HAS_B: tl.constexpr):
+    """stats [mean; invstd; a = gamma*invstd; b = beta - mean*a] of channels c."""
     invstd = tl.div_rn(1.0, tl.sqrt_rn(var + eps))  # IEEE, as torch computes it
     a = invstd
     if HAS_W:
@@ -246,34 +249,71 @@ def _stats_finalize_kernel(x_ptr, inner, part_ptr, stats_ptr, w_ptr, b_ptr, rm_p
     tl.store(stats_ptr + 3 * C + c, b, mask=c_mask)
 
 
+@cached_launch
+@triton.jit
+def _stats_finalize_kernel(x_ptr, inner, part_ptr, stats_ptr, w_ptr, b_ptr, rm_ptr, rv_ptr,
+                           M, C, P, rows_per_program, eps, momentum, count,
+                           BATCH: tl.constexpr, UPDATE: tl.constexpr, HAS_W: tl.constexpr,
+                           HAS_B: tl.constexpr, PB: tl.constexpr, CB: tl.constexpr):
+    """Combine the partials (or read the running statistics) into stats [mean; invstd; a; b]."""
+    eps, momentum, count = f32(eps), f32(momentum), f32(count)
+    c = tl.program_id(0) * CB + tl.arange(0, CB)
+    c_mask = c < C
+    if BATCH:
+        mean, var = _batch_moments(x_ptr, inner, part_ptr, c, c_mask, M, C, P, rows_per_program, PB, CB)
+        if UPDATE:
+            _update_running(rm_ptr, rv_ptr, c, c_mask, mean, var, momentum, count)
+    else:
+        mean = tl.load(rm_ptr + c, mask=c_mask, other=0.0).to(tl.float32)
+        var = tl.load(rv_ptr + c, mask=c_mask, other=1.0).to(tl.float32)
+    _store_stats(stats_ptr, w_ptr, b_ptr, c, c_mask, C, mean, var, eps, HAS_W, HAS_B)
+
+
+class BatchPartials(typing.NamedTuple):
+    """The statistics pass's per-program partials of x seen as [M, C], and their geometry."""
+    part: torch.Tensor
+    M: int
+    P: int
+    rows_per_program: int
+    inner: int
+    CB: int
+
+
+def _batch_partials(x, launch=EAGER) -> BatchPartials:
+    """Launch the partial-statistics pass over x [T, B, C, *] (dense steps)."""
+    C = x.shape[2]
+    CB = min(STAT_CHANNELS, next_power_of_2(C))
+    channel_blocks = cdiv(C, CB)
+    data = x[:1] if x.shape[0] > 1 and x.stride(0) == 0 else x  # one step is enough
+    M = data.numel() // C
+    tiles = cdiv(M, STAT_ROWS)
+    # ~4 programs per GPU core; few partials, so the finalize launch stays short
+    programs = max(1, (4 if INTERPRETED else 512) // channel_blocks)
+    tiles_per_program = max(1, cdiv(tiles, min(max(tiles, 1), programs)))
+    P = cdiv(tiles, tiles_per_program)
+    inner = _geometry(data)[3]
+    part = torch.empty((2, P, C), device=x.device, dtype=torch.float64)
+    if P:
+        launch(_stats_partial_kernel)[(channel_blocks, P)](
+            data, part, M, C, inner, tiles_per_program, P,
+            ROWS=STAT_ROWS, CB=CB, num_warps=4)
+    return BatchPartials(part, M, P, tiles_per_program * STAT_ROWS, inner, CB)
+
+
 def _statistics(x, weight, bias, running_mean, running_var, use_batch, momentum, eps, launch=EAGER):
     """stats [4, C] float32 (mean, invstd, a, b) of x [T, B, C, *] (dense steps) over all
     dims but C; in training the running statistics are updated in place. launch: see
     spikefuse.ops.lif.Launch."""
     C = x.shape[2]
     stats = torch.empty((4, C), device=x.device, dtype=torch.float32)
-    CB = min(STAT_CHANNELS, next_power_of_2(C))
-    channel_blocks = cdiv(C, CB)
     unused = launch.unused(stats)
-    part, M, P, rows_per_program, inner = unused, 0, 0, STAT_ROWS, 1
     if use_batch:
-        data = x[:1] if x.shape[0] > 1 and x.stride(0) == 0 else x  # one step is enough
-        M = data.numel() // C
-        tiles = cdiv(M, STAT_ROWS)
-        # ~4 programs per GPU core; few partials, so the finalize launch stays short
-        programs = max(1, (4 if INTERPRETED else 512) // channel_blocks)
-        tiles_per_program = cdiv(tiles, min(max(tiles, 1), programs))
-        P = cdiv(tiles, tiles_per_program)
-        rows_per_program = tiles_per_program * STAT_ROWS
-        inner = _geometry(data)[3]
-        part = torch.empty((2, P, C), device=x.device, dtype=torch.float64)
-        if P:
-            launch(_stats_partial_kernel)[(channel_blocks, P)](
-                data, part, M, C, inner, tiles_per_program, P,
-                ROWS=STAT_ROWS, CB=CB, num_warps=4)
+        part, M, P, rows_per_program, inner, CB = _batch_partials(x, launch)
+    else:
+        part, M, P, rows_per_program, inner, CB = unused, 0, 0, STAT_ROWS, 1, min(STAT_CHANNELS, next_power_of_2(C))
     count = x.numel() // C  # what torch's batch norm of the time-expanded input counts
     update = use_batch and running_mean is not None
-    launch(_stats_finalize_kernel)[(channel_blocks,)](
+    launch(_stats_finalize_kernel)[(cdiv(C, CB),)](
         x, inner, part, stats, weight if weight is not None else unused, bias if bias is not None else unused,
         running_mean if running_mean is not None else unused,
         running_var if running_var is not None else unused,
