@@ -163,12 +163,7 @@ class RankSync:
             return total
         key = (site, tensor.shape)
         if key not in self._buffers:  # a collective: every rank reaches the same sites in the same order
-            from torch.distributed import _symmetric_memory as symm
-
-            buffers = [symm.empty(tensor.shape, dtype=tensor.dtype, device=tensor.device) for _ in range(2)]
-            for b in buffers:
-                symm.rendezvous(b, self._group_name())
-            self._buffers[key] = [buffers, 0]
+            self._buffers[key] = [self._peer_buffers(tensor), 0]
         # The one-shot all-reduce copies into this rank's buffer, waits until every rank has,
         # then reads them all; it does not wait for the others' reads to end. So a site takes
         # its two buffers in turn: a rank writes one again only after the barrier of the
@@ -179,6 +174,19 @@ class RankSync:
         buffer = entry[0][entry[1]]
         entry[1] ^= 1
         return torch.ops.symm_mem.one_shot_all_reduce_copy(buffer, tensor, "sum", self._group_name())
+
+    def _peer_buffers(self, tensor: torch.Tensor) -> list:
+        from torch.distributed import _symmetric_memory as symm
+
+        try:
+            buffers = [symm.empty(tensor.shape, dtype=tensor.dtype, device=tensor.device) for _ in range(2)]
+            for b in buffers:
+                symm.rendezvous(b, self._group_name())
+        except Exception as e:  # every rank fails alike here (same host, same torch)
+            raise RuntimeError(f"SyncBN could not set up its peer-memory exchange ({type(e).__name__}: "
+                               f"{(str(e).splitlines() or [''])[0][:200]}); convert_sync_batchnorm(..., "
+                               "transport='nccl') sends the statistics through NCCL instead") from e
+        return buffers
 
     def _group_name(self) -> str:
         return (self.group if self.group is not None else dist.group.WORLD).group_name
@@ -211,6 +219,9 @@ def symmetric_unavailable(tensor: torch.Tensor, group) -> str:
     local = os.environ.get("LOCAL_WORLD_SIZE")
     if local is None or int(local) != dist.get_world_size():
         return "it needs every rank on this host (LOCAL_WORLD_SIZE == WORLD_SIZE, as torchrun sets on one host)"
+    gpus = range(min(int(local), torch.cuda.device_count()))  # rank r on GPU r, as init_data_parallel places them
+    if any(a != b and not torch.cuda.can_device_access_peer(a, b) for a in gpus for b in gpus):
+        return "the GPUs cannot all reach each other's memory (no peer access between some pair)"
     return ""
 
 
