@@ -337,7 +337,7 @@ def chart(rows, path, quick=False):
     try:
         from matplotlib.figure import Figure
     except ImportError:
-        print("spikefuse bench sparse --train: no chart (matplotlib is not installed: pip install 'spikefuse[plot]')")
+        print("no chart (matplotlib is not installed: pip install 'spikefuse[plot]')")
         return None
     cases = list(dict.fromkeys((r["task"], r["net"], r["width"], r["B"]) for r in rows))
     fig = Figure(figsize=(4.2 * len(cases), 3.6), layout="constrained")
