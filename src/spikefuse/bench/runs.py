@@ -489,13 +489,16 @@ def save(args, device, sj_mode, results, skipped):
 
 
 def write_charts(results, base: str, quick: bool) -> list[str]:
-    """One PNG per task, <base>-<task>.png: test accuracy against wall time, one line per library."""
+    """One PNG per task, <base>-<task>.png: test accuracy against wall time, one line per library,
+    the target dashed."""
     written = []
     for result in results:
         rows = [dict(r, run=r["run"] + ("" if result["summary"]["libraries"][r["run"]]["ranked"] else " (not ranked)"))
                 for r in result["runs"] if r["epochs"]]
         if rows:
-            path = chart(rows, f"{base}-{result['task'].replace(':', '-')}.png", quick=quick)
+            case = (rows[0]["task"], rows[0]["net"], rows[0]["width"], rows[0]["B"])
+            path = chart(rows, f"{base}-{result['task'].replace(':', '-')}.png", quick=quick,
+                         targets={case: result["summary"]["target"]})
             written += [path] if path else []
     return written
 
