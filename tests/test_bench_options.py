@@ -12,6 +12,7 @@ width, a batch of 2**70 and a NaN theta; `bench sparse --train` checked none of 
 `bench parallel` passed time steps, chunks and widths past what a worker can build, and 2**70
 CPU processes, to the launcher; empty lists ("--libraries ,", "--neurons ,", "--only ,")
 measured spikefuse alone, wrote a results file of no cases, or ran every part.
+`bench runs` (issue 38) checks its options through the same helpers from the start.
 """
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ CASES = {  # class of attack: [(argv after `bench`, the option the message names
         (["steps", "--compile-batches", "x"], "--compile-batches x"),
         (["train", "--resnet-time-steps", "1,x"], "--resnet-time-steps 1,x"),
         (["sparse", "--train", "--seeds", "1,x"], "--seeds"),
+        (["runs", "--spikingjelly-mode", "graph,eager"], "--spikingjelly-mode graph,eager"),
     ],
     "an empty list": [
         (["lif", "--libraries", ","], "--libraries ,"),
@@ -39,6 +41,8 @@ CASES = {  # class of attack: [(argv after `bench`, the option the message names
         (["steps", "--nets", ","], "--nets ,"),
         (["steps", "--batches", ","], "--batches"),
         (["all", "--only", ","], "--only"),
+        (["runs", "--tasks", ","], "--tasks ,"),
+        (["runs", "--libraries", ","], "--libraries ,"),
     ],
     "an unknown name": [
         (["steps", "--nets", "nope"], "--nets nope"),
@@ -51,6 +55,9 @@ CASES = {  # class of attack: [(argv after `bench`, the option the message names
         (["steps", "--rounds", "0"], "--rounds"),
         (["neurons", "--neurons", "nope"], "--neurons nope"),
         (["lif", "--libraries", "nope"], "--libraries nope"),
+        (["runs", "--tasks", "randman:nope"], "--tasks randman:nope"),
+        (["runs", "--libraries", "sinabs"], "--libraries sinabs"),
+        (["runs", "--spikingjelly-mode", "fastest"], "--spikingjelly-mode fastest"),
     ],
     "a count of 0, -1 or 2**70": [
         *[(["train", option, value], option) for option in ("--batch", "--time-steps", "--resnet-batch", "--iters")
@@ -60,12 +67,14 @@ CASES = {  # class of attack: [(argv after `bench`, the option the message names
         *[(["on", option, BIG], option) for option in ("--sizes", "--batch", "--time-steps")],
         (["sparse", "--train", "--epochs", "0"], "--epochs"),
         (["sparse", "--train", "--epochs", BIG], "--epochs"),
+        *[(["runs", "--epochs", value], "--epochs") for value in ("0", "-1", BIG)],
         *[(["parallel", "--parts", "pipeline", "--device", "cpu", option, BIG], option)
           for option in ("--gpus", "--time-steps", "--chunks")],
     ],
     "a seed past 64 bits": [
         (["on", "--seed", BIG], "--seed"),
         (["sparse", "--train", "--seeds", BIG], "--seeds"),
+        (["runs", "--seed", BIG], "--seed"),
     ],
     "a real that is NaN, infinite, negative or past float32": [
         *[(["sparse", "--lr", value], "--lr") for value in ("nan", "inf", "-1", "1e300")],
@@ -73,6 +82,9 @@ CASES = {  # class of attack: [(argv after `bench`, the option the message names
           for option in ("--lr", "--max-rate", "--rate-weight", "--rate-l1", "--margin")
           for value in ("nan", "inf", "-1", "1e300")],
         *[(["sparse", "--train", "--grad-threshold", value], "--grad-threshold") for value in ("nan", "inf")],
+        *[(["runs", option, value], option) for option in ("--lr", "--margin")
+          for value in ("nan", "inf", "-1", "1e300")],
+        *[(["runs", "--time-cap", value], "--time-cap") for value in ("nan", "inf", "-1", "0")],
         (["parallel", "--parts", "pipeline", "--device", "cpu", "--gpus", "2", "--width", "1e300"], "--width"),
     ],
     "a case that cannot be built": [

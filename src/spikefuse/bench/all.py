@@ -4,7 +4,7 @@ Each part runs in this process as `spikefuse bench <part> --out DIR` would, one 
 other, with a progress line as it starts and one as it ends (ok, failed or skipped, and its
 time). A part that fails is reported with its exception's one-line message, its full traceback
 in DIR/logs/<part>.log, and the rest still run. `parallel` runs only where 2 or more CUDA GPUs
-are present, `steps` only on CUDA, `sparse` only on CUDA unless --quick. DIR/summary.json and
+are present, `steps` only on CUDA, `sparse` and `runs` only on CUDA unless --quick. DIR/summary.json and
 summary.md list every part, its status, duration and the files it wrote; they are rewritten after
 each part, so an interrupted run still leaves one. Exit code 1 if any part failed.
 --quick passes --quick to every part (a smoke test: tiny sizes, results named <part>-quick-*,
@@ -78,7 +78,7 @@ def why_not(name: str, quick: bool = False) -> str | None:
         return f"needs 2 or more CUDA GPUs, this machine has {gpus}"
     if name == "steps" and not gpus:
         return "needs a CUDA device (CUDA graphs)"
-    if name == "sparse" and not gpus and not quick:
+    if name in ("sparse", "runs") and not gpus and not quick:
         return "needs a CUDA device (--quick runs it on the CPU)"
     return None
 

@@ -1,6 +1,6 @@
 """`spikefuse bench chart FILE.json ...`: draw the PNG chart of results files already written
 (no GPU needed): x.json -> x.png, by spikefuse.bench.charts, or for `on` and `sparse` by the
-chart their own benchmark draws."""
+chart their own benchmark draws; `runs` draws one per task, x-<task>.png."""
 from __future__ import annotations
 
 import json
@@ -26,11 +26,16 @@ def redraw(json_paths: list[str]) -> list[str]:
         elif payload.get("benchmark") == "sparse":
             from .sparse import chart
             png = chart(payload["cases"], png_path, quick=payload.get("quick", False))
+        elif payload.get("benchmark") == "runs":  # one chart per task: x-<task>.png
+            from .runs import write_charts
+            drawn = write_charts(payload["tasks"], os.path.splitext(json_path)[0], payload.get("quick", False))
+            written += drawn
+            png = None if not drawn else ""  # "": drawn above, nothing more to add or report
         else:
             png = charts.draw(payload, png_path)
         if png:
             written.append(png)
-        else:
+        elif png is None:
             print(f"{json_path}: no chart for benchmark {payload.get('benchmark')!r}")
     return written
 

@@ -1,4 +1,4 @@
-"""`spikefuse bench lif | train | steps | sparse | data | neurons | parallel | on | all`: each benchmark
+"""`spikefuse bench lif | train | steps | sparse | data | neurons | parallel | on | runs | all`: each benchmark
 writes JSON + markdown results; `all` runs every other one."""
 from __future__ import annotations
 
@@ -16,6 +16,8 @@ BENCHMARKS = {
                  "multi-GPU: data-parallel scaling beside SpikingJelly, and the temporal pipeline beside the planner"),
     "on": ("spikefuse.bench.on", "the Open Neuromorphic benchmark, corrected: Linear(N, N) + LIF in every library, "
                                  "same equations, synchronised timing, beside the matmul and bandwidth floors"),
+    "runs": ("spikefuse.bench.runs", "whole training runs in spikefuse, SpikingJelly, snnTorch and Norse: the same "
+                                     "network, data, seed and recipe, wall time to a common test accuracy"),
     "all": ("spikefuse.bench.all", "run every benchmark above (or --only some) into one folder, with a summary"),
 }
 

@@ -332,12 +332,13 @@ def _share(value):
     return "-" if value is None else f"{value:.0%}"
 
 
-def chart(rows, path, quick=False):
-    """Test accuracy against wall time, one panel per case (its first seed), one line per run."""
+def chart(rows, path, quick=False, targets=None):
+    """Test accuracy against wall time, one panel per case (its first seed), one line per run;
+    `targets`: case (task, net, width, B) -> a target accuracy drawn dashed across its panel."""
     try:
         from matplotlib.figure import Figure
     except ImportError:
-        print("spikefuse bench sparse --train: no chart (matplotlib is not installed: pip install 'spikefuse[plot]')")
+        print("no chart (matplotlib is not installed: pip install 'spikefuse[plot]')")
         return None
     cases = list(dict.fromkeys((r["task"], r["net"], r["width"], r["B"]) for r in rows))
     fig = Figure(figsize=(4.2 * len(cases), 3.6), layout="constrained")
@@ -351,6 +352,8 @@ def chart(rows, path, quick=False):
                 elapsed += e["epoch_time_s"]
                 times.append(elapsed)
             ax.plot(times, [100 * e["test_acc"] for e in r["epochs"]], marker=".", label=r["run"])
+        if (targets or {}).get(case) is not None:
+            ax.axhline(100 * targets[case], color="black", linestyle="--", linewidth=1, label="target")
         ax.set_title(f"{case[0]} {case[1]} x{case[2]:g} B={case[3]}", fontsize=9)
         ax.set_xlabel("wall time, s")
         ax.set_ylabel("test accuracy, %")

@@ -26,14 +26,16 @@ MODES = ("eager", "graph", "compiled")
 GRAPH_WARMUP = 3  # its trainer's default --cuda-graph-warmup-steps
 
 
-def lif(decay: float, threshold: float, detach_reset: bool):
+def lif(decay: float, threshold: float, detach_reset: bool, surrogate_function=None):
     """Its multi-step LIFNode with our LIF's equations: tau = 1 / (1 - decay) and
-    decay_input=False give h = decay * v + x; hard reset to 0; Sigmoid surrogate (its fused
-    kernels have no rectangular or fast-sigmoid one)."""
+    decay_input=False give h = decay * v + x; hard reset to 0; its Sigmoid surrogate unless
+    `surrogate_function` (one of its surrogate objects) is given (its fused kernels have no
+    rectangular one, and its SuperSpike scales by alpha rather than sloping)."""
     from spikingjelly.activation_based import neuron, surrogate
 
     return neuron.LIFNode(tau=1 / (1 - decay), decay_input=False, v_threshold=threshold, v_reset=0.0,
-                          detach_reset=detach_reset, surrogate_function=surrogate.Sigmoid(), step_mode="m")
+                          detach_reset=detach_reset, surrogate_function=surrogate_function or surrogate.Sigmoid(),
+                          step_mode="m")
 
 
 def mlp(net: str, width: float) -> nn.Module:
@@ -105,12 +107,16 @@ def optimizer(name: str, model: nn.Module) -> torch.optim.Optimizer:
     raise ValueError(f"optimizer: unknown {name!r}; expected 'adam' or 'sgd'")
 
 
-def training_step(model: nn.Module, optimizer_name: str, precision: str, mode: str):
+def training_step(model: nn.Module, optimizer_name: str | torch.optim.Optimizer, precision: str, mode: str):
     """step(x, y) -> loss: one training step of `model` in SpikingJelly's execution `mode`
-    (MODES), bf16 autocast around forward and loss where precision is "bf16"."""
+    (MODES), bf16 autocast around forward and loss where precision is "bf16". optimizer_name:
+    "adam" or "sgd" (`optimizer`), or an optimizer already made over model's parameters. The
+    eager step is the plain PyTorch step any library's user writes (bench.runs runs snnTorch's
+    and Norse's networks through it too)."""
     if mode not in MODES:
         raise ValueError(f"mode: unknown {mode!r}; expected one of {list(MODES)}")
-    opt = optimizer(optimizer_name, model)
+    opt = (optimizer_name if isinstance(optimizer_name, torch.optim.Optimizer)
+           else optimizer(optimizer_name, model))
     forward = torch.compile(model) if mode == "compiled" else model
     bf16 = precision == "bf16"
 
