@@ -30,6 +30,7 @@ MODULES = [
     "spikefuse.data",
     "spikefuse.models",
     "spikefuse.compat.snntorch",
+    "spikefuse.compat.norse",
     "spikefuse.compat.spikingjelly",
     "spikefuse.compat.spikingjelly.surrogate",
     "spikefuse.train",

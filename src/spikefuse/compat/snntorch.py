@@ -52,6 +52,7 @@ import torch
 from torch import nn
 
 from .. import functional as F
+from ._shared import next_up, per_neuron
 
 __all__ = ["Leaky", "Synaptic", "surrogate_of"]
 
@@ -95,14 +96,6 @@ def _one_value(name, value) -> float:
     return float(value)
 
 
-def _next_up(value: float, dtype: torch.dtype) -> float:
-    """The next float above `value` in the dtype the kernels compare in (float64 for float64
-    input, else float32): `h >= it` is `h > value` for every h of that dtype."""
-    dtype = torch.float64 if dtype == torch.float64 else torch.float32
-    v = torch.tensor(value, dtype=dtype)
-    return torch.nextafter(v, torch.tensor(float("inf"), dtype=dtype)).item()
-
-
 class _SnnTorchNeuron(nn.Module):
     """What Leaky and Synaptic share: the argument checks, snnTorch's buffers, the state."""
     STATE: tuple[str, ...] = ()
@@ -142,7 +135,7 @@ class _SnnTorchNeuron(nn.Module):
         """The threshold the kernels take: snnTorch's `>` is spikefuse's "subtract"; the other
         resets fire at `>=`, so they get the next float up."""
         threshold = self.threshold.item()
-        return threshold if self.reset_mechanism == "subtract" else _next_up(threshold, dtype)
+        return threshold if self.reset_mechanism == "subtract" else next_up(threshold, dtype)
 
     def _state(self, given, input_shape, names):
         """snnTorch's rules: a given state replaces the module's (refused with init_hidden);
@@ -246,11 +239,7 @@ class Leaky(_SnnTorchNeuron):
         if beta.numel() == 1 and not beta.requires_grad:
             decay = beta.item()
         else:  # a tensor decay: one value per neuron along dim 2, so x goes flat as [T, 1, neurons]
-            if torch.broadcast_shapes(beta.shape, shape[1:]) != shape[1:]:
-                raise ValueError(f"beta of shape {tuple(beta.shape)} does not broadcast to one step of the input, "
-                                 f"{tuple(shape[1:])}")
-            decay = beta.to(x.device).expand(shape[1:]).reshape(-1) if beta.numel() > 1 else beta.reshape(())
-            x, mem = x.reshape(shape[0], 1, -1), mem.reshape(1, -1)
+            decay, x, mem = per_neuron(beta, x, mem, "beta")
         reset = {"subtract": "subtract", "zero": "hard", "none": "none"}[self.reset_mechanism]
         spk, h = F.lif(x, decay=decay, threshold=threshold, reset=reset, v_reset=0.0, detach_reset=True,
                        surrogate=self.surrogate, alpha=self.surrogate_alpha, v0=mem, return_potential=True,
