@@ -4,6 +4,8 @@ the full run's file names. The other parts' --quick tests sit at the end of thei
 import importlib.util
 import json
 
+import pytest
+
 from spikefuse import cli
 from spikefuse.bench.report import QUICK_NOTE
 
@@ -18,6 +20,7 @@ def quick_results(out, part):
     return payload
 
 
+@pytest.mark.slow  # 9 s on 2 cores; bench all's test runs the `on` part's real flow in CI
 def test_lif_quick(tmp_path):
     out = tmp_path / "r"
     assert cli.main(["bench", "lif", "--quick", "--libraries", "pytorch-loop", "--out", str(out)]) == 0

@@ -225,6 +225,7 @@ def test_train_dense_event_models(home, tmp_path, monkeypatch, model, dataset):
     assert record["train_rate"] > 0
 
 
+@pytest.mark.slow  # 11 s on 2 cores; the CIFAR static-image case keeps a conv net trained on synthetic data in CI
 def test_train_dvs_gesture_conv_net(tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", str(tmp_path))  # a cache of its own: the split sizes are not in its key
     monkeypatch.setattr(SyntheticDVSGesture, "split_sizes", {"train": 16, "test": 8})

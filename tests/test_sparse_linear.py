@@ -163,6 +163,7 @@ def _sparse_net(seed):
     return IPUNet((20,), 4, hidden=(40, 30), backend="fused", sparse="sparse", grad_threshold=0.9).to(DEVICE)
 
 
+@pytest.mark.slow  # 7 s on 2 cores
 def test_lazy_adam_on_the_backwards_note_equals_lazy_adam_searching_the_gradient():
     """The sparse backward notes the rows it wrote; LazyAdam reads only those, and the
     result is bit for bit the search's over every row."""
