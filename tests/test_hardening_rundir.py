@@ -174,6 +174,7 @@ def test_resume_cuts_back_or_completes_metrics_of_the_same_run(lines, kept, fini
     (["--threads=-3"], "threads must be at least 1"),
     (["--lr", "1e300"], "lr must lie in float32's normal range"),  # was exit 1, RuntimeError from Adam
     (["--lr", "3.5e38"], "lr must lie in float32's normal range"),
+    (["--lr", "1e38"], "lr must be at most 3.4e+37: Adam's first step divides it by 1 - beta1 = 0.1"),  # was exit 1
     (["--lr", "1e-320"], "lr must lie in float32's normal range"),  # float32 0: nothing would train
     (["--lr=-1e-3"], "lr must be a finite number > 0, got -0.001"),
     (["--lr", "0"], "lr must be a finite number > 0, got 0.0"),

@@ -67,6 +67,10 @@ MAX_THREADS = 1024
 # lr and clip-grad act on float32 values: outside float32's normal range they overflow (the
 # optimizer's RuntimeError: --lr 1e300) or round to zero or a subnormal (nothing trains)
 FLOAT32_RANGE = (1.1754943508222875e-38, 3.4028234663852886e+38)
+# Adam's first step is lr / (1 - beta1) (its bias correction), 10 lr at the betas `spikefuse
+# train` uses: an lr in float32's range above a tenth of its top overflowed there (--lr 1e38:
+# Adam's RuntimeError, exit 1)
+ADAM_BETA1 = 0.9
 SEED_RANGE = (-(2**63), 2**63 - 1)  # what torch.manual_seed takes (an int64)
 
 
@@ -114,6 +118,8 @@ def make(*layers: dict) -> Config:
     for name in ("lr", "clip_grad"):
         if getattr(cfg, name) is not None:
             check_float32(name.replace("_", "-"), getattr(cfg, name))
+    if cfg.lr is not None:
+        check_first_step("lr", cfg.lr, ADAM_BETA1)
     from .activity import check_rate_options
     try:
         check_rate_options(0.0 if cfg.max_rate is None else cfg.max_rate, cfg.rate_weight, cfg.rate_l1)
@@ -171,6 +177,15 @@ def check_float32(label: str, value) -> float:
         raise ConfigError(f"{label} must lie in float32's normal range, {FLOAT32_RANGE[0]:.3g} to "
                           f"{FLOAT32_RANGE[1]:.3g} (training runs in float32), got {value:g}")
     return value
+
+
+def check_first_step(label: str, lr: float, beta1: float) -> None:
+    """Adam's first step, lr / (1 - beta1) (its bias correction), must stay in float32's range
+    (Adam raised a RuntimeError converting it, and only at the first step)."""
+    if lr / (1 - beta1) > FLOAT32_RANGE[1]:
+        raise ConfigError(f"{label} must be at most {FLOAT32_RANGE[1] * (1 - beta1):.3g}: Adam's first step "
+                          f"divides it by 1 - beta1 = {1 - beta1:.3g}, and {lr:g} / {1 - beta1:.3g} is past "
+                          f"float32's {FLOAT32_RANGE[1]:.3g}")
 
 
 def _check_type(name: str, value):

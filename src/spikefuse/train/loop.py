@@ -37,7 +37,7 @@ from . import checkpoint, metrics, plots, rundir
 from ..nn.sparse_linear import dispatch_report, update_dispatch
 from ..capture import CaptureFallback, CapturedStep, prepare_optimizer
 from .activity import RateRegularizer, check_rate_options
-from .config import FLOAT32_RANGE, check_count, check_float32, check_kind, check_seed
+from .config import FLOAT32_RANGE, check_count, check_first_step, check_float32, check_kind, check_seed
 from .spikes import SpikeMonitor
 
 if TYPE_CHECKING:  # spikefuse.parallel (torch.distributed) is imported only by those who use it
@@ -120,6 +120,12 @@ class Trainer:
             if isinstance(lr, (int, float)) and not (0 <= lr <= FLOAT32_RANGE[1]):  # NaN fails too
                 raise ValueError(f"optimizer: parameter group {i} has learning rate {lr!r}; expected a finite "
                                  "number >= 0 in float32's range (training would make every weight NaN)")
+            beta1 = (group.get("betas") or (None,))[0]  # Adam's kin: the first step is lr / (1 - beta1)
+            if isinstance(lr, (int, float)) and isinstance(beta1, float) and 0 <= beta1 < 1:
+                try:
+                    check_first_step("lr", lr, beta1)
+                except ValueError as e:
+                    raise ValueError(f"optimizer: parameter group {i}'s {e}") from None
         if data_parallel is not None and batch_size % data_parallel.world_size:
             raise ValueError(f"batch_size: {batch_size} does not split evenly over {data_parallel.world_size} "
                              "processes; pass a multiple of the world size (it is the global batch)")
