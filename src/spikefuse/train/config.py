@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import sys
 from dataclasses import dataclass
 
@@ -126,9 +127,7 @@ def make(*layers: dict) -> Config:
     except ValueError as e:
         raise ConfigError(str(e).replace("max_rate: ", "max-rate: ").replace("rate_weight: ", "rate-weight: ")
                           .replace("rate_l1: ", "rate-l1: ")) from None
-    if cfg.out is not None and not cfg.out.strip():  # '' would silently become the default name
-        raise ConfigError("out must name a directory, got an empty string; leave --out out for the default "
-                          "runs/<dataset>-<model>-<time>")
+    check_path_name("out", cfg.out, "leave --out out for the default runs/<dataset>-<model>-<time>")
     if cfg.precision not in PRECISIONS:
         raise ConfigError(f"unknown precision {cfg.precision!r}; expected one of: {', '.join(PRECISIONS)}")
     return cfg
@@ -176,6 +175,23 @@ def check_float32(label: str, value) -> float:
     if not FLOAT32_RANGE[0] <= value <= FLOAT32_RANGE[1]:
         raise ConfigError(f"{label} must lie in float32's normal range, {FLOAT32_RANGE[0]:.3g} to "
                           f"{FLOAT32_RANGE[1]:.3g} (training runs in float32), got {value:g}")
+    return value
+
+
+def check_path_name(label: str, value, hint: str, what: str = "a directory"):
+    """A path given by name (a run directory, an output file), or None: a str or os.PathLike
+    that names something (a blank --out '' became the default name, --resume '' a new run and
+    fit's run_dir='' the current directory, without a word) and holds no NUL (os's 'embedded
+    null byte', exit 1)."""
+    if value is None:
+        return None
+    text = os.fspath(value) if isinstance(value, (str, os.PathLike)) else None
+    if not isinstance(text, str):
+        raise ConfigError(f"{label} must be a path (str or os.PathLike), got {value!r}")
+    if not text.strip():
+        raise ConfigError(f"{label} must name {what}, got {text!r}; {hint}")
+    if "\0" in text:
+        raise ConfigError(f"{label} must name {what}, got {text!r}: a path cannot hold a NUL character")
     return value
 
 

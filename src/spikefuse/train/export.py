@@ -15,6 +15,7 @@ from pathlib import Path
 
 from ..errors import UsageError, one_line, require
 from ..nir import DEFAULT_DT, FORMS, READOUT_NODES, to_nir
+from .config import ConfigError, check_path_name
 
 __all__ = ["to_nir", "DEFAULT_DT", "configure", "run"]
 
@@ -43,6 +44,11 @@ def run(args: argparse.Namespace) -> int:
     from . import checkpoint
     from ..models import MODELS, build_model
 
+    try:  # '' read as the current directory (--nir) or as the default file (--out), without a word
+        check_path_name("--nir", args.nir, "pass a run directory written by `spikefuse train`", "a run directory")
+        check_path_name("--out", args.out, "leave --out out for the default RUN_DIR/model.nir", "a file")
+    except ConfigError as e:
+        raise UsageError(str(e)) from None
     run_dir = Path(args.nir)
     path = run_dir / checkpoint.FILENAME
     if not path.is_file():
@@ -72,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
                        readout=args.readout)
     except ValueError as e:
         raise UsageError(str(e)) from None
-    out = Path(args.out) if args.out else run_dir / "model.nir"
+    out = Path(args.out) if args.out is not None else run_dir / "model.nir"
     _check_writable(out, nir)
     tmp = out.with_name(f".{out.name}.tmp")  # same folder: the rename below is atomic
     try:

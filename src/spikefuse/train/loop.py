@@ -37,7 +37,8 @@ from . import checkpoint, metrics, plots, rundir
 from ..nn.sparse_linear import dispatch_report, update_dispatch
 from ..capture import CaptureFallback, CapturedStep, prepare_optimizer
 from .activity import RateRegularizer, check_rate_options
-from .config import FLOAT32_RANGE, check_count, check_first_step, check_float32, check_kind, check_seed
+from .config import (FLOAT32_RANGE, check_count, check_first_step, check_float32, check_kind,
+                     check_path_name, check_seed)
 from .spikes import SpikeMonitor
 
 if TYPE_CHECKING:  # spikefuse.parallel (torch.distributed) is imported only by those who use it
@@ -109,6 +110,7 @@ class Trainer:
         # torch.manual_seed; a truthy string switched compile or capture on)
         epochs, batch_size = check_count("epochs", epochs), check_count("batch_size", batch_size)
         seed = check_seed("seed", seed)
+        run_dir = check_path_name("run_dir", run_dir, "pass run_dir=None to write nothing")
         for label, flag in (("overwrite", overwrite), ("compile", compile), ("stop_on_nan", stop_on_nan),
                             ("progress", progress), ("capture", False if capture is None else capture)):
             check_kind(label, bool, flag)
