@@ -306,6 +306,19 @@ class TimeMeanOnly(nn.Module):
         return x.mean(0)
 
 
+def test_a_time_major_output_under_the_default_loss_is_one_line_naming_loss_fn(tmp_path):
+    """cross_entropy (fit's default) on [T, B, C] said 'Expected input batch_size (8) to match
+    target batch_size (64)': T taken for the batch."""
+    model = nn.Sequential(nn.Flatten(0, 1), nn.Linear(16, 4), nn.Unflatten(0, (8, -1)))  # [T, B, C]
+    trainer = Trainer(model, make_splits(), torch.optim.Adam(model.parameters()), epochs=1, batch_size=64,
+                      progress=False, run_dir=tmp_path / "run")
+    for step in (trainer.fit, trainer.evaluate):
+        with pytest.raises(ValueError, match=r"^loss_fn: the model returns a time-major \[T, B, C\] \(8, 64, 4\).*"
+                                             r"membrane_cross_entropy"):
+            step()
+    assert not (tmp_path / "run").exists()
+
+
 # ---- models that cannot take the data set's input shape ----
 
 @pytest.mark.parametrize("model", ["resnet18", "resnet34", "cifar-small", "dvs-gesture"])

@@ -201,6 +201,7 @@ class Trainer:
         CapturedStep can record it in one CUDA graph."""
         with self._autocast():
             logits = self.forward(x)
+            self._check_output(logits, y)
             loss = self.loss_fn(logits.float(), y)
         penalty = self.regularizer.take(self.device) if self.regularizer is not None else None
         # DDP's gradients are views into its all-reduce buckets: zeroed there, never reallocated
@@ -217,6 +218,16 @@ class Trainer:
             if penalty is not None:
                 self.sums[2].add_(penalty.detach().double() * y.shape[0])
         return loss
+
+    def _check_output(self, logits: torch.Tensor, y: torch.Tensor) -> None:
+        """A time-major [T, B, C] output under the default loss, which takes [B, C]: one line
+        naming loss_fn, not cross_entropy's 'Expected input batch_size (T) to match target
+        batch_size (B)'. Shapes only: no device sync, nothing in a captured graph."""
+        if self.loss_fn is F.cross_entropy and logits.dim() == 3 and y.dim() == 1:
+            raise ValueError(f"loss_fn: the model returns a time-major [T, B, C] {tuple(logits.shape)}, but the "
+                             "default loss_fn (cross_entropy) takes [B, C]; pass loss_fn="
+                             "spikefuse.loss.membrane_cross_entropy (or rate_cross_entropy, count_mse), "
+                             "or average over time in the model (.mean(0))")
 
     def train_epoch(self, epoch: int) -> dict:
         with precisions.applied(self.precision):  # also when called alone, not from fit
@@ -279,6 +290,7 @@ class Trainer:
                 x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
                 with self._autocast():
                     logits = self.eval_forward(x).float()
+                self._check_output(logits, y)
                 loss_sum += self.loss_fn(logits, y, reduction="sum")
                 correct += (metrics.predicted(logits) == y).sum()
                 seen += len(y)
