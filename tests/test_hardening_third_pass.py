@@ -8,6 +8,7 @@ from __future__ import annotations
 import inspect
 import json
 import math
+import os
 
 import pytest
 import torch
@@ -176,6 +177,24 @@ def test_export_refuses_blank_paths(argv, words, old_run, tmp_path, capsys, monk
     line = failure(["export", *(["--nir", str(run)] if argv[0] == "--out" else []), *argv], capsys, "export")
     assert words in line
     assert snapshot(run) == before
+
+
+@pytest.mark.parametrize("content, words", [
+    ("nir", "it is an HDF5 file (a NIR graph, as spikefuse export writes?), not a checkpoint"),
+    (bytes(range(256)), "not a checkpoint written by spikefuse (it holds objects other than tensors"),
+])
+def test_resume_of_a_file_that_is_no_checkpoint_says_what_it_is(content, words, old_run, tmp_path, capsys):
+    """A NIR graph in the checkpoint's place (what the export example wrote) was torch's
+    weights-only refusal, whose advice is to load with weights_only=False: run the file's code."""
+    run = copy_of(old_run, tmp_path)
+    if content == "nir":
+        pytest.importorskip("nir")
+        assert main(["export", "--nir", str(run)]) == 0
+        os.replace(run / "model.nir", run / checkpoint.FILENAME)
+    else:
+        (run / checkpoint.FILENAME).write_bytes(content)
+    line = failure(["train", "--resume", str(run)], capsys)
+    assert f"cannot read checkpoint {run / checkpoint.FILENAME}: {words}" in line and "weights_only" not in line
 
 
 def test_export_replaces_its_own_graph(old_run, tmp_path, capsys):
