@@ -197,6 +197,24 @@ def test_resume_of_a_file_that_is_no_checkpoint_says_what_it_is(content, words, 
     assert f"cannot read checkpoint {run / checkpoint.FILENAME}: {words}" in line and "weights_only" not in line
 
 
+def test_export_through_symbolic_links(old_run, tmp_path, capsys):
+    """--out on a link loop or a dangling link replaced the link itself with the graph (exit 0);
+    a link to an earlier graph was replaced by a file, the graph it named left as it was."""
+    pytest.importorskip("nir")
+    run = copy_of(old_run, tmp_path)
+    (tmp_path / "loop.nir").symlink_to("loop.nir")
+    (tmp_path / "dangling.nir").symlink_to("missing.nir")
+    for link, why in (("loop.nir", "Too many levels of symbolic links"), ("dangling.nir", "No such file")):
+        line = failure(["export", "--nir", str(run), "--out", str(tmp_path / link)], capsys, "export")
+        assert "is a symbolic link that cannot be followed" in line and why in line
+        assert (tmp_path / link).is_symlink()
+    assert main(["export", "--nir", str(run)]) == 0
+    (tmp_path / "graph.nir").symlink_to(run / "model.nir")
+    before = (run / "model.nir").read_bytes()
+    assert main(["export", "--nir", str(run), "--out", str(tmp_path / "graph.nir"), "--dt", "0.001"]) == 0
+    assert (tmp_path / "graph.nir").is_symlink() and (run / "model.nir").read_bytes() != before  # written through
+
+
 def test_export_replaces_its_own_graph(old_run, tmp_path, capsys):
     pytest.importorskip("nir")
     run = copy_of(old_run, tmp_path)

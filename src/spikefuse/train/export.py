@@ -79,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as e:
         raise UsageError(str(e)) from None
     out = Path(args.out) if args.out is not None else run_dir / "model.nir"
-    _check_writable(out, nir)
+    out = _check_writable(out, nir)
     tmp = out.with_name(f".{out.name}.tmp")  # same folder: the rename below is atomic
     try:
         nir.write(tmp, graph)
@@ -92,9 +92,16 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _check_writable(out: Path, nir) -> None:
-    """Export writes a new file or replaces a NIR graph (an earlier export): never another file,
-    such as the run's checkpoint."""
+def _check_writable(out: Path, nir) -> Path:
+    """The file to write: export writes a new file or replaces a NIR graph (an earlier export),
+    never another file, such as the run's checkpoint. A symbolic link is written through (the
+    rename would have replaced the link itself with a file); one that leads nowhere is refused."""
+    if out.is_symlink():
+        try:
+            out = Path(os.path.realpath(out, strict=True))
+        except OSError as e:  # a loop, or a link to a missing file
+            raise UsageError(f"--out {out} is a symbolic link that cannot be followed "
+                             f"({e.strerror or 'it leads nowhere'}); pass a file name") from None
     if out.is_dir():
         raise UsageError(f"--out {out} is a directory; pass a file name (default: RUN_DIR/model.nir)")
     if not out.parent.is_dir():
@@ -105,3 +112,4 @@ def _check_writable(out: Path, nir) -> None:
         except Exception:  # noqa: BLE001  (any file NIR cannot read is one export did not write)
             raise UsageError(f"--out {out} exists and is not a NIR graph; export replaces only its own "
                              "files: choose another --out") from None
+    return out
