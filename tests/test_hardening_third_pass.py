@@ -182,7 +182,7 @@ def test_export_refuses_blank_paths(argv, words, old_run, tmp_path, capsys, monk
 @pytest.mark.parametrize("content, words", [
     ("nir", "it is an HDF5 file (a NIR graph, as spikefuse export writes?), not a checkpoint"),
     (bytes(range(256)), "not a checkpoint written by spikefuse (it holds objects other than tensors"),
-])
+], ids=["nir-graph", "other-bytes"])
 def test_resume_of_a_file_that_is_no_checkpoint_says_what_it_is(content, words, old_run, tmp_path, capsys):
     """A NIR graph in the checkpoint's place (what the export example wrote) was torch's
     weights-only refusal, whose advice is to load with weights_only=False: run the file's code."""
