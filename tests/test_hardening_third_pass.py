@@ -242,6 +242,7 @@ PLAN = ["plan", "--time-steps", "2", "--batch", "1"]
     (["--model", "deep-lif", "--link", "nan", "nan"], "--link: expected a latency >= 0 us"),
     (["--model", "deep-lif", "--link", "-1", "10"], "--link: expected a latency >= 0 us"),
     (["--model", "deep-lif", "--link", "1", "0"], "--link: expected a latency >= 0 us"),
+    (["--model", "deep-lif", "--link", "0", "0"], "--link: expected a latency >= 0 us"),  # the issue's own case
     (["--model", "deep-lif", "--link", "inf", "10"], "--link: expected a latency >= 0 us"),
     (["--model", "deep-lif", "--device", "banana"], "--device:"),
     (["--model", "deep-lif", "--gpus", "0"], "--gpus:"),
