@@ -286,3 +286,31 @@ def test_load_of_objects_refuses_negative_and_fractional_targets():
         data.load(Set(-1), test=Set(0), time_steps=2)
     with pytest.raises(TypeError, match=r"item 2 has target 1.5"):
         data.load(Set(1.5), test=Set(0), time_steps=2)
+
+
+@pytest.mark.parametrize("steps", [float("nan"), 2.5, "3", True, 0, -1, 2**70])
+def test_datasets_refuse_time_steps_that_are_not_a_count(steps):
+    """int() truncated 2.5 to 2 steps and read "3" and True as steps; NaN raised int()'s error;
+    0 and -1 made a static set that its model could not use, or failed at the first batch."""
+    from spikefuse.data import EventSpikeDataset, EventStore, StaticImageDataset
+
+    with pytest.raises(ValueError, match=r"^time_steps must be an int"):
+        StaticImageDataset(torch.zeros(2, 4), torch.tensor([0, 1]), steps)
+    store = EventStore(events([0, 1, 0], [0, 1, 2]), np.array([0, 2, 3]), np.array([0, 1]), (4, 1, 1))
+    with pytest.raises(ValueError, match=r"^time_steps must be an int"):
+        EventSpikeDataset(store, ToFrame((4, 1, 1), time_window=1), steps, (4,))
+
+
+@pytest.mark.parametrize("shape, words", [((5,), r"input_shape: \(5,\) holds 5 values per step, but frame's "
+                                                   r"sensor_size \(4, 1, 1\) gives 4"),
+                                          ((0,), "input_shape must be an int"), ((4.0,), "input_shape must be an int"),
+                                          (4, "input_shape must be a tuple of ints")])
+def test_an_event_set_refuses_an_input_shape_its_frames_do_not_fill(shape, words):
+    """The batches' view raised torch's "shape '[2, 2, 5]' is invalid for input of size 16"."""
+    from spikefuse.data import EventSpikeDataset, EventStore
+
+    store = EventStore(events([0, 1, 0], [0, 1, 2]), np.array([0, 2, 3]), np.array([0, 1]), (4, 1, 1))
+    with pytest.raises(ValueError, match=rf"^{words}"):
+        EventSpikeDataset(store, ToFrame((4, 1, 1), time_window=1), 2, shape)
+    x, _ = next(EventSpikeDataset(store, ToFrame((4, 1, 1), time_window=1), 2, (1, 4)).batches(2, shuffle=False))
+    assert x.shape == (2, 2, 1, 4)

@@ -126,9 +126,23 @@ def test_cache_rebuilds_a_manifest_that_is_json_but_not_ours(tmp_path, source, m
     assert build.calls == 2 and is_valid(entry) and np.array_equal(rebuilt.events, good)
 
 
+class HandMade:
+    """A store's files as EventStore.save writes them, contents unchecked (an older release's
+    entry, a hand-made one): what the constructor and EventStore.load must refuse."""
+
+    def __init__(self, events, offsets, targets, sensor_size):
+        self.events, self.offsets, self.targets, self.sensor_size = events, offsets, targets, sensor_size
+
+    def save(self, directory):
+        np.save(directory / "events.npy", self.events)
+        np.save(directory / "offsets.npy", self.offsets)
+        np.save(directory / "targets.npy", self.targets)
+        (directory / "meta.json").write_text(json.dumps({"sensor_size": list(self.sensor_size)}))
+
+
 def _unsound(store, what):
-    """A copy of `store` whose contents are wrong in one way the packing checks refuse."""
-    events = np.array(store.events)
+    """`store`'s contents, wrong in one way the packing checks refuse."""
+    events, targets = np.array(store.events), store.targets.numpy().copy()
     if what == "x-outside-sensor":
         events["x"][5] = SENSOR[0] + 3
     elif what == "negative-x":
@@ -140,20 +154,22 @@ def _unsound(store, what):
         events["t"][a:b] = events["t"][a:b][::-1].copy()
     elif what == "two-polarities":
         events["p"][3] = 1 - events["p"][2]
-    bad = EventStore(events, store.offsets_host, store.targets.numpy(), store.sensor_size)
-    if what == "negative-target":
-        bad.targets[2] = -1  # behind the constructor's back, as an older release might have written it
-    return bad
+    elif what == "negative-target":
+        targets[2] = -1
+    return HandMade(events, store.offsets_host, targets, store.sensor_size)
 
 
-@pytest.mark.parametrize("what, message", [
+UNSOUND = [
     ("x-outside-sensor", r"sensor_size: events have x in \[0, 703\] but sensor_size gives x < 700"),
     ("negative-x", r"sensor_size: events have x in \[-1, "),
     ("negative-t", "negative timestamps"),
     ("unsorted-t", "must be sorted within each sample"),
     ("two-polarities", "single polarity sensor"),
     ("negative-target", r"targets: sample 2 has target -1"),
-])
+]
+
+
+@pytest.mark.parametrize("what, message", UNSOUND)
 def test_an_entry_with_unsound_contents_is_checked_when_read_and_rebuilt(tmp_path, source, what, message):
     """A manifest proves the files are the ones written, not that what was written is sound (an
     older release, a hand-made entry): the contents are checked when read from disk."""
@@ -171,6 +187,24 @@ def test_an_entry_with_unsound_contents_is_checked_when_read_and_rebuilt(tmp_pat
     assert torch.equal(rebuilt.targets, good.targets)
 
 
+@pytest.mark.parametrize("what, message", UNSOUND)
+def test_the_constructor_checks_contents_as_load_does(source, what, message):
+    """EventStore(events, offsets, targets, sensor_size) took x = 703 on a 700-wide sensor, and
+    framing put its spike into another cell or another sample's frames, without a word."""
+    bad = _unsound(Builder(source)(), what)
+    with pytest.raises(ValueError, match=message):
+        EventStore(bad.events, bad.offsets, bad.targets, bad.sensor_size)
+
+
+@pytest.mark.parametrize("offsets", [[0, 3, 1, 4], [0, 2, 4, 4.0], [0, 2, 4], [[0, 1, 2, 4]]])
+def test_the_constructor_refuses_offsets_that_do_not_cut_the_events(offsets):
+    events = np.zeros(4, dtype=[("t", "<i8"), ("x", "<i2"), ("p", "<i1")])
+    with pytest.raises(ValueError, match=r"^offsets: expected 4 integers rising from 0 to 4"):
+        EventStore(events, np.array(offsets), np.zeros(3, dtype=np.int64), (4, 1, 1))
+    with pytest.raises(ValueError, match=r"^events: expected a structured array with fields t, x, p"):
+        EventStore(np.zeros(4), np.array([0, 1, 2, 4]), np.zeros(3, dtype=np.int64), (4, 1, 1))
+
+
 def test_load_checks_a_store_larger_than_one_chunk(tmp_path, monkeypatch):
     """The load check runs over chunks of whole samples: a bad event in a later chunk is found."""
     import spikefuse.data.store as store_module
@@ -180,7 +214,7 @@ def test_load_checks_a_store_larger_than_one_chunk(tmp_path, monkeypatch):
     store = EventStore.from_samples(samples, (8, 1, 1), progress=False)
     events = np.array(store.events)
     events["x"][-1] = 8
-    EventStore(events, store.offsets_host, store.targets.numpy(), (8, 1, 1)).save(tmp_path)
+    HandMade(events, store.offsets_host, store.targets.numpy(), (8, 1, 1)).save(tmp_path)
     monkeypatch.setattr(store_module, "CHECK_CHUNK", 25)  # 200 events: 8 chunks, cut at sample edges
     with pytest.raises(ValueError, match=r"events have x in \[\d, 8\]"):
         EventStore.load(tmp_path)

@@ -174,6 +174,7 @@ def test_resume_cuts_back_or_completes_metrics_of_the_same_run(lines, kept, fini
     (["--threads=-3"], "threads must be at least 1"),
     (["--lr", "1e300"], "lr must lie in float32's normal range"),  # was exit 1, RuntimeError from Adam
     (["--lr", "3.5e38"], "lr must lie in float32's normal range"),
+    (["--lr", "1e38"], "lr must be at most 3.4e+37: Adam's first step divides it by 1 - beta1 = 0.1"),  # was exit 1
     (["--lr", "1e-320"], "lr must lie in float32's normal range"),  # float32 0: nothing would train
     (["--lr=-1e-3"], "lr must be a finite number > 0, got -0.001"),
     (["--lr", "0"], "lr must be a finite number > 0, got 0.0"),
@@ -303,6 +304,19 @@ def test_fit_trains_a_time_major_output_with_the_snn_losses(loss, tmp_path):
 class TimeMeanOnly(nn.Module):
     def forward(self, x):
         return x.mean(0)
+
+
+def test_a_time_major_output_under_the_default_loss_is_one_line_naming_loss_fn(tmp_path):
+    """cross_entropy (fit's default) on [T, B, C] said 'Expected input batch_size (8) to match
+    target batch_size (64)': T taken for the batch."""
+    model = nn.Sequential(nn.Flatten(0, 1), nn.Linear(16, 4), nn.Unflatten(0, (8, -1)))  # [T, B, C]
+    trainer = Trainer(model, make_splits(), torch.optim.Adam(model.parameters()), epochs=1, batch_size=64,
+                      progress=False, run_dir=tmp_path / "run")
+    for step in (trainer.fit, trainer.evaluate):
+        with pytest.raises(ValueError, match=r"^loss_fn: the model returns a time-major \[T, B, C\] \(8, 64, 4\).*"
+                                             r"membrane_cross_entropy"):
+            step()
+    assert not (tmp_path / "run").exists()
 
 
 # ---- models that cannot take the data set's input shape ----

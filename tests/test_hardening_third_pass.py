@@ -8,6 +8,7 @@ from __future__ import annotations
 import inspect
 import json
 import math
+import os
 
 import pytest
 import torch
@@ -133,6 +134,19 @@ def test_fit_with_overwrite_replaces_the_run(tmp_path):
     assert checkpoint.load(tmp_path / "run" / checkpoint.FILENAME)["epoch"] == 2
 
 
+@pytest.mark.parametrize("run_dir, words", [("", "must name a directory, got ''"), (" ", "must name a directory"),
+                                            ("a\0b", "NUL"), (3, "must be a path"), (b"runs", "must be a path")])
+def test_fit_refuses_a_run_dir_that_names_no_directory(run_dir, words, tmp_path, monkeypatch):
+    """run_dir='' was the current directory: fit wrote checkpoint.pt, metrics.jsonl and the
+    pictures there without a word (the CLI's --out '' was refused already)."""
+    monkeypatch.chdir(tmp_path)
+    model = tiny()
+    with pytest.raises(ValueError, match="^run_dir must ") as error:
+        Trainer(model, make_splits(), torch.optim.Adam(model.parameters()), epochs=1, run_dir=run_dir)
+    assert words in str(error.value)
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.parametrize("value", [1, "yes", None])
 def test_overwrite_must_be_a_bool(value):
     model = tiny()
@@ -150,6 +164,55 @@ def test_export_refuses_to_replace_a_file_that_is_not_a_nir_graph(name, old_run,
     line = failure(["export", "--nir", str(run), "--out", str(run / name)], capsys, "export")
     assert "is not a NIR graph" in line and "--out" in line
     assert snapshot(run) == before
+
+
+@pytest.mark.parametrize("argv, words", [(["--nir", ""], "--nir must name a run directory, got ''"),
+                                         (["--out", ""], "--out must name a file, got ''")])
+def test_export_refuses_blank_paths(argv, words, old_run, tmp_path, capsys, monkeypatch):
+    """--nir '' exported the current directory's run, --out '' wrote RUN/model.nir."""
+    pytest.importorskip("nir")
+    run = copy_of(old_run, tmp_path)
+    monkeypatch.chdir(run)
+    before = snapshot(run)
+    line = failure(["export", *(["--nir", str(run)] if argv[0] == "--out" else []), *argv], capsys, "export")
+    assert words in line
+    assert snapshot(run) == before
+
+
+@pytest.mark.parametrize("content, words", [
+    ("nir", "it is an HDF5 file (a NIR graph, as spikefuse export writes?), not a checkpoint"),
+    (bytes(range(256)), "not a checkpoint written by spikefuse (it holds objects other than tensors"),
+], ids=["nir-graph", "other-bytes"])
+def test_resume_of_a_file_that_is_no_checkpoint_says_what_it_is(content, words, old_run, tmp_path, capsys):
+    """A NIR graph in the checkpoint's place (what the export example wrote) was torch's
+    weights-only refusal, whose advice is to load with weights_only=False: run the file's code."""
+    run = copy_of(old_run, tmp_path)
+    if content == "nir":
+        pytest.importorskip("nir")
+        assert main(["export", "--nir", str(run)]) == 0
+        os.replace(run / "model.nir", run / checkpoint.FILENAME)
+    else:
+        (run / checkpoint.FILENAME).write_bytes(content)
+    line = failure(["train", "--resume", str(run)], capsys)
+    assert f"cannot read checkpoint {run / checkpoint.FILENAME}: {words}" in line and "weights_only" not in line
+
+
+def test_export_through_symbolic_links(old_run, tmp_path, capsys):
+    """--out on a link loop or a dangling link replaced the link itself with the graph (exit 0);
+    a link to an earlier graph was replaced by a file, the graph it named left as it was."""
+    pytest.importorskip("nir")
+    run = copy_of(old_run, tmp_path)
+    (tmp_path / "loop.nir").symlink_to("loop.nir")
+    (tmp_path / "dangling.nir").symlink_to("missing.nir")
+    for link, why in (("loop.nir", "Too many levels of symbolic links"), ("dangling.nir", "No such file")):
+        line = failure(["export", "--nir", str(run), "--out", str(tmp_path / link)], capsys, "export")
+        assert "is a symbolic link that cannot be followed" in line and why in line
+        assert (tmp_path / link).is_symlink()
+    assert main(["export", "--nir", str(run)]) == 0
+    (tmp_path / "graph.nir").symlink_to(run / "model.nir")
+    before = (run / "model.nir").read_bytes()
+    assert main(["export", "--nir", str(run), "--out", str(tmp_path / "graph.nir"), "--dt", "0.001"]) == 0
+    assert (tmp_path / "graph.nir").is_symlink() and (run / "model.nir").read_bytes() != before  # written through
 
 
 def test_export_replaces_its_own_graph(old_run, tmp_path, capsys):
@@ -179,6 +242,7 @@ PLAN = ["plan", "--time-steps", "2", "--batch", "1"]
     (["--model", "deep-lif", "--link", "nan", "nan"], "--link: expected a latency >= 0 us"),
     (["--model", "deep-lif", "--link", "-1", "10"], "--link: expected a latency >= 0 us"),
     (["--model", "deep-lif", "--link", "1", "0"], "--link: expected a latency >= 0 us"),
+    (["--model", "deep-lif", "--link", "0", "0"], "--link: expected a latency >= 0 us"),  # the issue's own case
     (["--model", "deep-lif", "--link", "inf", "10"], "--link: expected a latency >= 0 us"),
     (["--model", "deep-lif", "--device", "banana"], "--device:"),
     (["--model", "deep-lif", "--gpus", "0"], "--gpus:"),
@@ -221,6 +285,7 @@ def test_every_model_refuses_a_bad_width_naming_it(width):
 
 @pytest.mark.parametrize("argv, words", [
     (["--out", ""], "out must name a directory"),
+    (["--out", " "], "out must name a directory, got ' '"),
     (["--threads", "100000"], "threads must be at most 1024"),
     (["--lr", "1e300"], "lr must lie in float32's normal range"),
     (["--model", "resnet18"], "--model 'resnet18' does not fit"),
@@ -237,6 +302,22 @@ def test_a_config_file_setting_one_option_twice_is_refused(tmp_path, capsys, sta
     config.write_text("batch_size = 32\nbatch-size = 64\n")
     line = failure(["train", *QUICK, "--config", str(config), "--out", str(tmp_path / "run")], capsys)
     assert "a second time" in line and "batch-size" in line
+
+
+def test_a_blank_resume_is_refused_not_read_as_a_new_run(tmp_path, capsys, standin, monkeypatch):
+    """--resume '' was read as no --resume: a new run in runs/<dataset>-<model>-<time>, exit 0."""
+    monkeypatch.chdir(tmp_path)
+    for blank in ("", " "):
+        line = failure(["train", *QUICK, "--epochs", "1", "--resume", blank], capsys)
+        assert f"--resume must name a run directory, got {blank!r}" in line
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_config_file_out_holding_a_nul_is_refused_naming_it(tmp_path, capsys, standin):
+    config = tmp_path / "c.toml"
+    config.write_text('out = "a\\u0000b"\n')  # was os's 'embedded null byte', exit 1
+    line = failure(["train", *QUICK, "--config", str(config)], capsys)
+    assert "out must name a directory" in line and "NUL" in line
 
 
 def test_resume_with_an_unknown_format_version_changes_nothing(old_run, tmp_path, capsys, standin):

@@ -270,6 +270,24 @@ def test_parameters_of_the_wrong_shape_name_the_node_and_expected_size(node, mes
         from_nir(nir.NIRGraph.from_list(node()), dt=1e-4)
 
 
+@pytest.mark.parametrize("nodes, message", [
+    (lambda: [nir.Affine(weight=np.ones((2, 3)), bias=np.zeros(2)), _lif(3)],
+     r"node 'lif' \(LIF\): tau has 3 values \(shape \(3,\)\); expected 2, one per output of the nodes before it"),
+    (lambda: [nir.Affine(weight=np.ones((2, 3)), bias=np.zeros(2)), _lif(2), nir.Linear(weight=np.ones((4, 5)))],
+     r"node 'linear': weight \(4, 5\) takes 5 inputs, but the nodes before it give 2"),
+    (lambda: [nir.Affine(weight=np.ones((2, 3)), bias=np.zeros(2)), nir.NIRGraph(
+        nodes={"input": nir.Input(np.array([3])), "lif": _lif(1), "w_rec": nir.Linear(weight=np.eye(3)),
+               "output": nir.Output(np.array([3]))},
+        edges=[("input", "lif"), ("lif", "w_rec"), ("w_rec", "lif"), ("lif", "output")], type_check=False)],
+     r"node 'nirgraph.w_rec': recurrent weight \(3, 3\); expected \(2, 2\)"),
+], ids=["neurons-wider", "next-weight-wider", "recurrent-wider"])
+def test_layers_that_disagree_in_size_name_the_node(nodes, message):
+    """A graph built with type_check=False (nir.read checks its files): a 3-neuron LIF after 2
+    outputs loaded as 2 neurons, a Linear of the wrong width failed at the first forward."""
+    with pytest.raises(ValueError, match=message):
+        from_nir(nir.NIRGraph.from_list(*nodes(), type_check=False), dt=1e-4)
+
+
 def _h5_without_nir(path):
     import h5py
     with h5py.File(path, "w") as f:

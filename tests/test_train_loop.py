@@ -254,3 +254,14 @@ def test_a_learning_rate_that_is_not_finite_or_negative_is_refused(lr):
     optimizer.param_groups[0]["lr"] = lr  # torch's own constructors refuse some of these; a scheduler may not
     with pytest.raises(ValueError, match=r"^optimizer: parameter group 0 has learning rate"):
         Trainer(model, SimpleNamespace(train=[], test=[]), optimizer, epochs=1)
+
+
+@pytest.mark.parametrize("make, lr", [(torch.optim.Adam, 1e38), (torch.optim.AdamW, 1e38),
+                                      (lambda p, lr: torch.optim.Adam(p, lr, betas=(0.99, 0.999)), 1e37)])
+def test_a_learning_rate_whose_first_adam_step_overflows_is_refused(make, lr):
+    """Adam's first step is lr / (1 - beta1): 1e38 passed the range check and Adam raised
+    'value cannot be converted to type float without overflow' at the first step."""
+    model = torch.nn.Linear(3, 2)
+    with pytest.raises(ValueError, match=r"^optimizer: parameter group 0's lr must be at most .*Adam's first step"):
+        Trainer(model, SimpleNamespace(train=[], test=[]), make(model.parameters(), lr), epochs=1)
+    Trainer(model, SimpleNamespace(train=[], test=[]), make(model.parameters(), 1e36), epochs=1)  # fits

@@ -556,6 +556,25 @@ def _check_finite_node(key, node) -> None:
                                  f"({shown} at index {list(where)}); NIR parameters must be finite")
 
 
+def _check_neuron_sizes(key, node, features: int) -> None:
+    """Each per-neuron parameter of a neuron node after an Affine/Linear of `features` outputs
+    holds one value or one per output (a graph built with type_check=False loaded a 3-neuron LIF
+    after 2 outputs as 2 neurons, or failed in numpy or at the first forward)."""
+    if isinstance(node, _Recurrent):
+        _check_neuron_sizes(node.keys[0], node.neuron, features)
+        weight = _arr(node.weight.weight)  # one that is not square is refused where the neuron is built
+        if weight.ndim == 2 and weight.shape[0] == weight.shape[1] != features:
+            raise ValueError(f"node {node.keys[1]!r}: recurrent weight {weight.shape}; expected ({features}, "
+                             f"{features}), one row and column per output of the nodes before it")
+        return
+    for field, value in vars(node).items():
+        if isinstance(value, torch.Tensor):
+            value = value.detach().cpu().numpy()
+        if isinstance(value, np.ndarray) and value.dtype.kind in "fc" and value.size not in (1, features):
+            raise ValueError(f"node {key!r} ({type(node).__name__}): {field} has {value.size} values (shape "
+                             f"{value.shape}); expected {features}, one per output of the nodes before it")
+
+
 class _Recurrent:
     """A neuron node with an Affine/Linear from its spikes back to its own input: a recurrent
     neuron (snnTorch's RLeaky), read as one node of the chain."""
@@ -688,6 +707,9 @@ class _Reader:
     def __init__(self, dt, convention="nir"):
         self.dt, self.convention, self.modules = dt, convention, []
         self.weighted = None  # the module just built from an Affine/Linear/Conv2d, if the last one
+        # the features an Affine/Linear gave, while the chain after it stays flat (neurons keep
+        # them); None after a convolution, pooling or flattening, whose shapes are not followed
+        self.features = None
 
     def add(self, key, node):
         nir = require("nir", "NIR export and import")
@@ -695,11 +717,21 @@ class _Reader:
         from .nn.layers import TimeFolded
 
         weighted, self.weighted = self.weighted, None
+        if not isinstance(node, (nir.Affine, nir.Linear)):
+            if isinstance(node, (nir.Conv2d, nir.Flatten, nir.AvgPool2d)):
+                self.features = None
+            elif self.features is not None:
+                _check_neuron_sizes(key, node, self.features)
         if isinstance(node, (nir.Affine, nir.Linear)):
             weight = _arr(node.weight)
             bias = _arr(node.bias) if isinstance(node, nir.Affine) and node.bias is not None else None
             if weight.ndim != 2:
                 raise ValueError(f"node {key!r}: {type(node).__name__} weight must be 2-D, got shape {weight.shape}")
+            if self.features is not None and weight.shape[1] != self.features:
+                # a graph built with type_check=False: it loaded, and failed at the first forward
+                raise ValueError(f"node {key!r}: weight {weight.shape} takes {weight.shape[1]} inputs, but the "
+                                 f"nodes before it give {self.features}")
+            self.features = weight.shape[0]
             bias = _bias(key, weight, bias)
             layer = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None)
             self.weighted = dict(module=layer, weight=weight, bias=bias)

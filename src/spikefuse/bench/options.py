@@ -7,7 +7,8 @@ from __future__ import annotations
 from ..errors import UsageError
 from ..neuron_options import check_number
 from ..nn.layers import scaled
-from ..train.config import MAX_COUNT, ConfigError, check_count, check_float32, check_seed
+from ..train.config import (ADAM_BETA1, MAX_COUNT, ConfigError, check_count, check_first_step, check_float32,
+                            check_seed)
 
 
 def _usage(check, *args):
@@ -28,8 +29,10 @@ def seed(option: str, value) -> int:
 
 
 def rate(option: str, value) -> float:
-    """A learning rate: finite, > 0, in float32's normal range."""
-    return _usage(check_float32, option, value)
+    """A learning rate: finite, > 0, in float32's normal range, Adam's first step too."""
+    value = _usage(check_float32, option, value)
+    _usage(check_first_step, option, value, ADAM_BETA1)
+    return value
 
 
 def counts(option: str, text: str, *, empty: bool = False) -> list[int]:

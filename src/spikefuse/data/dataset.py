@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..neuron_options import check_int
+from ..neuron_options import ArgumentError, check_int
 from .events import class_indices
 from .framing import ToFrame, check_batch_size
 from .store import EventStore
@@ -42,8 +42,12 @@ class SpikeDataset:
 
     def __init__(self, targets: torch.Tensor, input_shape: tuple[int, ...], time_steps: int):
         self.targets = class_indices(targets)  # casting would make 2.5 class 2 and keep -1
-        self.input_shape = tuple(input_shape)
-        self.time_steps = int(time_steps)
+        # int() truncated 2.5, read "3" and True as steps and raised on NaN; 0, -1 and a shape
+        # of the wrong size failed at the first batch, if at all
+        if not isinstance(input_shape, (tuple, list)):
+            raise ArgumentError(f"input_shape must be a tuple of ints, got {input_shape!r}")
+        self.input_shape = tuple(check_int("input_shape", d) for d in input_shape)
+        self.time_steps = check_int("time_steps", time_steps)
 
     def __len__(self) -> int:
         return len(self.targets)
@@ -208,6 +212,10 @@ class EventSpikeDataset(SpikeDataset):
 
     def __init__(self, store: EventStore, frame: ToFrame, time_steps: int, input_shape: tuple[int, ...]):
         super().__init__(store.targets_tensor(), input_shape, time_steps)
+        cells = math.prod(frame.sensor_size)  # a frame per sample and step: (P, H, W) of the sensor
+        if math.prod(self.input_shape) != cells:  # the batches' view raised torch's shape error
+            raise ValueError(f"input_shape: {self.input_shape} holds {math.prod(self.input_shape)} values per step, "
+                             f"but frame's sensor_size {tuple(frame.sensor_size)} gives {cells}")
         self.store, self.frame = store, frame
 
     def batch_bytes(self, batch_size):

@@ -27,13 +27,31 @@ class EventStore:
 
     def __init__(self, events: np.ndarray, offsets: np.ndarray, targets: np.ndarray,
                  sensor_size: tuple[int, int, int], device="cpu", columns: Columns | None = None):
-        if len(offsets) != len(np.asarray(targets)) + 1 or offsets[0] != 0 or offsets[-1] != len(events):
-            raise ValueError(f"offsets: expected {len(targets) + 1} values from 0 to {len(events)}")
+        """events: a structured array with fields t, x, p (and y), samples one after another;
+        offsets: where each sample starts, from 0 to len(events); targets: one class index per
+        sample. The contents are checked here as `from_samples` and `load` check theirs (every
+        event inside the sensor, time sorted within each sample): ValueError naming the field
+        otherwise (an event outside the sensor was framed into another cell, or another sample)."""
+        self._setup(events, offsets, targets, sensor_size, device, columns)
+        self._check_contents()
 
+    @classmethod
+    def _checked(cls, events, offsets, targets, sensor_size, device="cpu", columns=None) -> EventStore:
+        """A store of events already checked (packed by from_samples, or copied from a store)."""
+        store = cls.__new__(cls)
+        store._setup(events, offsets, targets, sensor_size, device, columns)
+        return store
+
+    def _setup(self, events, offsets, targets, sensor_size, device, columns) -> None:
+        offsets = np.asarray(offsets)
+        n_targets = len(np.asarray(targets))
+        if offsets.ndim != 1 or offsets.dtype.kind not in "iu" or len(offsets) != n_targets + 1 or \
+                offsets[0] != 0 or offsets[-1] != len(events) or bool((np.diff(offsets) < 0).any()):
+            raise ValueError(f"offsets: expected {n_targets + 1} integers rising from 0 to {len(events)}")
         self.events = events  # host copy, maybe a memory map
         self.sensor_size = check_sensor_size(sensor_size)  # int() raised on NaN, truncated 2.5
         self.device = check_device(device)  # NaN or 2**70 failed inside torch.device
-        self._offsets_np = np.asarray(offsets, dtype=np.int64)
+        self._offsets_np = offsets.astype(np.int64, copy=False)
         # host copies of the CSR layout: a batch's event counts are known without a device sync
         self.offsets_host = self._offsets_np
         self.lengths_host = np.diff(self._offsets_np)
@@ -41,6 +59,20 @@ class EventStore:
         self.offsets = torch.from_numpy(np.array(offsets, dtype=np.int64)).to(self.device)
         self.targets = class_indices(targets).to(self.device)
         self.columns = columns  # device-resident columns, or None
+
+    def _check_contents(self) -> None:
+        """Every event inside the sensor, time sorted within each sample (check_events), read
+        once in chunks of whole samples, so that a memory-mapped split is never copied whole."""
+        events, offsets = self.events, self.offsets_host
+        names = getattr(getattr(events, "dtype", None), "names", None)
+        if names is None or any(k not in names for k in ("t", "x", "p")):
+            raise ValueError(f"events: expected a structured array with fields t, x, p (and y), got "
+                             f"{getattr(events, 'dtype', type(events).__name__)}")
+        cuts = np.unique(np.searchsorted(offsets, np.arange(0, len(events), CHECK_CHUNK), side="right") - 1)
+        for a, b in zip(cuts, [*cuts[1:], len(offsets) - 1]):
+            part = offsets[a:b + 1]
+            check_events(as_columns(events[part[0]:part[-1]]), torch.from_numpy(part - part[0]), self.sensor_size,
+                         need_sorted=True)
 
     def __len__(self) -> int:
         return len(self.targets)
@@ -104,7 +136,7 @@ class EventStore:
         events = np.concatenate(parts)
         cols = as_columns(events)
         check_events(cols, torch.from_numpy(offsets), sensor_size, need_sorted=True)
-        return cls(events, offsets, _target_array(targets), sensor_size)
+        return cls._checked(events, offsets, _target_array(targets), sensor_size)
 
     def save(self, directory: Path) -> None:
         """Write the .npy files and meta.json into `directory` (the caller makes it atomic)."""
@@ -130,17 +162,9 @@ class EventStore:
         events = np.load(directory / "events.npy", mmap_mode=mode)
         if events.dtype.names is None or any(k not in events.dtype.names for k in ("t", "x", "p")):
             raise ValueError(f"{directory}: events.npy holds {events.dtype}, not packed events")
-        store = cls(events, np.load(directory / "offsets.npy"), np.load(directory / "targets.npy"),
-                    tuple(meta["sensor_size"]), device=device)
-        # reads every event once (the manifest's checksum just did too), in chunks of whole
-        # samples so that a memory-mapped split is never copied whole
-        offsets = store.offsets_host
-        cuts = np.unique(np.searchsorted(offsets, np.arange(0, len(events), CHECK_CHUNK), side="right") - 1)
-        for a, b in zip(cuts, [*cuts[1:], len(offsets) - 1]):
-            part = offsets[a:b + 1]
-            check_events(as_columns(events[part[0]:part[-1]]), torch.from_numpy(part - part[0]), store.sensor_size,
-                         need_sorted=True)
-        return store
+        # the constructor reads every event once (the manifest's checksum just did too)
+        return cls(events, np.load(directory / "offsets.npy"), np.load(directory / "targets.npy"),
+                   tuple(meta["sensor_size"]), device=device)
 
     def to(self, device, resident: bool = True) -> EventStore:
         """A store whose batches come out on `device`; resident=True also copies the events there."""
@@ -149,8 +173,8 @@ class EventStore:
         if check_flag("resident", resident):
             # np.array copies the memory map into RAM once, field by field, then one transfer each
             columns = {k: torch.from_numpy(np.array(self.events[k])).to(device) for k in self.events.dtype.names}
-        return EventStore(self.events, self._offsets_np, self.targets.cpu().numpy(), self.sensor_size,
-                          device=device, columns=columns)
+        return EventStore._checked(self.events, self._offsets_np, self.targets.cpu().numpy(), self.sensor_size,
+                                   device=device, columns=columns)
 
     def sample(self, i: int) -> np.ndarray:
         """Sample i as a structured numpy array (a copy)."""

@@ -51,10 +51,32 @@ def load(path: str | os.PathLike, map_location="cpu") -> dict:
     except CheckpointError:
         raise
     except Exception as e:  # a foreign or damaged file: whatever the unpickler trips on
-        raise CheckpointError(f"cannot read checkpoint {path}: {one_line(e)}") from e
+        raise CheckpointError(f"cannot read checkpoint {path}: {_unreadable(path, e)}") from e
     if not isinstance(state, dict):
         raise CheckpointError(f"checkpoint {path} holds a {type(state).__name__}, expected a dict")
     return state
+
+
+HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
+
+
+def _unreadable(path: Path, e: Exception) -> str:
+    """Why torch.load could not read `path`, in one line. A NIR graph (HDF5) is named as one;
+    torch's weights-only refusal is cut to its cause: its first line advises loading with
+    weights_only=False, which runs whatever code the file holds."""
+    try:
+        with open(path, "rb") as f:
+            if f.read(len(HDF5_SIGNATURE)) == HDF5_SIGNATURE:
+                return "it is an HDF5 file (a NIR graph, as spikefuse export writes?), not a checkpoint"
+    except OSError:
+        pass
+    text = str(e)
+    if "Weights only load failed" in text:
+        lines = [line.strip() for line in text.split("WeightsUnpickler error:", 1)[-1].splitlines()]
+        cause = next((line for line in lines if line and not line.startswith("Check the documentation")), "")
+        return ("not a checkpoint written by spikefuse (it holds objects other than tensors and plain values, or "
+                f"is no PyTorch file{': ' + cause if cause else ''})")
+    return one_line(e)
 
 
 def _fsync_dir(directory: Path) -> None:

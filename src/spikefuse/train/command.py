@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from ..errors import RunError, UsageError, one_line
-from .config import FIELDS, ConfigError, make, read_toml
+from .config import FIELDS, ConfigError, check_path_name, make, read_toml
 
 # options that may accompany --resume: they change where the run goes, not what it computes,
 # and --epochs, which extends the run (see _extend_schedule)
@@ -166,8 +166,13 @@ def _options(args):
 
     given = {k: v for k, v in vars(args).items() if k in FIELDS}
     state = None
+    try:  # --resume '' read as no --resume: a new run, in another directory, exit 0
+        check_path_name("--resume", args.resume, f"pass the run directory that holds {checkpoint.FILENAME}",
+                        "a run directory")
+    except ConfigError as e:
+        raise UsageError(str(e)) from None
     try:
-        if args.resume:
+        if args.resume is not None:
             run_dir, state = _resume_state(args, given)
             cfg = make(state["config"]["options"], given)
         else:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import sys
 from dataclasses import dataclass
 
@@ -67,6 +68,10 @@ MAX_THREADS = 1024
 # lr and clip-grad act on float32 values: outside float32's normal range they overflow (the
 # optimizer's RuntimeError: --lr 1e300) or round to zero or a subnormal (nothing trains)
 FLOAT32_RANGE = (1.1754943508222875e-38, 3.4028234663852886e+38)
+# Adam's first step is lr / (1 - beta1) (its bias correction), 10 lr at the betas `spikefuse
+# train` uses: an lr in float32's range above a tenth of its top overflowed there (--lr 1e38:
+# Adam's RuntimeError, exit 1)
+ADAM_BETA1 = 0.9
 SEED_RANGE = (-(2**63), 2**63 - 1)  # what torch.manual_seed takes (an int64)
 
 
@@ -114,15 +119,15 @@ def make(*layers: dict) -> Config:
     for name in ("lr", "clip_grad"):
         if getattr(cfg, name) is not None:
             check_float32(name.replace("_", "-"), getattr(cfg, name))
+    if cfg.lr is not None:
+        check_first_step("lr", cfg.lr, ADAM_BETA1)
     from .activity import check_rate_options
     try:
         check_rate_options(0.0 if cfg.max_rate is None else cfg.max_rate, cfg.rate_weight, cfg.rate_l1)
     except ValueError as e:
         raise ConfigError(str(e).replace("max_rate: ", "max-rate: ").replace("rate_weight: ", "rate-weight: ")
                           .replace("rate_l1: ", "rate-l1: ")) from None
-    if cfg.out is not None and not cfg.out.strip():  # '' would silently become the default name
-        raise ConfigError("out must name a directory, got an empty string; leave --out out for the default "
-                          "runs/<dataset>-<model>-<time>")
+    check_path_name("out", cfg.out, "leave --out out for the default runs/<dataset>-<model>-<time>")
     if cfg.precision not in PRECISIONS:
         raise ConfigError(f"unknown precision {cfg.precision!r}; expected one of: {', '.join(PRECISIONS)}")
     return cfg
@@ -171,6 +176,32 @@ def check_float32(label: str, value) -> float:
         raise ConfigError(f"{label} must lie in float32's normal range, {FLOAT32_RANGE[0]:.3g} to "
                           f"{FLOAT32_RANGE[1]:.3g} (training runs in float32), got {value:g}")
     return value
+
+
+def check_path_name(label: str, value, hint: str, what: str = "a directory"):
+    """A path given by name (a run directory, an output file), or None: a str or os.PathLike
+    that names something (a blank --out '' became the default name, --resume '' a new run and
+    fit's run_dir='' the current directory, without a word) and holds no NUL (os's 'embedded
+    null byte', exit 1)."""
+    if value is None:
+        return None
+    text = os.fspath(value) if isinstance(value, (str, os.PathLike)) else None
+    if not isinstance(text, str):
+        raise ConfigError(f"{label} must be a path (str or os.PathLike), got {value!r}")
+    if not text.strip():
+        raise ConfigError(f"{label} must name {what}, got {text!r}; {hint}")
+    if "\0" in text:
+        raise ConfigError(f"{label} must name {what}, got {text!r}: a path cannot hold a NUL character")
+    return value
+
+
+def check_first_step(label: str, lr: float, beta1: float) -> None:
+    """Adam's first step, lr / (1 - beta1) (its bias correction), must stay in float32's range
+    (Adam raised a RuntimeError converting it, and only at the first step)."""
+    if lr / (1 - beta1) > FLOAT32_RANGE[1]:
+        raise ConfigError(f"{label} must be at most {FLOAT32_RANGE[1] * (1 - beta1):.3g}: Adam's first step "
+                          f"divides it by 1 - beta1 = {1 - beta1:.3g}, and {lr:g} / {1 - beta1:.3g} is past "
+                          f"float32's {FLOAT32_RANGE[1]:.3g}")
 
 
 def _check_type(name: str, value):

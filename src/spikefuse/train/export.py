@@ -15,6 +15,7 @@ from pathlib import Path
 
 from ..errors import UsageError, one_line, require
 from ..nir import DEFAULT_DT, FORMS, READOUT_NODES, to_nir
+from .config import ConfigError, check_path_name
 
 __all__ = ["to_nir", "DEFAULT_DT", "configure", "run"]
 
@@ -43,6 +44,11 @@ def run(args: argparse.Namespace) -> int:
     from . import checkpoint
     from ..models import MODELS, build_model
 
+    try:  # '' read as the current directory (--nir) or as the default file (--out), without a word
+        check_path_name("--nir", args.nir, "pass a run directory written by `spikefuse train`", "a run directory")
+        check_path_name("--out", args.out, "leave --out out for the default RUN_DIR/model.nir", "a file")
+    except ConfigError as e:
+        raise UsageError(str(e)) from None
     run_dir = Path(args.nir)
     path = run_dir / checkpoint.FILENAME
     if not path.is_file():
@@ -72,8 +78,8 @@ def run(args: argparse.Namespace) -> int:
                        readout=args.readout)
     except ValueError as e:
         raise UsageError(str(e)) from None
-    out = Path(args.out) if args.out else run_dir / "model.nir"
-    _check_writable(out, nir)
+    out = Path(args.out) if args.out is not None else run_dir / "model.nir"
+    out = _check_writable(out, nir)
     tmp = out.with_name(f".{out.name}.tmp")  # same folder: the rename below is atomic
     try:
         nir.write(tmp, graph)
@@ -86,9 +92,16 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _check_writable(out: Path, nir) -> None:
-    """Export writes a new file or replaces a NIR graph (an earlier export): never another file,
-    such as the run's checkpoint."""
+def _check_writable(out: Path, nir) -> Path:
+    """The file to write: export writes a new file or replaces a NIR graph (an earlier export),
+    never another file, such as the run's checkpoint. A symbolic link is written through (the
+    rename would have replaced the link itself with a file); one that leads nowhere is refused."""
+    if out.is_symlink():
+        try:
+            out = Path(os.path.realpath(out, strict=True))
+        except OSError as e:  # a loop, or a link to a missing file
+            raise UsageError(f"--out {out} is a symbolic link that cannot be followed "
+                             f"({e.strerror or 'it leads nowhere'}); pass a file name") from None
     if out.is_dir():
         raise UsageError(f"--out {out} is a directory; pass a file name (default: RUN_DIR/model.nir)")
     if not out.parent.is_dir():
@@ -99,3 +112,4 @@ def _check_writable(out: Path, nir) -> None:
         except Exception:  # noqa: BLE001  (any file NIR cannot read is one export did not write)
             raise UsageError(f"--out {out} exists and is not a NIR graph; export replaces only its own "
                              "files: choose another --out") from None
+    return out

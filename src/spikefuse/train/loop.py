@@ -37,7 +37,8 @@ from . import checkpoint, metrics, plots, rundir
 from ..nn.sparse_linear import dispatch_report, update_dispatch
 from ..capture import CaptureFallback, CapturedStep, prepare_optimizer
 from .activity import RateRegularizer, check_rate_options
-from .config import FLOAT32_RANGE, check_count, check_float32, check_kind, check_seed
+from .config import (FLOAT32_RANGE, check_count, check_first_step, check_float32, check_kind,
+                     check_path_name, check_seed)
 from .spikes import SpikeMonitor
 
 if TYPE_CHECKING:  # spikefuse.parallel (torch.distributed) is imported only by those who use it
@@ -109,6 +110,7 @@ class Trainer:
         # torch.manual_seed; a truthy string switched compile or capture on)
         epochs, batch_size = check_count("epochs", epochs), check_count("batch_size", batch_size)
         seed = check_seed("seed", seed)
+        run_dir = check_path_name("run_dir", run_dir, "pass run_dir=None to write nothing")
         for label, flag in (("overwrite", overwrite), ("compile", compile), ("stop_on_nan", stop_on_nan),
                             ("progress", progress), ("capture", False if capture is None else capture)):
             check_kind(label, bool, flag)
@@ -120,6 +122,12 @@ class Trainer:
             if isinstance(lr, (int, float)) and not (0 <= lr <= FLOAT32_RANGE[1]):  # NaN fails too
                 raise ValueError(f"optimizer: parameter group {i} has learning rate {lr!r}; expected a finite "
                                  "number >= 0 in float32's range (training would make every weight NaN)")
+            beta1 = (group.get("betas") or (None,))[0]  # Adam's kin: the first step is lr / (1 - beta1)
+            if isinstance(lr, (int, float)) and isinstance(beta1, float) and 0 <= beta1 < 1:
+                try:
+                    check_first_step("lr", lr, beta1)
+                except ValueError as e:
+                    raise ValueError(f"optimizer: parameter group {i}'s {e}") from None
         if data_parallel is not None and batch_size % data_parallel.world_size:
             raise ValueError(f"batch_size: {batch_size} does not split evenly over {data_parallel.world_size} "
                              "processes; pass a multiple of the world size (it is the global batch)")
@@ -193,6 +201,7 @@ class Trainer:
         CapturedStep can record it in one CUDA graph."""
         with self._autocast():
             logits = self.forward(x)
+            self._check_output(logits, y)
             loss = self.loss_fn(logits.float(), y)
         penalty = self.regularizer.take(self.device) if self.regularizer is not None else None
         # DDP's gradients are views into its all-reduce buckets: zeroed there, never reallocated
@@ -209,6 +218,16 @@ class Trainer:
             if penalty is not None:
                 self.sums[2].add_(penalty.detach().double() * y.shape[0])
         return loss
+
+    def _check_output(self, logits: torch.Tensor, y: torch.Tensor) -> None:
+        """A time-major [T, B, C] output under the default loss, which takes [B, C]: one line
+        naming loss_fn, not cross_entropy's 'Expected input batch_size (T) to match target
+        batch_size (B)'. Shapes only: no device sync, nothing in a captured graph."""
+        if self.loss_fn is F.cross_entropy and logits.dim() == 3 and y.dim() == 1:
+            raise ValueError(f"loss_fn: the model returns a time-major [T, B, C] {tuple(logits.shape)}, but the "
+                             "default loss_fn (cross_entropy) takes [B, C]; pass loss_fn="
+                             "spikefuse.loss.membrane_cross_entropy (or rate_cross_entropy, count_mse), "
+                             "or average over time in the model (.mean(0))")
 
     def train_epoch(self, epoch: int) -> dict:
         with precisions.applied(self.precision):  # also when called alone, not from fit
@@ -271,6 +290,7 @@ class Trainer:
                 x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
                 with self._autocast():
                     logits = self.eval_forward(x).float()
+                self._check_output(logits, y)
                 loss_sum += self.loss_fn(logits, y, reduction="sum")
                 correct += (metrics.predicted(logits) == y).sum()
                 seen += len(y)
