@@ -121,6 +121,7 @@ class RankSync:
             raise ValueError(f"transport: expected one of {', '.join(self.TRANSPORTS)}, got {transport!r}")
         self.group, self.transport = group, transport
         self._symmetric = None  # decided at the first exchange
+        self._place = None  # (rank, world size) in the group, asked at the first exchange
         self._buffers = {}  # exchange site -> [two peer-memory buffers, the next one's index]
 
     def __deepcopy__(self, memo):  # a process group is a handle: copies of a model share it
@@ -188,6 +189,12 @@ class RankSync:
                                "transport='nccl') sends the statistics through NCCL instead") from e
         return buffers
 
+    def place(self) -> tuple[int, int]:
+        """(this rank, ranks) in the group; asked once (each ask costs host time in an eager step)."""
+        if self._place is None:
+            self._place = (dist.get_rank(self.group), dist.get_world_size(self.group))
+        return self._place
+
     def _group_name(self) -> str:
         return (self.group if self.group is not None else dist.group.WORLD).group_name
 
@@ -235,8 +242,7 @@ class FusedSync:
     def statistics(self, x, weight, bias, running_mean, running_var, use_batch, momentum, eps):
         """As ops.bn_lif._statistics (stats [mean, invstd, a, b]), over every rank: this
         rank's moments packed, summed over the ranks, combined (spikefuse.ops.bn_exchange)."""
-        group = self.ranks.group
-        payload = pack_moments(x, dist.get_rank(group), dist.get_world_size(group))
+        payload = pack_moments(x, *self.ranks.place())
         summed = self.ranks.exchange(payload, (id(self.site), "forward"))
         stats, self.scale = combine_moments(summed, x.numel() // x.shape[2], weight, bias,
                                             running_mean, running_var, momentum, eps)
