@@ -109,9 +109,11 @@ class RankSync:
     - "symmetric": PyTorch's one-shot all-reduce over GPU peer memory
       (torch.ops.symm_mem.one_shot_all_reduce_copy): each rank reads the others' buffers
       straight over NVLink, no NCCL ring (~9 us against NCCL's ~12 us per exchange inside a
-      CUDA graph, ~13 against ~40 us eagerly, on 2 H100s; benchmarks/results/symm-probe-*);
-    - "auto": "symmetric" where it works (CUDA tensors on an NCCL group whose ranks all run
-      on this host, a torch with the op), else "nccl". Every rank decides alike.
+      CUDA graph, ~13 against ~40 us eagerly, on 2 H100s;
+      benchmarks/results/multi-gpu-2026-11-27/symm-probe-2gpu-h100.json);
+    - "auto": "symmetric" where it works (float32 CUDA tensors on an NCCL group whose ranks
+      all run on this host, GPUs with peer access to each other, a torch with the op; see
+      symmetric_unavailable), else "nccl". Every rank decides alike.
     """
 
     TRANSPORTS = ("auto", "nccl", "symmetric")
