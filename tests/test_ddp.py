@@ -431,3 +431,28 @@ def test_a_dying_rank_fails_the_others_with_a_clear_error(tmp_path):
     assert code == 1, err
     assert len(err.strip().splitlines()) == 1, err
     assert err.startswith("spikefuse train (rank 0/2): error: lost contact with the other ranks"), err
+
+
+def test_peer_memory_is_chosen_only_where_every_condition_holds(monkeypatch):
+    """transport='auto' decides from facts every rank of one host shares; each missing one is
+    the reason given (and transport='symmetric' fails with it)."""
+    from spikefuse.parallel import sync_bn
+
+    cuda32 = SimpleNamespace(is_cuda=True, dtype=torch.float32)
+    monkeypatch.setattr(sync_bn.dist, "get_backend", lambda group=None: "nccl")
+    monkeypatch.setattr(sync_bn.dist, "get_world_size", lambda group=None: 2)
+    monkeypatch.setattr(sync_bn.torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(sync_bn.torch.cuda, "can_device_access_peer", lambda a, b: True)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    if not hasattr(torch.ops.symm_mem, "one_shot_all_reduce_copy"):
+        assert "no torch.ops.symm_mem" in sync_bn.symmetric_unavailable(cuda32, None)
+        pytest.skip("this torch has no one-shot all-reduce: the other conditions are not reached")
+    assert sync_bn.symmetric_unavailable(cuda32, None) == ""
+    assert "float32 CUDA" in sync_bn.symmetric_unavailable(SimpleNamespace(is_cuda=False, dtype=torch.float32), None)
+    assert "float32 CUDA" in sync_bn.symmetric_unavailable(SimpleNamespace(is_cuda=True, dtype=torch.float64), None)
+    monkeypatch.setattr(sync_bn.torch.cuda, "can_device_access_peer", lambda a, b: (a, b) != (1, 0))
+    assert "peer access" in sync_bn.symmetric_unavailable(cuda32, None)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")  # ranks on two hosts
+    assert "every rank on this host" in sync_bn.symmetric_unavailable(cuda32, None)
+    monkeypatch.setattr(sync_bn.dist, "get_backend", lambda group=None: "gloo")
+    assert "backend is gloo" in sync_bn.symmetric_unavailable(cuda32, None)
