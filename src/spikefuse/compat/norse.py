@@ -253,14 +253,13 @@ def _stack_states(states):
 class _Neuron(nn.Module):
     """What the cells and sequence modules share: the parameters' checks, dt, the backend, the
     surrogate, and the step that fires on spikefuse.functional.lif."""
-    FIELDS: tuple[str, ...] = ()
+    PARAMETERS = LIFBoxParameters
     STATE = LIFBoxFeedForwardState
 
     def _common(self, p, dt, backend):
-        missing = [f for f in self.FIELDS if not hasattr(p, f)]
-        if missing:
-            raise ValueError(f"p must be Norse's {type(self).PARAMETERS.__name__} (fields {list(self.FIELDS)}), "
-                             f"got {p!r}")
+        fields = self.PARAMETERS._fields
+        if any(not hasattr(p, f) for f in fields):
+            raise ValueError(f"p must be Norse's {self.PARAMETERS.__name__} (fields {list(fields)}), got {p!r}")
         self.dt = _check_dt(dt)
         if backend not in F.BACKENDS:
             raise ValueError(f"backend: unknown {backend!r}; expected one of {list(F.BACKENDS)}")
@@ -273,7 +272,7 @@ class _Neuron(nn.Module):
                              f"only; use backend 'auto' or 'reference'")
         self.v_th = _one_value("p.v_th", p.v_th)
         self.v_reset = _one_value("p.v_reset", p.v_reset)
-        if "v_leak" in self.FIELDS:
+        if "v_leak" in fields:
             _values("p.v_leak", p.v_leak)
 
     def _fire(self, x, v0, decay=1.0):
@@ -343,7 +342,6 @@ class _Sequence(_Neuron):
 class _LIFBoxMath:
     """The box neuron: Norse's step exactly, and the folded sequence."""
     PARAMETERS = LIFBoxParameters
-    FIELDS = LIFBoxParameters._fields
     STATE = LIFBoxFeedForwardState
 
     def _setup(self, p, dt, backend):
@@ -412,7 +410,6 @@ class LIFBox(_LIFBoxMath, _Sequence):
 class _LIFMath:
     """Norse's current-based LIF: its step exactly, and the folded sequence on spikefuse's CUBA."""
     PARAMETERS = LIFParameters
-    FIELDS = LIFParameters._fields
     STATE = LIFFeedForwardState
 
     def _setup(self, p, dt, backend):
@@ -491,7 +488,6 @@ class _IAFMath:
     """Norse's IAF: v += x (dt unused), fire at v > v_th, reset to v_reset: spikefuse's LIF at
     decay 1, exact on every path."""
     PARAMETERS = IAFParameters
-    FIELDS = IAFParameters._fields
     STATE = IAFFeedForwardState
 
     def _setup(self, p, dt, backend):
