@@ -33,6 +33,8 @@ def test_every_task_runs_quick_on_the_cpu(tmp_path, monkeypatch):
     path, payload = quick_payload(out)
     assert payload["quick"] is True and payload["benchmark"] == "runs" and payload["recipe"]["epochs"] == 2
     assert [t["task"] for t in payload["tasks"]] == list(runs.TASKS)
+    cache = payload["triton_cache"]  # what a reader needs to tell a cold first epoch from a warm one
+    assert cache["state"] == ("warm" if cache["entries_at_start"] else "cold")
     for task in payload["tasks"]:
         by_library = {r["run"]: r for r in task["runs"]}
         assert list(by_library) == list(runs.LIBRARIES)
@@ -46,9 +48,9 @@ def test_every_task_runs_quick_on_the_cpu(tmp_path, monkeypatch):
             assert len(walls) == 2 and 0 < walls[0] < walls[1] and row["stopped_by"] == "epochs"
             assert all(e["peak_mib"] is None for e in row["epochs"])  # no GPU: no peak memory
             if name != "spikefuse":  # the same equations and weights: the same spikes and gradients
-                check = task["cross_check"][name]
+                check = task["cross_check"][name]  # in float64; snnTorch's spikes and Norse's constants are float32
                 assert check["spikes_equal"] and check["passed"], check
-                assert max(check["grad_rel_err"].values()) < 1e-4
+                assert max(check["grad_rel_err"].values()) < 1e-6
                 # the same batches, weights and equations: the first epoch's loss is spikefuse's
                 assert row["epochs"][0]["train_loss"] == pytest.approx(by_library["spikefuse"]["epochs"][0]["train_loss"],
                                                                        rel=1e-5)

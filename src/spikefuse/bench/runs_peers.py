@@ -153,7 +153,7 @@ class SnnTorchLIF(nn.Module):
         for xt in x:
             spk, mem = self.leaky(xt, mem)
             out.append(spk)
-        return torch.stack(out)
+        return torch.stack(out).to(x.dtype)  # its spikes are float32 whatever x's dtype (float64 cross-check)
 
 
 def _detached_reset(z, v, reset, threshold):
