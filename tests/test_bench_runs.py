@@ -65,6 +65,28 @@ def test_every_task_runs_quick_on_the_cpu(tmp_path, monkeypatch):
             f"{path.stem}-{t.replace(':', '-')}.png" for t in runs.TASKS)
 
 
+def test_each_library_in_its_own_process_trains_as_in_one(tmp_path, monkeypatch):
+    """--isolation process (the default on CUDA): each run in a fresh process, from the same
+    initial weights and batches; its row comes back whole, and a process that fails is a row."""
+    pytest.importorskip("norse")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert cli.main(["bench", "runs", "--quick", "--tasks", "randman:mlp", "--libraries", "spikefuse,norse",
+                     "--isolation", "process", "--out", str(tmp_path)]) == 0
+    _, payload = quick_payload(tmp_path)
+    assert payload["recipe"]["isolation"] == "process"
+    (task,) = payload["tasks"]
+    ours, norse = task["runs"]
+    assert [ours["status"], norse["status"]] == ["ran", "ran"] and len(ours["epochs"]) == 2
+    assert ours["implementation"].startswith("Trainer.fit") and norse["implementation"].startswith("Norse")
+    assert norse["epochs"][0]["train_loss"] == pytest.approx(ours["epochs"][0]["train_loss"], rel=1e-5)
+    assert task["cross_check"]["norse"]["passed"]
+
+    args = runs.argparse.Namespace(seed=0, time_cap=1.0)  # no --quick, --epochs...: the worker fails
+    row = runs.run_isolated(runs.Setting("randman:mlp", None, {}, {}, 16, args, runs.torch.device("cpu"), "eager"),
+                            "norse")
+    assert row["run"] == "norse" and row["status"] == "failed" and "exit code 1" in row["error"]
+
+
 def test_a_peer_that_does_not_import_is_skipped_with_its_reason(tmp_path, monkeypatch):
     monkeypatch.setitem(runs.PEER_MODULES, "norse", "no_such_module_for_bench_runs")
     assert cli.main(["bench", "runs", "--quick", "--tasks", "randman:mlp", "--libraries", "spikefuse,norse",
