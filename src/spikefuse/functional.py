@@ -542,6 +542,48 @@ def _check_recurrent_weight(weight, x):
         raise ValueError(f"weight is on {weight.device} but x is on {x.device}")
 
 
+# ---- recurrent CUBA ----
+
+def rcuba(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    decay: float = 0.5,
+    syn_decay: float = 0.5,
+    threshold: float = 1.0,
+    reset: str = "hard",
+    v_reset: float = 0.0,
+    detach_reset: bool = False,
+    surrogate: str = "rectangular",
+    alpha: float | None = None,
+    return_state: bool = False,
+    backend: str = "auto",
+    return_potential: bool = False,
+):
+    """Recurrent current-based LIF (snnTorch's `RSynaptic`): `cuba` whose synaptic current
+    also takes the layer's own spikes of the step before through `weight` [N, N] (x [T, *, N]):
+
+        i[t] = syn_decay * i[t-1] + x[t] + s[t-1] @ weight.T     i[-1] = 0, s[-1] = 0
+        h[t] = decay * v[t-1] + i[t]                              v[-1] = 0
+
+    then fire and reset as `cuba` (reset="subtract" with detach_reset=True is RSynaptic's
+    default). Returns spikes [T, *, N], then h if `return_potential`, then (v[T-1], i[T-1]) if
+    `return_state`. backend: "auto" or "reference" (spikefuse.reference.cuba, torch ops step by
+    step: this neuron has no fused kernel; "fused" is refused).
+    """
+    _check_float_x(x)
+    if isinstance(x, torch.Tensor) and x.dim() < 2:
+        raise ValueError(f"x must be [T, *, N] (2 or more dims), got shape {tuple(x.shape)}")
+    _check_recurrent_weight(weight, x)
+    decay = check_number("decay", decay, low_open=0.0, high=1.0)
+    syn_decay = check_number("syn_decay", syn_decay, low=0.0, high=1.0)
+    options = NeuronOptions(threshold, reset, v_reset, detach_reset, surrogate, alpha, callable_surrogate=False)
+    if backend not in BACKENDS or backend == "fused":
+        raise ValueError(f"backend: {backend!r}; rcuba has no fused kernel: 'auto' and 'reference' run "
+                         "spikefuse.reference.cuba with the recurrent weight")
+    return reference.cuba(x, decay, syn_decay, *options.common(), bool(return_state), bool(return_potential), None,
+                          recurrent=weight.to(x.dtype))
+
+
 # ---- recurrent adaptive LIF (LSNN) ----
 
 def ralif(

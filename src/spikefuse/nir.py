@@ -41,9 +41,11 @@ Conventions (docs/nir.md has the full table):
   loop's Affine bias (RLeaky adds it every step) joins the bias of the Linear before.
   convention="snntorch" (RLeaky's subtract reset, a step late) gives reset="none" with the
   threshold subtracted from w_rec's diagonal: the same spikes (the reset's gradient, which
-  snnTorch detaches, then flows).
+  snnTorch detaches, then flows). RecurrentCUBA is written and read the same way with a CubaLIF
+  in the loop (snnTorch's RSynaptic): the recurrent spikes join the CubaLIF's input current;
+  convention="snntorch" reads RSynaptic's own reset (reset="subtract", detach_reset=True).
 - Thresholds per channel (a NIR v_threshold that differs between channels) load into LIF/IF
-  as a `threshold` buffer and are written back; CUBA and RecurrentLIF take one per layer.
+  as a `threshold` buffer and are written back; CUBA and the recurrent neurons take one per layer.
 - Readout. A mean-over-time readout is written as its Affine (readout="affine", default; the
   graph's output is the per-step drive, the logits are its mean over T; metadata readout="mean"),
   or as Affine + NIR's integrator I with r = 1/(T dt) (readout="integrator"; needs time_steps;
@@ -82,7 +84,7 @@ def to_nir(model: nn.Module, input_shape=None, time_steps: int | None = None, dt
     """A nir.NIRGraph of a sequential spiking model: an nn.Sequential, a model with a `.layers`
     Sequential (mlp, ipu-*, deep-lif), SHDNet or CifarNet; built from Flatten, Linear, Conv2d,
     BatchNorm (folded, eval statistics), LIF/IF/PLIF, BNLIF and the *BNLIF blocks, CUBA (as a
-    CubaLIF) and RecurrentLIF (as a nested recurrent graph), all with the hard reset.
+    CubaLIF), RecurrentLIF and RecurrentCUBA (as nested recurrent graphs), all with the hard reset.
 
     input_shape: one sample's shape (default: model.input_shape). time_steps: only needed for
     readout="integrator". dt: seconds per step. form: "peers" or "nir"; readout: "affine" or
@@ -171,6 +173,7 @@ class _Writer:
         from .nn.cuba import CUBA
         from .nn.layers import Dropout, TimeFolded
         from .nn.neurons import LIF
+        from .nn.recurrent_cuba import RecurrentCUBA
         from .nn.recurrent_lif import RecurrentLIF
         from .nn.spiking_layers import _BNLIFBlock
 
@@ -227,19 +230,22 @@ class _Writer:
             _check_hard_reset(name, layer)
             self._neuron(name, layer.decay_value(), layer.threshold, layer.v_reset)
             return
-        if isinstance(layer, RecurrentLIF):
+        if isinstance(layer, (RecurrentLIF, RecurrentCUBA)):
             _check_hard_reset(name, layer)
             if len(self.shape) != 1:
-                raise ValueError(f"{name}: RecurrentLIF gets per-sample shape {self.shape}; NIR's recurrent "
-                                 "Linear needs one vector of features per sample")
-            self._neuron(name, layer.decay, layer.threshold, layer.v_reset, recurrent=_np64(layer.weight))
+                raise ValueError(f"{name}: {type(layer).__name__} gets per-sample shape {self.shape}; NIR's "
+                                 "recurrent Linear needs one vector of features per sample")
+            if isinstance(layer, RecurrentCUBA):
+                self._cuba(name, layer, recurrent=_np64(layer.weight))
+            else:
+                self._neuron(name, layer.decay, layer.threshold, layer.v_reset, recurrent=_np64(layer.weight))
             return
         if isinstance(layer, CUBA):
             _check_hard_reset(name, layer)
             self._cuba(name, layer)
             return
         raise ValueError(f"cannot export layer {name} ({type(layer).__name__}) to NIR; supported: Flatten, Linear, "
-                         "Conv2d, BatchNorm (folded), LIF, IF, PLIF, BNLIF, CUBA, RecurrentLIF")
+                         "Conv2d, BatchNorm (folded), LIF, IF, PLIF, BNLIF, CUBA, RecurrentLIF, RecurrentCUBA")
 
     def flush(self):
         nir = require("nir", "NIR export and import")
@@ -349,10 +355,11 @@ class _Writer:
                    "output": nir.Output(output_type=n)},
             edges=[("input", "lif"), ("lif", "w_rec"), ("w_rec", "lif"), ("lif", "output")]))
 
-    def _cuba(self, name, layer):
+    def _cuba(self, name, layer, recurrent=None):
         """A CubaLIF node. Written with r = tau_mem/dt and w_in = tau_syn/dt (both gains 1),
         the weights before it verbatim, in either form: snnTorch's importer asserts
-        r = tau_mem/dt, and Norse's honours r and w_in."""
+        r = tau_mem/dt, and Norse's honours r and w_in. With `recurrent` (RecurrentCUBA's
+        weight), the nested graph snnTorch's RSynaptic maps to, as _append writes it."""
         nir = require("nir", "NIR export and import")
 
         for field, value in (("decay", layer.decay), ("syn_decay", layer.syn_decay)):
@@ -362,8 +369,8 @@ class _Writer:
         self.flush()
         thr, reset = self._firing(layer.threshold, layer.v_reset)
         tau_mem, tau_syn = self._full(self.dt / (1.0 - layer.decay)), self._full(self.dt / (1.0 - layer.syn_decay))
-        self.nodes.append(nir.CubaLIF(tau_syn=tau_syn, tau_mem=tau_mem, r=tau_mem / self.dt, v_leak=self._full(0.0),
-                                      v_threshold=thr, v_reset=reset, w_in=tau_syn / self.dt))
+        self._append(nir.CubaLIF(tau_syn=tau_syn, tau_mem=tau_mem, r=tau_mem / self.dt, v_leak=self._full(0.0),
+                                 v_threshold=thr, v_reset=reset, w_in=tau_syn / self.dt), recurrent)
 
 
 def _check_hard_reset(name, layer) -> None:
@@ -480,7 +487,7 @@ def from_nir(graph, dt: float | None = None, convention: str = "nir") -> nn.Sequ
     """A spikefuse model of a sequential NIR graph (a nir.NIRGraph or a .nir file path): an
     nn.Sequential of Linear, TimeFolded(Conv2d/AvgPool2d), Flatten, spikefuse LIF/IF, CUBA (for
     CubaLIF), RecurrentLIF (for a LIF/IF with an Affine/Linear back to itself, nested or not;
-    see the module docstring) and Integrator/LeakyIntegrator (NIR's I/LI), mapping time-major
+    see the module docstring), RecurrentCUBA (the same for a CubaLIF: snnTorch's RSynaptic) and Integrator/LeakyIntegrator (NIR's I/LI), mapping time-major
     [T, B, *shape] to [T, B, ...]. A v_threshold may differ between channels for LIF/IF only.
 
     dt: seconds per step; default the graph's metadata["dt"] (spikefuse writes it; snnTorch
@@ -765,9 +772,9 @@ class _Reader:
             self._cuba(key, node, weighted)
         elif isinstance(node, _Recurrent):
             if isinstance(node.neuron, nir.CubaLIF):
-                raise ValueError(f"node {key!r}: a CubaLIF with a recurrent {type(node.weight).__name__} (snnTorch's "
-                                 "RSynaptic) has no spikefuse neuron; recurrent LIF/IF load as RecurrentLIF")
-            self._neuron(key, node.neuron, weighted, node)
+                self._cuba(key, node.neuron, weighted, node)
+            else:
+                self._neuron(key, node.neuron, weighted, node)
         elif isinstance(node, (nir.LI, nir.I)):
             dt = self._dt(key)
             r = _per_channel(key, "r", node.r)
@@ -907,15 +914,18 @@ class _Reader:
             layer.weight.copy_(torch.from_numpy(weight.astype(np.float32)))
         self.modules.append(layer)
 
-    def _cuba(self, key, node, weighted):
+    def _cuba(self, key, node, weighted, recurrent=None):
         """A CubaLIF node as spikefuse's CUBA. NIR's tau_syn dI/dt = -I + w_in S and tau_mem dv/dt
         = v_leak - v + r I, forward Euler (v from the new I, as snnTorch's Synaptic and Norse's
         LIFCell step): I <- syn_decay I + g_syn S, v <- decay v + g_mem I + c, with g_syn =
         w_in dt/tau_syn (Norse's LIFCell adds its input unscaled: g_syn = w_in under
         convention="norse"), g_mem = r dt/tau_mem and c = dt/tau_mem v_leak. Both gains fold
         into the Affine/Linear before it; c rides on the current (i' = g_mem I + c: the bias
-        gains c (1 - syn_decay) and i' starts at c, RestingCUBA)."""
+        gains c (1 - syn_decay) and i' starts at c, RestingCUBA). With `recurrent` (the
+        _Recurrent it is in: snnTorch's RSynaptic), a RecurrentCUBA: the recurrent spikes join S,
+        so its weight takes the same gain and its bias is one more input every step."""
         from .nn.cuba import CUBA
+        from .nn.recurrent_cuba import RecurrentCUBA
 
         dt = self._dt(key)
         tau_syn, tau_mem = (_uniform(key, f, getattr(node, f), "spikefuse's CUBA takes one per layer")
@@ -930,6 +940,10 @@ class _Reader:
         gain = (w_in if norse else w_in * dt / tau_syn) * _per_channel(key, "r", node.r) * dt / tau_mem
         leak = dt / tau_mem * _arr(node.v_leak)  # c, per neuron
         drive = dt / tau_mem * _per_channel(key, "v_leak", node.v_leak) * (1 - syn_decay)
+        w_rec = None
+        if recurrent is not None:
+            w_rec, b_rec = self._recurrent_weight(recurrent.keys[1], recurrent.weight)
+            drive = drive + _unit(gain) * b_rec
         left = self._left(key, weighted, gain, drive)
         delayed = self.convention == "snntorch"  # snnTorch's Synaptic: the delayed subtract reset, fired at h > t
         threshold = np.float32(_uniform(key, "v_threshold", node.v_threshold, "spikefuse's CUBA takes one threshold "
@@ -940,7 +954,15 @@ class _Reader:
         reset = dict(reset="subtract", detach_reset=True) if delayed else dict(v_reset=_f32(v_reset / left))
         options = dict(decay=_f32(decay), syn_decay=_f32(syn_decay), threshold=_f32(threshold / left), **reset)
         v_init = _arr(node.v_leak) / left if norse else np.zeros(1)  # Norse's LIFCell starts at v_leak
-        if v_init.any() or leak.any():
+        if w_rec is not None:
+            if v_init.any() or leak.any():
+                raise ValueError(f"node {key!r}: a recurrent CubaLIF with v_leak != 0 has no spikefuse neuron "
+                                 "(RecurrentCUBA starts at 0 and has no constant drive on its current)")
+            layer = RecurrentCUBA(len(w_rec), **options)
+            with torch.no_grad():
+                layer.weight.copy_(torch.from_numpy((w_rec * (_unit(gain) / left).reshape(-1, 1)).astype(np.float32)))
+            self.modules.append(layer)
+        elif v_init.any() or leak.any():
             self.modules.append(RestingCUBA(v_init, leak / left, **options))
         else:
             self.modules.append(CUBA(**options))

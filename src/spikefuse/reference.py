@@ -338,10 +338,13 @@ def cuba(
     return_state: bool = False,
     return_potential: bool = False,
     state0: tuple[torch.Tensor | None, torch.Tensor | None] | None = None,
+    recurrent: torch.Tensor | None = None,
 ):
     """Current-based synaptic LIF (CUBA; snnTorch `Synaptic`, Norse LIF with a synaptic
     current) over all T steps of x [T, *]:
         i[t] = syn_decay * i[t-1] + x[t]             i[-1] = i0 (synaptic current)
+                 (+ s[t-1] @ recurrent.T with a recurrent weight [N, N], x [T, *, N]: snnTorch's
+                 `RSynaptic`; s[-1] = 0)
         h[t] = decay * v[t-1] + i[t]                 v[-1] = v0
         s[t] = 1 if h[t] >= threshold else 0         (surrogate sg(h - threshold) in backward)
         v[t] = hard: v_reset where s, else h / soft: h - threshold*s / none: h
@@ -360,6 +363,8 @@ def cuba(
     spikes, potentials = [], []
     for t in range(x.shape[0]):
         i = syn_decay * i + x[t]
+        if recurrent is not None and spikes:
+            i = i + spikes[-1] @ recurrent.t()
         h = _charge(decay * v + i, threshold, s_prev)
         s = fire(h)
         v = _reset(h, s.detach() if detach_reset else s, threshold, reset, v_reset)

@@ -23,3 +23,6 @@ __all__ += ["RecurrentLIF"]
 from .recurrent_alif import RecurrentALIF  # noqa: E402
 
 __all__ += ["RecurrentALIF"]
+from .recurrent_cuba import RecurrentCUBA  # noqa: E402
+
+__all__ += ["RecurrentCUBA"]

@@ -50,11 +50,11 @@ from .. import functional as F
 from ..data.events import check_flag
 from ..errors import one_line
 from ..neuron_options import MAX_INT, check_int, check_number
-from ..nn import ALIF, BNLIF, CUBA, LIF, RecurrentALIF, RecurrentLIF
+from ..nn import ALIF, BNLIF, CUBA, LIF, RecurrentALIF, RecurrentCUBA, RecurrentLIF
 from ..ops import spike_pack, weight_grad_queue
 
 BATCH_NORM = ("refuse", "per_chunk")
-CARRIES_NO_STATE_HERE = (ALIF, CUBA, RecurrentLIF, RecurrentALIF)  # neurons whose state is not handed over
+CARRIES_NO_STATE_HERE = (ALIF, CUBA, RecurrentLIF, RecurrentALIF, RecurrentCUBA)  # neurons whose state is not handed over
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 _HEADER_WORDS = 16  # int64: T, chunks, dtype index, packed, ndim, then the trailing shape
 _HEADER_TAG = 0

@@ -1,14 +1,14 @@
 """Watch the spiking layers: forward hooks on every module that emits spikes
-(spikefuse.nn.LIF, IF, PLIF, ALIF, CUBA, the recurrent LIF and ALIF, and the fused BNLIF)
+(spikefuse.nn.LIF, IF, PLIF, ALIF, CUBA, the recurrent LIF, ALIF and CUBA, and the fused BNLIF)
 count spikes for firing rates, or keep whole spike trains for rasters."""
 from __future__ import annotations
 
 import torch
 from torch import nn
 
-from ..nn import ALIF, BNLIF, CUBA, LIF, RecurrentALIF, RecurrentLIF
+from ..nn import ALIF, BNLIF, CUBA, LIF, RecurrentALIF, RecurrentCUBA, RecurrentLIF
 
-SPIKING = (LIF, ALIF, CUBA, RecurrentLIF, RecurrentALIF, BNLIF)  # modules whose output is spikes
+SPIKING = (LIF, ALIF, CUBA, RecurrentLIF, RecurrentALIF, RecurrentCUBA, BNLIF)  # modules whose output is spikes
 
 
 EXACT_IN_FLOAT32 = 1 << 24  # every integer up to 2^24 is a float32
