@@ -1,12 +1,14 @@
-"""Produces benchmarks/results/cpu-tutorial5.json and .md (--out; on the CPU).
+"""Produces benchmarks/results/cpu-tutorial5.json and .md, and with --inputs 64
+cpu-tutorial5-64.json and .md (--out; on the CPU).
 
 CPU training speed: snnTorch tutorial 5's network against the same network in spikefuse.
 
-    python benchmarks/cpu_tutorial5.py [--epochs 3] [--batches 20]
+    python benchmarks/cpu_tutorial5.py [--epochs 3] [--batches 20] [--inputs 784|64]
 
 Network (snnTorch tutorial 5): 784 -> Linear -> 1000 LIF -> Linear -> 10 LIF, T = 25 steps,
-batch 128, Adam lr 5e-4, beta = decay = 0.95. Data: random MNIST-shaped images (uniform
-[0, 1], [B, 1, 28, 28]) and random labels, rate-coded once up front with
+batch 128, Adam lr 5e-4, beta = decay = 0.95; --inputs 64 gives the smaller 64-1000-10 (the
+digits' 8x8 inputs). Data: random MNIST-shaped images (uniform [0, 1], [B, 1, 28, 28]; [B, 64]
+with --inputs 64) and random labels, rate-coded once up front with
 spikefuse.encode.rate (the same spike trains for every library; encoding is not timed);
 `--batches` batches per epoch. One epoch is timed as a whole (forward, loss, backward,
 Adam step for every batch), wall clock; after a warm-up epoch, the median over `--epochs`
@@ -58,10 +60,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 class SnnTorchNet(nn.Module):
     """Tutorial 5's Net with the input read per step (rate-coded)."""
 
-    def __init__(self, reset_mechanism):
+    def __init__(self, reset_mechanism, inputs=784):
         super().__init__()
         import snntorch as snn
-        self.fc1 = nn.Linear(784, 1000)
+        self.fc1 = nn.Linear(inputs, 1000)
         self.lif1 = snn.Leaky(beta=BETA, reset_mechanism=reset_mechanism)
         self.fc2 = nn.Linear(1000, 10)
         self.lif2 = snn.Leaky(beta=BETA, reset_mechanism=reset_mechanism)
@@ -81,9 +83,9 @@ class SnnTorchNet(nn.Module):
 
 
 class SpikefuseNet(nn.Module):
-    def __init__(self, backend="auto"):
+    def __init__(self, backend="auto", inputs=784):
         super().__init__()
-        self.fc1 = nn.Linear(784, 1000)
+        self.fc1 = nn.Linear(inputs, 1000)
         self.lif1 = LIF(decay=BETA, reset="hard", v_reset=0.0, detach_reset=True, surrogate="atan", backend=backend)
         self.fc2 = nn.Linear(1000, 10)
         self.lif2 = LIF(decay=BETA, reset="hard", v_reset=0.0, detach_reset=True, surrogate="atan", backend=backend)
@@ -105,12 +107,12 @@ def tutorial_loss(mem_rec, targets):  # snnTorch tutorial 5: sum over steps of C
     return loss_val
 
 
-def make_runner(name, init_state):
+def make_runner(name, init_state, inputs):
     """(model, one-batch training step) for a configuration."""
     if name.startswith("snntorch"):
-        model = SnnTorchNet("subtract" if "tutorial" in name else "zero")
+        model = SnnTorchNet("subtract" if "tutorial" in name else "zero", inputs)
     else:
-        model = SpikefuseNet("reference" if "reference" in name else "auto")
+        model = SpikefuseNet("reference" if "reference" in name else "auto", inputs)
     model.load_state_dict(init_state, strict=False)
     optimizer = torch.optim.Adam(model.parameters(), lr=LR, betas=(0.9, 0.999))
 
@@ -134,11 +136,11 @@ def epoch_time(step, data):
     return time.perf_counter() - start
 
 
-def agreement(init_state, x, targets):
+def agreement(init_state, x, targets, inputs):
     """One batch, the same weights: output spikes and gradients of both networks."""
     results = {}
     for name in ("snntorch", "spikefuse"):
-        model = SnnTorchNet("zero") if name == "snntorch" else SpikefuseNet()
+        model = SnnTorchNet("zero", inputs) if name == "snntorch" else SpikefuseNet(inputs=inputs)
         model.load_state_dict(init_state, strict=False)
         out = model(x)
         spikes = out[0] if isinstance(out, tuple) else out
@@ -168,25 +170,29 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--epochs", type=int, default=3, help="timed epochs (after one warm-up epoch)")
     parser.add_argument("--batches", type=int, default=20, help="batches per epoch")
-    parser.add_argument("--out", default=os.path.join(HERE, "results", "cpu-tutorial5"))
+    parser.add_argument("--inputs", type=int, default=784, choices=(784, 64),
+                        help="input features: 784 (tutorial 5's MNIST) or 64 (the digits' 8x8)")
+    parser.add_argument("--out", default=None, help="path without suffix (default results/cpu-tutorial5[-64])")
     parser.add_argument("--no-reference", action="store_true", help="skip spikefuse backend='reference'")
     args = parser.parse_args()
+    if args.out is None:
+        args.out = os.path.join(HERE, "results", "cpu-tutorial5" + ("" if args.inputs == 784 else f"-{args.inputs}"))
     import snntorch
 
     default_threads = torch.get_num_threads()
     g = torch.Generator().manual_seed(0)
-    images = torch.rand(args.batches, BATCH, 1, 28, 28, generator=g)
+    images = torch.rand(args.batches, BATCH, *((1, 28, 28) if args.inputs == 784 else (args.inputs,)), generator=g)
     labels = torch.randint(0, 10, (args.batches, BATCH), generator=g)
     data = [(encode.rate(images[i], T, generator=g).view(T, BATCH, -1), labels[i]) for i in range(args.batches)]
     torch.manual_seed(0)
-    init_state = SpikefuseNet().state_dict()
+    init_state = SpikefuseNet(inputs=args.inputs).state_dict()
     names = ["snntorch", "snntorch (tutorial loss)", "spikefuse"]
     if not args.no_reference:
         names.append("spikefuse (backend=reference)")
     runs = {}
     for threads in sorted({default_threads, 1}, reverse=True):
         torch.set_num_threads(threads)
-        steps = {name: make_runner(name, init_state) for name in names}
+        steps = {name: make_runner(name, init_state, args.inputs) for name in names}
         times = {name: [] for name in names}
         for round_ in range(args.epochs + 1):
             for name in names:
@@ -204,10 +210,11 @@ def main():
                     "torch_default_threads": default_threads},
         "versions": {"python": platform.python_version(), "torch": torch.__version__,
                      "snntorch": snntorch.__version__, "spikefuse": getattr(spikefuse, "__version__", "dev")},
-        "setup": {"T": T, "batch": BATCH, "batches_per_epoch": args.batches, "timed_epochs": args.epochs,
+        "setup": {"inputs": args.inputs, "T": T, "batch": BATCH, "batches_per_epoch": args.batches, "timed_epochs": args.epochs,
                   "warmup_epochs": 1, "lr": LR, "beta": BETA,
-                  "data": "random MNIST-shaped images and labels, rate-coded once (spikefuse.encode.rate), not timed"},
-        "agreement": agreement(init_state, data[0][0], data[0][1]),
+                  "data": ("random MNIST-shaped images" if args.inputs == 784 else f"random {args.inputs}-feature inputs")
+                  + " and labels, rate-coded once (spikefuse.encode.rate), not timed"},
+        "agreement": agreement(init_state, data[0][0], data[0][1], args.inputs),
         "runs": runs,
     }
     for threads, rows in runs.items():
@@ -230,7 +237,7 @@ def markdown(r):
         f"{r['date']}; {m['cpu']}, nproc {m['nproc']} (torch default threads {m['torch_default_threads']}); "
         f"Python {v['python']}, torch {v['torch']}, snnTorch {v['snntorch']}, spikefuse {v['spikefuse']}.",
         "",
-        f"784-1000-10, T = {s['T']}, batch {s['batch']}, Adam lr {s['lr']}, beta/decay {s['beta']}; "
+        f"{s.get('inputs', 784)}-1000-10, T = {s['T']}, batch {s['batch']}, Adam lr {s['lr']}, beta/decay {s['beta']}; "
         f"{s['data']}; {s['batches_per_epoch']} batches per epoch; wall clock of a whole training epoch, "
         f"median of {s['timed_epochs']} epochs after {s['warmup_epochs']} warm-up epoch, libraries interleaved. "
         "Written by benchmarks/cpu_tutorial5.py (its docstring says what each row computes).",
