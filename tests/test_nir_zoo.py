@@ -1,6 +1,7 @@
 """spikefuse.nir for the rest of the neuron zoo, both ways with the peers: CUBA as NIR's
 CubaLIF (snnTorch's `Synaptic`, Norse's `LIFCell`), RecurrentLIF as a LIF with a recurrent
-Affine/Linear (snnTorch's `RLeaky`), and per-channel thresholds. Spikes are compared exactly,
+Affine/Linear (snnTorch's `RLeaky`), RecurrentCUBA as a CubaLIF with one (`RSynaptic`), and
+per-channel thresholds. Spikes are compared exactly,
 on random inputs over 30 steps. snnTorch and Norse are test dependencies: these tests fail,
 not skip, without them. docs/nir.md's conformance table cites them by name."""
 from __future__ import annotations
@@ -421,3 +422,30 @@ def test_what_cannot_export_is_refused_naming_the_layer():
         to_nir(nn.Sequential(nn.Linear(3, 4), CUBA(syn_decay=1.0)), (3,))
     with pytest.raises(ValueError, match=r"^cannot export layer 1 \(ALIF\) to NIR"):  # NIR has no adaptive neuron
         to_nir(nn.Sequential(nn.Linear(3, 4), ALIF()), (3,))
+
+
+# ---- the conformance table of docs/nir.md ----
+
+def test_every_test_the_conformance_table_cites_exists():
+    """Each cell of docs/nir.md's table that says "exact" names the test asserting it: every name
+    (with its parameter id, if any) is a test of this file or tests/test_nir.py, so that a
+    renamed or removed test cannot leave a cell standing on nothing."""
+    import pathlib
+    import re
+
+    root = pathlib.Path(__file__).resolve().parents[1]
+    text = (root / "docs" / "nir.md").read_text()
+    table = [line for line in text.splitlines() if line.startswith("| ") and "test_" in line]
+    cited = {name for line in table for name in re.findall(r"`(test_\w+(?:\[[\w-]+\])?)`", line)}
+    assert len(table) >= 8 and len(cited) >= 10
+    sources = "".join((root / "tests" / f).read_text() for f in ("test_nir.py", "test_nir_zoo.py"))
+    defined = set(re.findall(r"^def (test_\w+)", sources, flags=re.M))
+    for name in sorted(cited):
+        base, _, param = name.partition("[")
+        assert base in defined, f"docs/nir.md cites {name}, which is no test"
+        if param:
+            assert re.search(rf"ids=\[[^\]]*\"{re.escape(param[:-1])}\"", sources) or param[:-1] in sources, name
+    for line in table:  # an "exact" cell names its test (Linear/Affine's: the LIF rows' tests)
+        for cell in line.strip("|").split("|")[1:]:
+            if cell.strip().startswith("exact") and "with the LIF rows" not in cell:
+                assert "`test_" in cell, f"an exact cell without its test: {cell.strip()}"
