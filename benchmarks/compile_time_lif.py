@@ -1,0 +1,156 @@
+"""Produces benchmarks/results/compile-time-lif-backward-cpu.md (stdout; on any machine with
+Triton, no GPU needed).
+
+Issue 38's cold-cache first epochs are mostly Triton compiling the LIF kernels (4.2-5.4 s per
+backward variant on the H100 host). An experiment, not the library's kernel: the LIF
+backward compiled for an sm_90 (H100) target on the CPU, spikefuse's kernel against
+`single_walk` below, which sends every chunk through backward_chunk's TAIL form (the kernel
+walks the partial chunk and the full chunks in two unrolled copies), at K = 16 and 8 steps
+per chunk. Each compile runs in a fresh process with an empty cache. With --check, both
+kernels' spikes and input gradients are compared through Triton's interpreter
+(TRITON_INTERPRET=1). The GPU runtime of single_walk is not measured here.
+
+    python benchmarks/compile_time_lif.py            # the compile times
+    TRITON_INTERPRET=1 python benchmarks/compile_time_lif.py --check
+"""
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+import torch
+import triton
+import triton.language as tl
+
+from spikefuse import functional as F
+from spikefuse.ops import lif
+from spikefuse.ops.kernel_base import (f32, load_chunk, load_earlier_chunks, load_per_neuron, program_neurons,
+                                       spike_adjoint, store_chunk)
+from spikefuse.ops.launch import cached_launch
+from spikefuse.ops.lif import backward_chunk, cut_surrogate, lif_surrogate_grad
+
+
+@triton.jit
+def single_walk(
+    gs_ptr, x_ptr, ckpt_ptr, gvT_ptr, gx_ptr, gv0_ptr, gd_ptr, decay_ptr, gh_ptr, thr_ptr, gthr_ptr, keep_ptr,
+    decay, threshold, v_reset, alpha, grad_floor, T, N, inner, C, KEEP_N,
+    RESET: tl.constexpr, DETACH: tl.constexpr, SURROGATE: tl.constexpr, CUSTOM_FN: tl.constexpr,
+    DECAY: tl.constexpr, THRESHOLD: tl.constexpr, HAS_GVT: tl.constexpr, NEED_GV0: tl.constexpr,
+    NEED_GD: tl.constexpr, HAS_GH: tl.constexpr, NEED_GTHR: tl.constexpr, KEEP: tl.constexpr, BLOCK: tl.constexpr,
+    K: tl.constexpr, EVEN_N: tl.constexpr,
+):
+    """spikefuse.ops.lif._lif_backward_kernel with one reverse walk over all chunks, each in
+    backward_chunk's TAIL form (its steps past T masked): one unrolled copy of the chunk."""
+    decay, threshold, v_reset, alpha = f32(decay), f32(threshold), f32(v_reset), f32(alpha)
+    grad_floor = f32(grad_floor)
+    n = program_neurons(BLOCK)
+    n_mask = n < N
+    d = load_per_neuron(decay_ptr, decay, n, n_mask, inner, C, DECAY)
+    threshold = load_per_neuron(thr_ptr, threshold, n, n_mask, inner, C, THRESHOLD)
+    if HAS_GVT:
+        gv = tl.load(gvT_ptr + n, mask=n_mask, other=0.0).to(tl.float32)
+    else:
+        gv = tl.zeros([BLOCK], tl.float32)
+    gd = tl.zeros([BLOCK], tl.float32)
+    gthr = tl.zeros([BLOCK], tl.float32)
+    gp = gthr
+    keep = gthr
+    if KEEP:
+        keep = tl.load(keep_ptr + n % KEEP_N, mask=n_mask, other=0.0)
+    k = tl.arange(0, K)
+    offs = k[:, None] * N + n[None, :]
+    last = tl.cdiv(T, K) - 1
+    X = load_chunk(x_ptr, last * K, offs, k, n_mask, T, N, EVEN_N)
+    GS = load_chunk(gs_ptr, last * K, offs, k, n_mask, T, N, EVEN_N)
+    GH = GS
+    if HAS_GH:
+        GH = load_chunk(gh_ptr, last * K, offs, k, n_mask, T, N, EVEN_N)
+    v = tl.load(ckpt_ptr + tl.cast(last, tl.int64) * N + n, mask=n_mask, other=0.0)
+    for i in range(0, last + 1):
+        c = last - i
+        t0 = c * K
+        X_prev, GS_prev, GH_prev = load_earlier_chunks(x_ptr, gs_ptr, gh_ptr, t0 - K, offs, n_mask, N, EVEN_N, HAS_GH)
+        v_prev = tl.load(ckpt_ptr + tl.cast(tl.maximum(c - 1, 0), tl.int64) * N + n, mask=n_mask, other=0.0)
+        GX, gv, gp, gd, gthr = backward_chunk(X, GS, v, gv, gp, gd, gthr, d, t0, T, threshold, v_reset, alpha,
+                                              grad_floor, keep, RESET, DETACH, SURROGATE, CUSTOM_FN, NEED_GD, True,
+                                              GH, HAS_GH, NEED_GTHR, KEEP)
+        store_chunk(gx_ptr, t0, offs, k, n_mask, T, N, GX, EVEN_N)
+        X, GS, GH, v = X_prev, GS_prev, GH_prev, v_prev
+    if RESET == 3 and not DETACH:
+        u0 = v - threshold
+        g0 = spike_adjoint(0.0, gp, -threshold, RESET, DETACH) * cut_surrogate(
+            lif_surrogate_grad(u0, SURROGATE, alpha, CUSTOM_FN), v, keep, grad_floor, KEEP)
+        gv += g0
+        gthr -= g0
+    if NEED_GV0:
+        tl.store(gv0_ptr + n, gv, mask=n_mask)
+    if NEED_GD:
+        tl.store(gd_ptr + n, gd, mask=n_mask)
+    if NEED_GTHR:
+        tl.store(gthr_ptr + n, gthr, mask=n_mask)
+
+
+def compile_once(which: str, K: int) -> None:
+    """Compile one kernel for sm_90 (the ipu nets' training variant: hard reset, detached,
+    fast_sigmoid, float32, BLOCK 64, one warp) and print the seconds."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    kernel = lif._lif_backward_kernel.kernel if which == "library" else single_walk
+    signature = {name: "*fp32" for name in ("gs_ptr", "x_ptr", "ckpt_ptr", "gvT_ptr", "gx_ptr", "gv0_ptr", "gd_ptr",
+                                            "decay_ptr", "gh_ptr", "thr_ptr", "gthr_ptr", "keep_ptr")}
+    signature.update({name: "fp32" for name in ("decay", "threshold", "v_reset", "alpha", "grad_floor")})
+    signature.update({name: "i32" for name in ("T", "N", "inner", "C", "KEEP_N")})
+    constants = dict(RESET=0, DETACH=True, SURROGATE=2, CUSTOM_FN=None, DECAY=0, THRESHOLD=0, HAS_GVT=False,
+                     NEED_GV0=False, NEED_GD=False, HAS_GH=False, NEED_GTHR=False, KEEP=False, BLOCK=64, K=K,
+                     EVEN_N=True)
+    signature.update({name: "constexpr" for name in constants})
+    source = ASTSource(kernel, signature, constexprs={(list(signature).index(n),): v for n, v in constants.items()},
+                       attrs={})
+    start = time.perf_counter()
+    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32),
+                              options={"num_warps": 1, "enable_fp_fusion": False})
+    print(f"| {which} | {K} | {time.perf_counter() - start:.2f} | {len(compiled.asm['ptx'])} |", flush=True)
+
+
+def check() -> None:
+    """Spikes and input gradients of F.lif(backend="fused") with each backward kernel."""
+    library = lif._lif_backward_kernel
+    for T, N, options in ((21, 100, dict(decay=0.8, threshold=0.5)), (16, 64, dict(decay=0.9, threshold=0.3, reset="soft")),
+                          (1, 7, dict(decay=0.5)),
+                          (37, 33, dict(decay=0.7, threshold=0.4, reset="subtract", detach_reset=False))):
+        x = torch.rand(T, N, generator=torch.Generator().manual_seed(T)) * 0.8
+        results = []
+        for kernel in (library, cached_launch(single_walk)):
+            lif._lif_backward_kernel = kernel
+            xg = x.clone().requires_grad_()
+            s = F.lif(xg, backend="fused", **options)
+            (s * torch.randn(s.shape, generator=torch.Generator().manual_seed(1))).sum().backward()
+            results.append((s.detach(), xg.grad))
+        lif._lif_backward_kernel = library
+        (s1, g1), (s2, g2) = results
+        print(f"T={T} N={N} {options}: spikes equal {torch.equal(s1, s2)}, dL/dx equal {torch.equal(g1, g2)}")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="compare the kernels through the interpreter")
+    parser.add_argument("--one", nargs=2, metavar=("KERNEL", "K"), help=argparse.SUPPRESS)  # a child's compile
+    args = parser.parse_args()
+    if args.check:
+        return check()
+    if args.one:
+        return compile_once(args.one[0], int(args.one[1]))
+    print(f"Triton {triton.__version__}, torch {torch.__version__}, target sm_90, one fresh process and empty cache "
+          "per compile\n\n| kernel | K | compile s | PTX chars |\n|---|---|---|---|", flush=True)
+    for which in ("library", "single_walk"):
+        for K in (16, 8):
+            with tempfile.TemporaryDirectory() as cache:
+                subprocess.run([sys.executable, __file__, "--one", which, str(K)], check=True,
+                               env={**os.environ, "TRITON_CACHE_DIR": cache})
+
+
+if __name__ == "__main__":
+    main()
