@@ -170,6 +170,11 @@ class RecurrentOptions(SharedOptions):
                  record_potential, grad_threshold):
         super().__init__(threshold, reset, v_reset, detach_reset, surrogate, alpha, backend, record_potential,
                          grad_threshold)
-        if isinstance(features, bool) or not isinstance(features, int) or features < 1:
-            raise ValueError(f"features must be a positive int, got {features!r}")
-        self.features = features
+        self.features = check_features(features)
+
+
+def check_features(features) -> int:
+    """The width of a recurrent neuron's square weight: a positive int (ValueError naming it)."""
+    if isinstance(features, bool) or not isinstance(features, int) or features < 1:
+        raise ValueError(f"features must be a positive int, got {features!r}")
+    return features

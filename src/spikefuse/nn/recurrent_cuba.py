@@ -11,10 +11,10 @@ from torch import nn
 from .. import functional as F
 from ..neuron_options import check_number
 from .layers import layer_name
-from .neuron_base import RecurrentOptions
+from .neuron_base import SharedOptions, check_features
 
 
-class RecurrentCUBA(RecurrentOptions):
+class RecurrentCUBA(SharedOptions):
     """i = syn_decay*i + x + s_prev @ weight.T, h = decay*v + i, fire at h >= threshold, reset v.
 
     x [T, B, ..., features] (3 or more dims) -> spikes of x's shape. Every call starts from
@@ -31,8 +31,8 @@ class RecurrentCUBA(RecurrentOptions):
                  dtype=None, record_potential: bool = False):
         if backend == "fused":
             raise ValueError("backend: RecurrentCUBA has no fused kernel; use 'auto' or 'reference'")
-        super().__init__(features, threshold, reset, v_reset, detach_reset, surrogate, alpha, backend,
-                         record_potential, float("-inf"))
+        super().__init__(threshold, reset, v_reset, detach_reset, surrogate, alpha, backend, record_potential)
+        self.features = check_features(features)  # no grad_threshold: it has no sparse backward
         self.decay = check_number("decay", decay, low_open=0.0, high=1.0)
         self.syn_decay = check_number("syn_decay", syn_decay, low=0.0, high=1.0)
         self.weight = nn.Parameter(torch.empty(features, features, device=device, dtype=dtype))
