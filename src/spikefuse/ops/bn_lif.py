@@ -68,9 +68,9 @@ MAX_STEP = 2**31 - 2**16  # neurons per time step: offsets within a step (n < N 
 def stat_rows(inner: int) -> int:
     """Positions per statistics tile: 256 where a channel's values are a channel apart
     (channels-last, or [T, B, C]), else 64 (a channel's values lie inner apart, and taller
-    tiles read more scattered rows). Measured on an H100 (CIFAR-medium's layers, float32 and
-    bfloat16): 256 gave the channels-last pass 1.1-1.9x 64's speed, and the other layout 2.7x
-    64's time."""
+    tiles read more scattered rows). Measured on an H100 (CIFAR-medium's six layer shapes,
+    benchmarks/bn_stats_variants.py): with 256 rows the channels-last pass ran 1.0-1.2x as fast
+    as with 64 in float32 and 1.0-1.9x in bfloat16, the other layout 1.1-2.7x as slow."""
     return 256 if inner == 1 else 64
 
 
