@@ -508,10 +508,7 @@ def rlif(
         through the Triton interpreter), "reference" (spikefuse.reference.rlif) or "auto"
         (fused on CUDA, else reference).
     """
-    _check_float_x(x)
-    if isinstance(x, torch.Tensor) and x.dim() < 2:
-        raise ValueError(f"x must be [T, *, N] (2 or more dims), got shape {tuple(x.shape)}")
-    _check_recurrent_weight(weight, x)
+    _check_recurrent(x, weight)
     decay = check_number("decay", decay, low_open=0.0, high=1.0)
     options = NeuronOptions(threshold, reset, v_reset, detach_reset, surrogate, alpha, grad_threshold,
                             callable_surrogate=False)
@@ -529,7 +526,12 @@ def rlif(
                           options.grad_threshold, return_potential)
 
 
-def _check_recurrent_weight(weight, x):
+def _check_recurrent(x, weight):
+    """x [T, *, N], floating point, and the recurrent weight [N, N] beside it (a ValueError or
+    ArgumentError naming the argument)."""
+    _check_float_x(x)
+    if isinstance(x, torch.Tensor) and x.dim() < 2:
+        raise ValueError(f"x must be [T, *, N] (2 or more dims), got shape {tuple(x.shape)}")
     n = x.shape[-1]
     if not isinstance(weight, torch.Tensor):
         raise ArgumentError(f"weight must be a tensor [{n}, {n}], got {type(weight).__name__}")
@@ -570,10 +572,7 @@ def rcuba(
     `return_state`. backend: "auto" or "reference" (spikefuse.reference.cuba, torch ops step by
     step: this neuron has no fused kernel; "fused" is refused).
     """
-    _check_float_x(x)
-    if isinstance(x, torch.Tensor) and x.dim() < 2:
-        raise ValueError(f"x must be [T, *, N] (2 or more dims), got shape {tuple(x.shape)}")
-    _check_recurrent_weight(weight, x)
+    _check_recurrent(x, weight)
     decay = check_number("decay", decay, low_open=0.0, high=1.0)
     syn_decay = check_number("syn_decay", syn_decay, low=0.0, high=1.0)
     options = NeuronOptions(threshold, reset, v_reset, detach_reset, surrogate, alpha, callable_surrogate=False)
@@ -623,10 +622,7 @@ def ralif(
         (fused on CUDA, else reference). Under torch.compile, return_potential runs on the
         reference.
     """
-    _check_float_x(x)
-    if x.dim() < 2:
-        raise ValueError(f"x must be [T, *, N] (2 or more dims), got shape {tuple(x.shape)}")
-    _check_recurrent_weight(weight, x)
+    _check_recurrent(x, weight)
     decay = check_number("decay", decay, low_open=0.0, high=1.0)
     adapt_decay = check_number("adapt_decay", adapt_decay, low_open=0.0, high=1.0)
     beta = check_number("beta", beta, low=0.0)

@@ -6,6 +6,7 @@ their repr. The dynamics live in spikefuse.functional."""
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import torch
 from torch import nn
@@ -160,21 +161,35 @@ class SharedOptions(RecordsPotential):
         return text
 
 
-class RecurrentOptions(SharedOptions):
-    """SharedOptions for the recurrent neurons: also grad_threshold (their sparse backward's
-    cut), and `features`, the width of their square recurrent weight, checked."""
-
-    grad_threshold = option_property("grad_threshold")
+class RecurrentNeuron(SharedOptions):
+    """SharedOptions for the recurrent neurons, with what they share: `weight` [features,
+    features], from the layer's own spikes of the step before to its input (initialised as
+    nn.Linear's: uniform in +-1/sqrt(features)), and the check that an input has `features`
+    in its last dim."""
 
     def __init__(self, features, threshold, reset, v_reset, detach_reset, surrogate, alpha, backend,
-                 record_potential, grad_threshold):
+                 record_potential, grad_threshold=float("-inf"), device=None, dtype=None):
         super().__init__(threshold, reset, v_reset, detach_reset, surrogate, alpha, backend, record_potential,
                          grad_threshold)
-        self.features = check_features(features)
+        if isinstance(features, bool) or not isinstance(features, int) or features < 1:
+            raise ValueError(f"features must be a positive int, got {features!r}")
+        self.features = features
+        self.weight = nn.Parameter(torch.empty(features, features, device=device, dtype=dtype))
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        bound = 1 / math.sqrt(self.features)
+        nn.init.uniform_(self.weight, -bound, bound)
+
+    def check_input(self, x: torch.Tensor, function: str) -> None:
+        """check_rank, then x's last dim against `features` (ValueError naming the layer)."""
+        self.check_rank(x, function)
+        if x.shape[-1] != self.features:
+            raise ValueError(f"{layer_name(self)}: expected {self.features} features in x's last dim, "
+                             f"got shape {tuple(x.shape)}")
 
 
-def check_features(features) -> int:
-    """The width of a recurrent neuron's square weight: a positive int (ValueError naming it)."""
-    if isinstance(features, bool) or not isinstance(features, int) or features < 1:
-        raise ValueError(f"features must be a positive int, got {features!r}")
-    return features
+class RecurrentOptions(RecurrentNeuron):
+    """A recurrent neuron with a sparse backward's cut: grad_threshold, read and set as an option."""
+
+    grad_threshold = option_property("grad_threshold")

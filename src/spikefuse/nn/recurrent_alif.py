@@ -2,14 +2,10 @@
 the dynamics live in spikefuse.functional.ralif."""
 from __future__ import annotations
 
-import math
-
 import torch
-from torch import nn
 
 from .. import functional as F
 from ..neuron_options import check_number
-from .layers import layer_name
 from .neuron_base import RecurrentOptions
 
 
@@ -32,22 +28,13 @@ class RecurrentALIF(RecurrentOptions):
                  grad_threshold: float = float("-inf"), backend: str = "auto", record_potential: bool = False,
                  device=None, dtype=None):
         super().__init__(features, threshold, reset, v_reset, detach_reset, surrogate, alpha, backend,
-                         record_potential, grad_threshold)
+                         record_potential, grad_threshold, device, dtype)
         self.decay = check_number("decay", decay, low_open=0.0, high=1.0)
         self.adapt_decay = check_number("adapt_decay", adapt_decay, low_open=0.0, high=1.0)
         self.beta = check_number("beta", beta, low=0.0)
-        self.weight = nn.Parameter(torch.empty(features, features, device=device, dtype=dtype))
-        self.reset_parameters()
-
-    def reset_parameters(self):
-        bound = 1 / math.sqrt(self.features)
-        nn.init.uniform_(self.weight, -bound, bound)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        self.check_rank(x, "ralif")
-        if x.shape[-1] != self.features:
-            raise ValueError(f"{layer_name(self)}: expected {self.features} features in x's last dim, "
-                             f"got shape {tuple(x.shape)}")
+        self.check_input(x, "ralif")
         return self.call_neuron(F.ralif, x, weight=self.weight, decay=self.decay, adapt_decay=self.adapt_decay,
                                 beta=self.beta, grad_threshold=self.grad_threshold, **self.keywords())
 

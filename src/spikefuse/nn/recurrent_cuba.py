@@ -3,18 +3,14 @@ current also takes its own spikes of the step before through a learnable weight;
 live in spikefuse.functional.rcuba."""
 from __future__ import annotations
 
-import math
-
 import torch
-from torch import nn
 
 from .. import functional as F
 from ..neuron_options import check_number
-from .layers import layer_name
-from .neuron_base import SharedOptions, check_features
+from .neuron_base import RecurrentNeuron
 
 
-class RecurrentCUBA(SharedOptions):
+class RecurrentCUBA(RecurrentNeuron):
     """i = syn_decay*i + x + s_prev @ weight.T, h = decay*v + i, fire at h >= threshold, reset v.
 
     x [T, B, ..., features] (3 or more dims) -> spikes of x's shape. Every call starts from
@@ -31,22 +27,14 @@ class RecurrentCUBA(SharedOptions):
                  dtype=None, record_potential: bool = False):
         if backend == "fused":
             raise ValueError("backend: RecurrentCUBA has no fused kernel; use 'auto' or 'reference'")
-        super().__init__(threshold, reset, v_reset, detach_reset, surrogate, alpha, backend, record_potential)
-        self.features = check_features(features)  # no grad_threshold: it has no sparse backward
+        # RecurrentNeuron, not RecurrentOptions: no grad_threshold, as it has no sparse backward
+        super().__init__(features, threshold, reset, v_reset, detach_reset, surrogate, alpha, backend,
+                         record_potential, device=device, dtype=dtype)
         self.decay = check_number("decay", decay, low_open=0.0, high=1.0)
         self.syn_decay = check_number("syn_decay", syn_decay, low=0.0, high=1.0)
-        self.weight = nn.Parameter(torch.empty(features, features, device=device, dtype=dtype))
-        self.reset_parameters()
-
-    def reset_parameters(self):
-        bound = 1 / math.sqrt(self.features)
-        nn.init.uniform_(self.weight, -bound, bound)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        self.check_rank(x, "rcuba")
-        if x.shape[-1] != self.features:
-            raise ValueError(f"{layer_name(self)}: expected {self.features} features in x's last dim, "
-                             f"got shape {tuple(x.shape)}")
+        self.check_input(x, "rcuba")
         return self.call_neuron(F.rcuba, x, weight=self.weight, decay=self.decay, syn_decay=self.syn_decay,
                                 **self.keywords())
 

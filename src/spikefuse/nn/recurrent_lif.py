@@ -3,14 +3,10 @@ step before (the SHD/LSNN literature's recurrent layer); the dynamics live in
 spikefuse.functional.rlif."""
 from __future__ import annotations
 
-import math
-
 import torch
-from torch import nn
 
 from .. import functional as F
 from ..neuron_options import check_number
-from .layers import layer_name
 from .neuron_base import RecurrentOptions
 
 PATHS = ("dense", "sparse", "auto")
@@ -39,7 +35,7 @@ class RecurrentLIF(RecurrentOptions):
                  path: str = "dense", sparse_below: float = SPARSE_BELOW, device=None, dtype=None,
                  record_potential: bool = False):
         super().__init__(features, threshold, reset, v_reset, detach_reset, surrogate, alpha, backend,
-                         record_potential, grad_threshold)
+                         record_potential, grad_threshold, device, dtype)
         self.decay = check_number("decay", decay, low_open=0.0, high=1.0)
         if path not in PATHS:
             raise ValueError(f"path: unknown {path!r}; expected one of {list(PATHS)}")
@@ -48,20 +44,11 @@ class RecurrentLIF(RecurrentOptions):
         self.path, self.sparse_below = path, float(sparse_below)
         self.sparse = path == "sparse"
         self.last_share: float | None = None  # the spiking share update_dispatch decided on last
-        self.weight = nn.Parameter(torch.empty(features, features, device=device, dtype=dtype))
         # active columns per step, summed, and steps x features seen (path="auto")
         self.register_buffer("activity", torch.zeros(2, dtype=torch.float64, device=device), persistent=False)
-        self.reset_parameters()
-
-    def reset_parameters(self):
-        bound = 1 / math.sqrt(self.features)
-        nn.init.uniform_(self.weight, -bound, bound)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        self.check_rank(x, "rlif")
-        if x.shape[-1] != self.features:
-            raise ValueError(f"{layer_name(self)}: expected {self.features} features in x's last dim, "
-                             f"got shape {tuple(x.shape)}")
+        self.check_input(x, "rlif")
         return self.call_neuron(F.rlif, x, weight=self.weight, decay=self.decay, grad_threshold=self.grad_threshold,
                                 sparse=self.sparse, activity=self.activity if self.path == "auto" else None,
                                 **self.keywords())
