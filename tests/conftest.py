@@ -13,10 +13,18 @@ tests out and ask pytest-xdist for `-n auto`, which is decided here: a worker pe
 the CPU, none on a GPU machine.
 SPIKEFUSE_TEST_SUMMARY=PATH writes a JSON summary of the run there (for GPU machines, whose
 logs are not kept); SPIKEFUSE_TEST_COMMIT names the commit where the tree's .git is not its own.
+SPIKEFUSE_TEST_GPUS=0,1,2,3 spreads the xdist workers over those GPUs, one each, in turn (a
+multi-GPU host runs the one-GPU suite in a quarter of the time; `multi_gpu` tests then skip).
 """
 import os
 
-from helpers import DEVICE, interpreted  # first: imports torch, not triton
+SPREAD_GPUS = [g for g in os.environ.get("SPIKEFUSE_TEST_GPUS", "").split(",") if g.strip()]
+_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")  # "gw3" in an xdist worker, set before conftest loads
+if SPREAD_GPUS and _WORKER:
+    # before anything asks CUDA: the driver reads CUDA_VISIBLE_DEVICES once, at its first call
+    os.environ["CUDA_VISIBLE_DEVICES"] = SPREAD_GPUS[int(_WORKER.removeprefix("gw")) % len(SPREAD_GPUS)].strip()
+
+from helpers import DEVICE, interpreted  # noqa: E402  (first: imports torch, not triton)
 
 if DEVICE == "cpu":
     os.environ.setdefault("TRITON_INTERPRET", "1")  # an explicit 0 stays (a GPU machine's view of CPU tensors)
@@ -89,6 +97,8 @@ def _gpu_skip_reason(gpus_needed: int) -> str | None:
         return "needs a CUDA GPU; this machine has none"
     if DEVICE != "cuda":
         return "SPIKEFUSE_TEST_DEVICE=cpu: this run tests the CPU; the GPU tests run without it"
+    if SPREAD_GPUS and gpus_needed > 1:
+        return "SPIKEFUSE_TEST_GPUS gives each worker one GPU; run -m multi_gpu without it"
     if available < gpus_needed:
         return f"needs {gpus_needed} CUDA GPUs; this machine has {available}"
     return None
@@ -119,7 +129,8 @@ def _gpu_turn(request):
         yield
         return
     import fcntl
-    base = Path(tempfile.gettempdir()) / f"spikefuse-tests-{run}"
+    gpu = os.environ.get("CUDA_VISIBLE_DEVICES", "all") if SPREAD_GPUS else "all"  # a lock per GPU when spread
+    base = Path(tempfile.gettempdir()) / f"spikefuse-tests-{run}-gpu{gpu}"
     whole = request.node.get_closest_marker("whole_gpu") is not None
     with open(f"{base}.gate", "a") as gate, open(f"{base}.room", "a") as room:
         fcntl.flock(gate, fcntl.LOCK_EX)
@@ -240,6 +251,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         "triton": _triton_version(),
         "interpreter": interpreted(),
         "selection": " ".join(config.invocation_params.args),
+        "gpus_spread": ",".join(SPREAD_GPUS) or None,
         "duration_s": round(time.monotonic() - _STARTED, 1),
         "exit_status": int(exitstatus),
         "passed": len(ids("passed")),
