@@ -29,7 +29,7 @@ def quick_payload(out):
 def test_every_task_runs_quick_on_the_cpu(tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", str(tmp_path))  # the synthetic SHD events' disk cache
     out = tmp_path / "r"
-    assert cli.main(["bench", "runs", "--quick", "--out", str(out)]) == 0
+    assert cli.main(["bench", "runs", "--quick", "--device", "cpu", "--out", str(out)]) == 0
     path, payload = quick_payload(out)
     assert payload["quick"] is True and payload["benchmark"] == "runs" and payload["recipe"]["epochs"] == 2
     assert [t["task"] for t in payload["tasks"]] == list(runs.TASKS)
@@ -149,6 +149,8 @@ def test_without_a_gpu_the_full_run_is_refused_by_name(tmp_path, capsys, monkeyp
     monkeypatch.setattr(runs.torch.cuda, "is_available", lambda: False)
     assert cli.main(["bench", "runs", "--out", str(tmp_path)]) == 2
     assert "needs a CUDA device (or --quick" in capsys.readouterr().err
+    assert cli.main(["bench", "runs", "--quick", "--device", "cuda", "--out", str(tmp_path)]) == 2
+    assert "--device cuda: no CUDA device" in capsys.readouterr().err
     assert not list(tmp_path.iterdir())
     # `bench all` runs it: on the CPU only with --quick, and says why otherwise
     assert "runs" in bench_all.parts() and bench_all.why_not("runs", quick=True) is None

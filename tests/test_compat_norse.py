@@ -19,6 +19,15 @@ norse = require("norse.torch")
 require("norse.torch.functional.reset")
 pytestmark = pytest.mark.usefixtures("one_thread")  # helpers.one_thread, for every test here: tiny per-step ops
 
+
+@pytest.fixture(autouse=True)
+def norse_default_v_reset_left_alone():
+    """Norse's IAF (and IAFCell on the CPU) marks the v_reset it starts from as requiring grad,
+    and that is IAFParameters' one shared default tensor: a later IAFCell on CUDA then fails
+    inside Norse (its `.to(device)` copy is no leaf). Each test starts with the default clean."""
+    yield
+    norse.IAFParameters._field_defaults["v_reset"].requires_grad_(False)
+
 # (T, one step's shape, seed): T = 1, odd sizes, a step without a batch dim, a conv-like step
 SHAPES = [(1, (3, 5), 0), (9, (4, 7), 1), (7, (2, 3, 5), 2), (6, (11,), 3)]
 KINDS = {  # kind: (parameters, cell, sequence module, input mean, input std)

@@ -127,6 +127,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "CUDA context, lazily loaded kernels and allocator its own, the disk caches shared); "
                              "none: all in this process, each library finding what the ones before it loaded; "
                              "auto (default): process on CUDA, none on the CPU")
+    parser.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto",
+                        help="auto (default): cuda where present; cpu runs only with --quick (the harness at toy sizes)")
     parser.add_argument("--quick", action="store_true",
                         help=f"a smoke test: tiny data and networks, {QUICK_EPOCHS} epochs, on the CPU too; written "
                              "as runs-quick-<device>")
@@ -501,7 +503,10 @@ def _add_one(x_ptr, n, BLOCK: tl.constexpr):
 
 def run(args) -> int:
     tasks, libraries, sj_mode = check_args(args)
-    cuda = torch.cuda.is_available()
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise UsageError("--device cuda: no CUDA device is available here (--device cpu --quick runs the harness "
+                         "at toy sizes)")
+    cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
     if not cuda and not args.quick:
         raise UsageError("spikefuse bench runs needs a CUDA device (or --quick, tiny sizes on the CPU)")
     device = torch.device("cuda" if cuda else "cpu")
