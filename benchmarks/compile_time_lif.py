@@ -8,10 +8,11 @@ backward compiled for an sm_90 (H100) target on the CPU, spikefuse's kernel agai
 walks the partial chunk and the full chunks in two unrolled copies), at K = 16 and 8 steps
 per chunk. Each compile runs in a fresh process with an empty cache. With --check, both
 kernels' spikes and input gradients are compared through Triton's interpreter
-(TRITON_INTERPRET=1). The GPU runtime of single_walk is not measured here.
+(TRITON_INTERPRET=1). With --gpu-time, both backward kernels are timed on a CUDA GPU.
 
     python benchmarks/compile_time_lif.py            # the compile times
     TRITON_INTERPRET=1 python benchmarks/compile_time_lif.py --check
+    python benchmarks/compile_time_lif.py --gpu-time # on a GPU
 """
 import argparse
 import os
@@ -134,13 +135,51 @@ def check() -> None:
         print(f"T={T} N={N} {options}: spikes equal {torch.equal(s1, s2)}, dL/dx equal {torch.equal(g1, g2)}")
 
 
+# (name, T, neurons): the bench runs tasks' hidden LIF layers at their batch (time steps, batch x width)
+GPU_SHAPES = (("ipu-shd hidden, B=48", 100, 48 * 1472), ("shd hidden, B=64", 100, 64 * 256),
+              ("randman hidden, B=64", 20, 64 * 256), ("T=1000, 4096", 1000, 4096))
+
+
+def gpu_time(rounds: int = 7, calls: int = 20) -> None:
+    """Median GPU time (CUDA events) of F.lif's backward with each kernel, alternating rounds,
+    after warm-up (compiled first); the ipu nets' training variant, float32."""
+    library = lif._lif_backward_kernel
+    kernels = {"library": library, "single_walk": cached_launch(single_walk)}
+    print(f"{torch.cuda.get_device_name()}, Triton {triton.__version__}, torch {torch.__version__}; backward only, "
+          f"median of {rounds} rounds x {calls} calls\n\n| shape | T | N | library ms | single_walk ms | ratio |\n"
+          "|---|---|---|---|---|---|", flush=True)
+    for name, T, N in GPU_SHAPES:
+        x = (torch.rand(T, N, device="cuda") * 0.3).requires_grad_()
+        g = torch.randn(T, N, device="cuda")
+        times = {k: [] for k in kernels}
+        for r in range(rounds + 1):  # round 0 compiles and warms
+            for k, kernel in kernels.items():
+                lif._lif_backward_kernel = kernel
+                s = F.lif(x, decay=0.95, threshold=1.0, detach_reset=True, surrogate="fast_sigmoid", backend="fused")
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                for _ in range(calls):
+                    torch.autograd.grad(s, x, g, retain_graph=True)
+                end.record()
+                torch.cuda.synchronize()
+                if r:
+                    times[k].append(start.elapsed_time(end) / calls)
+        lif._lif_backward_kernel = library
+        med = {k: sorted(v)[len(v) // 2] for k, v in times.items()}
+        print(f"| {name} | {T} | {N} | {med['library']:.4f} | {med['single_walk']:.4f} | "
+              f"{med['single_walk'] / med['library']:.3f} |", flush=True)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="compare the kernels through the interpreter")
+    parser.add_argument("--gpu-time", action="store_true", help="time both backward kernels on the GPU")
     parser.add_argument("--one", nargs=2, metavar=("KERNEL", "K"), help=argparse.SUPPRESS)  # a child's compile
     args = parser.parse_args()
     if args.check:
         return check()
+    if args.gpu_time:
+        return gpu_time()
     if args.one:
         return compile_once(args.one[0], int(args.one[1]))
     print(f"Triton {triton.__version__}, torch {torch.__version__}, target sm_90, one fresh process and empty cache "
