@@ -95,9 +95,10 @@ def surrogate_grad(u, SURROGATE: tl.constexpr, alpha):
     elif SURROGATE == 2:  # fast sigmoid / SuperSpike
         d = alpha * tl.abs(u) + 1.0
         return 1.0 / (d * d)
-    elif SURROGATE == 3:  # sigmoid
-        sig = 1.0 / (1.0 + tl.exp(-alpha * u))
-        return alpha * sig * (1.0 - sig)
+    elif SURROGATE == 3:  # sigmoid, as alpha e / (1 + e)^2 with e = exp(-alpha |u|): no 1 - sig cancelling in the tails
+        e = tl.exp(-alpha * tl.abs(u))
+        d = 1.0 + e
+        return alpha * e / (d * d)
     else:  # atan
         z = 1.5707963267948966 * alpha * u  # pi / 2, as a literal: inductor compiles this source without its module globals
         return (alpha * 0.5) / (1.0 + z * z)

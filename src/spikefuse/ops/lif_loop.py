@@ -102,9 +102,9 @@ def _surrogate_(u, name, alpha):
         return u.abs_().div_(alpha).neg_().add_(1).clamp_(min=0).div_(alpha)
     if name == "fast_sigmoid":
         return u.abs_().mul_(alpha).add_(1).pow_(2).reciprocal_()
-    if name == "sigmoid":
-        sig = u.mul_(alpha).sigmoid_()
-        return sig.mul(alpha).mul_(1 - sig)
+    if name == "sigmoid":  # alpha e / (1 + e)^2 with e = exp(-alpha |u|), as the reference
+        e = u.abs_().mul_(-alpha).exp_()
+        return e.mul(alpha).div_(e.add(1).pow_(2))
     if name == "atan":
         return u.mul_(math.pi / 2 * alpha).pow_(2).add_(1).reciprocal_().mul_(alpha / 2)
     raise ValueError(f"surrogate: unknown name {name!r}")
