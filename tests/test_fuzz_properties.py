@@ -26,8 +26,8 @@ message, or both return
     (rounding_decides_a_spike).
 
 Each test is one entry point (functional.lif/if_, plif, alif, cuba; nn.BNLIF in training
-mode), its examples split over SHARDS (4) tests of their own seeds, so pytest-xdist spreads
-them; the recurrent neurons are left out (their fused path launches once per step). A fused
+mode), its examples split over SHARDS (4; 16 on a GPU) tests of their own seeds, so
+pytest-xdist spreads them; the recurrent neurons are left out (their fused path launches once per step). A fused
 example costs 0.1-0.6 s in Triton's interpreter, nearly all of it per-launch overhead: T and
 the neuron count hardly change it; compiled on a GPU, most examples compile kernel variants
 (1 to 6 s each on an H100). By default each entry point runs 100 examples (25 per shard),
@@ -95,8 +95,9 @@ DEFAULT_EXAMPLES = 100  # per entry point, in CI (issue 36: at least 100 per ent
 EXAMPLES = int(os.environ.get("SPIKEFUSE_FUZZ_EXAMPLES") or DEFAULT_EXAMPLES)
 # each entry point's examples run as SHARDS tests, each its own fixed seed: pytest-xdist runs
 # them side by side (on a GPU every example compiles kernel variants: one ALIF test of 100
-# examples took over 9 minutes on an H100); SPIKEFUSE_FUZZ_SEED=K draws other examples
-SHARDS = 4
+# examples took over 9 minutes on an H100, a PLIF shard of 25 over 7, so a GPU run cuts them
+# finer); SPIKEFUSE_FUZZ_SEED=K draws other examples, SPIKEFUSE_FUZZ_SHARDS=S cuts them otherwise
+SHARDS = int(os.environ.get("SPIKEFUSE_FUZZ_SHARDS") or (16 if DEVICE == "cuda" else 4))
 RUN_SEED = int(os.environ.get("SPIKEFUSE_FUZZ_SEED") or 0)
 # no example database; no explain phase: it traces every line while shrinking, which makes the interpreter crawl
 FUZZ = settings(max_examples=-(-EXAMPLES // SHARDS), deadline=None, database=None,
