@@ -18,11 +18,12 @@ multi-GPU host runs the one-GPU suite in a quarter of the time; `multi_gpu` test
 """
 import os
 
-SPREAD_GPUS = [g for g in os.environ.get("SPIKEFUSE_TEST_GPUS", "").split(",") if g.strip()]
+SPREAD_GPUS = [g.strip() for g in os.environ.get("SPIKEFUSE_TEST_GPUS", "").split(",") if g.strip()]
 _WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")  # "gw3" in an xdist worker, set before conftest loads
-if SPREAD_GPUS and _WORKER:
+PINNED = bool(SPREAD_GPUS and _WORKER)  # this worker sees one GPU of SPREAD_GPUS
+if PINNED:
     # before anything asks CUDA: the driver reads CUDA_VISIBLE_DEVICES once, at its first call
-    os.environ["CUDA_VISIBLE_DEVICES"] = SPREAD_GPUS[int(_WORKER.removeprefix("gw")) % len(SPREAD_GPUS)].strip()
+    os.environ["CUDA_VISIBLE_DEVICES"] = SPREAD_GPUS[int(_WORKER.removeprefix("gw")) % len(SPREAD_GPUS)]
 
 from helpers import DEVICE, interpreted  # noqa: E402  (first: imports torch, not triton)
 
@@ -97,7 +98,7 @@ def _gpu_skip_reason(gpus_needed: int) -> str | None:
         return "needs a CUDA GPU; this machine has none"
     if DEVICE != "cuda":
         return "SPIKEFUSE_TEST_DEVICE=cpu: this run tests the CPU; the GPU tests run without it"
-    if SPREAD_GPUS and gpus_needed > 1:
+    if PINNED and gpus_needed > 1:
         return "SPIKEFUSE_TEST_GPUS gives each worker one GPU; run -m multi_gpu without it"
     if available < gpus_needed:
         return f"needs {gpus_needed} CUDA GPUs; this machine has {available}"
@@ -129,7 +130,7 @@ def _gpu_turn(request):
         yield
         return
     import fcntl
-    gpu = os.environ.get("CUDA_VISIBLE_DEVICES", "all") if SPREAD_GPUS else "all"  # a lock per GPU when spread
+    gpu = os.environ["CUDA_VISIBLE_DEVICES"] if PINNED else "all"  # a lock per GPU when spread
     base = Path(tempfile.gettempdir()) / f"spikefuse-tests-{run}-gpu{gpu}"
     whole = request.node.get_closest_marker("whole_gpu") is not None
     with open(f"{base}.gate", "a") as gate, open(f"{base}.room", "a") as room:
