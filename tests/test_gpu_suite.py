@@ -1,0 +1,16 @@
+"""tests/gpu_suite.py's bookkeeping: which collected ids an interrupted run left without a
+result, from pytest's JUnit XML (the run itself needs minutes; it ran on the GPU hosts)."""
+import gpu_suite
+
+
+def test_not_reached_ids_come_from_the_junit_xml(tmp_path):
+    junit = tmp_path / "junit.xml"
+    junit.write_text('<testsuites><testsuite>'
+                     '<testcase classname="tests.test_a" name="test_x[1-a b]" time="0.1"/>'
+                     '<testcase classname="tests.test_b.TestCase" name="test_y" time="0.1"><failure/></testcase>'
+                     '<testcase time="0.002"/>'  # pytest's record of the test in flight at the interrupt
+                     '</testsuite></testsuites>')
+    done = gpu_suite.reported(junit)
+    ids = ["tests/test_a.py::test_x[1-a b]", "tests/test_b.py::TestCase::test_y", "tests/test_a.py::test_z"]
+    assert [i for i in ids if gpu_suite.junit_key(i) not in done] == ["tests/test_a.py::test_z"]
+    assert gpu_suite.reported(tmp_path / "missing.xml") == set()  # pytest killed before writing: nothing done
