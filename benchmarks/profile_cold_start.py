@@ -1,7 +1,7 @@
 """Produces benchmarks/results/cold-start-profile-<gpu>.txt (stdout; on a GPU).
 
 Where a training run's first epoch goes: Trainer.fit's first epoch (captured steps, fp32) on a
-task, each Triton compile timed by kernel name, cProfile of that epoch, then the second epoch's
+task, each Triton compile timed by kernel name with what sets its variant apart, cProfile of that epoch, then the second epoch's
 time. Run it twice with one fresh TRITON_CACHE_DIR: the first run is a cold cache (every
 kernel compiled), the second a warm one (loaded from disk). Not `bench runs`: no peers, and the
 process's own start-up (Triton's driver, the hash of its sources) falls inside the first epoch.
@@ -20,11 +20,25 @@ compiles = []
 _compile = triton_compiler_module.compile
 
 
+def variant(src) -> str:
+    """What sets this compile apart: every constexpr by name, and the arguments Triton
+    specialized (divisible by 16, equal to 1), by name."""
+    fn = getattr(src, "fn", None)
+    names = list(getattr(fn, "arg_names", []))
+
+    def named(key):
+        index = key[0] if isinstance(key, tuple) and key else key
+        return names[index] if isinstance(index, int) and index < len(names) else str(key)
+    constexprs = {named(k): v for k, v in (getattr(src, "constants", None) or {}).items()}
+    attrs = {named(k): v for k, v in (getattr(src, "attrs", None) or {}).items()}
+    return f"constexprs {constexprs} specialized {attrs}"
+
+
 def timed_compile(src, *args, **kwargs):
     start = time.perf_counter()
     kernel = _compile(src, *args, **kwargs)
     name = getattr(getattr(src, "fn", None), "__name__", None) or type(src).__name__
-    compiles.append((name, time.perf_counter() - start))
+    compiles.append((name, time.perf_counter() - start, variant(src)))
     return kernel
 
 
@@ -58,7 +72,7 @@ trainer.fit()
 torch.cuda.synchronize()
 second = time.perf_counter()
 print(f"{task} B={batch}: first epoch {first - start:.2f} s (model built, compiles, capture), second "
-      f"{second - first:.2f} s; compile() {sum(t for _, t in compiles):.2f} s in {len(compiles)} calls")
-for name, seconds in compiles:
-    print(f"  compile {seconds:.3f} s {name}")
+      f"{second - first:.2f} s; compile() {sum(t for _, t, _ in compiles):.2f} s in {len(compiles)} calls")
+for name, seconds, what in compiles:
+    print(f"  compile {seconds:.3f} s {name}: {what}")
 pstats.Stats(profiler).sort_stats("cumulative").print_stats(40)
