@@ -1,0 +1,171 @@
+"""Produces benchmarks/results/kernel-variants-<gpu>.md (stdout; on a GPU).
+
+Issue 38: a cold Triton cache makes ipu-shd's first epoch ~20 s, 8 LIF compiles of 1.4-4.6 s.
+The census (launch_config, BLOCK 64): the second hidden layer's 1470 x 48 neurons are not a
+multiple of BLOCK (EVEN_N False where the first layer's 1472 x 48 are: two variants), and the
+last training batch's 1470 x 44 is not a multiple of 16 (Triton specializes integers on that:
+a third). An experiment, not the library: "coarse" launches the same LIF kernels with EVEN_N
+always False and Triton's integer specialization off (do_not_specialize on T, N, inner, C),
+so one variant serves every size, against the library's "fine" ones.
+
+    python benchmarks/kernel_variants.py                    # both modes: cold epochs, kernel times
+    TRITON_INTERPRET=1 python benchmarks/kernel_variants.py --check   # same spikes and gradients
+
+Cold epochs: each mode in a fresh process with an empty TRITON_CACHE_DIR, Trainer.fit's first
+and second epoch (captured, fp32) on shd-synthetic:ipu-shd at batch 48, every compile timed.
+Kernel times: the profiler's GPU time of the forward and backward kernel per call, at the
+three hidden-layer sizes, median of alternating rounds.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+import torch
+
+from spikefuse import functional as F
+from spikefuse.ops import lif
+from spikefuse.ops.launch import CachedLaunch
+from spikefuse.ops.triton_or_stub import triton
+
+FINE = {"forward": lif._lif_forward_kernel, "backward": lif._lif_backward_kernel}
+INTEGERS = ["T", "N", "inner", "C"]
+SIZES = (("hidden 1, B=48", 48 * 1472), ("hidden 2, B=48", 48 * 1470), ("hidden 2, B=44", 44 * 1470))
+
+
+class Coarse(CachedLaunch):
+    """A LIF kernel launched with EVEN_N False and no integer specialization."""
+
+    def __init__(self, fine: CachedLaunch):
+        super().__init__(triton.jit(do_not_specialize=INTEGERS)(fine.kernel.fn))
+
+    def _launch(self, grid, args, meta):
+        return super()._launch(grid, args, {**meta, "EVEN_N": False})
+
+
+COARSE = {name: Coarse(kernel) for name, kernel in FINE.items()}
+
+
+def use(mode: str) -> None:
+    kernels = COARSE if mode == "coarse" else FINE
+    lif._lif_forward_kernel, lif._lif_backward_kernel = kernels["forward"], kernels["backward"]
+
+
+def lif_call(x, g):
+    s = F.lif(x, decay=0.95, threshold=1.0, detach_reset=True, surrogate="fast_sigmoid", backend="fused")
+    return s, torch.autograd.grad(s, x, g)[0]
+
+
+def check() -> None:
+    """Spikes and dL/dx of both modes, through the interpreter, at EVEN and ragged sizes."""
+    for T, N in ((21, 128), (16, 100), (1, 7), (37, 64 * 3 + 5)):
+        gen = torch.Generator().manual_seed(T + N)
+        x = (torch.rand(T, N, generator=gen) * 0.3).requires_grad_()
+        g = torch.randn(T, N, generator=gen)
+        results = []
+        for mode in ("fine", "coarse"):
+            use(mode)
+            results.append(lif_call(x, g))
+        use("fine")
+        (s1, g1), (s2, g2) = results
+        print(f"T={T} N={N}: spikes equal {torch.equal(s1, s2)}, dL/dx equal {torch.equal(g1, g2)}")
+
+
+def cold_epochs(mode: str) -> None:
+    """In this (fresh) process: the first two epochs of ipu-shd, every compile timed; one JSON line."""
+    import triton.compiler as triton_compiler
+    import triton.compiler.compiler as compiler_module
+
+    compiles, compile_fn = [], compiler_module.compile
+
+    def timed(src, *args, **kwargs):
+        start = time.perf_counter()
+        out = compile_fn(src, *args, **kwargs)
+        compiles.append((getattr(src, "name", "?"), round(time.perf_counter() - start, 3)))
+        return out
+    triton_compiler.compile = compiler_module.compile = timed
+    use(mode)
+    from spikefuse.data import load
+    from spikefuse.models import build_model
+    from spikefuse.train.loop import Trainer
+    splits = load("shd-synthetic", device="cuda", progress=False)
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    model = build_model("ipu-shd", splits.input_shape, splits.num_classes, splits.time_steps,
+                        surrogate="fast_sigmoid", alpha=1.0).cuda()
+    optimizer = torch.optim.Adam(model.parameters(), lr=2e-3, fused=True)
+    trainer = Trainer(model, splits, optimizer, epochs=1, batch_size=48, device="cuda", precision="fp32", seed=0,
+                      progress=False)
+    first = trainer.fit()[-1]
+    torch.cuda.synchronize()
+    middle = time.perf_counter()
+    trainer.epochs = 2
+    second = trainer.fit()[-1]
+    torch.cuda.synchronize()
+    print(json.dumps({"mode": mode, "first_epoch_s": round(middle - start, 3),
+                      "second_epoch_s": round(time.perf_counter() - middle, 3),
+                      "test_acc": [first["test_acc"], second["test_acc"]], "compiles": compiles}))
+
+
+def kernel_times(rounds: int = 7, calls: int = 20) -> list[dict]:
+    from torch.profiler import ProfilerActivity, profile
+    rows = []
+    for name, N in SIZES:
+        x = (torch.rand(100, N, device="cuda") * 0.3).requires_grad_()
+        g = torch.randn(100, N, device="cuda")
+        times = {(m, k): [] for m in ("fine", "coarse") for k in ("forward", "backward")}
+        for r in range(rounds + 1):  # round 0 compiles
+            for mode in ("fine", "coarse"):
+                use(mode)
+                torch.cuda.synchronize()
+                with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                    for _ in range(calls):
+                        lif_call(x, g)
+                    torch.cuda.synchronize()
+                if r:
+                    for kind, kernel in (("forward", "_lif_forward_kernel"), ("backward", "_lif_backward_kernel")):
+                        us = sum(getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0.0)
+                                 for e in prof.key_averages() if kernel in e.key)
+                        times[mode, kind].append(us / calls)
+        use("fine")
+        med = {key: sorted(v)[len(v) // 2] for key, v in times.items()}
+        rows.append({"size": name, "N": N, **{f"{m}_{k}_us": round(v, 2) for (m, k), v in med.items()}})
+    return rows
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="compare the modes through the interpreter")
+    parser.add_argument("--cold", choices=["fine", "coarse"], help=argparse.SUPPRESS)  # a child's cold epochs
+    args = parser.parse_args()
+    if args.check:
+        return check()
+    if args.cold:
+        return cold_epochs(args.cold)
+    import triton as real_triton
+    print(f"{torch.cuda.get_device_name()}, Triton {real_triton.__version__}, torch {torch.__version__}\n")
+    print("## Cold first epochs, shd-synthetic:ipu-shd, B=48\n\n| mode | first epoch s | second s | LIF compiles | "
+          "their s | test acc after 1 / 2 |\n|---|---|---|---|---|---|", flush=True)
+    for mode in ("fine", "coarse", "fine", "coarse"):  # alternating: the host's speed drifts
+        with tempfile.TemporaryDirectory() as cache:
+            out = subprocess.run([sys.executable, __file__, "--cold", mode], capture_output=True, text=True,
+                                 env={**os.environ, "TRITON_CACHE_DIR": cache})
+        if out.returncode:
+            print(f"| {mode} | failed: {out.stderr.strip().splitlines()[-1:]} |")
+            continue
+        r = json.loads(out.stdout.strip().splitlines()[-1])
+        lif_compiles = [s for n, s in r["compiles"] if n.startswith("_lif")]
+        print(f"| {mode} | {r['first_epoch_s']} | {r['second_epoch_s']} | {len(lif_compiles)} | "
+              f"{sum(lif_compiles):.1f} | {r['test_acc'][0]:.4f} / {r['test_acc'][1]:.4f} |", flush=True)
+    print("\n## Kernel GPU time per call (profiler), T=100, median of 7 alternating rounds\n\n| size | N | "
+          "forward fine us | forward coarse us | backward fine us | backward coarse us |\n|---|---|---|---|---|---|")
+    for row in kernel_times():
+        print(f"| {row['size']} | {row['N']} | {row['fine_forward_us']} | {row['coarse_forward_us']} | "
+              f"{row['fine_backward_us']} | {row['coarse_backward_us']} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
