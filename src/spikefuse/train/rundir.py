@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import stat
 from pathlib import Path
 
 from ..errors import RunError, one_line
@@ -117,10 +118,9 @@ def _epochs_text(epochs: list) -> str:
 def unusable(directory) -> str | None:
     """Why `directory` can be neither used nor created as a run directory (completing "DIR ..."),
     or None: asked before anything is created or locked."""
-    try:
-        if not os.path.isdir(directory) and os.path.exists(directory):
+    try:  # one stat: isdir then exists raced another rank's mkdir between them ("is a file")
+        if not stat.S_ISDIR(os.stat(directory).st_mode):
             return "is a file"
-        os.stat(directory)
     except FileNotFoundError:
         # a dangling link, here or above, makes mkdir fail with "File exists"
         path = Path(directory)
