@@ -52,8 +52,8 @@ def test_every_task_runs_quick_on_the_cpu(tmp_path, monkeypatch):
                 assert check["spikes_equal"] and check["passed"], check
                 assert max(check["grad_rel_err"].values()) < 1e-6
                 # the same batches, weights and equations: the first epoch's loss is spikefuse's, to float32
-                # rounding, which convolutions amplify: each library's CPU convolution may round otherwise
-                # and a flipped spike moves the steps after it (an H100 host's CPU: a peer 2.7e-3 off)
+                # rounding; with convolutions looser (an H100 host's CPU put a peer 2.7e-3 off, likely CPU
+                # convolutions rounding otherwise and a flipped spike carrying it into the later steps)
                 rel = 1e-2 if "cifar" in task["task"] else 1e-5
                 assert row["epochs"][0]["train_loss"] == pytest.approx(by_library["spikefuse"]["epochs"][0]["train_loss"],
                                                                        rel=rel)
