@@ -26,6 +26,7 @@ if PINNED:
     os.environ["CUDA_VISIBLE_DEVICES"] = SPREAD_GPUS[int(_WORKER.removeprefix("gw")) % len(SPREAD_GPUS)]
 
 from helpers import DEVICE, interpreted  # noqa: E402  (first: imports torch, not triton)
+from gpu_suite import junit_key  # noqa: E402  (the (classname, name) JUnit XML gives a node id)
 
 if DEVICE == "cpu":
     os.environ.setdefault("TRITON_INTERPRET", "1")  # an explicit 0 stays (a GPU machine's view of CPU tensors)
@@ -148,12 +149,6 @@ def _gpu_turn(request):
 _CHILD_OUTCOMES: dict[str, tuple[str, str]] = {}  # nodeid -> (outcome, message) from a child pytest
 
 
-def _junit_key(nodeid: str) -> tuple[str, str]:
-    """The (classname, name) JUnit XML gives the test `nodeid`."""
-    path, *scopes, name = nodeid.split("::")
-    return ".".join([path.removesuffix(".py").replace("/", "."), *scopes]), name
-
-
 def _run_interpreter_tests_in_a_child(item) -> None:
     """Run the selected `interpreter` tests of item's module in one child pytest with the
     interpreter on, and note each one's outcome (one child per module: its start-up is seconds)."""
@@ -171,7 +166,7 @@ def _run_interpreter_tests_in_a_child(item) -> None:
         found = {(c.get("classname"), c.get("name")): c for c in cases}
     tail = "\n".join((child.stdout + child.stderr).strip().splitlines()[-30:])
     for nodeid in ids:
-        case = found.get(_junit_key(nodeid))
+        case = found.get(junit_key(nodeid))
         if case is None:
             _CHILD_OUTCOMES[nodeid] = ("failed", f"no result (child pytest exit {child.returncode}):\n{tail}")
             continue

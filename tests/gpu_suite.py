@@ -42,7 +42,7 @@ def collected(targets: list[str], extra: list[str]) -> list[str]:
 
 
 def junit_key(nodeid: str) -> tuple[str, str]:
-    """The (classname, name) pytest's JUnit XML gives the test `nodeid` (conftest's rule)."""
+    """The (classname, name) pytest's JUnit XML gives the test `nodeid`."""
     path, *scopes, name = nodeid.split("::")
     return ".".join([path.removesuffix(".py").replace("/", "."), *scopes]), name
 

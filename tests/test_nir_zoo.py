@@ -200,6 +200,20 @@ def test_snntorch_rleaky_graphs_load_exactly(reset, convention, quiet):
     assert torch.equal(back(x), theirs)
 
 
+def exported_recurrence_round_trip(net, x, ours, layer, tmp_path):
+    """net's NIR graph (its recurrent layer `layer` at net[1] a nested subgraph): both peers run
+    it to `ours`, and it reads back from a file as itself with the same spikes."""
+    graph = to_nir(net, (12,))
+    assert isinstance(graph.nodes["nirgraph"], nir.NIRGraph)
+    for peer in PEERS.values():
+        assert torch.equal(stepped(peer(graph), x), ours)
+    nir.write(tmp_path / "g.nir", graph)
+    back = from_nir(tmp_path / "g.nir")
+    assert isinstance(back[1], layer) and torch.equal(back[1].weight, net[1].weight)
+    assert torch.equal(back(x), ours)
+    return graph
+
+
 def test_peers_run_our_recurrent_lif_export(quiet, tmp_path):
     """to_nir writes a RecurrentLIF as the nested subgraph snnTorch's RLeaky maps to (Input ->
     LIF -> Output, LIF -> Linear -> LIF): both peers' importers run it to our spikes.
@@ -213,14 +227,7 @@ def test_peers_run_our_recurrent_lif_export(quiet, tmp_path):
     with torch.no_grad():
         ours, first = net(x), net[:2](x)
     assert 0.02 < first.mean() < 0.9 and 0.02 < ours.mean() < 0.9
-    graph = to_nir(net, (12,))
-    assert isinstance(graph.nodes["nirgraph"], nir.NIRGraph)
-    for peer in PEERS.values():
-        assert torch.equal(stepped(peer(graph), x), ours)
-    nir.write(tmp_path / "g.nir", graph)
-    back = from_nir(tmp_path / "g.nir")
-    assert isinstance(back[1], RecurrentLIF) and torch.equal(back[1].weight, net[1].weight)
-    assert torch.equal(back(x), ours)
+    exported_recurrence_round_trip(net, x, ours, RecurrentLIF, tmp_path)
 
     model = build_model("ipu-shd-recurrent", (12,), 5, hidden=(16,), readout="count").eval()
     for p in model.parameters():
@@ -286,15 +293,8 @@ def test_peers_run_our_recurrent_cuba_export(quiet, tmp_path):
         ours, first = net(x), net[:2](x)
         unlooped = nn.Sequential(net[0], CUBA(decay=0.9, syn_decay=0.7, threshold=0.5))(x)
     assert 0.02 < first.mean() < 0.9 and 0.02 < ours.mean() < 0.9 and not torch.equal(first, unlooped)
-    graph = to_nir(net, (12,))
-    assert isinstance(graph.nodes["nirgraph"], nir.NIRGraph)
+    graph = exported_recurrence_round_trip(net, x, ours, RecurrentCUBA, tmp_path)
     assert isinstance(graph.nodes["nirgraph"].nodes["lif"], nir.CubaLIF)
-    for peer in PEERS.values():
-        assert torch.equal(stepped(peer(graph), x), ours)
-    nir.write(tmp_path / "g.nir", graph)
-    back = from_nir(tmp_path / "g.nir")
-    assert isinstance(back[1], RecurrentCUBA) and torch.equal(back[1].weight, net[1].weight)
-    assert torch.equal(back(x), ours)
 
 
 # ---- per-channel thresholds ----
