@@ -13,6 +13,12 @@ contraction), then runs the gradient recurrence backward through them. Traffic p
 element: forward reads x and writes s, backward reads grad_s and x and writes grad_x:
 the 5 accesses of the floor, plus the checkpoints.
 
+The forward walks the full chunks and the partial one in two unrolled copies of its chunk
+step (only the last pays for the masks past T); the backward walks once, every chunk in the
+masked form: one unrolled copy of its long reverse step compiles in half the time (a cold
+Triton cache, issue 38) at the same GPU time, where one walk would cost the forward up to 11%
+(benchmarks/results/compile-time-lif-nvidia-h100-80gb-hbm3.md).
+
 Sparse backward (Perez-Nieves & Goodman): the surrogate gradient is zeroed where the
 potential h[t] < grad_floor (the caller's grad_threshold; -inf cuts nothing), step by step
 (grad_scope "step"). Under "sequence" or "batch" the forward kernel also notes, per neuron,
@@ -235,7 +241,6 @@ def _lif_backward_kernel(
         keep = tl.load(keep_ptr + n % KEEP_N, mask=n_mask, other=0.0)
     k = tl.arange(0, K)
     offs = k[:, None] * N + n[None, :]
-    full = T // K
     last = tl.cdiv(T, K) - 1
     X = load_chunk(x_ptr, last * K, offs, k, n_mask, T, N, EVEN_N)
     GS = load_chunk(gs_ptr, last * K, offs, k, n_mask, T, N, EVEN_N)
@@ -243,24 +248,15 @@ def _lif_backward_kernel(
     if HAS_GH:
         GH = load_chunk(gh_ptr, last * K, offs, k, n_mask, T, N, EVEN_N)
     v = tl.load(ckpt_ptr + tl.cast(last, tl.int64) * N + n, mask=n_mask, other=0.0)
-    if full * K < T:  # the partial chunk first
-        X_prev, GS_prev, GH_prev = load_earlier_chunks(x_ptr, gs_ptr, gh_ptr, (last - 1) * K, offs, n_mask, N, EVEN_N,
-                                                           HAS_GH)
-        v_prev = tl.load(ckpt_ptr + tl.cast(tl.maximum(last - 1, 0), tl.int64) * N + n, mask=n_mask, other=0.0)
-        GX, gv, gp, gd, gthr = backward_chunk(X, GS, v, gv, gp, gd, gthr, d, last * K, T, threshold, v_reset, alpha,
-                                              grad_floor, keep, RESET, DETACH, SURROGATE, CUSTOM_FN, NEED_GD, True,
-                                              GH, HAS_GH, NEED_GTHR, KEEP)
-        store_chunk(gx_ptr, last * K, offs, k, n_mask, T, N, GX, EVEN_N)
-        X, GS, GH, v = X_prev, GS_prev, GH_prev, v_prev
-    for i in range(0, full):
-        c = full - 1 - i
+    for i in range(0, last + 1):  # one reverse walk, every chunk in the TAIL form (compiled once)
+        c = last - i
         t0 = c * K
         # prefetch the chunk before (nothing is read when c == 0)
         X_prev, GS_prev, GH_prev = load_earlier_chunks(x_ptr, gs_ptr, gh_ptr, t0 - K, offs, n_mask, N, EVEN_N,
                                                            HAS_GH)
         v_prev = tl.load(ckpt_ptr + tl.cast(tl.maximum(c - 1, 0), tl.int64) * N + n, mask=n_mask, other=0.0)
         GX, gv, gp, gd, gthr = backward_chunk(X, GS, v, gv, gp, gd, gthr, d, t0, T, threshold, v_reset, alpha,
-                                              grad_floor, keep, RESET, DETACH, SURROGATE, CUSTOM_FN, NEED_GD, False,
+                                              grad_floor, keep, RESET, DETACH, SURROGATE, CUSTOM_FN, NEED_GD, True,
                                               GH, HAS_GH, NEED_GTHR, KEEP)
         store_chunk(gx_ptr, t0, offs, k, n_mask, T, N, GX, EVEN_N)
         X, GS, GH, v = X_prev, GS_prev, GH_prev, v_prev
