@@ -7,14 +7,15 @@ Runs `pytest -v -m "(slow or not slow) and not multi_gpu"` over every GPU of the
 (SPIKEFUSE_TEST_GPUS, 14 workers per GPU by default), on the tests in FILE (one node id a line)
 or the whole suite, and interrupts it (SIGINT) at the deadline, so that pytest still writes
 its summary (SPIKEFUSE_TEST_SUMMARY) and JUnit XML. Then DIR holds summary.json, junit.xml,
-log.txt and not-reached.txt: the collected ids that have no result, to pass as --ids to the
-next call. Ids of a module skipped at import (a missing optional package) are never listed:
+log.txt and not-reached.txt: the collected ids that have no result (in the XML or in the -v
+log, which stands in where pytest wrote no XML), to pass as --ids to the next call. Ids of a module skipped at import (a missing optional package) are never listed:
 pytest refuses such an id given by name ("found no collectors").
 """
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -54,6 +55,27 @@ def reported(junit: Path) -> set[tuple[str, str]]:
     return {(case.get("classname", ""), case.get("name", "")) for case in ElementTree.parse(junit).getroot().iter("testcase")}
 
 
+OUTCOMES = ("PASSED", "FAILED", "SKIPPED", "ERROR", "XFAIL", "XPASS")
+# "[gw3] [ 41%] PASSED id" (workers), "id PASSED  [ 41%]" (one process), or the short summary's "FAILED id - message"
+_OUTCOME = "(?P<outcome>" + "|".join(OUTCOMES) + ")"
+RESULT_LINES = (re.compile(r"^(?:\[gw\d+\] \[ *\d+%\] )?" + _OUTCOME + r" (?P<nodeid>.+?)(?: - .*)?\s*$"),
+                re.compile(r"^(?P<nodeid>\S.*?) " + _OUTCOME + r"\s+\[ *\d+%\]\s*$"))
+
+
+def outcomes_in_log(log: Path) -> dict[str, str]:
+    """node id -> outcome, from pytest -v's lines ("[gw3] [ 41%] PASSED tests/x.py::test_y", or
+    "tests/x.py::test_y PASSED  [ 41%]" without workers):
+    the record when pytest never wrote its XML (a worker that hangs at teardown after the last
+    test keeps xdist waiting until the interrupt, which then lands inside the session's end)."""
+    found = {}
+    if log.exists():
+        for line in log.read_text(errors="replace").splitlines():
+            match = RESULT_LINES[0].match(line) or RESULT_LINES[1].match(line)
+            if match and "::" in match["nodeid"]:
+                found[match["nodeid"]] = match["outcome"]
+    return found
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     extra = argv[argv.index("--") + 1:] if "--" in argv else []
@@ -87,10 +109,14 @@ def main(argv: list[str] | None = None) -> int:
                 child.kill()
                 child.wait()
     done = reported(junit)
+    logged = outcomes_in_log(args.out / "log.txt")
+    done |= {junit_key(i) for i in logged}
     rest = [i for i in wanted if junit_key(i) not in done]
     (args.out / "not-reached.txt").write_text("".join(f"{i}\n" for i in rest))
+    counts = {o: sum(v == o for v in logged.values()) for o in OUTCOMES if o in logged.values()}
     print(f"gpu_suite: pytest exit {child.returncode}, {len(done)} tests with a result, {len(rest)} not reached "
-          f"({time.monotonic() - started:.0f} s); records in {args.out}")
+          f"({time.monotonic() - started:.0f} s); in the log: {counts}; records in {args.out}"
+          + ("" if junit.exists() else " (no JUnit XML: the log's outcomes stand for it)"))
     return child.returncode
 
 

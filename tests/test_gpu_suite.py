@@ -14,3 +14,18 @@ def test_not_reached_ids_come_from_the_junit_xml(tmp_path):
     ids = ["tests/test_a.py::test_x[1-a b]", "tests/test_b.py::TestCase::test_y", "tests/test_a.py::test_z"]
     assert [i for i in ids if gpu_suite.junit_key(i) not in done] == ["tests/test_a.py::test_z"]
     assert gpu_suite.reported(tmp_path / "missing.xml") == set()  # pytest killed before writing: nothing done
+
+
+def test_outcomes_come_from_the_verbose_log_where_no_xml_was_written(tmp_path):
+    log = tmp_path / "log.txt"
+    log.write_text("tests/test_a.py::test_x[1] \n"  # -n 0: the id, then the outcome on a later write
+                   "[gw8] [ 96%] FAILED tests/test_a.py::test_x[2-a b] \n"
+                   "[gw1] [ 10%] PASSED tests/test_b.py::TestCase::test_y \n"
+                   "[gw2] [ 11%] SKIPPED tests/test_b.py::test_z \n"
+                   "tests/test_c.py::test_w[mlp] PASSED                      [ 10%]\n"
+                   "FAILED tests/test_a.py::test_x[2-a b] - AssertionError: spikes differ\n")
+    assert gpu_suite.outcomes_in_log(log) == {"tests/test_a.py::test_x[2-a b]": "FAILED",
+                                              "tests/test_b.py::TestCase::test_y": "PASSED",
+                                              "tests/test_b.py::test_z": "SKIPPED",
+                                              "tests/test_c.py::test_w[mlp]": "PASSED"}
+    assert gpu_suite.outcomes_in_log(tmp_path / "missing.txt") == {}
