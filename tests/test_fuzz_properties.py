@@ -535,6 +535,29 @@ def test_plif_non_finite_input_parameter_gradients(x, reset, param):
     assert_same_values(*grads, f"grad {param}")
 
 
+# found by this fuzzer on the GPU (b7f16d4), fixed: the "subtract" reset's term of s[T-1] into the (absent) h[T],
+# 0 * -threshold, made dL/dx NaN at the last step where the threshold tensor was infinite
+@pytest.mark.parametrize("T", [1, 3, 17])
+@pytest.mark.parametrize("surrogate", ["rectangular", "fast_sigmoid"])
+def test_plif_infinite_threshold_tensor_under_the_delayed_reset(T, surrogate, monkeypatch):
+    """The shrunk case: x [1, 1, 1], decay [0.3], threshold tensor inf, reset "subtract" not
+    detached. CUDA leaves a threshold tensor's values unchecked (a check would sync); on the
+    CPU they are refused, so the CPU run skips that check to reach the kernels as CUDA does."""
+    if DEVICE == "cpu":
+        check = F._check_threshold
+        monkeypatch.setattr(F, "_check_threshold", lambda t, x: t.reshape(-1) if torch.is_tensor(t) else check(t, x))
+    grads = []
+    for backend in ("fused", "reference"):
+        x = torch.linspace(-0.5, 1.5, T, device=DEVICE).reshape(T, 1, 1).requires_grad_()
+        decay = torch.tensor([0.3], device=DEVICE, requires_grad=True)
+        threshold = torch.tensor(inf, device=DEVICE, requires_grad=True)
+        s = F.plif(x, decay, threshold=threshold, reset="subtract", detach_reset=False, surrogate=surrogate,
+                   backend=backend)
+        grads.append(torch.autograd.grad(s, (x, decay), torch.full_like(s, 0.5)))
+    for name, fused, reference in zip(("x", "decay"), *grads):
+        assert_same_values(fused, reference, f"grad {name}")
+
+
 # ---- ALIF and CUBA: functional.alif / functional.cuba, state0 pairs ----
 
 TWO_STATE = {

@@ -189,10 +189,14 @@ def backward_chunk(X, GS, v, gv, gp, gd, gthr, d, t0, T, threshold, v_reset, alp
         fired = fires(u, RESET)
         sg = cut_surrogate(lif_surrogate_grad(u, SURROGATE, alpha, CUSTOM_FN), h, keep, grad_floor, KEEP)
         gs = row(GSf, sel)
+        reset_threshold = threshold  # what s[t]'s reset subtracts
+        if RESET == 3 and not DETACH:  # ...from h[t+1]: s[T-1] reaches nothing (no 0 * an infinite threshold)
+            reset_threshold = tl.where(t0 + j + 1 < T, threshold, 0.0)
         if NEED_GTHR:  # (before gv moves on: it is dL/dv[t] here)
-            gt = threshold_grad_step(gs, gp if RESET == 3 else gv, h, fired, sg, threshold, v_reset, RESET, DETACH)
+            gt = threshold_grad_step(gs, gp if RESET == 3 else gv, h, fired, sg, reset_threshold, v_reset, RESET,
+                                     DETACH)
             gthr += tl.where(t0 + j < T, gt, 0.0) if TAIL else gt
-        gh = grad_h(gs, gv, gp, h, fired, sg, threshold, v_reset, RESET, DETACH)
+        gh = grad_h(gs, gv, gp, h, fired, sg, reset_threshold, v_reset, RESET, DETACH)
         if HAS_GH:
             gh += row(GH.to(tl.float32), sel)
         if TAIL:  # steps past T carry no gradient
