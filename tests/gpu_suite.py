@@ -8,8 +8,9 @@ Runs `pytest -v -m "(slow or not slow) and not multi_gpu"` over every GPU of the
 or the whole suite, and interrupts it (SIGINT) at the deadline, so that pytest still writes
 its summary (SPIKEFUSE_TEST_SUMMARY) and JUnit XML. Then DIR holds summary.json, junit.xml,
 log.txt and not-reached.txt: the collected ids that have no result (in the XML or in the -v
-log, which stands in where pytest wrote no XML), to pass as --ids to the next call. Ids of a module skipped at import (a missing optional package) are never listed:
-pytest refuses such an id given by name ("found no collectors").
+log, which stands in where pytest wrote no XML), to pass as --ids to the next call. Ids of a
+module skipped at import (a missing optional package) are never listed: pytest refuses such
+an id given by name ("found no collectors").
 """
 from __future__ import annotations
 
