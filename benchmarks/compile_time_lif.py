@@ -14,6 +14,7 @@ library's forward + two_walk_backward, the library of b7f16d4):
     TRITON_INTERPRET=1 python benchmarks/compile_time_lif.py --check   # same spikes, same dL/dx
     python benchmarks/compile_time_lif.py --gpu-time  # kernel GPU time (profiler), on a GPU
     python benchmarks/compile_time_lif.py --cold [PAIR ...]  # ipu-shd's first epochs, empty cache
+    python benchmarks/compile_time_lif.py --cold library "library speculative"  # speculative compiles
 
 Compile times: each kernel for the ipu nets' training variant (hard reset, detached,
 fast_sigmoid, float32, BLOCK 64, one warp) at K = 16 and 8, one fresh process and empty
@@ -324,9 +325,11 @@ def cold(pairs: list[str]) -> None:
           "## Cold first epochs, shd-synthetic:ipu-shd, B=48\n\n| kernels | first epoch s | second s | "
           "LIF compiles | their s | test acc after 1 / 2 |\n|---|---|---|---|---|---|", flush=True)
     for which in pairs + pairs:  # alternating: the host's speed drifts
+        base, speculative = which.removesuffix(" speculative"), which.endswith(" speculative")
         with tempfile.TemporaryDirectory() as cache:
-            out = subprocess.run([sys.executable, __file__, "--cold-child", which], capture_output=True, text=True,
-                                 env={**os.environ, "TRITON_CACHE_DIR": cache})
+            out = subprocess.run([sys.executable, __file__, "--cold-child", base], capture_output=True, text=True,
+                                 env={**os.environ, "TRITON_CACHE_DIR": cache,
+                                      "SPIKEFUSE_SPECULATIVE_COMPILE": "1" if speculative else "0"})
         if out.returncode:
             print(f"| {which} | failed: {out.stderr.strip().splitlines()[-1:]} |")
             continue
@@ -340,9 +343,10 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="compare the kernels through the interpreter")
     parser.add_argument("--gpu-time", action="store_true", help="time the kernels on a GPU")
-    parser.add_argument("--cold", nargs="*", choices=["library", *KERNELS], metavar="PAIR",
+    pairs = ["library", *KERNELS]
+    parser.add_argument("--cold", nargs="*", choices=pairs + [f"{p} speculative" for p in pairs], metavar="PAIR",
                         help="ipu-shd's first epochs from an empty cache, on a GPU, with these pairs of kernels "
-                             "(default: two walks, one walk)")
+                             "('... speculative': with SPIKEFUSE_SPECULATIVE_COMPILE=1; default: two walks, one walk)")
     parser.add_argument("--cold-child", choices=["library", *KERNELS], help=argparse.SUPPRESS)
     parser.add_argument("--one", nargs=3, metavar=("KERNELS", "KIND", "K"), help=argparse.SUPPRESS)  # a child's compile
     args = parser.parse_args()

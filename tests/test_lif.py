@@ -226,3 +226,23 @@ def test_lif_subtract_continues_across_calls():
     assert torch.equal(split, whole) and 0 < whole.mean() < 1
     grads = [torch.autograd.grad((s * w).sum(), xi)[0] for s, xi in ((whole, xs[0]), (split, xs[1]))]
     assert rel_err(*grads) < 1e-5
+
+
+def test_no_grad_saves_nothing_for_a_backward(monkeypatch):
+    """Under no_grad no graph is recorded: the fused forward writes no checkpoints, even where
+    an input requires grad (an autograd.Function's needs_input_grad ignores no_grad: a PLIF's
+    decay parameter made every evaluation write them). Same spikes either way."""
+    from spikefuse.ops import lif as lif_ops
+    saved = []
+    forward = lif_ops._forward
+
+    def record(*args, **kwargs):
+        saved.append(args[7])  # `save`
+        return forward(*args, **kwargs)
+    monkeypatch.setattr(lif_ops, "_forward", record)
+    x = rand(9, 2, 3, seed=5).requires_grad_()
+    decay = torch.tensor([0.7, 0.8, 0.9], device=DEVICE, requires_grad=True)
+    with torch.no_grad():
+        evaluated = F.plif(x, decay, backend="fused")
+    trained = F.plif(x, decay, backend="fused")
+    assert saved == [False, True] and torch.equal(evaluated, trained)

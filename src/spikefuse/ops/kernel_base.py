@@ -1,7 +1,8 @@
 """The kernels' base: what every fused op under spikefuse.ops builds on.
 
 - launching: `EAGER` launches a kernel through its CachedLaunch, `TRACED` (inside the
-  torch.library.triton_ops that torch.compile traces) as a wrap_triton graph node;
+  torch.library.triton_ops that torch.compile traces) as a wrap_triton graph node,
+  `Speculate(device)` compiles it in the background (host code run on meta tensors);
 - device functions the neuron kernels share: float32 arguments, the built-in surrogates, the
   reset and its partials, per-neuron parameters, and the chunk loaders and stores of the
   time-chunked kernels (a program owns BLOCK neurons and walks time K rows at a time: the
@@ -50,6 +51,31 @@ class Launch:
 
 
 EAGER, TRACED = Launch(False), Launch(True)
+
+
+class Speculate:
+    """A launch kind for host code run on meta tensors: each launch becomes the CachedLaunch's
+    speculative compile of that variant for CUDA device `device` (a background thread; nothing
+    runs). The host code's allocations are meta tensors: no memory."""
+
+    traced = False
+
+    def __init__(self, device: int):
+        self.device = device
+
+    def __call__(self, launcher):
+        return _Speculative(launcher, self.device)
+
+    def unused(self, t):
+        return t
+
+
+class _Speculative:
+    def __init__(self, launcher, device):
+        self.launcher, self.device = launcher, device
+
+    def __getitem__(self, grid):
+        return lambda *args, **meta: self.launcher.speculate(self.device, grid, args, meta)
 
 
 def _jit(launcher):

@@ -16,12 +16,22 @@ current device). Every launch runs on the device of its first argument (a tensor
 our kernels): when that is not the current device, it is made current for the launch (a
 tensor on cuda:1 would otherwise be launched on cuda:0); when it is, this costs one
 comparison. Under the Triton interpreter (CPU tests) every launch goes through Triton unchanged.
+
+Speculative compiles (issue 38: from a cold Triton cache a first epoch is mostly compiles, one
+after another): `speculate` compiles a variant that is likely to be launched soon, in a
+background thread, while the caller goes on (a LIF layer's backward, at its forward). Triton
+spends most of a compile in MLIR passes and ptxas, which run outside the GIL: four compiles in
+four threads took 5.1 s against 8.2 s one after another on a 2-core CPU. A launch of a variant
+still in flight waits for it; a speculation that fails or guessed wrong costs only the thread's
+work. On with SPIKEFUSE_SPECULATIVE_COMPILE=1 (not yet measured on a GPU).
 """
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import functools
 import inspect
+import os
 
 import torch
 
@@ -95,6 +105,16 @@ def _unhooked(hook) -> bool:
     return hook is None or not getattr(hook, "calls", True)
 
 
+def speculation_enabled() -> bool:
+    return os.environ.get("SPIKEFUSE_SPECULATIVE_COMPILE", "0") == "1"
+
+
+@functools.cache
+def _compile_threads() -> concurrent.futures.ThreadPoolExecutor:
+    return concurrent.futures.ThreadPoolExecutor(max(1, min(8, (os.cpu_count() or 2) - 1)),
+                                                 thread_name_prefix="spikefuse-compile")
+
+
 class CachedLaunch:
     """kernel[grid](*args, **meta), with Triton's per-call argument binding skipped after
     the first launch of each specialization. Positional arguments are the kernel's runtime
@@ -104,6 +124,8 @@ class CachedLaunch:
         self.kernel = kernel
         self.interpreted = INTERPRETED
         self._compiled = {}
+        self._in_flight = {}  # key -> Future of a speculative compile
+        self.misses = 0  # launches that went through Triton: a new variant (every launch when interpreted)
         params = inspect.signature(kernel.fn).parameters
         self._names = list(params)
         self._defaults = {name: p.default for name, p in params.items() if p.default is not p.empty}
@@ -124,8 +146,23 @@ class CachedLaunch:
                 raise RuntimeError(KERNEL_ON_CPU) from e
             raise
 
+    def speculate(self, device: int, grid, args, meta) -> None:
+        """Compile, in a background thread, the variant that launching `args` with `meta` on CUDA
+        device `device` would need, unless it is compiled or in flight. args may be meta tensors:
+        a variant depends on the tensors' dtypes and alignment only (a meta tensor's address is 0)."""
+        key = (device, *meta.items(), *_argument_classes(args))
+        if self.interpreted or key in self._compiled or key in self._in_flight:
+            return
+        self._in_flight[key] = _compile_threads().submit(self._compile_only, device, grid, args, meta)
+
+    def _compile_only(self, device, grid, args, meta):
+        torch.cuda.set_device(device)  # Triton compiles for this thread's current device
+        # a dtype stands for a 16-byte aligned tensor of it (Triton's MockTensor)
+        self.kernel.warmup(*[a.dtype if isinstance(a, torch.Tensor) else a for a in args], grid=grid, **meta)
+
     def _launch(self, grid, args, meta):
         if self.interpreted:
+            self.misses += 1
             return self.kernel[grid](*args, **meta)
         device = self._current_device()
         target = args[0].get_device() if isinstance(args[0], torch.Tensor) else -1  # -1: CPU
@@ -137,6 +174,10 @@ class CachedLaunch:
         key = (device, *meta.items(), *_argument_classes(args))
         entry = self._compiled.get(key)
         if entry is None:  # Triton compiles (or finds) it and launches it
+            self.misses += 1
+            speculated = self._in_flight.pop(key, None)
+            if speculated is not None:
+                speculated.exception()  # waits; a failed speculation is compiled below as before
             tail = tuple(meta[name] if name in meta else self._defaults[name]
                          for name in self._names[len(args):])
             compiled = self._through_jit(grid, args, meta, target)

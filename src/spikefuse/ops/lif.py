@@ -40,12 +40,12 @@ import math
 
 import torch
 
-from .kernel_base import (EAGER, TRACED, cdiv, channel_layout, charge, chunk_registers, f32, fires, grad_h,
+from .kernel_base import (EAGER, TRACED, Speculate, cdiv, channel_layout, charge, chunk_registers, f32, fires, grad_h,
                           load_chunk, load_earlier_chunks, load_per_neuron, or_empty, param_mode,
                           program_neurons, reset_code, reset_partials, reset_potential, row, spike_adjoint, spike_value,
                           state_buffer, store_bits, store_chunk, store_outputs, surrogate_grad, time_major)
 from .triton_or_stub import tl, triton
-from .launch import cached_launch
+from .launch import cached_launch, speculation_enabled
 from .double_backward import grads_with_graph
 from .spike_pack import attach_bits
 from ..surrogates import CUSTOM, SURROGATES, CustomSurrogate
@@ -397,9 +397,12 @@ class LIFFunction(torch.autograd.Function):
         decay, threshold, reset, v_reset, detach, surrogate, alpha, grad_threshold, grad_scope, want_state, want_h = \
             options
         save = any(ctx.needs_input_grad)
+        misses = _lif_forward_kernel.misses
         spikes, vT, x, ckpt, *h = _forward(x, decay, decay_tensor, v0, threshold, reset, v_reset, save,
                                            want_state, want_h=want_h, threshold_tensor=threshold_tensor,
                                            grad_threshold=grad_threshold, grad_scope=grad_scope, bits=bits)
+        if _lif_forward_kernel.misses != misses and speculation_enabled():  # a new variant: more will follow
+            _speculate_next(x, ckpt, decay_tensor, v0, threshold_tensor, options, ctx.needs_input_grad, save)
         if save:
             ctx.save_for_backward(x, ckpt, decay_tensor, v0, threshold_tensor)
             ctx.options = options[:-2]
@@ -424,6 +427,26 @@ class LIFFunction(torch.autograd.Function):
                              grad_scope=grad_scope)
         return (*_input_grads(run, grad_s, x, decay_tensor, v0, threshold_tensor, ctx.needs_input_grad[1:4]),
                 None, None)
+
+
+def _speculate_next(x, ckpt, decay_tensor, v0, threshold_tensor, options, needs, save):
+    """After a forward that compiled a new variant: compile in the background (launch.py's
+    speculative compiles) what this layer will likely launch next: its backward, when the
+    forward saved for one (no final-state or potential gradient, the common case), and its
+    forward without gradients (an evaluation's). The host functions run on meta tensors."""
+    decay, threshold, reset, v_reset, detach, surrogate, alpha, grad_threshold, grad_scope, want_state, want_h = \
+        options
+
+    def meta(t):
+        return None if t is None else torch.empty(t.shape, dtype=t.dtype, device="meta")
+    launch, xm, decay_m, threshold_m = Speculate(x.device.index), meta(x), meta(decay_tensor), meta(threshold_tensor)
+    if save:
+        _backward(torch.empty_like(xm), None, xm, meta(ckpt), decay, decay_m, threshold, reset, v_reset, detach,
+                  surrogate, alpha, v0 is not None and needs[2], decay_tensor is not None and needs[1],
+                  grad_threshold, launch=launch, threshold_tensor=threshold_m,
+                  need_gthr=threshold_tensor is not None and needs[3], grad_scope=grad_scope)
+    _forward(xm, decay, decay_m, meta(v0), threshold, reset, v_reset, False, want_state, launch=launch,
+             want_h=want_h, threshold_tensor=threshold_m, grad_threshold=grad_threshold, grad_scope=grad_scope)
 
 
 def _input_grads(run_backward, grad_s, x, decay_tensor, v0, threshold_tensor, needs):
@@ -549,6 +572,10 @@ def lif_fused(x, decay, decay_tensor, options, v0, return_state, return_potentia
         flat = (decay, *common, options.grad_threshold, options.grad_scope, return_state, bool(return_potential))
         if not x.is_contiguous():  # copied here, not inside: the x saved for backward keeps its graph
             x = x.contiguous()     # (a double backward differentiates through it)
+        if not torch.is_grad_enabled():  # no graph is recorded, so nothing is saved for a backward (an
+            # autograd.Function's needs_input_grad ignores no_grad: a PLIF's decay would write checkpoints)
+            x, decay_tensor, v0, threshold_tensor = (t if t is None else t.detach()
+                                                     for t in (x, decay_tensor, v0, threshold_tensor))
         bits = spike_bits_buffer(x)
         out = LIFFunction.apply(x, decay_tensor, v0, threshold_tensor, bits, flat)
         if bits is not None:
