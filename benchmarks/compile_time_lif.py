@@ -6,9 +6,9 @@ b7f16d4 both LIF kernels walked time in two unrolled copies of their chunk step:
 chunks, and the partial one with its steps past T masked. One walk, every chunk in the masked
 form, compiles faster; the backward kernel now walks once, the forward still twice (one walk
 cost it GPU time). This benchmark keeps the other form of each (`one_walk_forward` and
-`two_walk_backward` below; the latter is b7f16d4's kernel but for its name) and compares them
-as pairs: "one walk" (one_walk_forward + the library's backward) and "two walks" (the
-library's forward + two_walk_backward, the library of b7f16d4):
+`two_walk_backward` below; the latter is b7f16d4's kernel, calling the library's chunk step)
+and compares them as pairs: "one walk" (one_walk_forward + the library's backward) and "two
+walks" (the library's forward + two_walk_backward, the library of b7f16d4):
 
     python benchmarks/compile_time_lif.py             # compile times, sm_90 target, no GPU needed
     TRITON_INTERPRET=1 python benchmarks/compile_time_lif.py --check   # same spikes, same dL/dx
@@ -195,7 +195,8 @@ def compile_once(which: str, kind: str, K: int) -> None:
         constants = dict(RESET=0, DECAY=0, THRESHOLD=0, HAS_V0=False, SAVE_CKPT=True, STORE_VT=False, STORE_H=False,
                          TRACK=False, BITS=True)
     constants.update(BLOCK=64, K=K, EVEN_N=True)
-    signature = {**{p: "*fp32" for p in pointers}, **{f: "fp32" for f in floats}, **{i: "i32" for i in ints}}
+    signature = {**{p: "*u8" if p == "bits_ptr" else "*fp32" for p in pointers}, **{f: "fp32" for f in floats},
+                 **{i: "i32" for i in ints}}
     signature.update({name: "constexpr" for name in constants})
     source = ASTSource(kernel, signature, constexprs={(list(signature).index(n),): v for n, v in constants.items()},
                        attrs={})
