@@ -340,3 +340,20 @@ def test_channels_last_check_follows_torch_layout_rules():
             y = base.permute(perm).contiguous().permute([perm.index(i) for i in range(5)])
             for view in (y, y[..., :1], y[:, :, :1]):
                 assert is_channels_last(view) == by_torch(view), (shape, perm, view.stride())
+
+
+def test_no_grad_saves_nothing_for_a_backward(monkeypatch):
+    """Under no_grad no graph is recorded: the fused forward writes no checkpoints, though BN's
+    weight and bias require grad (needs_input_grad ignores no_grad). Same spikes either way."""
+    saved = []
+    forward = bn_lif_ops._forward
+
+    def record(*args, **kwargs):
+        saved.append(args[9])  # `save`
+        return forward(*args, **kwargs)
+    monkeypatch.setattr(bn_lif_ops, "_forward", record)
+    module = BNLIF(3, decay=0.6, threshold=0.3, backend="fused").to(DEVICE).eval()
+    x = torch.randn(7, 2, 3, 4, generator=torch.Generator().manual_seed(3)).to(DEVICE)
+    with torch.no_grad():
+        evaluated = module(x)
+    assert saved == [False] and torch.equal(evaluated, module(x)) and saved == [False, True]

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import spikefuse.functional as F
+from spikefuse.nn import BNLIF
 from spikefuse.ops import launch as launch_module
 from spikefuse.ops import lif
 from spikefuse.ops.launch import CachedLaunch, _argument_classes
@@ -76,6 +77,42 @@ def test_the_speculated_variants_are_the_ones_launched_next(case, dtype, shape, 
     with torch.no_grad():
         call(x)
     assert launched[2] == eval_guess
+
+
+BN_CASES = {
+    "channels first": dict(shape=(11, 2, 3, 4, 5)),
+    "channels last": dict(shape=(11, 2, 3, 4, 5), channels_last=True),
+    "residual, learnable decay": dict(shape=(9, 2, 8, 3), residual=True, learn_decay=True),
+    "one input step repeated": dict(shape=(1, 3, 8, 2), time_steps=6),
+}
+
+
+@pytest.mark.parametrize("case", list(BN_CASES))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_bn_lif_speculates_its_backward_and_evaluation(case, dtype, recorded, monkeypatch):
+    """BN+LIF: the guesses at its first forward (the backward and dL/dx kernels, the
+    no-gradient forward) are among the variants then launched."""
+    monkeypatch.setenv("SPIKEFUSE_SPECULATIVE_COMPILE", "1")
+    launched, speculated = recorded
+    spec = BN_CASES[case]
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(spec["shape"], generator=gen).to(dtype)
+    if spec.get("channels_last"):
+        x = x.movedim(2, -1).contiguous().movedim(-1, 2)
+    module = BNLIF(spec["shape"][2], decay=0.6, threshold=0.3, learn_decay=spec.get("learn_decay", False),
+                   backend="fused")
+    residual = torch.rand(spec["shape"], generator=gen).to(dtype) if spec.get("residual") else None
+    x.requires_grad_()
+    s = module(x[0] if spec.get("time_steps") else x, residual, time_steps=spec.get("time_steps"))
+    first_launches = len(launched)
+    guesses = list(speculated)
+    assert len(guesses) == 3  # the backward, dL/dx and the no-gradient forward
+    s.backward(torch.rand_like(s))
+    module.eval()
+    with torch.no_grad():
+        module(x[0] if spec.get("time_steps") else x, residual, time_steps=spec.get("time_steps"))
+    later = launched[first_launches:]
+    assert all(guess in later for guess in guesses), [guess in later for guess in guesses]
 
 
 def test_nothing_is_speculated_by_default(recorded, monkeypatch):

@@ -50,10 +50,11 @@ import typing
 
 import torch
 
-from .kernel_base import (EAGER, TRACED, cdiv, f32, grad_h, load_per_neuron, next_power_of_2, or_empty,
-                          program_neurons, reset_code, reset_potential, row, spike_value, store_bits, surrogate_grad)
+from .kernel_base import (EAGER, TRACED, Speculate, cdiv, f32, grad_h, load_per_neuron, meta_like, next_power_of_2,
+                          or_empty, program_neurons, reset_code, reset_potential, row, spike_value, store_bits,
+                          surrogate_grad)
 from .double_backward import grads_with_graph
-from .launch import cached_launch
+from .launch import cached_launch, speculation_enabled
 from .spike_pack import attach_bits
 from ..surrogates import SURROGATES
 
@@ -689,6 +690,19 @@ def _backward_rule(ctx, grad_s, _grad_ckpt):
 bn_lif_forward.register_autograd(_backward_rule, setup_context=_setup_context)
 
 
+def _speculate_next(spikes, x, residual, ckpt, stats, decay, decay_tensor, threshold, reset, v_reset, detach, surrogate,
+                    alpha, batch_stats, time_steps, need_gd, save):
+    """After a forward that compiled a new variant: compile in the background (ops/launch.py's
+    speculative compiles) this layer's backward kernels, when it saved for them, and its
+    forward without gradients (an evaluation's). The host functions run on meta tensors."""
+    launch, xm, rm, sm, dm = (Speculate(x.device.index), meta_like(x), meta_like(residual), meta_like(stats),
+                              meta_like(decay_tensor))
+    if save:
+        _backward(meta_like(spikes), xm, rm, meta_like(ckpt), sm, decay, dm, threshold, reset, v_reset, detach,
+                  surrogate, alpha, batch_stats, need_gd, time_steps, launch=launch)
+    _forward(xm, rm, sm, decay, dm, threshold, reset, v_reset, time_steps, False, launch=launch)
+
+
 class BNLIFFunction(torch.autograd.Function):
     """The eager path (a plain autograd.Function costs far less Python per call than a
     torch.library op; see spikefuse.ops.lif). Arguments as bn_lif_forward, without `save`."""
@@ -698,8 +712,13 @@ class BNLIFFunction(torch.autograd.Function):
                 v_reset, detach, surrogate, alpha, batch_stats, time_steps, bits, sync):
         save = any(ctx.needs_input_grad)
         ctx.sync = sync
+        misses = _bn_lif_forward_kernel.misses
         spikes, ckpt = _forward(x, residual, stats, decay, decay_tensor, threshold, reset,
                                 v_reset, time_steps, save, bits)
+        if _bn_lif_forward_kernel.misses != misses and speculation_enabled():  # a new variant: more will follow
+            need_gd = decay_tensor is not None and ctx.needs_input_grad[6]
+            _speculate_next(spikes, x, residual, ckpt, stats, decay, decay_tensor, threshold, reset, v_reset, detach,
+                            surrogate, alpha, batch_stats, time_steps, need_gd, save)
         if save:
             ctx.save_for_backward(x, residual, ckpt, stats, weight, bias, decay_tensor)
             ctx.options = (decay, threshold, reset, v_reset, detach, surrogate, alpha, batch_stats,
@@ -760,6 +779,9 @@ def bn_lif_fused(x, weight, bias, running_mean, running_var, training, momentum,
         # the kernel writes them (1/32 of the spikes' bytes) and saves that layer a pass
         bits = (x.new_empty(time_steps * N // 8, dtype=torch.uint8)
                 if torch.is_grad_enabled() and N % 8 == 0 else None)
+        if not torch.is_grad_enabled():  # no graph is recorded, so nothing is saved for a backward
+            # (needs_input_grad ignores no_grad: BN's weight made every evaluation write checkpoints)
+            args = tuple(a.detach() if isinstance(a, torch.Tensor) else a for a in args)
         spikes = BNLIFFunction.apply(*args, bits, sync)
         if bits is not None:
             attach_bits(spikes, bits)

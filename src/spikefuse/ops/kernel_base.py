@@ -70,6 +70,11 @@ class Speculate:
         return t
 
 
+def meta_like(t: torch.Tensor | None) -> torch.Tensor | None:
+    """t's shape, strides and dtype on the meta device (no memory; host code under Speculate)."""
+    return None if t is None else torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
+
+
 class _Speculative:
     def __init__(self, launcher, device):
         self.launcher, self.device = launcher, device

@@ -19,11 +19,12 @@ comparison. Under the Triton interpreter (CPU tests) every launch goes through T
 
 Speculative compiles (issue 38: from a cold Triton cache a first epoch is mostly compiles, one
 after another): `speculate` compiles a variant that is likely to be launched soon, in a
-background thread, while the caller goes on (a LIF layer's backward, at its forward). Triton
-spends most of a compile in MLIR passes and ptxas, which run outside the GIL: four compiles in
-four threads took 5.1 s against 8.2 s one after another on a 2-core CPU. A launch of a variant
-still in flight waits for it; a speculation that fails or guessed wrong costs only the thread's
-work. On with SPIKEFUSE_SPECULATIVE_COMPILE=1 (not yet measured on a GPU).
+background thread, while the caller goes on (a LIF or BN+LIF layer's backward, at its
+forward). Triton spends most of a compile in MLIR passes and ptxas, which run outside the GIL:
+four compiles in four threads took 5.1 s against 8.2 s one after another on a 2-core CPU. A
+launch of a variant still in flight waits for it; a speculation that fails or guessed wrong
+costs only the thread's work. On with SPIKEFUSE_SPECULATIVE_COMPILE=1 (not yet measured on a
+GPU).
 """
 from __future__ import annotations
 

@@ -40,10 +40,11 @@ import math
 
 import torch
 
-from .kernel_base import (EAGER, TRACED, Speculate, cdiv, channel_layout, charge, chunk_registers, f32, fires, grad_h,
-                          load_chunk, load_earlier_chunks, load_per_neuron, or_empty, param_mode,
-                          program_neurons, reset_code, reset_partials, reset_potential, row, spike_adjoint, spike_value,
-                          state_buffer, store_bits, store_chunk, store_outputs, surrogate_grad, time_major)
+from .kernel_base import (EAGER, TRACED, cdiv, channel_layout, charge, chunk_registers, f32, fires, grad_h,
+                          load_chunk, load_earlier_chunks, load_per_neuron, meta_like, or_empty, param_mode,
+                          program_neurons, reset_code, reset_partials, reset_potential, row, Speculate,
+                          spike_adjoint, spike_value, state_buffer, store_bits, store_chunk, store_outputs,
+                          surrogate_grad, time_major)
 from .triton_or_stub import tl, triton
 from .launch import cached_launch, speculation_enabled
 from .double_backward import grads_with_graph
@@ -437,15 +438,14 @@ def _speculate_next(x, ckpt, decay_tensor, v0, threshold_tensor, options, needs,
     decay, threshold, reset, v_reset, detach, surrogate, alpha, grad_threshold, grad_scope, want_state, want_h = \
         options
 
-    def meta(t):
-        return None if t is None else torch.empty(t.shape, dtype=t.dtype, device="meta")
-    launch, xm, decay_m, threshold_m = Speculate(x.device.index), meta(x), meta(decay_tensor), meta(threshold_tensor)
+    launch, xm = Speculate(x.device.index), meta_like(x)
+    decay_m, threshold_m = meta_like(decay_tensor), meta_like(threshold_tensor)
     if save:
-        _backward(torch.empty_like(xm), None, xm, meta(ckpt), decay, decay_m, threshold, reset, v_reset, detach,
+        _backward(torch.empty_like(xm), None, xm, meta_like(ckpt), decay, decay_m, threshold, reset, v_reset, detach,
                   surrogate, alpha, v0 is not None and needs[2], decay_tensor is not None and needs[1],
                   grad_threshold, launch=launch, threshold_tensor=threshold_m,
                   need_gthr=threshold_tensor is not None and needs[3], grad_scope=grad_scope)
-    _forward(xm, decay, decay_m, meta(v0), threshold, reset, v_reset, False, want_state, launch=launch,
+    _forward(xm, decay, decay_m, meta_like(v0), threshold, reset, v_reset, False, want_state, launch=launch,
              want_h=want_h, threshold_tensor=threshold_m, grad_threshold=grad_threshold, grad_scope=grad_scope)
 
 
