@@ -65,6 +65,7 @@ from ..data.synthetic import SyntheticSHD
 from ..data.synthetic_images import NUM_CLASSES, SHAPE, SyntheticCIFAR
 from ..errors import UsageError, one_line
 from ..models import MODELS, build_model
+from ..ops.launch import speculation_enabled
 from ..ops.triton_or_stub import tl, triton
 from ..train.loop import Trainer
 from ..train.metrics import predicted
@@ -476,7 +477,8 @@ def triton_cache_state() -> dict:
     except (ImportError, AttributeError):  # Triton < 3.4, or none
         path = os.environ.get("TRITON_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".triton", "cache")
     entries = len(os.listdir(path)) if path and os.path.isdir(path) else 0
-    return {"dir": path, "entries_at_start": entries, "state": "warm" if entries else "cold"}
+    return {"dir": path, "entries_at_start": entries, "state": "warm" if entries else "cold",
+            "speculative_compiles": speculation_enabled()}
 
 
 def warm_device(device) -> None:
@@ -653,8 +655,10 @@ def markdown(payload) -> str:
     if cache and payload["device_type"] == "cuda":
         out.append(f"Triton's kernel cache ({cache['dir']}) held {cache['entries_at_start']} entries as the run began: "
                    + ("a cold cache, as on a machine's first run: every Triton kernel (spikefuse's, SpikingJelly's) was "
-                      "compiled within its library's first epoch.\n" if cache["state"] == "cold" else
-                      "a warm cache, as on every later run: kernels an earlier run compiled were loaded from it.\n"))
+                      "compiled within its library's first epoch" if cache["state"] == "cold" else
+                      "a warm cache, as on every later run: kernels an earlier run compiled were loaded from it")
+                   + ("; spikefuse's speculative compiles were on (SPIKEFUSE_SPECULATIVE_COMPILE=1)"
+                      if cache.get("speculative_compiles") else "") + ".\n")
     out.append(f"Equations: {payload['equations']}\n")
     out.append(f"Cross-check: {payload['tolerances']['check']}; passed where at most "
                f"{payload['tolerances']['spike_mismatch']:g} of each layer's spikes differ and every gradient is "
