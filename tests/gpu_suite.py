@@ -5,8 +5,9 @@ a fixed time (the device tool's 10 minutes), where a killed pytest would leave n
 
 Runs `pytest -v -m "(slow or not slow) and not multi_gpu"` over every GPU of the host
 (SPIKEFUSE_TEST_GPUS, 14 workers per GPU by default), on the tests in FILE (one node id a line)
-or the whole suite, and interrupts it (SIGINT) at the deadline, so that pytest still writes
-its summary (SPIKEFUSE_TEST_SUMMARY) and JUnit XML. Then DIR holds summary.json, junit.xml,
+or the whole suite, and interrupts it (SIGINT) at the deadline, or 30 s after every test has
+an outcome in the log while pytest still runs, so that pytest still writes its summary
+(SPIKEFUSE_TEST_SUMMARY) and JUnit XML. Then DIR holds summary.json, junit.xml,
 log.txt and not-reached.txt: the collected ids that have no result (in the XML or in the -v
 log, which stands in where pytest wrote no XML), to pass as --ids to the next call. Ids of a
 module skipped at import (a missing optional package) are never listed: pytest refuses such
@@ -77,6 +78,21 @@ def outcomes_in_log(log: Path) -> dict[str, str]:
     return found
 
 
+def run_until_done(child, log: Path, tests: int, deadline: float, grace: float = 30.0, poll: float = 5.0) -> bool:
+    """Wait for pytest; True once it exited. False at the deadline, or `grace` seconds after the
+    -v log holds an outcome for each of the `tests` while pytest still runs (an xdist worker
+    hung at teardown held a 620-test call until its deadline): then the caller interrupts it."""
+    all_reported = None
+    while child.poll() is None:
+        now = time.monotonic()
+        if now >= deadline or (all_reported is not None and now - all_reported >= grace):
+            return False
+        if all_reported is None and len(outcomes_in_log(log)) >= tests:
+            all_reported = now
+        time.sleep(min(poll, max(deadline - now, 0.0)))
+    return True
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     extra = argv[argv.index("--") + 1:] if "--" in argv else []
@@ -100,9 +116,7 @@ def main(argv: list[str] | None = None) -> int:
                "-n", str(workers), "--dist", "load" if args.ids else "loadfile", f"--junitxml={junit}", *extra, *targets]
     with open(args.out / "log.txt", "w") as log:
         child = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
-        try:
-            child.wait(timeout=max(args.deadline - (time.monotonic() - started), 1.0))
-        except subprocess.TimeoutExpired:
+        if not run_until_done(child, args.out / "log.txt", len(wanted), started + args.deadline):
             child.send_signal(signal.SIGINT)  # pytest stops, then writes its summary and XML
             try:
                 child.wait(timeout=60)
