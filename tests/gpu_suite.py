@@ -78,16 +78,16 @@ def outcomes_in_log(log: Path) -> dict[str, str]:
     return found
 
 
-def run_until_done(child, log: Path, tests: int, deadline: float, grace: float = 30.0, poll: float = 5.0) -> bool:
+def run_until_done(child, log: Path, tests: set[str], deadline: float, grace: float = 30.0, poll: float = 5.0) -> bool:
     """Wait for pytest; True once it exited. False at the deadline, or `grace` seconds after the
-    -v log holds an outcome for each of the `tests` while pytest still runs (an xdist worker
+    -v log holds an outcome for each node id in `tests` while pytest still runs (an xdist worker
     hung at teardown held a 620-test call until its deadline): then the caller interrupts it."""
     all_reported = None
     while child.poll() is None:
         now = time.monotonic()
         if now >= deadline or (all_reported is not None and now - all_reported >= grace):
             return False
-        if all_reported is None and len(outcomes_in_log(log)) >= tests:
+        if all_reported is None and tests <= outcomes_in_log(log).keys():
             all_reported = now
         time.sleep(min(poll, max(deadline - now, 0.0)))
     return True
@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
                "-n", str(workers), "--dist", "load" if args.ids else "loadfile", f"--junitxml={junit}", *extra, *targets]
     with open(args.out / "log.txt", "w") as log:
         child = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
-        if not run_until_done(child, args.out / "log.txt", len(wanted), started + args.deadline):
+        if not run_until_done(child, args.out / "log.txt", set(wanted), started + args.deadline):
             child.send_signal(signal.SIGINT)  # pytest stops, then writes its summary and XML
             try:
                 child.wait(timeout=60)

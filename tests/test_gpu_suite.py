@@ -46,7 +46,8 @@ def test_pytest_still_running_after_every_test_reported_is_interrupted_after_the
     child, log = hung_after(tmp_path, "[gw0] [ 50%] PASSED tests/a.py::x \n[gw1] [100%] PASSED tests/a.py::y \n")
     try:
         start = time.monotonic()
-        assert not gpu_suite.run_until_done(child, log, 2, start + 50, grace=0.5, poll=0.1)
+        assert not gpu_suite.run_until_done(child, log, {"tests/a.py::x", "tests/a.py::y"}, start + 50, grace=0.5,
+                                            poll=0.1)
         assert time.monotonic() - start < 20  # long before the deadline
     finally:
         child.kill()
@@ -57,10 +58,11 @@ def test_a_run_with_tests_left_waits_for_its_deadline_and_an_exit_is_done(tmp_pa
     child, log = hung_after(tmp_path, "[gw0] [ 50%] PASSED tests/a.py::x \n")
     try:
         start = time.monotonic()
-        assert not gpu_suite.run_until_done(child, log, 2, start + 1.5, grace=0.1, poll=0.1)
+        assert not gpu_suite.run_until_done(child, log, {"tests/a.py::x", "tests/a.py::y"}, start + 1.5, grace=0.1,
+                                            poll=0.1)
         assert time.monotonic() - start >= 1.4
     finally:
         child.kill()
         child.wait()
     done = subprocess.Popen([sys.executable, "-c", "pass"])
-    assert gpu_suite.run_until_done(done, log, 2, time.monotonic() + 50, poll=0.1)
+    assert gpu_suite.run_until_done(done, log, {"tests/a.py::y"}, time.monotonic() + 50, poll=0.1)
