@@ -1,9 +1,10 @@
-"""Speculative compiles (ops/launch.py, SPIKEFUSE_SPECULATIVE_COMPILE=1): after a LIF forward
-that compiled a new variant, its backward and its no-gradient forward are compiled in the
-background. What the CPU can show: the variants guessed are the ones the layer then launches
+"""Speculative compiles (ops/launch.py, SPIKEFUSE_SPECULATIVE_COMPILE=1): after a LIF or BN+LIF
+forward that compiled a new variant, its backward kernels and its no-gradient forward are
+compiled in the background. What the CPU can show: the variants guessed are the ones the layer then launches
 (every launch's variant key recorded, through the interpreter), nothing is guessed with the
 switch off, and a launch waits for its variant's compile in flight. The compile threads
 themselves run on a GPU (benchmarks/compile_time_lif.py --cold)."""
+import os
 import threading
 
 import pytest
@@ -12,7 +13,6 @@ import torch
 import spikefuse.functional as F
 from spikefuse.nn import BNLIF
 from spikefuse.ops import launch as launch_module
-from spikefuse.ops import lif
 from spikefuse.ops.launch import CachedLaunch, _argument_classes
 from helpers import DEVICE
 
@@ -174,5 +174,4 @@ def test_a_failed_speculation_leaves_the_launch_to_compile(monkeypatch):
 
 
 def test_the_compile_threads_leave_a_core_for_the_caller():
-    assert 1 <= launch_module._compile_threads()._max_workers <= 8
-    assert lif._lif_forward_kernel.misses >= 0
+    assert launch_module._compile_threads()._max_workers == max(1, min(8, (os.cpu_count() or 2) - 1))
