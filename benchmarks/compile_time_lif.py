@@ -34,6 +34,7 @@ import torch
 import triton
 import triton.language as tl
 
+import cold_epochs
 from spikefuse import functional as F
 from spikefuse.ops import kernel_base, lif
 from spikefuse.ops.kernel_base import (f32, load_chunk, load_earlier_chunks, load_per_neuron, program_neurons,
@@ -285,59 +286,11 @@ def gpu_time(rounds: int = 7, calls: int = 20) -> None:
         rules[:] = saved_rules
 
 
-def cold_epochs(which: str) -> None:
-    """In this (fresh) process: ipu-shd's first two epochs, every compile timed; one JSON line."""
-    import triton.compiler as triton_compiler
-    import triton.compiler.compiler as compiler_module
-
-    compiles, compile_fn = [], compiler_module.compile
-
-    def timed(src, *args, **kwargs):
-        start = time.perf_counter()
-        out = compile_fn(src, *args, **kwargs)
-        compiles.append((getattr(src, "name", "?"), round(time.perf_counter() - start, 3)))
-        return out
-    triton_compiler.compile = compiler_module.compile = timed
-    use(which)
-    from spikefuse.data import load
-    from spikefuse.models import build_model
-    from spikefuse.train.loop import Trainer
-    splits = load("shd-synthetic", device="cuda", progress=False)
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    model = build_model("ipu-shd", splits.input_shape, splits.num_classes, splits.time_steps,
-                        surrogate="fast_sigmoid", alpha=1.0).cuda()
-    optimizer = torch.optim.Adam(model.parameters(), lr=2e-3, fused=True)
-    trainer = Trainer(model, splits, optimizer, epochs=1, batch_size=48, device="cuda", precision="fp32", seed=0,
-                      progress=False)
-    first = trainer.fit()[-1]
-    torch.cuda.synchronize()
-    middle = time.perf_counter()
-    trainer.epochs = 2
-    second = trainer.fit()[-1]
-    torch.cuda.synchronize()
-    print(json.dumps({"kernels": which, "first_epoch_s": round(middle - start, 3),
-                      "second_epoch_s": round(time.perf_counter() - middle, 3),
-                      "test_acc": [first["test_acc"], second["test_acc"]], "compiles": compiles}))
-
-
 def cold(pairs: list[str]) -> None:
-    print(f"{torch.cuda.get_device_name()}, Triton {triton.__version__}, torch {torch.__version__}\n\n"
-          "## Cold first epochs, shd-synthetic:ipu-shd, B=48\n\n| kernels | first epoch s | second s | "
-          "LIF compiles | their s | test acc after 1 / 2 |\n|---|---|---|---|---|---|", flush=True)
-    for which in pairs + pairs:  # alternating: the host's speed drifts
+    def child(which):  # "<pair> speculative": with SPIKEFUSE_SPECULATIVE_COMPILE=1
         base, speculative = which.removesuffix(" speculative"), which.endswith(" speculative")
-        with tempfile.TemporaryDirectory() as cache:
-            out = subprocess.run([sys.executable, __file__, "--cold-child", base], capture_output=True, text=True,
-                                 env={**os.environ, "TRITON_CACHE_DIR": cache,
-                                      "SPIKEFUSE_SPECULATIVE_COMPILE": "1" if speculative else "0"})
-        if out.returncode:
-            print(f"| {which} | failed: {out.stderr.strip().splitlines()[-1:]} |")
-            continue
-        r = json.loads(out.stdout.strip().splitlines()[-1])
-        lif_compiles = [s for n, s in r["compiles"] if "lif" in n or "walk" in n]
-        print(f"| {which} | {r['first_epoch_s']} | {r['second_epoch_s']} | {len(lif_compiles)} | "
-              f"{sum(lif_compiles):.1f} | {r['test_acc'][0]:.4f} / {r['test_acc'][1]:.4f} |", flush=True)
+        return [__file__, "--cold-child", base], {"SPIKEFUSE_SPECULATIVE_COMPILE": "1" if speculative else "0"}
+    cold_epochs.table("kernels", pairs, child, lambda name: "lif" in name or "walk" in name)
 
 
 def main():
@@ -358,7 +311,8 @@ def main():
     if args.cold is not None:
         return cold(args.cold or ["two walks", "one walk"])
     if args.cold_child:
-        return cold_epochs(args.cold_child)
+        use(args.cold_child)
+        return print(json.dumps({"kernels": args.cold_child, **cold_epochs.first_two_epochs()}))
     if args.one:
         return compile_once(args.one[0], args.one[1], int(args.one[2]))
     print(f"Triton {triton.__version__}, torch {torch.__version__}, target sm_90, one fresh process and empty cache "

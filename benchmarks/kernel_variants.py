@@ -22,14 +22,10 @@ coarse's forward was 8 us slower at 70560 neurons, where N is a multiple of 16, 
 """
 import argparse
 import json
-import os
-import subprocess
-import sys
-import tempfile
-import time
 
 import torch
 
+import cold_epochs
 from spikefuse import functional as F
 from spikefuse.ops import lif
 from spikefuse.ops.launch import CachedLaunch
@@ -81,42 +77,6 @@ def check() -> None:
               f"dL/dx equal {all(torch.equal(g1, g) for _, g in others)}")
 
 
-def cold_epochs(mode: str) -> None:
-    """In this (fresh) process: the first two epochs of ipu-shd, every compile timed; one JSON line."""
-    import triton.compiler as triton_compiler
-    import triton.compiler.compiler as compiler_module
-
-    compiles, compile_fn = [], compiler_module.compile
-
-    def timed(src, *args, **kwargs):
-        start = time.perf_counter()
-        out = compile_fn(src, *args, **kwargs)
-        compiles.append((getattr(src, "name", "?"), round(time.perf_counter() - start, 3)))
-        return out
-    triton_compiler.compile = compiler_module.compile = timed
-    use(mode)
-    from spikefuse.data import load
-    from spikefuse.models import build_model
-    from spikefuse.train.loop import Trainer
-    splits = load("shd-synthetic", device="cuda", progress=False)
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    model = build_model("ipu-shd", splits.input_shape, splits.num_classes, splits.time_steps,
-                        surrogate="fast_sigmoid", alpha=1.0).cuda()
-    optimizer = torch.optim.Adam(model.parameters(), lr=2e-3, fused=True)
-    trainer = Trainer(model, splits, optimizer, epochs=1, batch_size=48, device="cuda", precision="fp32", seed=0,
-                      progress=False)
-    first = trainer.fit()[-1]
-    torch.cuda.synchronize()
-    middle = time.perf_counter()
-    trainer.epochs = 2
-    second = trainer.fit()[-1]
-    torch.cuda.synchronize()
-    print(json.dumps({"mode": mode, "first_epoch_s": round(middle - start, 3),
-                      "second_epoch_s": round(time.perf_counter() - middle, 3),
-                      "test_acc": [first["test_acc"], second["test_acc"]], "compiles": compiles}))
-
-
 def kernel_times(rounds: int = 7, calls: int = 20) -> list[dict]:
     from torch.profiler import ProfilerActivity, profile
     rows = []
@@ -151,22 +111,10 @@ def main():
     if args.check:
         return check()
     if args.cold:
-        return cold_epochs(args.cold)
-    import triton as real_triton
-    print(f"{torch.cuda.get_device_name()}, Triton {real_triton.__version__}, torch {torch.__version__}\n")
-    print("## Cold first epochs, shd-synthetic:ipu-shd, B=48\n\n| mode | first epoch s | second s | LIF compiles | "
-          "their s | test acc after 1 / 2 |\n|---|---|---|---|---|---|", flush=True)
-    for mode in [*MODES] * 2:  # alternating: the host's speed drifts
-        with tempfile.TemporaryDirectory() as cache:
-            out = subprocess.run([sys.executable, __file__, "--cold", mode], capture_output=True, text=True,
-                                 env={**os.environ, "TRITON_CACHE_DIR": cache})
-        if out.returncode:
-            print(f"| {mode} | failed: {out.stderr.strip().splitlines()[-1:]} |")
-            continue
-        r = json.loads(out.stdout.strip().splitlines()[-1])
-        lif_compiles = [s for n, s in r["compiles"] if n.startswith("_lif")]
-        print(f"| {mode} | {r['first_epoch_s']} | {r['second_epoch_s']} | {len(lif_compiles)} | "
-              f"{sum(lif_compiles):.1f} | {r['test_acc'][0]:.4f} / {r['test_acc'][1]:.4f} |", flush=True)
+        use(args.cold)
+        return print(json.dumps({"mode": args.cold, **cold_epochs.first_two_epochs()}))
+    cold_epochs.table("mode", list(MODES), lambda mode: ([__file__, "--cold", mode], {}),
+                      lambda name: name.startswith("_lif"))
     columns = [f"{kind} {mode} us" for kind in ("forward", "backward") for mode in MODES]
     print("\n## Kernel GPU time per call (profiler), T=100, median of 7 alternating rounds\n\n| size | N | "
           + " | ".join(columns) + " |\n|---|---|" + "---|" * len(columns))
