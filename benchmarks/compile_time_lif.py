@@ -14,13 +14,15 @@ walks" (the library's forward + two_walk_backward, the library of b7f16d4):
     TRITON_INTERPRET=1 python benchmarks/compile_time_lif.py --check   # same spikes, same dL/dx
     python benchmarks/compile_time_lif.py --gpu-time  # kernel GPU time (profiler), on a GPU
     python benchmarks/compile_time_lif.py --cold [PAIR ...]  # ipu-shd's first epochs, empty cache
-    python benchmarks/compile_time_lif.py --cold library "library speculative"  # speculative compiles
+    python benchmarks/compile_time_lif.py --cold library "library speculative" "library background"
 
 Compile times: each kernel for the ipu nets' training variant (hard reset, detached,
 fast_sigmoid, float32, BLOCK 64, one warp) at K = 16 and 8, one fresh process and empty
 cache per compile. --cold: Trainer.fit's first and second epoch (captured, fp32, batch 48)
 of shd-synthetic:ipu-shd, each pair of kernels in a fresh process with an empty
-TRITON_CACHE_DIR, alternating, every LIF compile timed.
+TRITON_CACHE_DIR, alternating, every LIF compile timed; "speculative": the backward and the
+evaluation forward compile in threads after a forward compiled; "background": fit's background
+compiles (the layers' torch twins train while their kernels compile).
 """
 import argparse
 import json
@@ -286,10 +288,14 @@ def gpu_time(rounds: int = 7, calls: int = 20) -> None:
         rules[:] = saved_rules
 
 
+MODES = ("speculative", "background")
+
+
 def cold(pairs: list[str]) -> None:
-    def child(which):  # "<pair> speculative": with SPIKEFUSE_SPECULATIVE_COMPILE=1
-        base, speculative = which.removesuffix(" speculative"), which.endswith(" speculative")
-        return [__file__, "--cold-child", base], {"SPIKEFUSE_SPECULATIVE_COMPILE": "1" if speculative else "0"}
+    def child(which):  # "<pair> speculative": SPIKEFUSE_SPECULATIVE_COMPILE=1; "<pair> background": fit's
+        base, mode = which.rsplit(" ", 1) if which.split(" ")[-1] in MODES else (which, "")
+        return [__file__, "--cold-child", base], {"SPIKEFUSE_SPECULATIVE_COMPILE": "1" if mode == "speculative" else "0",
+                                                  "COLD_EPOCHS_BACKGROUND": "1" if mode == "background" else "0"}
     cold_epochs.table("kernels", pairs, child, lambda name: "lif" in name or "walk" in name)
 
 
@@ -298,9 +304,10 @@ def main():
     parser.add_argument("--check", action="store_true", help="compare the kernels through the interpreter")
     parser.add_argument("--gpu-time", action="store_true", help="time the kernels on a GPU")
     pairs = ["library", *KERNELS]
-    parser.add_argument("--cold", nargs="*", choices=pairs + [f"{p} speculative" for p in pairs], metavar="PAIR",
+    parser.add_argument("--cold", nargs="*", choices=pairs + [f"{p} {m}" for p in pairs for m in MODES], metavar="PAIR",
                         help="ipu-shd's first epochs from an empty cache, on a GPU, with these pairs of kernels "
-                             "('... speculative': with SPIKEFUSE_SPECULATIVE_COMPILE=1; default: two walks, one walk)")
+                             "('... speculative': with SPIKEFUSE_SPECULATIVE_COMPILE=1; '... background': with "
+                             "fit's background compiles; default: two walks, one walk)")
     parser.add_argument("--cold-child", choices=["library", *KERNELS], help=argparse.SUPPRESS)
     parser.add_argument("--one", nargs=3, metavar=("KERNELS", "KIND", "K"), help=argparse.SUPPRESS)  # a child's compile
     args = parser.parse_args()

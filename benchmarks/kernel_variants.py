@@ -1,24 +1,25 @@
 """Produces benchmarks/results/kernel-variants-<gpu>.md (stdout; on a GPU).
 
-Issue 38: a cold Triton cache makes ipu-shd's first epoch ~20 s, 8 LIF compiles of 1.4-4.6 s.
+Issue 38: a cold Triton cache made ipu-shd's first epoch ~20 s, 8 LIF compiles of 1.4-4.6 s.
 The census (launch_config, BLOCK 64): the second hidden layer's 1470 x 48 neurons are not a
 multiple of BLOCK (EVEN_N False where the first layer's 1472 x 48 are: two variants), and the
 last training batch's 1470 x 44 is not a multiple of 16 (Triton specializes integers on that:
-a third). An experiment, not the library: "coarse" launches the same LIF kernels with EVEN_N
-always False and Triton's integer specialization off (do_not_specialize on T, N, inner, C),
-so one variant serves every size, "uneven" with EVEN_N always False alone, against the
-library's "fine" ones.
+a third). Three modes of the same LIF kernels: "library" (EVEN_N always False, since this
+benchmark's second run), "even" (EVEN_N = N % BLOCK == 0, the library before it) and "coarse"
+(EVEN_N False and Triton's integer specialization off: do_not_specialize on T, N, inner, C, so
+one variant serves every size).
 
-    python benchmarks/kernel_variants.py                    # both modes: cold epochs, kernel times
+    python benchmarks/kernel_variants.py                    # every mode: cold epochs, kernel times
     TRITON_INTERPRET=1 python benchmarks/kernel_variants.py --check   # same spikes and gradients
 
 Cold epochs: each mode in a fresh process with an empty TRITON_CACHE_DIR, Trainer.fit's first
-and second epoch (captured, fp32) on shd-synthetic:ipu-shd at batch 48, every compile timed.
-Kernel times: the profiler's GPU time of the forward and backward kernel per call, at the
-three hidden-layer sizes, median of alternating rounds. A third mode, "uneven", keeps Triton's
-integer specialization and turns EVEN_N off alone (the first run, with fine and coarse only:
-coarse's forward was 8 us slower at 70560 neurons, where N is a multiple of 16, and equal at
-64680, where it is not: the specialization, not EVEN_N, is what it costs).
+and second epoch (captured, fp32, background_compile=False) on shd-synthetic:ipu-shd at batch
+48, every compile timed. Kernel times: the profiler's GPU time of the forward and backward
+kernel per call, at the three hidden-layer sizes, median of alternating rounds. Runs so far
+(kernel-variants-*.md): coarse's forward is 8 us slower at 70560 neurons, where N is a multiple
+of 16, and equal at 64680, where it is not (the specialization costs it, not EVEN_N); EVEN_N
+off alone held the GPU time (H200: forward 18.5 against 21.0 us, backward equal) with 5
+compiles instead of 8, so the library took it.
 """
 import argparse
 import json
@@ -31,25 +32,27 @@ from spikefuse.ops import lif
 from spikefuse.ops.launch import CachedLaunch
 from spikefuse.ops.triton_or_stub import triton
 
-FINE = {"forward": lif._lif_forward_kernel, "backward": lif._lif_backward_kernel}
+LIBRARY = {"forward": lif._lif_forward_kernel, "backward": lif._lif_backward_kernel}
 INTEGERS = ["T", "N", "inner", "C"]
 SIZES = (("hidden 1, B=48", 48 * 1472), ("hidden 2, B=48", 48 * 1470), ("hidden 2, B=44", 44 * 1470))
 
 
-class Uneven(CachedLaunch):
-    """A LIF kernel launched with EVEN_N False; with `specialize` False also without Triton's
-    integer specialization."""
+class Variant(CachedLaunch):
+    """A LIF kernel launched with EVEN_N = N % BLOCK == 0 (`even`), or with EVEN_N False and
+    without Triton's integer specialization."""
 
-    def __init__(self, fine: CachedLaunch, specialize: bool):
-        super().__init__(fine.kernel if specialize else triton.jit(do_not_specialize=INTEGERS)(fine.kernel.fn))
+    def __init__(self, library: CachedLaunch, even: bool):
+        self.even = even
+        super().__init__(library.kernel if even else triton.jit(do_not_specialize=INTEGERS)(library.kernel.fn))
 
     def _launch(self, grid, args, meta):
-        return super()._launch(grid, args, {**meta, "EVEN_N": False})
+        N, BLOCK = args[self._names.index("N")], meta["BLOCK"]
+        return super()._launch(grid, args, {**meta, "EVEN_N": self.even and N % BLOCK == 0})
 
 
-MODES = {"fine": FINE,
-         "uneven": {name: Uneven(kernel, specialize=True) for name, kernel in FINE.items()},
-         "coarse": {name: Uneven(kernel, specialize=False) for name, kernel in FINE.items()}}
+MODES = {"library": LIBRARY,
+         "even": {name: Variant(kernel, even=True) for name, kernel in LIBRARY.items()},
+         "coarse": {name: Variant(kernel, even=False) for name, kernel in LIBRARY.items()}}
 
 
 def use(mode: str) -> None:
@@ -71,7 +74,7 @@ def check() -> None:
         for mode in MODES:
             use(mode)
             results.append(lif_call(x, g))
-        use("fine")
+        use("library")
         (s1, g1), *others = results
         print(f"T={T} N={N}: spikes equal {all(torch.equal(s1, s) for s, _ in others)}, "
               f"dL/dx equal {all(torch.equal(g1, g) for _, g in others)}")
@@ -97,7 +100,7 @@ def kernel_times(rounds: int = 7, calls: int = 20) -> list[dict]:
                         us = sum(getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0.0)
                                  for e in prof.key_averages() if kernel in e.key)
                         times[mode, kind].append(us / calls)
-        use("fine")
+        use("library")
         med = {key: sorted(v)[len(v) // 2] for key, v in times.items()}
         rows.append({"size": name, "N": N, **{f"{m}_{k}_us": round(v, 2) for (m, k), v in med.items()}})
     return rows

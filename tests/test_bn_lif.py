@@ -353,7 +353,7 @@ def test_no_grad_saves_nothing_for_a_backward(monkeypatch):
         return forward(*args, **kwargs)
     monkeypatch.setattr(bn_lif_ops, "_forward", record)
     module = BNLIF(3, decay=0.6, threshold=0.3, backend="fused").to(DEVICE).eval()
-    x = torch.randn(7, 2, 3, 4, generator=torch.Generator().manual_seed(3)).to(DEVICE)
+    x = seeded_randn((7, 2, 3, 4), 3)
     with torch.no_grad():
         evaluated = module(x)
     assert saved == [False] and torch.equal(evaluated, module(x)) and saved == [False, True]

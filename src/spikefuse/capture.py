@@ -9,7 +9,9 @@ hundreds: small networks then run at the GPU's speed, not the host's.
 
 How it works. Each input signature (shapes, dtypes, device) gets its own graph: its first
 `warmup` calls run eagerly on a side stream (they are real training steps, and they
-initialise lazy state: optimizer moments, cuBLAS/cuDNN handles, autotuned kernels), the
+initialise lazy state: optimizer moments, cuBLAS/cuDNN handles, autotuned kernels; with
+background compiles on, more follow until a call ran no op's stand-in and no kernel is still
+compiling, so that no stand-in is captured), the
 next call copies its inputs into static buffers and captures, and every later call copies
 into those buffers and replays. So the last, shorter batch of an epoch gets a second graph
 after `warmup` epochs; until then it runs eagerly. `step_fn` must only read its arguments
@@ -35,6 +37,7 @@ import torch
 from torch.utils._pytree import tree_map
 
 from .neuron_options import ArgumentError, check_int
+from .ops import launch
 
 __all__ = ["CapturedStep", "prepare_optimizer", "CaptureFallback"]
 
@@ -120,6 +123,7 @@ class _Graph:
 
     def __init__(self):
         self.calls = 0
+        self.deferrals = -1  # launch.deferrals() before the last warm-up call
         self.graph: torch.cuda.CUDAGraph | None = None
         self.inputs: tuple[torch.Tensor, ...] = ()
         self.outputs = None
@@ -183,8 +187,9 @@ class CapturedStep:
                     static.copy_(new, non_blocking=True)
             entry.graph.replay()
             return entry.outputs
-        if entry.calls < self.warmup:
+        if entry.calls < self.warmup or (self.agree_across is None and not launch.settled(entry.deferrals)):
             entry.calls += 1
+            entry.deferrals = launch.deferrals()
             return self._warm_up(inputs)
         return self._capture(entry, inputs)
 

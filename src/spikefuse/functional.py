@@ -136,12 +136,7 @@ def lif(
     torch_only = callable(surrogate) and not custom  # a user's sg(u) in torch ops: never fused
     threshold = options.threshold  # the reference's: the float, or a tensor threshold off the fused kernels
     if threshold_tensor is not None and (torch_only or not _use_fused(backend, x)):
-        # a learnable threshold off the fused kernels: the loop kernels take a float, so the reference
-        threshold = threshold_tensor.to(x.dtype)  # spikes keep x's dtype; the gradient flows back through the cast
-        threshold = threshold.reshape(threshold.shape + (1,) * max(x.dim() - 3, 0))
-        threshold_tensor = None
-        if backend == "auto":
-            backend = "reference"
+        threshold, threshold_tensor = threshold_tensor, None  # a learnable threshold off the fused kernels
     if torch_only:  # the loop path (any device) or the reference
         if backend not in BACKENDS:
             raise ValueError(f"backend: unknown {backend!r}; expected one of {list(BACKENDS)}")
@@ -152,14 +147,30 @@ def lif(
         if backend == "auto" and not torch.compiler.is_dynamo_compiling() and _use_fused(backend, x):
             _warn_unfused_once(surrogate)
     elif _use_fused(backend, x):
-        return _fused_lif()(x, decay_value, decay_tensor, options, v0, bool(return_state), return_potential,
-                            threshold_tensor)
+        return _fused_or()(
+            lambda: _fused_lif()(x, decay_value, decay_tensor, options, v0, bool(return_state), return_potential,
+                                 threshold_tensor),
+            # while its kernel compiles in the background: the loop path, or the reference for a tensor threshold
+            lambda: _unfused_lif(x, decay_value, decay_tensor, threshold_tensor if threshold_tensor is not None
+                                 else threshold, options, v0, return_state, return_potential, loop_anywhere=True))
+    return _unfused_lif(x, decay_value, decay_tensor, threshold, options, v0, return_state, return_potential,
+                        loop=backend == "auto", loop_anywhere=callable(surrogate))
+
+
+def _unfused_lif(x, decay_value, decay_tensor, threshold, options, v0, return_state, return_potential,
+                 loop=True, loop_anywhere=False):
+    """lif off the fused kernels: the loop path where `loop` allows it (on CUDA too with
+    `loop_anywhere`: a callable surrogate's torch twin, or a fused call whose kernel is compiling),
+    else the reference. threshold: a float, or a learnable threshold tensor (reference only)."""
+    if isinstance(threshold, torch.Tensor):
+        threshold = threshold.to(x.dtype)  # spikes keep x's dtype; the gradient flows back through the cast
+        threshold = threshold.reshape(threshold.shape + (1,) * max(x.dim() - 3, 0))
+        loop = False  # the loop takes a float threshold
     # the fused kernels' rule on every path: results in x's dtype, whatever v0's or the decay's
     # (the casts are autograd ops: the gradients come back in v0's and the decay's dtypes)
     v0 = v0.to(x.dtype) if v0 is not None else None
     decay_tensor = decay_tensor.to(x.dtype) if decay_tensor is not None else None
-    # a callable (a custom surrogate's torch twin) runs on the loop path on any device, a name on the CPU
-    if backend == "auto" and _loop_lif().usable(x, decay_tensor, v0, any_device=callable(surrogate)):
+    if loop and _loop_lif().usable(x, decay_tensor, v0, any_device=loop_anywhere):
         return _loop_lif().lif_loop(x, decay_value, decay_tensor, options, v0, bool(return_state),
                                     return_potential)
     if decay_tensor is not None:
@@ -316,6 +327,18 @@ def _loop_lif():
 
 
 _LIF_LOOP = None
+
+
+def _fused_or():
+    """spikefuse.ops.launch.fused_or, imported on first use (as _fused_lif)."""
+    global _FUSED_OR
+    if _FUSED_OR is None or torch.compiler.is_dynamo_compiling():
+        from .ops.launch import fused_or
+        _FUSED_OR = fused_or
+    return _FUSED_OR
+
+
+_FUSED_OR = None
 
 
 def _fused_lif():

@@ -257,7 +257,8 @@ def run_spikefuse(setting: Setting, row: dict) -> None:
     trainer = Trainer(model, setting.splits, optimizer, epochs=args.epochs, batch_size=setting.batch,
                       scheduler=scheduler, device=device, precision="fp32", seed=args.seed, progress=False)
     row["setup_s"] = clock.lap()
-    row["implementation"] = "Trainer.fit, " + ("captured CUDA-graph steps" if trainer.step.enabled else "eager steps")
+    row["implementation"] = ("Trainer.fit, " + ("captured CUDA-graph steps" if trainer.step.enabled else "eager steps")
+                             + (", background compiles" if trainer.background_compile else ""))
     for epoch in range(args.epochs):
         trainer.epochs = epoch + 1
         record = trainer.fit()[-1]

@@ -104,12 +104,22 @@ class BNLIF(nn.modules.batchnorm._BatchNorm):
             decay_value, decay_tensor = (1.0, decay.reshape(1)) if isinstance(decay, torch.Tensor) else (decay, None)
             return bn_lif_fused(x, self.weight, self.bias, self.running_mean, self.running_var,
                                 training, momentum, self.eps, decay_value, decay_tensor, self.options,
-                                residual, steps, sync=sync.fused(self) if sync is not None else None)
+                                residual, steps, sync=sync.fused(self) if sync is not None else None,
+                                unfused=lambda update: self._unfused(x, residual, steps, training,
+                                                                    momentum, sync, decay, update))
+        return self._unfused(x, residual, steps, training, momentum, sync, decay)
+
+    def _unfused(self, x, residual, steps, training, momentum, sync, decay, update_running=True):
+        """Torch batch norm, then the LIF off the fused kernels (the reference backend, and the fused
+        one's stand-in while its kernels compile in the background). update_running=False: the
+        running statistics were already updated for this batch (by the fused statistics kernel)."""
         x = x.expand(steps, *x.shape[1:])
         if sync is not None:
             y = sync.batch_norm(fold(x), self, momentum)
         else:
-            y = nn.functional.batch_norm(fold(x), self.running_mean, self.running_var, self.weight,
+            keep = update_running or not training
+            y = nn.functional.batch_norm(fold(x), self.running_mean if keep else None,
+                                         self.running_var if keep else None, self.weight,
                                          self.bias, training, momentum, self.eps)
         y = unfold(y, x.shape[0])
         if residual is not None:

@@ -55,7 +55,7 @@ from .kernel_base import (EAGER, TRACED, Speculate, cdiv, f32, grad_h, load_per_
                           or_empty, program_neurons, reset_code, reset_potential, row, spike_value, store_bits,
                           surrogate_grad)
 from .double_backward import grads_with_graph
-from .launch import cached_launch, speculation_enabled
+from .launch import Compiling, cached_launch, fused_or, speculation_enabled
 from .spike_pack import attach_bits
 from ..surrogates import SURROGATES
 
@@ -714,8 +714,18 @@ class BNLIFFunction(torch.autograd.Function):
         save = any(ctx.needs_input_grad)
         ctx.sync = sync
         misses = _bn_lif_forward_kernel.misses
-        spikes, ckpt = _forward(x, residual, stats, decay, decay_tensor, threshold, reset,
-                                v_reset, time_steps, save, bits)
+        try:
+            spikes, ckpt = _forward(x, residual, stats, decay, decay_tensor, threshold, reset,
+                                    v_reset, time_steps, save, bits)
+        except Compiling:  # (background compiles) this layer's backward and evaluation compile alongside
+            need_gd = decay_tensor is not None and ctx.needs_input_grad[6]
+            with contextlib.suppress(Exception):
+                spikes_m, ckpt_m = _forward(meta_like(x), meta_like(residual), meta_like(stats), decay,
+                                            meta_like(decay_tensor), threshold, reset, v_reset, time_steps, save,
+                                            meta_like(bits), launch=Speculate(x.device.index))
+                _speculate_next(spikes_m, x, residual, ckpt_m, stats, decay, decay_tensor, threshold, reset, v_reset,
+                                detach, surrogate, alpha, batch_stats, time_steps, need_gd, save)
+            raise
         if _bn_lif_forward_kernel.misses != misses and speculation_enabled():  # a new variant: more will follow
             need_gd = decay_tensor is not None and ctx.needs_input_grad[6]
             with contextlib.suppress(Exception):  # a guess never fails the forward (tests check the guesses)
@@ -732,7 +742,10 @@ class BNLIFFunction(torch.autograd.Function):
         if torch.is_grad_enabled():  # create_graph=True: this backward will be differentiated
             return (*_reference_grads(ctx, grad_s), *[None] * 10)
         backward = _backward if ctx.sync is None else functools.partial(_backward, sync=ctx.sync)
-        return (*_input_grads(ctx, grad_s, backward), *[None] * 10)
+
+        def fallback():  # a kernel is compiling (background compiles): the reference's gradients
+            return tuple(None if g is None else g.detach() for g in _reference_grads(ctx, grad_s))
+        return (*fused_or(lambda: _input_grads(ctx, grad_s, backward), fallback), *[None] * 10)
 
 
 def _under_torch_compile() -> bool:
@@ -741,7 +754,7 @@ def _under_torch_compile() -> bool:
 
 
 def bn_lif_fused(x, weight, bias, running_mean, running_var, training, momentum, eps,
-                 decay, decay_tensor, options, residual=None, time_steps=None, sync=None):
+                 decay, decay_tensor, options, residual=None, time_steps=None, sync=None, unfused=None):
     """Entry point for spikefuse.nn.BNLIF (arguments already checked there; `options` its
     spikefuse.neuron_options.NeuronOptions, whose grad_threshold and grad_scope it leaves at
     their defaults).
@@ -753,6 +766,9 @@ def bn_lif_fused(x, weight, bias, running_mean, running_var, training, momentum,
     Spikes come out in x's layout (channels-last steps stay channels-last).
     sync: SyncBN's hook (spikefuse.parallel.sync_bn): batch statistics and Eq. 8's gradient
     means over every rank. Eager only (BNLIF runs torch batch norm under torch.compile).
+    unfused(update_running): the layer in torch ops, run instead while a kernel compiles in the
+    background (ops/launch.py); update_running False once the statistics kernel has updated the
+    running statistics. None: the kernels compile before they run, as always without it.
     """
     use_batch = training or running_mean is None
     time_steps = x.shape[0] if time_steps is None else time_steps
@@ -768,11 +784,16 @@ def bn_lif_fused(x, weight, bias, running_mean, running_var, training, momentum,
     if decay_tensor is not None:
         decay_tensor = decay_tensor.float()
     compiling = _under_torch_compile()
-    with torch.no_grad():
-        statistics = (sync.statistics if sync is not None and use_batch
-                      else bn_statistics if compiling else _statistics)
-        stats = statistics(over_time(x.detach(), time_steps), weight, bias, running_mean, running_var,
-                           use_batch, momentum, eps)
+    statistics = (sync.statistics if sync is not None and use_batch
+                  else bn_statistics if compiling else _statistics)
+
+    def take_statistics():
+        with torch.no_grad():
+            return statistics(over_time(x.detach(), time_steps), weight, bias, running_mean, running_var,
+                              use_batch, momentum, eps)
+    stats = take_statistics() if unfused is None else fused_or(take_statistics, lambda: None)
+    if stats is None:  # its kernel is compiling
+        return unfused(True)
     args = (x, residual, stats, weight, bias, decay, decay_tensor, *options.common(), use_batch,
             time_steps)  # flat: the op's schema order
     if not compiling:
@@ -784,7 +805,12 @@ def bn_lif_fused(x, weight, bias, running_mean, running_var, training, momentum,
         if not torch.is_grad_enabled():  # no graph is recorded, so nothing is saved for a backward
             # (needs_input_grad ignores no_grad: BN's weight made every evaluation write checkpoints)
             args = tuple(a.detach() if isinstance(a, torch.Tensor) else a for a in args)
-        spikes = BNLIFFunction.apply(*args, bits, sync)
+
+        def apply():
+            return BNLIFFunction.apply(*args, bits, sync)
+        spikes = apply() if unfused is None else fused_or(apply, lambda: None)
+        if spikes is None:  # its kernel is compiling, and the running statistics took this batch already
+            return unfused(False)
         if bits is not None:
             attach_bits(spikes, bits)
         return spikes

@@ -17,14 +17,20 @@ our kernels): when that is not the current device, it is made current for the la
 tensor on cuda:1 would otherwise be launched on cuda:0); when it is, this costs one
 comparison. Under the Triton interpreter (CPU tests) every launch goes through Triton unchanged.
 
-Speculative compiles (issue 38: from a cold Triton cache a first epoch is mostly compiles, one
-after another): `speculate` compiles a variant that is likely to be launched soon, in a
-background thread, while the caller goes on (a LIF or BN+LIF layer's backward, at its
-forward). Triton spends most of a compile in MLIR passes and ptxas, which run outside the GIL:
-four compiles in four threads took 5.1 s against 8.2 s one after another on a 2-core CPU. A
-launch of a variant still in flight waits for it; a speculation that fails or guessed wrong
-costs only the thread's work. On with SPIKEFUSE_SPECULATIVE_COMPILE=1 (not yet measured on a
-GPU).
+Compiles in the background (issue 38: from a cold Triton cache a first epoch was mostly
+compiles, one after another, 1.3-5 s each). Triton spends most of a compile in MLIR passes and
+ptxas, which run outside the GIL (four compiles in four threads: 5.1 s against 8.2 s one after
+another on a 2-core CPU), so variants compile in threads:
+- `speculate` compiles a variant likely to be launched soon (a LIF or BN+LIF layer's backward
+  and its no-gradient forward, at its first forward);
+- inside `fused_or(fused, fallback)`, while `background_compiles()` is on (Trainer.fit turns it
+  on), a launch whose variant is not compiled starts its compile in a thread and raises
+  `Compiling` unless it finishes within GRACE_S (a disk-cache hit does): the op then runs
+  `fallback`, its pure-PyTorch twin (same spikes, gradients within 1e-5), and training goes on
+  while the kernel compiles. `settled` tells CapturedStep when to capture: never while a
+  fallback would be captured into the graph.
+A launch of a variant in flight outside fused_or waits for it; a compile that fails or guessed
+wrong costs only the thread's work (the launch then compiles as before and raises its error).
 """
 from __future__ import annotations
 
@@ -33,6 +39,7 @@ import contextlib
 import functools
 import inspect
 import os
+import threading
 
 import torch
 
@@ -106,14 +113,69 @@ def _unhooked(hook) -> bool:
     return hook is None or not getattr(hook, "calls", True)
 
 
+GRACE_S = 0.1  # how long a launch in fused_or waits for its compile: a Triton disk-cache hit takes less
+
+
+class Compiling(Exception):
+    """Raised inside `fused_or` by a launch whose kernel variant is still compiling."""
+
+
+_background = False  # process-wide: autograd runs the backward in a thread of its own
+_local = threading.local()  # .depth: fused_or calls active in this thread
+_pending: set = set()  # compiles not finished
+_deferred = 0  # launches that raised Compiling
+
+
 def speculation_enabled() -> bool:
-    return os.environ.get("SPIKEFUSE_SPECULATIVE_COMPILE", "0") == "1"
+    return _background or os.environ.get("SPIKEFUSE_SPECULATIVE_COMPILE", "0") == "1"
+
+
+@contextlib.contextmanager
+def background_compiles(enabled: bool = True):
+    """While active, ops inside `fused_or` run their fallback while their kernels compile."""
+    global _background
+    before, _background = _background, bool(enabled)
+    try:
+        yield
+    finally:
+        _background = before
+
+
+def fused_or(fused, fallback):
+    """fused(), or fallback() if a kernel it launches is still compiling in the background (only
+    while background_compiles() is on; fused() must have changed nothing before its launches)."""
+    if not _background or torch.compiler.is_dynamo_compiling():
+        return fused()
+    _local.depth = getattr(_local, "depth", 0) + 1
+    try:
+        return fused()
+    except Compiling:
+        return fallback()
+    finally:
+        _local.depth -= 1
+
+
+def deferrals() -> int:
+    """How many launches have raised Compiling so far (a step whose count moved ran a fallback)."""
+    return _deferred
+
+
+def settled(deferrals_before: int) -> bool:
+    """Nothing compiling, and no launch deferred since deferrals() was `deferrals_before`."""
+    return not _pending and _deferred == deferrals_before
 
 
 @functools.cache
 def _compile_threads() -> concurrent.futures.ThreadPoolExecutor:
     return concurrent.futures.ThreadPoolExecutor(max(1, min(8, (os.cpu_count() or 2) - 1)),
                                                  thread_name_prefix="spikefuse-compile")
+
+
+def _submit(compile_fn, *args) -> concurrent.futures.Future:
+    future = _compile_threads().submit(compile_fn, *args)
+    _pending.add(future)
+    future.add_done_callback(_pending.discard)
+    return future
 
 
 class CachedLaunch:
@@ -134,6 +196,7 @@ class CachedLaunch:
         cuda = torch.cuda.is_available()
         self._current_device = torch.cuda.current_device if cuda else (lambda: -1)
         self._current_stream = torch._C._cuda_getCurrentRawStream if cuda else (lambda device: 0)
+        self._capturing = torch.cuda.is_current_stream_capturing if cuda else (lambda: False)
 
     def __getitem__(self, grid):
         return lambda *args, **meta: self._launch(grid, args, meta)
@@ -154,12 +217,29 @@ class CachedLaunch:
         key = (device, *meta.items(), *_argument_classes(args))
         if self.interpreted or key in self._compiled or key in self._in_flight:
             return
-        self._in_flight[key] = _compile_threads().submit(self._compile_only, device, grid, args, meta)
+        self._start_compile(key, device, grid, args, meta)
 
-    def _compile_only(self, device, grid, args, meta):
+    def _start_compile(self, key, device, grid, args, meta) -> concurrent.futures.Future:
+        # a dtype stands for a 16-byte aligned tensor of it (Triton's MockTensor); no tensor is kept
+        signature = [a.dtype if isinstance(a, torch.Tensor) else a for a in args]
+        future = self._in_flight[key] = _submit(self._compile_only, device, grid, signature, meta)
+        return future
+
+    def _compile_only(self, device, grid, signature, meta):
         torch.cuda.set_device(device)  # Triton compiles for this thread's current device
-        # a dtype stands for a 16-byte aligned tensor of it (Triton's MockTensor)
-        self.kernel.warmup(*[a.dtype if isinstance(a, torch.Tensor) else a for a in args], grid=grid, **meta)
+        self.kernel.warmup(*signature, grid=grid, **meta)
+
+    def _defer(self, key, device, grid, args, meta) -> None:
+        """Inside fused_or: raise Compiling unless this variant's compile (started now, if need
+        be, and given GRACE_S) has finished."""
+        global _deferred
+        future = self._in_flight.get(key)
+        if future is None:
+            future = self._start_compile(key, device, grid, args, meta)
+            concurrent.futures.wait([future], timeout=GRACE_S)
+        if not future.done():
+            _deferred += 1
+            raise Compiling(key)
 
     def _launch(self, grid, args, meta):
         if self.interpreted:
@@ -175,6 +255,8 @@ class CachedLaunch:
         key = (device, *meta.items(), *_argument_classes(args))
         entry = self._compiled.get(key)
         if entry is None:  # Triton compiles (or finds) it and launches it
+            if _background and getattr(_local, "depth", 0) and not self._capturing():  # a graph keeps no stand-in
+                self._defer(key, device, grid, args, meta)
             self.misses += 1
             speculated = self._in_flight.pop(key, None)
             if speculated is not None:

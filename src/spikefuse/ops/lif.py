@@ -47,7 +47,7 @@ from .kernel_base import (EAGER, TRACED, cdiv, channel_layout, charge, chunk_reg
                           spike_adjoint, spike_value, state_buffer, store_bits, store_chunk, store_outputs,
                           surrogate_grad, time_major)
 from .triton_or_stub import tl, triton
-from .launch import cached_launch, speculation_enabled
+from .launch import Compiling, cached_launch, fused_or, speculation_enabled
 from .double_backward import grads_with_graph
 from .spike_pack import attach_bits
 from ..surrogates import CUSTOM, SURROGATES, CustomSurrogate
@@ -280,6 +280,11 @@ def _lif_backward_kernel(
         tl.store(gthr_ptr + n, gthr, mask=n_mask)
 
 
+# The neuron dimension is always masked: an unmasked variant for N % BLOCK == 0 measured no
+# faster (H200, the IPU SHD net's layers: forward 18.5 against 21.0 us, backward equal;
+# benchmarks/kernel_variants.py) and cost a compile more per kernel from a cold cache (issue 38).
+EVEN_N = False
+
 # The host side runs once per layer per step, next to kernels of ~0.1 ms, so it avoids
 # views and reshapes: every tensor is allocated in its final shape (the kernels see
 # contiguous memory as [T, N]).
@@ -309,7 +314,7 @@ def _forward(x, decay, decay_tensor, v0, threshold, reset, v_reset, save, want_s
             decay, threshold, v_reset, grad_threshold if track else 0.0, T, N, inner, C,
             RESET=reset_code(reset), DECAY=param_mode(decay_tensor), THRESHOLD=param_mode(threshold_tensor),
             HAS_V0=v0 is not None, SAVE_CKPT=save, STORE_VT=want_state, STORE_H=want_h, TRACK=track,
-            BITS=bits is not None, BLOCK=BLOCK, K=K, EVEN_N=N % BLOCK == 0, num_warps=warps,
+            BITS=bits is not None, BLOCK=BLOCK, K=K, EVEN_N=EVEN_N, num_warps=warps,
             enable_fp_fusion=False)
     if want_h:
         return spikes, vT, x, ckpt, h
@@ -376,7 +381,7 @@ def _backward(grad_s, grad_vT, x, ckpt, decay, decay_tensor, threshold, reset,
             CUSTOM_FN=custom.triton_fn if custom else None,
             DECAY=param_mode(decay_tensor), THRESHOLD=param_mode(threshold_tensor), HAS_GVT=gvT is not None,
             NEED_GV0=need_gv0, NEED_GD=need_gd, HAS_GH=gh is not None, NEED_GTHR=need_gthr, KEEP=keep is not None,
-            BLOCK=BLOCK, K=K, EVEN_N=N % BLOCK == 0, num_warps=warps, enable_fp_fusion=False)
+            BLOCK=BLOCK, K=K, EVEN_N=EVEN_N, num_warps=warps, enable_fp_fusion=False)
     return grad_x, gv0, gd, gthr
 
 
@@ -400,9 +405,17 @@ class LIFFunction(torch.autograd.Function):
             options
         save = any(ctx.needs_input_grad)
         misses = _lif_forward_kernel.misses
-        spikes, vT, x, ckpt, *h = _forward(x, decay, decay_tensor, v0, threshold, reset, v_reset, save,
-                                           want_state, want_h=want_h, threshold_tensor=threshold_tensor,
-                                           grad_threshold=grad_threshold, grad_scope=grad_scope, bits=bits)
+        try:
+            spikes, vT, x, ckpt, *h = _forward(x, decay, decay_tensor, v0, threshold, reset, v_reset, save,
+                                               want_state, want_h=want_h, threshold_tensor=threshold_tensor,
+                                               grad_threshold=grad_threshold, grad_scope=grad_scope, bits=bits)
+        except Compiling:  # (background compiles) this layer's backward and evaluation compile alongside
+            with contextlib.suppress(Exception):
+                _, _, xm, ckpt_m, *_ = _forward(meta_like(x), decay, decay_tensor, v0, threshold, reset, v_reset, save,
+                                                want_state, Speculate(x.device.index), want_h, threshold_tensor,
+                                                grad_threshold, grad_scope, meta_like(bits))
+                _speculate_next(xm, ckpt_m, decay_tensor, v0, threshold_tensor, options, ctx.needs_input_grad, save)
+            raise
         if _lif_forward_kernel.misses != misses and speculation_enabled():  # a new variant: more will follow
             with contextlib.suppress(Exception):  # a guess never fails the forward (tests check the guesses)
                 _speculate_next(x, ckpt, decay_tensor, v0, threshold_tensor, options, ctx.needs_input_grad, save)
@@ -428,8 +441,14 @@ class LIFFunction(torch.autograd.Function):
             return _backward(grad_s, grad_vT, x, ckpt, decay, decay_tensor, *options, need_gv0, need_gd,
                              grad_threshold, grad_h=grad_h, threshold_tensor=threshold_tensor, need_gthr=need_gthr,
                              grad_scope=grad_scope)
-        return (*_input_grads(run, grad_s, x, decay_tensor, v0, threshold_tensor, ctx.needs_input_grad[1:4]),
-                None, None)
+
+        def fallback():  # the kernel is compiling (background compiles): the reference's gradients
+            grads = reference_grads(x, decay, decay_tensor, v0, grad_s, grad_vT, options, ctx.needs_input_grad[:4],
+                                    grad_threshold, grad_h, threshold_tensor, grad_scope)
+            return tuple(None if g is None else g.detach() for g in grads)
+        grads = fused_or(lambda: _input_grads(run, grad_s, x, decay_tensor, v0, threshold_tensor,
+                                              ctx.needs_input_grad[1:4]), fallback)
+        return (*grads, None, None)
 
 
 def _speculate_next(x, ckpt, decay_tensor, v0, threshold_tensor, options, needs, save):

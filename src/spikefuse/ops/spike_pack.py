@@ -7,7 +7,8 @@ a non-binary input is silently rounded up to 1. Set SPIKEFUSE_DEBUG=1 (or
 device sync per call.
 
 On CUDA (or on the CPU under TRITON_INTERPRET=1) one Triton launch does each direction;
-otherwise plain torch bit operations do the same job (the reference twin).
+otherwise plain torch bit operations do the same job (the reference twin, which also stands in
+while a kernel compiles in the background: ops/launch.py).
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import os
 import torch
 
 from .kernel_base import EAGER, cdiv
-from .launch import cached_launch
+from .launch import cached_launch, fused_or
 
 from .triton_or_stub import HAVE_TRITON, INTERPRETED, tl, triton
 
@@ -71,15 +72,22 @@ def pack(s: torch.Tensor, launch=EAGER) -> torch.Tensor:
     n = flat.numel()
     n_bytes = (n + 7) // 8
     if not use_triton(flat):
-        bits = torch.zeros(n_bytes * 8, dtype=torch.uint8, device=flat.device)
-        bits[:n] = flat != 0
-        weights = torch.tensor([1, 2, 4, 8, 16, 32, 64, 128], dtype=torch.uint8, device=flat.device)
-        return (bits.view(-1, 8) * weights).sum(1, dtype=torch.uint8)
+        return _pack_in_torch(flat, n, n_bytes)
     flat = flat.contiguous()
-    out = torch.empty(n_bytes, dtype=torch.uint8, device=flat.device)
-    if n:
-        launch(_pack_kernel)[(cdiv(n_bytes, BLOCK),)](flat, out, n, n_bytes, BLOCK=BLOCK)
-    return out
+
+    def kernel():
+        out = torch.empty(n_bytes, dtype=torch.uint8, device=flat.device)
+        if n:
+            launch(_pack_kernel)[(cdiv(n_bytes, BLOCK),)](flat, out, n, n_bytes, BLOCK=BLOCK)
+        return out
+    return fused_or(kernel, lambda: _pack_in_torch(flat, n, n_bytes))  # torch while the kernel compiles
+
+
+def _pack_in_torch(flat, n, n_bytes):
+    bits = torch.zeros(n_bytes * 8, dtype=torch.uint8, device=flat.device)
+    bits[:n] = flat != 0
+    weights = torch.tensor([1, 2, 4, 8, 16, 32, 64, 128], dtype=torch.uint8, device=flat.device)
+    return (bits.view(-1, 8) * weights).sum(1, dtype=torch.uint8)
 
 
 def unpack(packed: torch.Tensor, shape, dtype: torch.dtype = torch.float32, launch=EAGER) -> torch.Tensor:
@@ -92,13 +100,20 @@ def unpack(packed: torch.Tensor, shape, dtype: torch.dtype = torch.float32, laun
     if packed.numel() != (n + 7) // 8:
         raise ValueError(f"packed holds {packed.numel()} bytes; shape {tuple(shape)} needs {(n + 7) // 8}")
     if not use_triton(packed):
-        shifts = torch.arange(8, dtype=torch.uint8, device=packed.device)
-        bits = (packed[:, None] >> shifts) & 1
-        return bits.reshape(-1)[:n].to(dtype).view(shape)
-    out = torch.empty(shape, dtype=dtype, device=packed.device)
-    if n:
-        launch(_unpack_kernel)[(cdiv(packed.numel(), BLOCK),)](packed, out, n, packed.numel(), BLOCK=BLOCK)
-    return out
+        return _unpack_in_torch(packed, shape, dtype, n)
+
+    def kernel():
+        out = torch.empty(shape, dtype=dtype, device=packed.device)
+        if n:
+            launch(_unpack_kernel)[(cdiv(packed.numel(), BLOCK),)](packed, out, n, packed.numel(), BLOCK=BLOCK)
+        return out
+    return fused_or(kernel, lambda: _unpack_in_torch(packed, shape, dtype, n))  # torch while the kernel compiles
+
+
+def _unpack_in_torch(packed, shape, dtype, n):
+    shifts = torch.arange(8, dtype=torch.uint8, device=packed.device)
+    bits = (packed[:, None] >> shifts) & 1
+    return bits.reshape(-1)[:n].to(dtype).view(shape)
 
 
 def attach_bits(spikes: torch.Tensor, packed: torch.Tensor) -> None:

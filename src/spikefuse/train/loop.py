@@ -36,6 +36,7 @@ from ..errors import RunError
 from . import checkpoint, metrics, plots, rundir
 from ..nn.sparse_linear import dispatch_report, update_dispatch
 from ..capture import CaptureFallback, CapturedStep, prepare_optimizer
+from ..ops.launch import background_compiles
 from .activity import RateRegularizer, check_rate_options
 from .config import (FLOAT32_RANGE, check_count, check_first_step, check_float32, check_kind,
                      check_path_name, check_seed)
@@ -88,7 +89,11 @@ class Trainer:
         metrics (train_loss stays the task's). None: no such term.
     rate_l1: weight of an L1 term on spikes (each layer's mean firing rate), which also lowers
         potentials that come near threshold without firing (RateRegularizer); 0: none.
-    config: saved in the checkpoint as is (the CLI stores its options there).
+    background_compile: while a fused kernel compiles (from a cold Triton cache, 1-5 s a
+        variant), its layer runs its pure-PyTorch twin (same spikes, gradients within 1e-5;
+        slower, and it keeps more for backward) and training goes on; the steps are captured
+        once every kernel is compiled. None: on for CUDA in one process without torch.compile.
+        False: every kernel compiles before its first launch (every run takes the same path).
     overwrite: a run_dir holding another run is refused (ValueError) unless this is True;
         then fit removes that run's files (checkpoint, metrics, pictures) before it starts.
     data_parallel: this process's spikefuse.parallel.DataParallel, or None (one process).
@@ -104,7 +109,8 @@ class Trainer:
                  seed: int = 0, run_dir=None, config: dict | None = None,
                  loss_fn=F.cross_entropy, progress: bool = True, stop_on_nan: bool = True,
                  data_parallel: DataParallel | None = None, max_rate: float | None = None,
-                 rate_weight: float = 100.0, rate_l1: float = 0.0, overwrite: bool = False):
+                 rate_weight: float = 100.0, rate_l1: float = 0.0, overwrite: bool = False,
+                 background_compile: bool | None = None):
         # the CLI's checks (train.config), under these keywords' names: one rule for fit and the CLI
         # (epochs 2**70 trained forever and NaN failed in range(); a NaN or 2**70 seed inside
         # torch.manual_seed; a truthy string switched compile or capture on)
@@ -112,7 +118,8 @@ class Trainer:
         seed = check_seed("seed", seed)
         run_dir = check_path_name("run_dir", run_dir, "pass run_dir=None to write nothing")
         for label, flag in (("overwrite", overwrite), ("compile", compile), ("stop_on_nan", stop_on_nan),
-                            ("progress", progress), ("capture", False if capture is None else capture)):
+                            ("progress", progress), ("capture", False if capture is None else capture),
+                            ("background_compile", False if background_compile is None else background_compile)):
             check_kind(label, bool, flag)
         precisions.check(precision)
         if clip_grad_norm is not None:
@@ -139,6 +146,9 @@ class Trainer:
                              "pass spikefuse.data.load(...)'s splits")
         check_rate_options(0.0 if max_rate is None else max_rate, rate_weight, rate_l1)
         self.device = torch.device(device)
+        # one process only: ranks must capture the same step, and their stand-ins would differ
+        self.background_compile = (self.device.type == "cuda" and data_parallel is None and not compile
+                                   if background_compile is None else background_compile)
         self.model = model.to(self.device)
         self.parallel = data_parallel
         self.main = data_parallel is None or data_parallel.is_main  # logs and writes the run directory
@@ -325,7 +335,8 @@ class Trainer:
             if split is not None and len(split) == 0:  # a test split of None: train only
                 raise ValueError(f"splits.{name}: the split is empty; fit needs at least one sample in "
                                  "both the train and the test split")
-        with self._locked(), self._watching(), precisions.applied(self.precision):
+        with (self._locked(), self._watching(), precisions.applied(self.precision),
+              background_compiles(self.background_compile)):
             # a new run never appends to another's metrics nor replaces its checkpoint; this
             # Trainer's own earlier fit, or its resume(), set saved_epoch (every rank checks alike)
             if self.run_dir is not None and self.saved_epoch is None and rundir.holds_run(self.run_dir):

@@ -1,0 +1,307 @@
+"""Background compiles (ops/launch.py; Trainer.fit's background_compile): inside fused_or, a
+launch whose kernel is still compiling raises Compiling and the op runs its torch twin. What
+the CPU can show: the deferral logic on a stand-in kernel, and every op's stand-in (LIF forward
+and backward, BN+LIF statistics, forward and backward, bit packing) giving the fused op's
+spikes, gradients and running statistics while chosen kernels are held "compiling". The real
+compile threads run on a GPU (the gpu test below; benchmarks/compile_time_lif.py --cold)."""
+import copy
+import threading
+
+import pytest
+import torch
+
+import spikefuse.functional as F
+from spikefuse.capture import CapturedStep
+from spikefuse.nn import BNLIF
+from spikefuse.nn.spiking_layers import SpikingLinear
+from spikefuse.ops import bn_lif as bn_lif_ops, launch, lif as lif_ops, spike_pack
+from spikefuse.ops.launch import CachedLaunch, Compiling, background_compiles, deferrals, fused_or, settled
+from helpers import DEVICE
+
+cpu_only = pytest.mark.skipif(DEVICE != "cpu", reason="holds kernels 'compiling' through the interpreter")
+
+
+class FakeJIT:
+    """A stand-in for a @triton.jit kernel: its compiles (warmup) wait for `release`."""
+
+    def __init__(self):
+        self.warmups, self.launches, self.release = [], [], threading.Event()
+
+    @staticmethod
+    def fn(x_ptr, n, BLOCK):
+        pass
+
+    def warmup(self, *args, grid, **meta):
+        self.release.wait(10)
+        self.warmups.append(args)
+
+    def __getitem__(self, grid):
+        return lambda *args, **meta: self.launches.append(args) or _Compiled(self.launches)
+
+
+class _Compiled:
+    def __init__(self, launches):
+        self.launches = launches
+
+    def __getitem__(self, grid):
+        return lambda *args: self.launches.append(args)
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: None)
+    jit = FakeJIT()
+    kernel = CachedLaunch(jit)
+    kernel.interpreted = False
+    kernel._current_device = lambda: 0
+    yield jit, kernel
+    jit.release.set()
+
+
+def run(kernel, x):
+    return fused_or(lambda: kernel[(1,)](x, 8, BLOCK=8) or "fused", lambda: "stand-in")
+
+
+def test_a_launch_in_fused_or_runs_the_stand_in_until_its_kernel_is_compiled(fake):
+    jit, kernel = fake
+    x = torch.empty(8)
+    before = deferrals()
+    with background_compiles():
+        assert run(kernel, x) == "stand-in" and run(kernel, x) == "stand-in"
+        assert deferrals() == before + 2 and not settled(before)
+        assert len(kernel._in_flight) == 1  # one compile, started by the first launch
+        jit.release.set()
+        next(iter(kernel._in_flight.values())).result(10)
+        assert run(kernel, x) == "fused" and run(kernel, x) == "fused"
+    assert jit.warmups == [(torch.float32, 8)] and len(jit.launches) == 2
+    assert settled(deferrals()) and kernel._in_flight == {}
+
+
+def test_a_compile_within_the_grace_period_is_not_deferred(fake):
+    jit, kernel = fake
+    jit.release.set()  # compiles at once, as a disk-cache hit does
+    before = deferrals()
+    with background_compiles():
+        assert run(kernel, torch.empty(8)) == "fused"
+    assert deferrals() == before
+
+
+@pytest.mark.parametrize("where", ["background off", "outside fused_or"])
+def test_otherwise_a_launch_compiles_before_it_runs(fake, where):
+    jit, kernel = fake
+    threading.Timer(0.3, jit.release.set).start()
+    with background_compiles(where != "background off"):
+        if where == "outside fused_or":
+            kernel[(1,)](torch.empty(8), 8, BLOCK=8)
+        else:
+            assert run(kernel, torch.empty(8)) == "fused"
+    assert len(jit.launches) == 1
+
+
+def test_a_compile_failure_surfaces_at_the_launch(fake):
+    jit, kernel = fake
+    jit.warmup = lambda *args, **meta: 1 / 0  # the background compile fails at once ...
+    with background_compiles():
+        assert run(kernel, torch.empty(8)) == "fused"  # ... so the launch compiles itself (the fake succeeds)
+
+
+# ---- every op's stand-in, with real kernels held "compiling" (CPU: the interpreter) ----
+
+@pytest.fixture
+def stalled(monkeypatch):
+    """stall(*kernels): while background compiles are on, those CachedLaunches defer inside
+    fused_or as a kernel still compiling does (their compile threads wait until teardown)."""
+    release = threading.Event()
+
+    def stall(*kernels):
+        for kernel in kernels:
+            monkeypatch.setattr(kernel, "interpreted", False)
+            monkeypatch.setattr(kernel, "_in_flight", {})
+            monkeypatch.setattr(kernel, "_compiled", {})
+            monkeypatch.setattr(kernel, "_compile_only", lambda *args: release.wait(30))
+    yield stall
+    release.set()
+
+
+def lif_run(x, g, **options):
+    x = x.detach().clone().requires_grad_()
+    s = F.lif(x, backend="fused", **options)
+    s.backward(g)
+    return s, x.grad
+
+
+LIF_OPTIONS = [dict(decay=0.8, threshold=0.5), dict(decay=0.7, reset="soft", surrogate="fast_sigmoid"),
+               dict(decay=0.9, reset="subtract", detach_reset=False)]
+
+
+@cpu_only
+@pytest.mark.parametrize("options", LIF_OPTIONS, ids=["hard", "soft", "subtract"])
+@pytest.mark.parametrize("stalled_kernel", ["forward", "backward"])
+def test_lif_while_a_kernel_compiles(options, stalled_kernel, stalled, monkeypatch):
+    gen = torch.Generator().manual_seed(0)
+    x, g = torch.rand(13, 2, 3, 5, generator=gen), torch.randn(13, 2, 3, 5, generator=gen)
+    s_fused, gx_fused = lif_run(x, g, **options)
+    guessed = []
+    monkeypatch.setattr(CachedLaunch, "speculate", lambda self, *args: guessed.append(self))
+    stalled(getattr(lif_ops, f"_lif_{stalled_kernel}_kernel"))
+    before = deferrals()
+    with background_compiles():
+        s, gx = lif_run(x, g, **options)
+    assert deferrals() > before
+    assert torch.equal(s, s_fused)
+    torch.testing.assert_close(gx, gx_fused, rtol=1e-5, atol=1e-6)
+    if stalled_kernel == "forward":  # its backward (and evaluation forward) were sent to compile alongside
+        assert lif_ops._lif_backward_kernel in guessed
+
+
+@cpu_only
+def test_a_learnable_threshold_stand_in_gives_its_gradient(stalled):
+    gen = torch.Generator().manual_seed(1)
+    x, g = torch.rand(9, 2, 3, generator=gen), torch.randn(9, 2, 3, generator=gen)
+
+    def call():
+        thr = torch.tensor([0.4, 0.5, 0.3], requires_grad=True)
+        xx = x.clone().requires_grad_()
+        s = F.lif(xx, decay=0.8, threshold=thr, backend="fused")
+        s.backward(g)
+        return s, xx.grad, thr.grad
+    expected = call()
+    stalled(lif_ops._lif_forward_kernel)
+    with background_compiles():
+        got = call()
+    assert torch.equal(got[0], expected[0])
+    for a, b in zip(got[1:], expected[1:]):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def bn_run(module, x):
+    x = x.detach().clone().requires_grad_()
+    s = module(x)
+    s.backward(torch.linspace(-1, 1, s.numel()).view_as(s))
+    return s, x.grad, {n: p.grad.clone() for n, p in module.named_parameters()}, \
+        {n: b.clone() for n, b in module.named_buffers()}
+
+
+@cpu_only
+@pytest.mark.parametrize("stalled_kernel", ["_stats_partial_kernel", "_stats_finalize_kernel",
+                                            "_bn_lif_forward_kernel", "_bn_lif_backward_kernel",
+                                            "_bn_grad_x_kernel"])
+@pytest.mark.parametrize("momentum", [0.1, None])
+def test_bn_lif_while_a_kernel_compiles(stalled_kernel, momentum, stalled):
+    """Same spikes and gradients, and the running statistics take the batch exactly once."""
+    torch.manual_seed(0)
+    module = BNLIF(3, decay=0.6, threshold=0.3, momentum=momentum, learn_decay=True, backend="fused")
+    twin = copy.deepcopy(module)
+    x = torch.randn(7, 4, 3, 5) + 0.2
+    s_fused, gx_fused, grads_fused, buffers_fused = bn_run(module, x)
+    stalled(getattr(bn_lif_ops, stalled_kernel))
+    before = deferrals()
+    with background_compiles():
+        s, gx, grads, buffers = bn_run(twin, x)
+    assert deferrals() > before
+    assert torch.equal(s, s_fused)
+    torch.testing.assert_close(gx, gx_fused, rtol=1e-5, atol=1e-5)
+    for name in grads:
+        torch.testing.assert_close(grads[name], grads_fused[name], rtol=1e-5, atol=1e-5)
+    assert buffers["num_batches_tracked"] == buffers_fused["num_batches_tracked"] == 1
+    for name in ("running_mean", "running_var"):
+        torch.testing.assert_close(buffers[name], buffers_fused[name], rtol=1e-6, atol=1e-7)
+
+
+@cpu_only
+@pytest.mark.parametrize("stalled_kernel", ["_pack_kernel", "_unpack_kernel"])
+def test_spiking_linear_while_bit_packing_compiles(stalled_kernel, stalled):
+    torch.manual_seed(0)
+    layer = SpikingLinear(12, 5)
+    s = (torch.rand(6, 3, 12) < 0.3).float()
+
+    def call():
+        layer.zero_grad()
+        xs = s.clone().requires_grad_()
+        y = layer(xs)
+        y.backward(torch.ones_like(y))
+        return y, xs.grad, layer.weight.grad.clone()
+    expected = call()
+    stalled(getattr(spike_pack, stalled_kernel))
+    with background_compiles():
+        got = call()
+    for a, b in zip(got, expected):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+
+
+def test_a_step_is_captured_only_after_a_call_that_deferred_nothing(monkeypatch):
+    """CapturedStep: warm-up calls go on while a launch deferred or a compile is in flight."""
+    monkeypatch.setattr(launch, "_pending", set())  # no compile in flight (earlier tests' may still end)
+    calls = []
+    step = CapturedStep(lambda x: calls.append("eager"), warmup=1)
+    monkeypatch.setattr(step, "_unsupported", lambda inputs: None)
+    monkeypatch.setattr(step, "_warm_up", lambda inputs: step.step_fn(*inputs))
+    monkeypatch.setattr(step, "_capture", lambda entry, inputs: calls.append("capture"))
+    deferring = [True, True, False]  # the first two calls each run a stand-in
+
+    def step_fn(x):
+        calls.append("eager")
+        if deferring.pop(0):
+            monkeypatch.setattr(launch, "_deferred", launch._deferred + 1)
+    step.step_fn = step_fn
+    for _ in range(4):
+        step(torch.empty(1))
+    assert calls == ["eager", "eager", "eager", "capture"]
+
+
+def test_fit_takes_background_compile_as_a_bool():
+    from spikefuse.train.loop import Trainer
+    from spikefuse.data import load
+    splits = load("randman", progress=False)
+    from spikefuse.models import build_model
+    model = build_model("mlp", splits.input_shape, splits.num_classes, splits.time_steps)
+    opt = torch.optim.Adam(model.parameters())
+    with pytest.raises((TypeError, ValueError), match="background_compile"):
+        Trainer(model, splits, opt, epochs=1, background_compile="yes")
+    assert Trainer(model, splits, opt, epochs=1).background_compile is False  # CPU: nothing compiles
+
+
+def test_compiling_is_an_exception_callers_never_see_outside_fused_or():
+    assert issubclass(Compiling, Exception)
+    assert fused_or(lambda: 1, lambda: 2) == 1  # background off: fused() alone
+
+
+COLD_FIT = """
+import json, sys, torch
+from spikefuse.data import load
+from spikefuse.models import build_model
+from spikefuse.ops import launch
+from spikefuse.train.loop import Trainer
+splits = load("randman", device="cuda", progress=False)
+torch.manual_seed(0)
+model = build_model("mlp", splits.input_shape, splits.num_classes, splits.time_steps)
+trainer = Trainer(model, splits, torch.optim.Adam(model.parameters(), lr=2e-3), epochs=2, batch_size=64,
+                  device="cuda", progress=False, background_compile=sys.argv[1] == "on")
+history = trainer.fit()
+print(json.dumps({"deferrals": launch.deferrals(), "graphs": trainer.step.captured,
+                  "acc": [h["test_acc"] for h in history], "loss": [h["train_loss"] for h in history]}))
+"""
+
+
+@pytest.mark.gpu
+def test_fit_from_a_cold_cache_trains_while_its_kernels_compile(tmp_path):
+    """The user's path on CUDA from an empty Triton cache: fit runs its layers' torch twins while
+    their kernels compile, then captures its steps; it learns as a run with background compiles
+    off does (same batches; the twins' gradients differ in the last bits, so close, not equal)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    runs = {}
+    for mode in ("on", "off"):
+        env = {**os.environ, "TRITON_CACHE_DIR": str(tmp_path / f"cache-{mode}"), "PYTHONPATH": os.pathsep.join(sys.path)}
+        out = subprocess.run([sys.executable, "-c", COLD_FIT, mode], capture_output=True, text=True, env=env,
+                             timeout=600)
+        assert out.returncode == 0, out.stderr[-3000:]
+        runs[mode] = json.loads(out.stdout.strip().splitlines()[-1])
+    assert runs["on"]["deferrals"] > 0 and runs["off"]["deferrals"] == 0  # the twins ran, only when on
+    assert runs["on"]["graphs"] >= 1 and runs["off"]["graphs"] >= 1  # and the steps were captured after
+    assert all(loss == loss for loss in runs["on"]["loss"])
+    on, off = runs["on"]["loss"][-1], runs["off"]["loss"][-1]
+    assert abs(on - off) < 0.1 * off and abs(runs["on"]["acc"][-1] - runs["off"]["acc"][-1]) < 0.1
