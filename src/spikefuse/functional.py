@@ -332,7 +332,10 @@ _LIF_LOOP = None
 def _fused_or():
     """spikefuse.ops.launch.fused_or, imported on first use (as _fused_lif)."""
     global _FUSED_OR
-    if _FUSED_OR is None or torch.compiler.is_dynamo_compiling():
+    if torch.compiler.is_dynamo_compiling():
+        from .ops.launch import fused_or
+        return fused_or
+    if _FUSED_OR is None:
         from .ops.launch import fused_or
         _FUSED_OR = fused_or
     return _FUSED_OR

@@ -144,7 +144,7 @@ def background_compiles(enabled: bool = True):
 def fused_or(fused, fallback):
     """fused(), or fallback() if a kernel it launches is still compiling in the background (only
     while background_compiles() is on; fused() must have changed nothing before its launches)."""
-    if not _background or torch.compiler.is_dynamo_compiling():
+    if torch.compiler.is_dynamo_compiling() or not _background:
         return fused()
     _local.depth = getattr(_local, "depth", 0) + 1
     try:
@@ -153,6 +153,12 @@ def fused_or(fused, fallback):
         return fallback()
     finally:
         _local.depth -= 1
+
+
+def wait_for_compiles(timeout: float | None = None) -> bool:
+    """Wait until no compile is in flight (or `timeout` seconds pass); True if none is."""
+    concurrent.futures.wait(list(_pending), timeout=timeout)
+    return not _pending
 
 
 def deferrals() -> int:

@@ -71,6 +71,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="run the model through torch.compile (on CUDA the captured step wraps the compiled model)")
     add("--no-capture", dest="capture", action="store_false", default=s,
         help="on CUDA, issue every training step from Python instead of replaying it as one CUDA graph")
+    add("--background-compile", action="store_true", default=s,
+        help="on CUDA, while a fused kernel compiles (1-5 s a variant from a cold Triton cache) run its "
+             "layer's torch twin and go on training; steps are captured once all are compiled (a run's "
+             "first steps then depend on compile timing: off, every run takes the same path)")
     add("--clip-grad", type=float, default=s, metavar="NORM", help="clip the gradients' total norm (default: off)")
     add("--sparse", action="store_true", default=s,
         help="sparse training (the ipu-* models): gradient only through neurons that came near threshold "
@@ -269,7 +273,7 @@ def _train(cfg, device, run_dir, args, state, dp=None) -> int:
                       seed=cfg.seed, run_dir=run_dir, progress=not args.quiet, stop_on_nan=cfg.stop_on_nan,
                       config={"options": cfg.as_dict(), "model": model_args}, data_parallel=dp,
                       max_rate=cfg.max_rate, rate_weight=cfg.rate_weight, rate_l1=cfg.rate_l1,
-                      overwrite=getattr(args, "overwrite", False))
+                      overwrite=getattr(args, "overwrite", False), background_compile=cfg.background_compile)
     if args.resume:
         try:
             trainer.resume()

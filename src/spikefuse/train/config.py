@@ -35,6 +35,7 @@ class Config:
     precision: str = "fp32"
     compile: bool = False
     capture: bool = True  # CUDA-graph training steps on CUDA (--no-capture turns it off)
+    background_compile: bool = False  # layers run their torch twins while their kernels compile (Trainer)
     clip_grad: float | None = None  # max total gradient norm; None: no clipping
     sparse: bool = False  # sparse training (the ipu-* models: spikefuse.models.trains_sparse)
     max_rate: float | None = None  # bound on each hidden neuron's firing rate (RateRegularizer); None: off
@@ -52,6 +53,7 @@ class Config:
 FIELDS = {f.name: f for f in dataclasses.fields(Config)}
 TYPES = {"dataset": str, "model": str, "epochs": int, "batch_size": int, "lr": float,
          "time_steps": int, "device": str, "precision": str, "compile": bool, "capture": bool,
+         "background_compile": bool,
          "clip_grad": float, "sparse": bool, "max_rate": float, "rate_weight": float, "rate_l1": float, "seed": int, "stop_on_nan": bool, "threads": int,
          "out": str}
 # --sparse's regulariser when neither --max-rate nor --rate-l1 is given: the per-neuron bound

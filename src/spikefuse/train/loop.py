@@ -92,8 +92,9 @@ class Trainer:
     background_compile: while a fused kernel compiles (from a cold Triton cache, 1-5 s a
         variant), its layer runs its pure-PyTorch twin (same spikes, gradients within 1e-5;
         slower, and it keeps more for backward) and training goes on; the steps are captured
-        once every kernel is compiled. None: on for CUDA in one process without torch.compile.
-        False: every kernel compiles before its first launch (every run takes the same path).
+        once every kernel is compiled. Off by default: a run's first steps would then depend on
+        how fast its kernels compile, and a seed would no longer fix a run bit for bit (nor a
+        resumed run match an uninterrupted one). One process only (not with data_parallel).
     overwrite: a run_dir holding another run is refused (ValueError) unless this is True;
         then fit removes that run's files (checkpoint, metrics, pictures) before it starts.
     data_parallel: this process's spikefuse.parallel.DataParallel, or None (one process).
@@ -110,7 +111,7 @@ class Trainer:
                  loss_fn=F.cross_entropy, progress: bool = True, stop_on_nan: bool = True,
                  data_parallel: DataParallel | None = None, max_rate: float | None = None,
                  rate_weight: float = 100.0, rate_l1: float = 0.0, overwrite: bool = False,
-                 background_compile: bool | None = None):
+                 background_compile: bool = False):
         # the CLI's checks (train.config), under these keywords' names: one rule for fit and the CLI
         # (epochs 2**70 trained forever and NaN failed in range(); a NaN or 2**70 seed inside
         # torch.manual_seed; a truthy string switched compile or capture on)
@@ -119,7 +120,7 @@ class Trainer:
         run_dir = check_path_name("run_dir", run_dir, "pass run_dir=None to write nothing")
         for label, flag in (("overwrite", overwrite), ("compile", compile), ("stop_on_nan", stop_on_nan),
                             ("progress", progress), ("capture", False if capture is None else capture),
-                            ("background_compile", False if background_compile is None else background_compile)):
+                            ("background_compile", background_compile)):
             check_kind(label, bool, flag)
         precisions.check(precision)
         if clip_grad_norm is not None:
@@ -146,9 +147,10 @@ class Trainer:
                              "pass spikefuse.data.load(...)'s splits")
         check_rate_options(0.0 if max_rate is None else max_rate, rate_weight, rate_l1)
         self.device = torch.device(device)
-        # one process only: ranks must capture the same step, and their stand-ins would differ
-        self.background_compile = (self.device.type == "cuda" and data_parallel is None and not compile
-                                   if background_compile is None else background_compile)
+        if background_compile and data_parallel is not None:  # ranks must capture the same step
+            raise ValueError("background_compile: not under data_parallel (every rank must capture the same "
+                             "step, and each would run its layers' torch twins for as long as its compiles take)")
+        self.background_compile = background_compile
         self.model = model.to(self.device)
         self.parallel = data_parallel
         self.main = data_parallel is None or data_parallel.is_main  # logs and writes the run directory
