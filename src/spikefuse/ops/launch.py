@@ -22,9 +22,10 @@ compiles, one after another, 1.3-5 s each). Triton spends most of a compile in M
 ptxas, which run outside the GIL (four compiles in four threads: 5.1 s against 8.2 s one after
 another on a 2-core CPU), so variants compile in threads:
 - `speculate` compiles a variant likely to be launched soon (a LIF or BN+LIF layer's backward
-  and its no-gradient forward, at its first forward);
-- inside `fused_or(fused, fallback)`, while `background_compiles()` is on (Trainer.fit turns it
-  on), a launch whose variant is not compiled starts its compile in a thread and raises
+  and its no-gradient forward, at its first forward; with SPIKEFUSE_SPECULATIVE_COMPILE=1 or
+  background compiles on);
+- inside `fused_or(fused, fallback)`, while `background_compiles()` is on (Trainer.fit with
+  background_compile=True: off by default, since the first steps then depend on compile timing), a launch whose variant is not compiled starts its compile in a thread and raises
   `Compiling` unless it finishes within GRACE_S (a disk-cache hit does): the op then runs
   `fallback`, its pure-PyTorch twin (same spikes, gradients within 1e-5), and training goes on
   while the kernel compiles. `settled` tells CapturedStep when to capture: never while a
