@@ -1,8 +1,9 @@
 """Background compiles (ops/launch.py; Trainer.fit's background_compile): inside fused_or, a
 launch whose kernel is still compiling raises Compiling and the op runs its torch twin. What
 the CPU can show: the deferral logic on a stand-in kernel, and every op's stand-in (LIF forward
-and backward, BN+LIF statistics, forward and backward, bit packing) giving the fused op's
-spikes, gradients and running statistics while chosen kernels are held "compiling". The real
+and backward, BN+LIF statistics, forward and backward, bit packing, the sparse Linear backward)
+giving the fused op's spikes, gradients, running statistics and counts while chosen kernels are
+held "compiling". The real
 compile threads run on a GPU (the gpu test below; benchmarks/compile_time_lif.py --cold)."""
 import copy
 import threading
@@ -14,7 +15,7 @@ import spikefuse.functional as F
 from spikefuse.capture import CapturedStep
 from spikefuse.nn import BNLIF
 from spikefuse.nn.spiking_layers import SpikingLinear
-from spikefuse.ops import bn_lif as bn_lif_ops, launch, lif as lif_ops, spike_pack
+from spikefuse.ops import bn_lif as bn_lif_ops, launch, lif as lif_ops, sparse_linear, spike_index, spike_pack
 from spikefuse.ops.launch import CachedLaunch, Compiling, background_compiles, deferrals, fused_or, settled
 from helpers import DEVICE
 
@@ -227,6 +228,36 @@ def test_spiking_linear_while_bit_packing_compiles(stalled_kernel, stalled):
         got = call()
     for a, b in zip(got, expected):
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+
+
+@cpu_only
+@pytest.mark.parametrize("stalled_kernel", ["spike_index._line_flags_kernel", "spike_index._active_indices_kernel",
+                                            "sparse_linear._gather_columns_kernel", "sparse_linear._input_grad_kernel",
+                                            "sparse_linear._weight_grad_kernel"])
+def test_sparse_linear_takes_the_dense_backward_while_a_sparse_kernel_compiles(stalled_kernel, stalled):
+    """Same gradients, and the carrying columns counted once per backward (dispatch reads them)."""
+    module, name = stalled_kernel.split(".")
+    g = torch.Generator().manual_seed(3)
+    s = (torch.rand(4, 3, 37, generator=g) < 0.3).float()
+    cols = torch.rand(41, generator=g) < 0.3
+    gy = torch.randn(4, 3, 41, generator=g) * cols
+
+    def call():
+        x = s.clone().requires_grad_()
+        w = torch.randn(41, 37, generator=torch.Generator().manual_seed(0)).requires_grad_()
+        carry = torch.zeros(2, dtype=torch.float64)
+        y = sparse_linear.sparse_spike_linear(x, w, None, carry=carry)
+        y.backward(gy)
+        return x.grad, w.grad, carry
+    expected = call()
+    stalled(getattr({"spike_index": spike_index, "sparse_linear": sparse_linear}[module], name))
+    before = deferrals()
+    with background_compiles():
+        got = call()
+    assert deferrals() > before
+    for a, b in zip(got[:2], expected[:2]):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    assert torch.equal(got[2], expected[2])
 
 
 def test_a_step_is_captured_only_after_a_call_that_deferred_nothing(monkeypatch):

@@ -32,7 +32,7 @@ import torch
 
 from .kernel_base import cdiv
 from . import grad_rows
-from .launch import cached_launch
+from .launch import cached_launch, fused_or
 from .recurrent_lif import _tf32
 from .spike_index import line_flags, nonzero_lines
 from .spike_linear import _backward as dense_backward, graph_edge, linear_forward, spikes_with_graph
@@ -182,9 +182,6 @@ def sparse_backward(gy2, bits, weight, need_s: bool, need_w: bool, carry=None):
     spikes' bits (pack of s [R, IN]; only read for gw). gw's rows that can be nonzero are
     noted on `weight` (grad_rows)."""
     gyt, cols, count = gather_carrying(gy2)
-    if carry is not None:
-        carry[0] += count[0]
-        carry[1] += 1
     precision = _precision(gy2)
     gs = input_grad(gyt, weight, cols, count, precision) if need_s else None
     gw = None
@@ -192,6 +189,9 @@ def sparse_backward(gy2, bits, weight, need_s: bool, need_w: bool, carry=None):
         gw = torch.zeros_like(weight, memory_format=torch.contiguous_format)
         weight_grad(gyt, bits, cols, count, gw, precision)
         grad_rows.note(weight, gw, cols, count)
+    if carry is not None:  # last: a launch above that raised (a kernel compiling) counted nothing
+        carry[0] += count[0]
+        carry[1] += 1
     return gs, gw
 
 
@@ -212,7 +212,8 @@ class SparseSpikeLinearFunction(torch.autograd.Function):
         need_s, need_w, need_b = ctx.needs_input_grad[:3]
         need_b = need_b and ctx.has_bias
         graph = torch.is_grad_enabled()  # create_graph: the dense products in torch ops, with s's graph
-        if graph or not ctx.sparse or not use_triton(gy):  # or dense, or no Triton here
+
+        def dense():
             grad_rows.clear(weight)
             if ctx.carry is not None:
                 with torch.no_grad():
@@ -221,8 +222,14 @@ class SparseSpikeLinearFunction(torch.autograd.Function):
             s = spikes_with_graph(packed, edge, ctx.s_shape, gy.dtype) if graph and need_w else None
             return (*dense_backward(gy, packed, weight, ctx.s_shape, ctx.s_dtype, need_s, need_w, need_b, s=s),
                     None, None, None, None)
+        if graph or not ctx.sparse or not use_triton(gy):  # or dense, or no Triton here
+            return dense()
         gy2 = gy.reshape(-1, gy.shape[-1]).contiguous()
-        gs, gw = sparse_backward(gy2, packed, weight, need_s, need_w, ctx.carry)
+        # while a sparse kernel compiles in the background (ops/launch.py), the dense backward
+        sparse = fused_or(lambda: sparse_backward(gy2, packed, weight, need_s, need_w, ctx.carry), lambda: None)
+        if sparse is None:
+            return dense()
+        gs, gw = sparse
         gs = gs.view(ctx.s_shape).to(ctx.s_dtype) if need_s else None
         gb = gy2.sum(0).to(weight.dtype) if need_b else None
         return gs, gw, gb, None, None, None, None

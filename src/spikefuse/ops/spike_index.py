@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from .kernel_base import cdiv
-from .launch import cached_launch
+from .launch import cached_launch, fused_or
 from .spike_pack import use_triton
 
 from .triton_or_stub import tl, triton
@@ -80,16 +80,19 @@ def line_flags(x: torch.Tensor, over: int) -> torch.Tensor:
         return x.ne(0).any(over).view(torch.uint8)
     lines, other = (x.shape[1], x.shape[0]) if over == 0 else x.shape
     line_stride, other_stride = (x.stride(1), x.stride(0)) if over == 0 else x.stride()
-    flags = torch.zeros(lines, device=x.device, dtype=torch.uint8)
-    if lines and other:
-        # columns: a line block is contiguous and the rows split into spans (a program per
-        # block of columns walking all rows left most SMs idle: the IPU x4 net's three scans
-        # a step at batch 8 took 37 us on an H100, 28 us in spans);
-        # rows: few rows per program, many programs
-        bl, bo, span = (128, 16, 64) if over == 0 else (4, 256, other)
-        _line_flags_kernel[(cdiv(lines, bl), cdiv(other, span))](x, flags, lines, other, line_stride, other_stride,
-                                                                 span, BL=bl, BO=bo)
-    return flags
+
+    def kernel():
+        flags = torch.zeros(lines, device=x.device, dtype=torch.uint8)
+        if lines and other:
+            # columns: a line block is contiguous and the rows split into spans (a program per
+            # block of columns walking all rows left most SMs idle: the IPU x4 net's three scans
+            # a step at batch 8 took 37 us on an H100, 28 us in spans);
+            # rows: few rows per program, many programs
+            bl, bo, span = (128, 16, 64) if over == 0 else (4, 256, other)
+            _line_flags_kernel[(cdiv(lines, bl), cdiv(other, span))](x, flags, lines, other, line_stride,
+                                                                     other_stride, span, BL=bl, BO=bo)
+        return flags
+    return fused_or(kernel, lambda: x.ne(0).any(over).view(torch.uint8))  # torch while the kernel compiles
 
 
 def nonzero_lines(x: torch.Tensor, over: int) -> tuple[torch.Tensor, torch.Tensor]:
