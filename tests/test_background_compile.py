@@ -210,6 +210,47 @@ def test_bn_lif_while_a_kernel_compiles(stalled_kernel, momentum, stalled):
 
 
 @cpu_only
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_bn_lif_sends_its_other_kernels_to_compile_while_its_statistics_compile(channels_last, stalled, monkeypatch):
+    """Else each kernel would start compiling only once the one before it is ready: the guesses
+    are the variants the layer then launches (its statistics, forward, backward and dL/dx, and
+    its evaluation's forward)."""
+    from spikefuse.ops.launch import _argument_classes
+
+    def variant(kernel, args, meta):
+        return kernel, tuple(meta.items()), tuple(_argument_classes(args))
+    guessed, launched = [], []
+    monkeypatch.setattr(CachedLaunch, "speculate", lambda self, device, grid, args, meta:
+                        guessed.append(variant(self, args, meta)))
+    launch_once = CachedLaunch._launch
+
+    def record(self, grid, args, meta):
+        launched.append(variant(self, args, meta))
+        return launch_once(self, grid, args, meta)
+    monkeypatch.setattr(CachedLaunch, "_launch", record)
+    torch.manual_seed(0)
+    module = BNLIF(8, decay=0.6, threshold=0.3, backend="fused")
+    x = torch.randn(6, 2, 8, 3, 2) + 0.2
+    if channels_last:
+        x = x.movedim(2, -1).contiguous().movedim(-1, 2)
+    stalled(bn_lif_ops._stats_partial_kernel)
+    with background_compiles():
+        bn_run(module, x)
+    kernels = {guess[0] for guess in guessed}
+    assert {bn_lif_ops._stats_finalize_kernel, bn_lif_ops._bn_lif_forward_kernel,
+            bn_lif_ops._bn_lif_backward_kernel, bn_lif_ops._bn_grad_x_kernel} <= kernels
+    launched.clear()
+    monkeypatch.undo()  # the kernels "compiled": the layer runs them all
+    monkeypatch.setattr(CachedLaunch, "_launch", record)
+    bn_run(module, x)
+    module.eval()
+    with torch.no_grad():  # an evaluation's forward is among the guesses too
+        module(x)
+    assert all(guess in launched for guess in guessed if guess[0] is not bn_lif_ops._stats_partial_kernel), \
+        [guess[0].kernel.fn.__name__ for guess in guessed if guess not in launched]
+
+
+@cpu_only
 @pytest.mark.parametrize("stalled_kernel", ["_pack_kernel", "_unpack_kernel"])
 def test_spiking_linear_while_bit_packing_compiles(stalled_kernel, stalled):
     torch.manual_seed(0)

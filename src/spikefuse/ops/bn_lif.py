@@ -704,6 +704,27 @@ def _speculate_next(spikes, x, residual, ckpt, stats, decay, decay_tensor, thres
     _forward(xm, rm, sm, decay, dm, threshold, reset, v_reset, time_steps, False, launch=launch)
 
 
+def _speculate_layer(x, residual, weight, bias, running_mean, running_var, use_batch, momentum, eps, decay,
+                     decay_tensor, options, time_steps):
+    """While its statistics kernels compile (background compiles): compile every kernel this
+    layer launches, its statistics, forward and backward, in the background too (else each would
+    start only once the one before it is ready). The host functions run on meta tensors."""
+    launch, xm = Speculate(x.device.index), meta_like(x)
+    _statistics(over_time(xm, time_steps), weight, bias, running_mean, running_var, use_batch, momentum, eps,
+                launch=launch)
+    grad = torch.is_grad_enabled()
+    save = grad and any(t is not None and t.requires_grad for t in (x, residual, weight, bias, decay_tensor))
+    N = math.prod(x.shape[1:])
+    bits = torch.empty(time_steps * N // 8, dtype=torch.uint8, device="meta") if grad and N % 8 == 0 else None
+    stats = torch.empty((4, x.shape[2]), dtype=torch.float32, device="meta")
+    threshold, reset, v_reset, detach, surrogate, alpha = options.common()
+    spikes, ckpt = _forward(xm, meta_like(residual), stats, decay, meta_like(decay_tensor), threshold, reset, v_reset,
+                            time_steps, save, bits, launch=launch)
+    need_gd = decay_tensor is not None and decay_tensor.requires_grad
+    _speculate_next(spikes, x, residual, ckpt, stats, decay, decay_tensor, threshold, reset, v_reset, detach,
+                    surrogate, alpha, use_batch, time_steps, need_gd, save)
+
+
 class BNLIFFunction(torch.autograd.Function):
     """The eager path (a plain autograd.Function costs far less Python per call than a
     torch.library op; see spikefuse.ops.lif). Arguments as bn_lif_forward, without `save`."""
@@ -792,7 +813,10 @@ def bn_lif_fused(x, weight, bias, running_mean, running_var, training, momentum,
             return statistics(over_time(x.detach(), time_steps), weight, bias, running_mean, running_var,
                               use_batch, momentum, eps)
     stats = take_statistics() if unfused is None else fused_or(take_statistics, lambda: None)
-    if stats is None:  # its kernel is compiling
+    if stats is None:  # its kernel is compiling: the layer's others compile alongside
+        with contextlib.suppress(Exception):
+            _speculate_layer(x, residual, weight, bias, running_mean, running_var, use_batch, momentum, eps,
+                             decay, decay_tensor, options, time_steps)
         return unfused(True)
     args = (x, residual, stats, weight, bias, decay, decay_tensor, *options.common(), use_batch,
             time_steps)  # flat: the op's schema order

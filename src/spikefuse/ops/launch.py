@@ -25,7 +25,8 @@ another on a 2-core CPU), so variants compile in threads:
   and its no-gradient forward, at its first forward; with SPIKEFUSE_SPECULATIVE_COMPILE=1 or
   background compiles on);
 - inside `fused_or(fused, fallback)`, while `background_compiles()` is on (Trainer.fit with
-  background_compile=True: off by default, since the first steps then depend on compile timing), a launch whose variant is not compiled starts its compile in a thread and raises
+  background_compile=True; off by default, since the first steps then depend on compile
+  timing), a launch whose variant is not compiled starts its compile in a thread and raises
   `Compiling` unless it finishes within GRACE_S (a disk-cache hit does): the op then runs
   `fallback`, its pure-PyTorch twin (same spikes, gradients within 1e-5), and training goes on
   while the kernel compiles. `settled` tells CapturedStep when to capture: never while a

@@ -95,6 +95,7 @@ class Trainer:
         once every kernel is compiled. Off by default: a run's first steps would then depend on
         how fast its kernels compile, and a seed would no longer fix a run bit for bit (nor a
         resumed run match an uninterrupted one). One process only (not with data_parallel).
+    config: saved in the checkpoint as is (the CLI stores its options there).
     overwrite: a run_dir holding another run is refused (ValueError) unless this is True;
         then fit removes that run's files (checkpoint, metrics, pictures) before it starts.
     data_parallel: this process's spikefuse.parallel.DataParallel, or None (one process).
