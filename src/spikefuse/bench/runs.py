@@ -128,6 +128,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "CUDA context, lazily loaded kernels and allocator its own, the disk caches shared); "
                              "none: all in this process, each library finding what the ones before it loaded; "
                              "auto (default): process on CUDA, none on the CPU")
+    parser.add_argument("--background-compile", choices=["on", "off"], default="on",
+                        help="spikefuse's Trainer(background_compile=...) on CUDA: on (default), its layers run their "
+                             "torch twins while their kernels compile; off, every kernel compiles before it runs")
     parser.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto",
                         help="auto (default): cuda where present; cpu runs only with --quick (the harness at toy sizes)")
     parser.add_argument("--quick", action="store_true",
@@ -256,7 +259,7 @@ def run_spikefuse(setting: Setting, row: dict) -> None:
     scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=args.epochs)
     trainer = Trainer(model, setting.splits, optimizer, epochs=args.epochs, batch_size=setting.batch,
                       scheduler=scheduler, device=device, precision="fp32", seed=args.seed, progress=False,
-                      background_compile=device.type == "cuda")  # its fastest mode from a cold cache
+                      background_compile=_background(args, device))
     row["setup_s"] = clock.lap()
     row["implementation"] = ("Trainer.fit, " + ("captured CUDA-graph steps" if trainer.step.enabled else "eager steps")
                              + (", background compiles" if trainer.background_compile else ""))
@@ -265,6 +268,11 @@ def run_spikefuse(setting: Setting, row: dict) -> None:
         record = trainer.fit()[-1]
         if _epoch(row, clock, epoch + 1, record["train_loss"], record["test_acc"], record["train_acc"]):
             return
+
+
+def _background(args, device) -> bool:
+    """Whether spikefuse trains with background compiles: on CUDA unless --background-compile off."""
+    return device.type == "cuda" and getattr(args, "background_compile", "on") == "on"
 
 
 def run_peer(setting: Setting, row: dict, ops) -> None:
@@ -585,7 +593,8 @@ def save(args, device, sj_mode, results, skipped, cache):
                    "precision": "fp32 (TF32 matmuls and convolutions where the GPU has them)",
                    "margin_points": args.margin, "isolation": isolation_of(args, device),
                    "spikefuse": "spikefuse.train.Trainer.fit" + (", captured CUDA-graph steps" if device.type == "cuda"
-                                                                 else ", eager steps"),
+                                                                 else ", eager steps")
+                                + (", background compiles" if _background(args, device) else ""),
                    "spikingjelly_mode": sj_mode, "snntorch": "Leaky in a Python loop over time, plain PyTorch step",
                    "norse": "LIFBoxCell in a Python loop over time, plain PyTorch step",
                    "data_order": "training split shuffled by torch.Generator(seed + epoch), as Trainer; same batches",
