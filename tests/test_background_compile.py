@@ -132,11 +132,12 @@ def lif_run(x, g, **options):
 
 
 LIF_OPTIONS = [dict(decay=0.8, threshold=0.5), dict(decay=0.7, reset="soft", surrogate="fast_sigmoid"),
-               dict(decay=0.9, reset="subtract", detach_reset=False)]
+               dict(decay=0.9, reset="subtract", detach_reset=False),
+               dict(decay=0.9, threshold=0.5, grad_threshold=0.45, grad_scope="batch")]  # the sparse recipe's cut
 
 
 @cpu_only
-@pytest.mark.parametrize("options", LIF_OPTIONS, ids=["hard", "soft", "subtract"])
+@pytest.mark.parametrize("options", LIF_OPTIONS, ids=["hard", "soft", "subtract", "cut per batch position"])
 @pytest.mark.parametrize("stalled_kernel", ["forward", "backward"])
 def test_lif_while_a_kernel_compiles(options, stalled_kernel, stalled, monkeypatch):
     gen = torch.Generator().manual_seed(0)
