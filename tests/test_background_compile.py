@@ -3,8 +3,8 @@ launch whose kernel is still compiling raises Compiling and the op runs its torc
 the CPU can show: the deferral logic on a stand-in kernel, and every op's stand-in (LIF forward
 and backward, BN+LIF statistics, forward and backward, bit packing, the sparse Linear backward)
 giving the fused op's spikes, gradients, running statistics and counts while chosen kernels are
-held "compiling". The real
-compile threads run on a GPU (the gpu test below; benchmarks/compile_time_lif.py --cold)."""
+held "compiling". The real compile threads run on a GPU (the gpu test below;
+benchmarks/compile_time_lif.py --cold)."""
 import copy
 import threading
 
