@@ -6,7 +6,10 @@ time. Run it twice with one fresh TRITON_CACHE_DIR: the first run is a cold cach
 kernel compiled), the second a warm one (loaded from disk). Not `bench runs`: no peers, and the
 process's own start-up (Triton's driver, the hash of its sources) falls inside the first epoch.
 
-    TRITON_CACHE_DIR=$(mktemp -d) python benchmarks/profile_cold_start.py shd-synthetic:ipu-shd 48
+    TRITON_CACHE_DIR=$(mktemp -d) python benchmarks/profile_cold_start.py shd-synthetic:ipu-shd 48 [background]
+
+"background" trains with Trainer(background_compile=True) (the layers' torch twins run while
+their kernels compile; `bench runs` does so on CUDA) and prints how many launches ran a twin.
 """
 import cProfile
 import pstats
@@ -49,9 +52,11 @@ import torch  # noqa: E402
 
 from spikefuse.data import load  # noqa: E402
 from spikefuse.models import build_model  # noqa: E402
+from spikefuse.ops import launch  # noqa: E402
 from spikefuse.train.loop import Trainer  # noqa: E402
 
 task, batch = sys.argv[1], int(sys.argv[2])
+background = sys.argv[3:] == ["background"]
 dataset, model_name = task.split(":")
 splits = load(dataset, device="cuda", progress=False)
 torch.cuda.synchronize()
@@ -60,7 +65,7 @@ model = build_model(model_name, splits.input_shape, splits.num_classes, splits.t
                     surrogate="fast_sigmoid", alpha=1.0).cuda()
 optimizer = torch.optim.Adam(model.parameters(), lr=2e-3, fused=True)
 trainer = Trainer(model, splits, optimizer, epochs=1, batch_size=batch, device="cuda", precision="fp32", seed=0,
-                  progress=False)
+                  progress=False, background_compile=background)
 profiler = cProfile.Profile()
 profiler.enable()
 trainer.fit()
@@ -72,7 +77,8 @@ trainer.fit()
 torch.cuda.synchronize()
 second = time.perf_counter()
 print(f"{task} B={batch}: first epoch {first - start:.2f} s (model built, compiles, capture), second "
-      f"{second - first:.2f} s; compile() {sum(t for _, t, _ in compiles):.2f} s in {len(compiles)} calls")
+      f"{second - first:.2f} s; compile() {sum(t for _, t, _ in compiles):.2f} s in {len(compiles)} calls"
+      + (f"; background compiles: {launch.deferrals()} launches ran a torch twin" if background else ""))
 for name, seconds, what in compiles:
     print(f"  compile {seconds:.3f} s {name}: {what}")
 pstats.Stats(profiler).sort_stats("cumulative").print_stats(40)
