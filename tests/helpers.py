@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 
 import pytest
 import torch
@@ -93,3 +94,31 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+class FakeJIT:
+    """A stand-in for a @triton.jit kernel under a CachedLaunch: records its compiles
+    (warmup, which waits for `release`) and its launches, each as (args, grid, meta); the
+    compiled kernel it returns records its own launches in the same list."""
+
+    def __init__(self):
+        self.warmups, self.launches, self.release = [], [], threading.Event()
+
+    @staticmethod
+    def fn(x_ptr, n, BLOCK):
+        pass
+
+    def warmup(self, *args, grid, **meta):
+        self.release.wait(10)
+        self.warmups.append((args, grid, meta))
+
+    def __getitem__(self, grid):
+        return lambda *args, **meta: self.launches.append((args, grid, meta)) or _FakeCompiled(self.launches)
+
+
+class _FakeCompiled:
+    def __init__(self, launches):
+        self.launches = launches
+
+    def __getitem__(self, grid):
+        return lambda *args: self.launches.append((args, grid, {}))

@@ -14,7 +14,7 @@ import spikefuse.functional as F
 from spikefuse.nn import BNLIF
 from spikefuse.ops import launch as launch_module
 from spikefuse.ops.launch import CachedLaunch, _argument_classes
-from helpers import DEVICE
+from helpers import DEVICE, FakeJIT
 
 pytestmark = pytest.mark.skipif(DEVICE != "cpu", reason="records launches through the interpreter")
 
@@ -122,23 +122,6 @@ def test_nothing_is_speculated_by_default(recorded, monkeypatch):
     F.lif(x, backend="fused").sum().backward()
     assert len(launched) == 2 and speculated == []
 
-
-class FakeJIT:
-    """A stand-in for a @triton.jit kernel: records warmups and launches."""
-
-    def __init__(self):
-        self.warmups, self.launches, self.release = [], [], threading.Event()
-
-    @staticmethod
-    def fn(x_ptr, n, BLOCK):
-        pass
-
-    def warmup(self, *args, grid, **meta):
-        self.release.wait(10)
-        self.warmups.append((args, grid, meta))
-
-    def __getitem__(self, grid):
-        return lambda *args, **meta: self.launches.append((args, grid, meta)) or object()
 
 
 def test_a_launch_waits_for_its_variants_compile_in_flight(monkeypatch):
