@@ -3,7 +3,9 @@ from an empty Triton cache, each configuration in a fresh process, alternating.
 
 first_two_epochs(): in this process, Trainer.fit's first and second epoch (captured, fp32,
 batch 48) of shd-synthetic:ipu-shd, every Triton compile timed; background compiles (the
-layers' torch twins run while their kernels compile) only with COLD_EPOCHS_BACKGROUND=1. table(): runs the children
+layers' torch twins run while their kernels compile) only with COLD_EPOCHS_BACKGROUND=1, with
+COLD_EPOCHS_SWITCH_S=S at that GIL switch interval while compiles run (launch.SWITCH_INTERVAL_S
+otherwise). table(): runs the children
 and prints one markdown row per run.
 """
 import json
@@ -34,6 +36,8 @@ def first_two_epochs() -> dict:
     from spikefuse.models import build_model
     from spikefuse.ops import launch
     from spikefuse.train.loop import Trainer
+    if os.environ.get("COLD_EPOCHS_SWITCH_S"):
+        launch.SWITCH_INTERVAL_S = float(os.environ["COLD_EPOCHS_SWITCH_S"])
     splits = load("shd-synthetic", device="cuda", progress=False)
     torch.cuda.synchronize()
     start = time.perf_counter()

@@ -13,6 +13,7 @@ walks" (the library's forward + two_walk_backward, the library of b7f16d4):
     python benchmarks/compile_time_lif.py             # compile times, sm_90 target, no GPU needed
     TRITON_INTERPRET=1 python benchmarks/compile_time_lif.py --check   # same spikes, same dL/dx
     python benchmarks/compile_time_lif.py --gpu-time  # kernel GPU time (profiler), on a GPU
+    python benchmarks/compile_time_lif.py --beside-python  # a compile beside a busy thread, no GPU
     python benchmarks/compile_time_lif.py --cold [PAIR ...]  # ipu-shd's first epochs, empty cache
     python benchmarks/compile_time_lif.py --cold library "library speculative" "library background"
 
@@ -30,6 +31,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 import torch
@@ -38,7 +40,7 @@ import triton.language as tl
 
 import cold_epochs
 from spikefuse import functional as F
-from spikefuse.ops import kernel_base, lif
+from spikefuse.ops import kernel_base, launch, lif
 from spikefuse.ops.kernel_base import (f32, load_chunk, load_earlier_chunks, load_per_neuron, program_neurons,
                                        spike_adjoint, store_bits, store_chunk, store_outputs)
 from spikefuse.ops.launch import cached_launch
@@ -180,8 +182,9 @@ def use_library() -> None:
     use("library")
 
 
-def compile_once(which: str, kind: str, K: int) -> None:
-    """Compile one kernel for sm_90 and print a table row with the seconds."""
+def compile_once(which: str, kind: str, K: int, busy: float | None = None) -> None:
+    """Compile one kernel for sm_90 and print a table row with the seconds; with `busy`, in a
+    thread beside a Python loop at that GIL switch interval (s)."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
@@ -203,10 +206,40 @@ def compile_once(which: str, kind: str, K: int) -> None:
     signature.update({name: "constexpr" for name in constants})
     source = ASTSource(kernel, signature, constexprs={(list(signature).index(n),): v for n, v in constants.items()},
                        attrs={})
-    start = time.perf_counter()
-    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32),
-                              options={"num_warps": 1, "enable_fp_fusion": False})
-    print(f"| {which} | {kind} | {K} | {time.perf_counter() - start:.2f} | {len(compiled.asm['ptx'])} |", flush=True)
+    compiled, seconds = [], []
+
+    def run():
+        start = time.perf_counter()
+        compiled.append(triton.compile(source, target=GPUTarget("cuda", 90, 32),
+                                       options={"num_warps": 1, "enable_fp_fusion": False}))
+        seconds.append(time.perf_counter() - start)
+    if busy is None:
+        run()
+        return print(f"| {which} | {kind} | {K} | {seconds[0]:.2f} | {len(compiled[0].asm['ptx'])} |", flush=True)
+    # as under background compiles: the compile in a thread, this thread busy in Python meanwhile
+    sys.setswitchinterval(busy)
+    thread, loops, start = threading.Thread(target=run), 0, time.perf_counter()
+    thread.start()
+    while thread.is_alive():
+        loops += 1
+    rate = loops / (time.perf_counter() - start)
+    print(f"| beside a Python loop, switch interval {busy * 1e3:g} ms | {seconds[0]:.2f} | {rate / 1e6:.2f} |",
+          flush=True)
+
+
+def beside_python() -> None:
+    """The library's backward (K 8) compiled alone, then in a thread beside a busy Python loop
+    (background compiles beside training) at Python's default GIL switch interval and at the
+    library's SWITCH_INTERVAL_S; each in a fresh process with an empty cache."""
+    print(f"Triton {triton.__version__}, torch {torch.__version__}, target sm_90, {os.cpu_count()} CPUs\n\n"
+          "| compile | s | loop iterations / s (millions) |\n|---|---|---|", flush=True)
+    for busy in (None, 0.005, launch.SWITCH_INTERVAL_S):
+        with tempfile.TemporaryDirectory() as cache:
+            extra = [] if busy is None else ["--busy", str(busy)]
+            out = subprocess.run([sys.executable, __file__, "--one", "one walk", "backward", "8", *extra], check=True,
+                                 env={**os.environ, "TRITON_CACHE_DIR": cache}, capture_output=True, text=True)
+        row = out.stdout.strip().splitlines()[-1]
+        print(row if busy else "| alone | " + row.split("|")[4].strip() + " | |", flush=True)
 
 
 def check() -> None:
@@ -288,14 +321,16 @@ def gpu_time(rounds: int = 7, calls: int = 20) -> None:
         rules[:] = saved_rules
 
 
-MODES = ("speculative", "background")
+MODES = ("speculative", "background", "background-5ms")
 
 
 def cold(pairs: list[str]) -> None:
     def child(which):  # "<pair> speculative": SPIKEFUSE_SPECULATIVE_COMPILE=1; "<pair> background": fit's
+        # background compiles; "<pair> background-5ms": the same at Python's default GIL switch interval
         base, mode = which.rsplit(" ", 1) if which.split(" ")[-1] in MODES else (which, "")
         return [__file__, "--cold-child", base], {"SPIKEFUSE_SPECULATIVE_COMPILE": "1" if mode == "speculative" else "0",
-                                                  "COLD_EPOCHS_BACKGROUND": "1" if mode == "background" else "0"}
+                                                  "COLD_EPOCHS_BACKGROUND": "1" if mode.startswith("background") else "0",
+                                                  "COLD_EPOCHS_SWITCH_S": "0.005" if mode == "background-5ms" else ""}
     cold_epochs.table("kernels", pairs, child, lambda name: "lif" in name or "walk" in name)
 
 
@@ -307,9 +342,13 @@ def main():
     parser.add_argument("--cold", nargs="*", choices=pairs + [f"{p} {m}" for p in pairs for m in MODES], metavar="PAIR",
                         help="ipu-shd's first epochs from an empty cache, on a GPU, with these pairs of kernels "
                              "('... speculative': with SPIKEFUSE_SPECULATIVE_COMPILE=1; '... background': with "
-                             "fit's background compiles; default: two walks, one walk)")
+                             "fit's background compiles; '... background-5ms': the same at Python's default GIL "
+                             "switch interval; default: two walks, one walk)")
     parser.add_argument("--cold-child", choices=["library", *KERNELS], help=argparse.SUPPRESS)
+    parser.add_argument("--beside-python", action="store_true",
+                        help="a compile alone and beside a busy Python thread (no GPU needed)")
     parser.add_argument("--one", nargs=3, metavar=("KERNELS", "KIND", "K"), help=argparse.SUPPRESS)  # a child's compile
+    parser.add_argument("--busy", type=float, help=argparse.SUPPRESS)  # ... beside a Python loop at this interval
     args = parser.parse_args()
     if args.check:
         return check()
@@ -320,8 +359,10 @@ def main():
     if args.cold_child:
         use(args.cold_child)
         return print(json.dumps({"kernels": args.cold_child, **cold_epochs.first_two_epochs()}))
+    if args.beside_python:
+        return beside_python()
     if args.one:
-        return compile_once(args.one[0], args.one[1], int(args.one[2]))
+        return compile_once(args.one[0], args.one[1], int(args.one[2]), args.busy)
     print(f"Triton {triton.__version__}, torch {torch.__version__}, target sm_90, one fresh process and empty cache "
           "per compile\n\n| kernels | kind | K | compile s | PTX chars |\n|---|---|---|---|---|", flush=True)
     for kind in ("forward", "backward"):

@@ -20,7 +20,12 @@ comparison. Under the Triton interpreter (CPU tests) every launch goes through T
 Compiles in the background (issue 38: from a cold Triton cache a first epoch was mostly
 compiles, one after another, 1.3-5 s each). Triton spends most of a compile in MLIR passes and
 ptxas, which run outside the GIL (four compiles in four threads: 5.1 s against 8.2 s one after
-another on a 2-core CPU), so variants compile in threads:
+another on a 2-core CPU), so variants compile in threads. Beside a busy main thread (training on
+with the twins below) a compile thread waits for the GIL each time it returns to Python, up to
+the switch interval (5 ms by default) each: one LIF forward compile took 12.7 s beside a Python
+loop against 1.37 s alone (2-core CPU, `benchmarks/compile_beside_python.py`). While compiles are
+in flight the interval is SWITCH_INTERVAL_S (1.37 s again), and restored after the last.
+
 - `speculate` compiles a variant likely to be launched soon (a LIF or BN+LIF layer's backward
   and its no-gradient forward, at its first forward; with SPIKEFUSE_SPECULATIVE_COMPILE=1 or
   background compiles on);
@@ -41,6 +46,7 @@ import contextlib
 import functools
 import inspect
 import os
+import sys
 import threading
 
 import torch
@@ -115,6 +121,7 @@ def _unhooked(hook) -> bool:
     return hook is None or not getattr(hook, "calls", True)
 
 
+SWITCH_INTERVAL_S = 1e-4  # the GIL's switch interval while compiles are in flight (see above)
 GRACE_S = 0.1  # how long a launch in fused_or waits for its compile: a Triton disk-cache hit takes less
 
 
@@ -124,8 +131,11 @@ class Compiling(Exception):
 
 _background = False  # process-wide: autograd runs the backward in a thread of its own
 _local = threading.local()  # .depth: fused_or calls active in this thread
-_pending: set = set()  # compiles not finished
+_pending: set = set()  # futures of compiles not finished (wait_for_compiles waits on them)
 _deferred = 0  # launches that raised Compiling
+_pending_lock = threading.Lock()
+_compiling = 0  # compiles in flight (their futures may still be in _pending a moment after)
+_interval_before = 0.005  # the switch interval to restore once nothing compiles
 
 
 def speculation_enabled() -> bool:
@@ -159,8 +169,10 @@ def fused_or(fused, fallback):
 
 def wait_for_compiles(timeout: float | None = None) -> bool:
     """Wait until no compile is in flight (or `timeout` seconds pass); True if none is."""
-    concurrent.futures.wait(list(_pending), timeout=timeout)
-    return not _pending
+    with _pending_lock:
+        pending = list(_pending)
+    concurrent.futures.wait(pending, timeout=timeout)
+    return _compiling == 0
 
 
 def deferrals() -> int:
@@ -170,7 +182,7 @@ def deferrals() -> int:
 
 def settled(deferrals_before: int) -> bool:
     """Nothing compiling, and no launch deferred since deferrals() was `deferrals_before`."""
-    return not _pending and _deferred == deferrals_before
+    return _compiling == 0 and _deferred == deferrals_before
 
 
 @functools.cache
@@ -180,10 +192,40 @@ def _compile_threads() -> concurrent.futures.ThreadPoolExecutor:
 
 
 def _submit(compile_fn, *args) -> concurrent.futures.Future:
-    future = _compile_threads().submit(compile_fn, *args)
-    _pending.add(future)
-    future.add_done_callback(_pending.discard)
+    _gil_for_compiles(+1)
+    try:
+        future = _compile_threads().submit(_compile_counted, compile_fn, args)
+    except BaseException:  # the pool shut down (the interpreter exits)
+        _gil_for_compiles(-1)
+        raise
+    with _pending_lock:
+        _pending.add(future)
+    future.add_done_callback(_discard)
     return future
+
+
+def _compile_counted(compile_fn, args):
+    try:
+        return compile_fn(*args)
+    finally:  # before the future completes: who waits for it finds the interval restored
+        _gil_for_compiles(-1)
+
+
+def _discard(future) -> None:
+    with _pending_lock:
+        _pending.discard(future)
+
+
+def _gil_for_compiles(change: int) -> None:
+    """Count compiles in flight; SWITCH_INTERVAL_S while any runs, the interval before after."""
+    global _compiling, _interval_before
+    with _pending_lock:
+        if _compiling == 0:
+            _interval_before = sys.getswitchinterval()
+            sys.setswitchinterval(min(_interval_before, SWITCH_INTERVAL_S))
+        _compiling += change
+        if _compiling == 0:
+            sys.setswitchinterval(_interval_before)
 
 
 class CachedLaunch:
