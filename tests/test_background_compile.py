@@ -165,6 +165,30 @@ def test_a_learnable_threshold_stand_in_gives_its_gradient(stalled):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 
+@cpu_only
+@pytest.mark.parametrize("stalled_kernel", ["forward", "backward"])
+def test_a_learnable_decay_and_initial_state_get_their_gradients(stalled_kernel, stalled):
+    """PLIF's per-channel decay and v0 through the twins (the backward's: the loop's, recomputed)."""
+    gen = torch.Generator().manual_seed(2)
+    x, g, v0 = torch.rand(11, 2, 3, generator=gen), torch.randn(11, 2, 3, generator=gen), torch.rand(2, 3, generator=gen)
+
+    def call():
+        decay = torch.tensor([0.6, 0.8, 0.9], requires_grad=True)
+        xx, vv = x.clone().requires_grad_(), v0.clone().requires_grad_()
+        s = F.lif(xx, decay=decay, threshold=0.5, v0=vv, reset="soft", backend="fused")
+        s.backward(g)
+        return s, xx.grad, decay.grad, vv.grad
+    expected = call()
+    stalled(getattr(lif_ops, f"_lif_{stalled_kernel}_kernel"))
+    before = deferrals()
+    with background_compiles():
+        got = call()
+    assert deferrals() > before
+    assert torch.equal(got[0], expected[0])
+    for a, b in zip(got[1:], expected[1:]):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
 def bn_run(module, x):
     x = x.detach().clone().requires_grad_()
     s = module(x)

@@ -48,6 +48,7 @@ from .kernel_base import (EAGER, TRACED, cdiv, channel_layout, charge, chunk_reg
                           surrogate_grad, time_major)
 from .triton_or_stub import tl, triton
 from .launch import Compiling, cached_launch, fused_or, speculation_enabled
+from . import lif_loop
 from .double_backward import grads_with_graph
 from .spike_pack import attach_bits
 from ..surrogates import CUSTOM, SURROGATES, CustomSurrogate
@@ -414,11 +415,13 @@ class LIFFunction(torch.autograd.Function):
                 _, _, xm, ckpt_m, *_ = _forward(meta_like(x), decay, decay_tensor, v0, threshold, reset, v_reset, save,
                                                 want_state, Speculate(x.device.index), want_h, threshold_tensor,
                                                 grad_threshold, grad_scope, meta_like(bits))
-                _speculate_next(xm, ckpt_m, decay_tensor, v0, threshold_tensor, options, ctx.needs_input_grad, save)
+                _speculate_next(x.device.index, xm, ckpt_m, decay_tensor, v0, threshold_tensor, options,
+                                ctx.needs_input_grad, save)
             raise
         if _lif_forward_kernel.misses != misses and speculation_enabled():  # a new variant: more will follow
             with contextlib.suppress(Exception):  # a guess never fails the forward (tests check the guesses)
-                _speculate_next(x, ckpt, decay_tensor, v0, threshold_tensor, options, ctx.needs_input_grad, save)
+                _speculate_next(x.device.index, x, ckpt, decay_tensor, v0, threshold_tensor, options,
+                                ctx.needs_input_grad, save)
         if save:
             ctx.save_for_backward(x, ckpt, decay_tensor, v0, threshold_tensor)
             ctx.options = options[:-2]
@@ -442,7 +445,11 @@ class LIFFunction(torch.autograd.Function):
                              grad_threshold, grad_h=grad_h, threshold_tensor=threshold_tensor, need_gthr=need_gthr,
                              grad_scope=grad_scope)
 
-        def fallback():  # the kernel is compiling (background compiles): the reference's gradients
+        def fallback():  # the kernel is compiling (background compiles): the torch twin's gradients
+            if threshold_tensor is None and lif_loop.usable(x, decay_tensor, v0, any_device=True):
+                return (*lif_loop.recomputed_grads(x, decay_tensor, v0, grad_s, grad_vT, grad_h,
+                                                   (decay, *options, grad_threshold), grad_scope,
+                                                   ctx.needs_input_grad[:3]), None)
             grads = reference_grads(x, decay, decay_tensor, v0, grad_s, grad_vT, options, ctx.needs_input_grad[:4],
                                     grad_threshold, grad_h, threshold_tensor, grad_scope)
             return tuple(None if g is None else g.detach() for g in grads)
@@ -451,15 +458,16 @@ class LIFFunction(torch.autograd.Function):
         return (*grads, None, None)
 
 
-def _speculate_next(x, ckpt, decay_tensor, v0, threshold_tensor, options, needs, save):
+def _speculate_next(device, x, ckpt, decay_tensor, v0, threshold_tensor, options, needs, save):
     """After a forward that compiled a new variant: compile in the background (launch.py's
-    speculative compiles) what this layer will likely launch next: its backward, when the
-    forward saved for one (no final-state or potential gradient, the common case), and its
-    forward without gradients (an evaluation's). The host functions run on meta tensors."""
+    speculative compiles) what this layer will likely launch next on CUDA device `device` (x
+    may be a meta tensor already, whose device says nothing): its backward, when the forward
+    saved for one (no final-state or potential gradient, the common case), and its forward
+    without gradients (an evaluation's). The host functions run on meta tensors."""
     decay, threshold, reset, v_reset, detach, surrogate, alpha, grad_threshold, grad_scope, want_state, want_h = \
         options
 
-    launch, xm = Speculate(x.device.index), meta_like(x)
+    launch, xm = Speculate(device), meta_like(x)
     decay_m, threshold_m = meta_like(decay_tensor), meta_like(threshold_tensor)
     if save:
         _backward(torch.empty_like(xm), None, xm, meta_like(ckpt), decay, decay_m, threshold, reset, v_reset, detach,

@@ -201,19 +201,39 @@ class LIFLoopFunction(torch.autograd.Function):
         if torch.is_grad_enabled():  # create_graph=True: this backward will be differentiated
             return (*_reference_grads(x, decay, decay_tensor, v0, grad_s, grad_vT, ctx.options,
                                       (need_x, need_decay, need_v0), grad_h, ctx.grad_scope), None)
-        need_gd = decay_tensor is not None and need_decay
-        need_gv0 = v0 is not None and need_v0
-        d = _broadcast_decay(decay, decay_tensor, x)
-        gx, prod, gv0 = _backward(H, grad_s, grad_vT, d, v0, threshold, reset, v_reset, detach,
-                                  surrogate, alpha, grad_threshold, need_gd, need_gv0, grad_h, ctx.grad_scope)
-        grad_decay = None
-        if need_gd:  # dL/d decay = sum over t of dL/dh[t] * v[t-1], summed to the decay's shape
-            if decay_tensor.numel() == 1:
-                grad_decay = prod.sum().reshape(decay_tensor.shape)
-            else:
-                dims = [0, 1] + list(range(3, prod.dim()))
-                grad_decay = prod.sum(dim=dims).reshape(decay_tensor.shape)
-        return gx if need_x else None, grad_decay, gv0, None
+        return (*_grads(x, H, decay_tensor, v0, grad_s, grad_vT, grad_h, ctx.options, ctx.grad_scope,
+                        (need_x, need_decay, need_v0)), None)
+
+
+def _grads(x, H, decay_tensor, v0, grad_s, grad_vT, grad_h, options, grad_scope, needs):
+    """(grad_x, grad_decay, grad_v0) from the saved potentials H. options: decay, threshold,
+    reset, v_reset, detach, surrogate, alpha, grad_threshold (and more, unread)."""
+    decay, threshold, reset, v_reset, detach, surrogate, alpha, grad_threshold = options[:8]
+    need_x, need_decay, need_v0 = needs
+    need_gd = decay_tensor is not None and need_decay
+    need_gv0 = v0 is not None and need_v0
+    d = _broadcast_decay(decay, decay_tensor, x)
+    gx, prod, gv0 = _backward(H, grad_s, grad_vT, d, v0, threshold, reset, v_reset, detach,
+                              surrogate, alpha, grad_threshold, need_gd, need_gv0, grad_h, grad_scope)
+    grad_decay = None
+    if need_gd:  # dL/d decay = sum over t of dL/dh[t] * v[t-1], summed to the decay's shape
+        if decay_tensor.numel() == 1:
+            grad_decay = prod.sum().reshape(decay_tensor.shape)
+        else:
+            dims = [0, 1] + list(range(3, prod.dim()))
+            grad_decay = prod.sum(dim=dims).reshape(decay_tensor.shape)
+    return gx if need_x else None, grad_decay, gv0
+
+
+def recomputed_grads(x, decay_tensor, v0, grad_s, grad_vT, grad_h, options, grad_scope, needs):
+    """_grads with H recomputed by the forward loop from the inputs (options as _grads'). The
+    fused LIF's backward while its kernel compiles (background compiles): the reference's
+    create_graph path it would otherwise take costs O(T^2) (130 ms against 20 ms for a whole
+    torch-twin step of ipu-shd at T=100, H200)."""
+    decay, threshold, reset, v_reset = options[:4]
+    with torch.no_grad():
+        H = _forward(x, _broadcast_decay(decay, decay_tensor, x), v0, threshold, reset, v_reset, True)[2]
+        return _grads(x, H, decay_tensor, v0, grad_s, grad_vT, grad_h, options, grad_scope, needs)
 
 
 def _reference_grads(x, decay, decay_tensor, v0, grad_s, grad_vT, options, needs, grad_h=None, grad_scope="step"):
