@@ -1,0 +1,95 @@
+"""Where a first epoch's time goes, step by step (issue 38; stdout; on a GPU).
+
+    TRITON_CACHE_DIR=$(mktemp -d) python benchmarks/first_epoch_timeline.py shd-synthetic:ipu-shd 48 background
+
+Trainer.fit's first epoch (captured, fp32) of TASK at batch B, with background compiles if
+"background" is given. Printed, in seconds since the process started: the epoch's start and
+length, every Triton compile (kernel, start, end, thread), every compile CachedLaunch started
+(kernel, arguments as dtype / 16-byte aligned / shape, constexprs), and the training step calls
+(start, host time, launches deferred to a torch twin during the call, compiles in flight after
+it) where one took over 50 ms or deferred, plus every 20th. Host times: a step's GPU work may
+finish later (a captured step's replay returns at once).
+"""
+import json
+import sys
+import threading
+import time
+
+import torch
+import triton.compiler as triton_compiler
+import triton.compiler.compiler as compiler_module
+
+T0 = time.perf_counter()
+spans, starts, calls = [], [], []
+_compile = compiler_module.compile
+
+
+def timed_compile(src, *args, **kwargs):
+    start = time.perf_counter()
+    out = _compile(src, *args, **kwargs)
+    spans.append((getattr(src, "name", "?"), round(start - T0, 3), round(time.perf_counter() - T0, 3),
+                  threading.current_thread().name[:18]))
+    return out
+
+
+triton_compiler.compile = compiler_module.compile = timed_compile
+
+from spikefuse import capture  # noqa: E402  (after the compile hook)
+from spikefuse.data import load  # noqa: E402
+from spikefuse.models import build_model  # noqa: E402
+from spikefuse.ops import launch  # noqa: E402
+from spikefuse.train.loop import Trainer  # noqa: E402
+
+_start_compile = launch.CachedLaunch._start_compile
+
+
+def start_compile(self, key, device, grid, args, meta):
+    described = [(str(a.dtype), a.data_ptr() % 16 == 0, tuple(a.shape)) if isinstance(a, torch.Tensor) else a
+                 for a in args]
+    constexprs = {k: v for k, v in meta.items() if k not in ("num_warps", "enable_fp_fusion")}
+    starts.append((round(time.perf_counter() - T0, 3), self.kernel.fn.__name__, described, constexprs))
+    return _start_compile(self, key, device, grid, args, meta)
+
+
+_call = capture.CapturedStep.__call__
+
+
+def call(self, *inputs):
+    start, deferred = time.perf_counter(), launch.deferrals()
+    out = _call(self, *inputs)
+    calls.append((round(start - T0, 4), round(time.perf_counter() - start, 4), launch.deferrals() - deferred,
+                  launch._compiling))
+    return out
+
+
+def main():
+    task, batch = sys.argv[1], int(sys.argv[2])
+    background = len(sys.argv) > 3 and sys.argv[3] == "background"
+    launch.CachedLaunch._start_compile = start_compile
+    capture.CapturedStep.__call__ = call
+    dataset, net = task.split(":")
+    splits = load(dataset, device="cuda", progress=False)
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    surrogate = dict(surrogate="fast_sigmoid", alpha=1.0) if net.startswith("ipu") else {}
+    model = build_model(net, splits.input_shape, splits.num_classes, splits.time_steps, **surrogate).cuda()
+    optimizer = torch.optim.Adam(model.parameters(), lr=2e-3, fused=True)
+    Trainer(model, splits, optimizer, epochs=1, batch_size=batch, device="cuda", precision="fp32", seed=0,
+            progress=False, background_compile=background).fit()
+    torch.cuda.synchronize()
+    print(json.dumps({"task": task, "background": background, "start": round(start - T0, 3),
+                      "first_epoch": round(time.perf_counter() - start, 3), "steps": len(calls)}))
+    print("compiles (kernel, start, end, thread):")
+    for span in sorted(spans, key=lambda s: s[1]):
+        print("  ", span)
+    print("compile starts (time, kernel, arguments, constexprs):")
+    for entry in starts:
+        print("  ", entry)
+    print("step calls (index, start, host s, deferred, compiling after):")
+    for i, entry in enumerate(calls):
+        if entry[1] > 0.05 or entry[2] or i % 20 == 0:
+            print("  ", i, entry)
+
+
+if __name__ == "__main__":
+    main()
