@@ -22,9 +22,11 @@ compiles, one after another, 1.3-5 s each). Triton spends most of a compile in M
 ptxas, which run outside the GIL (four compiles in four threads: 5.1 s against 8.2 s one after
 another on a 2-core CPU), so variants compile in threads. Beside a busy main thread (training on
 with the twins below) a compile thread waits for the GIL each time it returns to Python, up to
-the switch interval (5 ms by default) each: one LIF forward compile took 12.7 s beside a Python
-loop against 1.37 s alone (2-core CPU, `benchmarks/compile_beside_python.py`). While compiles are
-in flight the interval is SWITCH_INTERVAL_S (1.37 s again), and restored after the last.
+the switch interval (5 ms by default) each: a LIF backward compile took 8.4 s beside a Python
+loop against 1.0 s alone, and 1.5 s at 0.1 ms (an H200 host's CPU, `benchmarks/compile_time_lif.py
+--beside-python`). So while compiles are in flight the interval is SWITCH_INTERVAL_S, restored
+after the last (in training, where torch releases the GIL inside each op, a cold first epoch
+gained 0.1-0.7 s of 4.8).
 
 - `speculate` compiles a variant likely to be launched soon (a LIF or BN+LIF layer's backward
   and its no-gradient forward, at its first forward; with SPIKEFUSE_SPECULATIVE_COMPILE=1 or
