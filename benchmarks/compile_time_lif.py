@@ -10,7 +10,7 @@ cost it GPU time). This benchmark keeps the other form of each (`one_walk_forwar
 and compares them as pairs: "one walk" (one_walk_forward + the library's backward) and "two
 walks" (the library's forward + two_walk_backward, the library of b7f16d4):
 
-    python benchmarks/compile_time_lif.py             # compile times, sm_90 target, no GPU needed
+    python benchmarks/compile_time_lif.py [--k 16 8 4 1]  # compile times, sm_90 target, no GPU needed
     TRITON_INTERPRET=1 python benchmarks/compile_time_lif.py --check   # same spikes, same dL/dx
     python benchmarks/compile_time_lif.py --gpu-time  # kernel GPU time (profiler), on a GPU
     python benchmarks/compile_time_lif.py --beside-python  # a compile beside a busy thread, no GPU
@@ -345,6 +345,8 @@ def main():
                              "fit's background compiles; '... background-5ms': the same at Python's default GIL "
                              "switch interval; default: two walks, one walk)")
     parser.add_argument("--cold-child", choices=["library", *KERNELS], help=argparse.SUPPRESS)
+    parser.add_argument("--k", type=int, nargs="+", default=[16, 8], metavar="K",
+                        help="chunk lengths whose compile times the default mode prints (default: 16 8)")
     parser.add_argument("--beside-python", action="store_true",
                         help="a compile alone and beside a busy Python thread (no GPU needed)")
     parser.add_argument("--one", nargs=3, metavar=("KERNELS", "KIND", "K"), help=argparse.SUPPRESS)  # a child's compile
@@ -366,7 +368,7 @@ def main():
     print(f"Triton {triton.__version__}, torch {torch.__version__}, target sm_90, one fresh process and empty cache "
           "per compile\n\n| kernels | kind | K | compile s | PTX chars |\n|---|---|---|---|---|", flush=True)
     for kind in ("forward", "backward"):
-        for K in (16, 8):
+        for K in args.k:
             for which in KERNELS:
                 with tempfile.TemporaryDirectory() as cache:
                     subprocess.run([sys.executable, __file__, "--one", which, kind, str(K)], check=True,
