@@ -122,3 +122,14 @@ class _FakeCompiled:
 
     def __getitem__(self, grid):
         return lambda *args: self.launches.append((args, grid, {}))
+
+
+def fake_cuda_launch(monkeypatch, jit: FakeJIT):
+    """A CachedLaunch around `jit` that compiles and launches as on CUDA device 0."""
+    from spikefuse.ops.launch import CachedLaunch
+
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: None)
+    kernel = CachedLaunch(jit)
+    kernel.interpreted = False
+    kernel._current_device = lambda: 0
+    return kernel

@@ -19,18 +19,15 @@ from spikefuse.nn.spiking_layers import SpikingLinear
 from spikefuse.ops import bn_lif as bn_lif_ops, launch, lif as lif_ops, sparse_linear, spike_index, spike_pack
 from spikefuse.ops.launch import (CachedLaunch, Compiling, background_compiles, deferrals, fused_or, settled,
                                   wait_for_compiles)
-from helpers import DEVICE, FakeJIT
+from helpers import DEVICE, FakeJIT, fake_cuda_launch
 
 cpu_only = pytest.mark.skipif(DEVICE != "cpu", reason="holds kernels 'compiling' through the interpreter")
 
 
 @pytest.fixture
 def fake(monkeypatch):
-    monkeypatch.setattr(torch.cuda, "set_device", lambda device: None)
     jit = FakeJIT()
-    kernel = CachedLaunch(jit)
-    kernel.interpreted = False
-    kernel._current_device = lambda: 0
+    kernel = fake_cuda_launch(monkeypatch, jit)
     yield jit, kernel
     jit.release.set()
 

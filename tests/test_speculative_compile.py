@@ -14,7 +14,7 @@ import spikefuse.functional as F
 from spikefuse.nn import BNLIF
 from spikefuse.ops import launch as launch_module
 from spikefuse.ops.launch import CachedLaunch, _argument_classes
-from helpers import DEVICE, FakeJIT
+from helpers import DEVICE, FakeJIT, fake_cuda_launch
 
 pytestmark = pytest.mark.skipif(DEVICE != "cpu", reason="records launches through the interpreter")
 
@@ -125,11 +125,8 @@ def test_nothing_is_speculated_by_default(recorded, monkeypatch):
 
 
 def test_a_launch_waits_for_its_variants_compile_in_flight(monkeypatch):
-    monkeypatch.setattr(torch.cuda, "set_device", lambda device: None)
     fake = FakeJIT()
-    kernel = CachedLaunch(fake)
-    kernel.interpreted = False
-    kernel._current_device = lambda: 0
+    kernel = fake_cuda_launch(monkeypatch, fake)
     x = torch.empty(8)
     kernel.speculate(0, (1,), (x, 8), {"BLOCK": 8})
     kernel.speculate(0, (1,), (x, 8), {"BLOCK": 8})  # in flight already: not submitted again
@@ -143,12 +140,9 @@ def test_a_launch_waits_for_its_variants_compile_in_flight(monkeypatch):
 
 
 def test_a_failed_speculation_leaves_the_launch_to_compile(monkeypatch):
-    monkeypatch.setattr(torch.cuda, "set_device", lambda device: None)
     fake = FakeJIT()
     fake.warmup = lambda *args, **meta: 1 / 0
-    kernel = CachedLaunch(fake)
-    kernel.interpreted = False
-    kernel._current_device = lambda: 0
+    kernel = fake_cuda_launch(monkeypatch, fake)
     x = torch.empty(8)
     kernel.speculate(0, (1,), (x, 8), {"BLOCK": 8})
     next(iter(kernel._in_flight.values())).exception(10)
