@@ -1,6 +1,6 @@
 """Where a first epoch's time goes, step by step (issue 38; stdout; on a GPU).
 
-    TRITON_CACHE_DIR=$(mktemp -d) python benchmarks/first_epoch_timeline.py shd-synthetic:ipu-shd 48 background
+    TRITON_CACHE_DIR=$(mktemp -d) python benchmarks/first_epoch_timeline.py shd-synthetic:ipu-shd 48 background [sample]
 
 Trainer.fit's first epoch (captured, fp32) of TASK at batch B, with background compiles if
 "background" is given. Printed, in seconds since the process started: the epoch's start and
@@ -9,8 +9,14 @@ length, every Triton compile (kernel, start, end, thread), every compile CachedL
 (start, host time, launches deferred to a torch twin during the call, compiles in flight after
 it) where one took over 50 ms or deferred, plus every 20th. Host times: a step's GPU work may
 finish later (a captured step's replay returns at once).
+
+With "sample", a thread samples the main thread's stack every 2 ms, and for the time before the
+first step and each step call over 0.2 s the script prints the most frequent stacks (innermost
+frames last): where the host time of a slow step went.
 """
+import collections
 import json
+import os
 import sys
 import threading
 import time
@@ -33,6 +39,52 @@ def timed_compile(src, *args, **kwargs):
 
 
 triton_compiler.compile = compiler_module.compile = timed_compile
+
+
+def timed(label, function):
+    def wrapper(*args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return function(*args, **kwargs)
+        finally:
+            if time.perf_counter() - start > 0.001:  # (_init_handles returns at once once done)
+                spans.append((label, round(start - T0, 3), round(time.perf_counter() - T0, 3),
+                              threading.current_thread().name[:18]))
+    return wrapper
+
+
+# host C modules Triton builds with the system compiler (its driver utilities; launchers in some versions)
+import triton.runtime.build as build_module  # noqa: E402
+try:
+    import triton.backends.nvidia.driver as driver_module
+except ImportError:
+    driver_module = None
+for module in (build_module, driver_module):
+    for name in ("compile_module_from_src", "compile_module_from_file", "_build"):
+        if module is not None and callable(getattr(module, name, None)):
+            setattr(module, name, timed(f"build:{name}", getattr(module, name)))
+compiler_module.CompiledKernel._init_handles = timed("init_handles", compiler_module.CompiledKernel._init_handles)
+samples = []  # (time, main thread's stack: innermost frames last)
+
+
+def sample_main_thread(stop: threading.Event, interval: float = 0.002):
+    main = threading.main_thread().ident
+    while not stop.wait(interval):
+        frame, stack = sys._current_frames().get(main), []
+        while frame is not None and len(stack) < 40:
+            code = frame.f_code
+            stack.append(f"{os.path.basename(code.co_filename)}:{code.co_name}:{frame.f_lineno}")
+            frame = frame.f_back
+        samples.append((time.perf_counter() - T0, tuple(reversed(stack))))
+
+
+def print_stacks(label, start, end, top=6, depth=14):
+    inside = [stack for t, stack in samples if start <= t < end]
+    if not inside:
+        return
+    print(f"  {label}: {end - start:.3f} s, {len(inside)} samples")
+    for stack, count in collections.Counter(stack[-depth:] for stack in inside).most_common(top):
+        print(f"    {count} x " + " > ".join(stack))
 
 from spikefuse import capture  # noqa: E402  (after the compile hook)
 from spikefuse.data import load  # noqa: E402
@@ -64,7 +116,10 @@ def call(self, *inputs):
 
 def main():
     task, batch = sys.argv[1], int(sys.argv[2])
-    background = len(sys.argv) > 3 and sys.argv[3] == "background"
+    background = "background" in sys.argv[3:]
+    stop = threading.Event()
+    if "sample" in sys.argv[3:]:
+        threading.Thread(target=sample_main_thread, args=(stop,), daemon=True).start()
     launch.CachedLaunch._start_compile = start_compile
     capture.CapturedStep.__call__ = call
     dataset, net = task.split(":")
@@ -77,6 +132,7 @@ def main():
     Trainer(model, splits, optimizer, epochs=1, batch_size=batch, device="cuda", precision="fp32", seed=0,
             progress=False, background_compile=background).fit()
     torch.cuda.synchronize()
+    stop.set()
     print(json.dumps({"task": task, "background": background, "start": round(start - T0, 3),
                       "first_epoch": round(time.perf_counter() - start, 3), "steps": len(calls)}))
     print("compiles (kernel, start, end, thread):")
@@ -89,6 +145,12 @@ def main():
     for i, entry in enumerate(calls):
         if entry[1] > 0.05 or entry[2] or i % 20 == 0:
             print("  ", i, entry)
+    if samples:
+        print("main thread's stacks (most frequent first):")
+        print_stacks("before the first step", start, calls[0][0] if calls else start)
+        for i, (t, host, *_) in enumerate(calls):
+            if host > 0.2:
+                print_stacks(f"step {i}", t, t + host)
 
 
 if __name__ == "__main__":
