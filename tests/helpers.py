@@ -126,9 +126,11 @@ class _FakeCompiled:
 
 def fake_cuda_launch(monkeypatch, jit: FakeJIT):
     """A CachedLaunch around `jit` that compiles and launches as on CUDA device 0."""
+    from spikefuse.ops import launch
     from spikefuse.ops.launch import CachedLaunch
 
     monkeypatch.setattr(torch.cuda, "set_device", lambda device: None)
+    monkeypatch.setattr(launch, "_triton_driver_ready", lambda: None)
     kernel = CachedLaunch(jit)
     kernel.interpreted = False
     kernel._current_device = lambda: 0

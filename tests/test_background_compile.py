@@ -60,6 +60,33 @@ def test_a_compile_within_the_grace_period_is_not_deferred(fake):
     assert deferrals() == before
 
 
+def test_once_a_compile_outlasts_the_grace_period_later_launches_do_not_wait(fake, monkeypatch):
+    jit, kernel = fake
+    waits = []
+    monkeypatch.setattr(launch.concurrent.futures, "wait", lambda futures, timeout: waits.append(timeout))
+    with background_compiles():
+        assert run(kernel, torch.empty(8)) == "stand-in" and waits == [launch.GRACE_S]
+        assert run(kernel, torch.empty(8, dtype=torch.float64)) == "stand-in" and waits == [launch.GRACE_S]
+    with background_compiles():  # a new run (fit) starts by waiting again
+        run(kernel, torch.empty(8, dtype=torch.float16))
+        assert waits == [launch.GRACE_S] * 2
+
+
+def test_the_compile_thread_also_loads_the_kernel_and_builds_its_launcher(fake):
+    # Triton 3.6 builds a launcher per signature with the system compiler at the first launch (0.2-0.3 s)
+    jit, kernel = fake
+    loaded_in = []
+
+    class Compiled:
+        def _init_handles(self):
+            loaded_in.append(threading.current_thread().name)
+    jit.warmup = lambda *args, grid, **meta: Compiled()
+    with background_compiles():
+        run(kernel, torch.empty(8))
+        assert wait_for_compiles(10)
+    assert len(loaded_in) == 1 and loaded_in[0].startswith("spikefuse-compile")
+
+
 def test_the_gil_changes_hands_often_while_a_compile_runs(fake):
     # beside a busy main thread a compile thread waits up to the switch interval at each return to
     # Python: 7x slower at the default 5 ms (compile_time_lif.py --beside-python)

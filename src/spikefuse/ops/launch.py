@@ -34,7 +34,8 @@ gained 0.1-0.7 s of 4.8).
 - inside `fused_or(fused, fallback)`, while `background_compiles()` is on (Trainer.fit with
   background_compile=True; off by default, since the first steps then depend on compile
   timing), a launch whose variant is not compiled starts its compile in a thread and raises
-  `Compiling` unless it finishes within GRACE_S (a disk-cache hit does): the op then runs
+  `Compiling` unless it finishes within GRACE_S (a disk-cache hit does; once a compile has not,
+  the cache is cold and later launches do not wait): the op then runs
   `fallback`, its pure-PyTorch twin (same spikes, gradients within 1e-5), and training goes on
   while the kernel compiles. `settled` tells CapturedStep when to capture: never while a
   fallback would be captured into the graph.
@@ -135,6 +136,7 @@ _background = False  # process-wide: autograd runs the backward in a thread of i
 _local = threading.local()  # .depth: fused_or calls active in this thread
 _pending: set = set()  # futures of compiles not finished (wait_for_compiles waits on them)
 _deferred = 0  # launches that raised Compiling
+_cache_cold = False  # a compile outlasted GRACE_S since background_compiles() began: launches wait no more
 _pending_lock = threading.Lock()
 _compiling = 0  # compiles in flight (their futures may still be in _pending a moment after)
 _interval_before = 0.005  # the switch interval to restore once nothing compiles
@@ -147,8 +149,8 @@ def speculation_enabled() -> bool:
 @contextlib.contextmanager
 def background_compiles(enabled: bool = True):
     """While active, ops inside `fused_or` run their fallback while their kernels compile."""
-    global _background
-    before, _background = _background, bool(enabled)
+    global _background, _cache_cold
+    before, _background, _cache_cold = _background, bool(enabled), False
     try:
         yield
     finally:
@@ -185,6 +187,23 @@ def deferrals() -> int:
 def settled(deferrals_before: int) -> bool:
     """Nothing compiling, and no launch deferred since deferrals() was `deferrals_before`."""
     return _compiling == 0 and _deferred == deferrals_before
+
+
+_driver_lock = threading.Lock()
+
+
+def _triton_driver_ready() -> None:
+    """What Triton does once per process, done once and not in every compile thread at the same
+    time: set up its driver (the first use builds a C helper module) and hash its own sources and
+    library into the key of every cache entry (0.4 s; its memo has no lock)."""
+    from triton.runtime import driver
+    with _driver_lock:
+        driver.active.get_current_target()
+        for module in ("triton.runtime.cache", "triton.compiler.compiler"):
+            triton_key = getattr(sys.modules.get(module), "triton_key", None)
+            if triton_key is not None:
+                triton_key()
+                break
 
 
 @functools.cache
@@ -279,16 +298,25 @@ class CachedLaunch:
 
     def _compile_only(self, device, grid, signature, meta):
         torch.cuda.set_device(device)  # Triton compiles for this thread's current device
-        self.kernel.warmup(*signature, grid=grid, **meta)
+        _triton_driver_ready()
+        compiled = self.kernel.warmup(*signature, grid=grid, **meta)
+        # Load it and build its launcher here too: Triton 3.6 builds each kernel signature's C launcher
+        # with the system compiler (0.2-0.3 s) at the first launch, which would run on the training thread
+        # (a cold CIFAR-medium step spent 2.3 s there, benchmarks/results/runs-2026-11-27-s15/).
+        init_handles = getattr(compiled, "_init_handles", None)
+        if init_handles is not None:
+            init_handles()
 
     def _defer(self, key, device, grid, args, meta) -> None:
         """Inside fused_or: raise Compiling unless this variant's compile (started now, if need
         be, and given GRACE_S) has finished."""
-        global _deferred
+        global _deferred, _cache_cold
         future = self._in_flight.get(key)
         if future is None:
             future = self._start_compile(key, device, grid, args, meta)
-            concurrent.futures.wait([future], timeout=GRACE_S)
+            if not _cache_cold:  # once a compile has outlasted the grace, the cache is cold: wait no more
+                concurrent.futures.wait([future], timeout=GRACE_S)
+                _cache_cold = not future.done()
         if not future.done():
             _deferred += 1
             raise Compiling(key)
