@@ -5,6 +5,7 @@ and backward, BN+LIF statistics, forward and backward, bit packing, the sparse L
 giving the fused op's spikes, gradients, running statistics and counts while chosen kernels are
 held "compiling". The real compile threads run on a GPU (the gpu test below;
 benchmarks/compile_time_lif.py --cold)."""
+import concurrent.futures
 import copy
 import sys
 import threading
@@ -16,7 +17,7 @@ import spikefuse.functional as F
 from spikefuse.capture import CapturedStep
 from spikefuse.nn import BNLIF
 from spikefuse.nn.spiking_layers import SpikingLinear
-from spikefuse.ops import bn_lif as bn_lif_ops, launch, lif as lif_ops, sparse_linear, spike_index, spike_pack
+from spikefuse.ops import bn_lif as bn_lif_ops, kernel_base, launch, lif as lif_ops, sparse_linear, spike_index, spike_pack
 from spikefuse.ops.launch import (CachedLaunch, Compiling, background_compiles, deferrals, fused_or, settled,
                                   wait_for_compiles)
 from helpers import DEVICE, FakeJIT, fake_cuda_launch
@@ -127,12 +128,12 @@ def stalled(monkeypatch):
     fused_or as a kernel still compiling does (their compile threads wait until teardown)."""
     release = threading.Event()
 
-    def stall(*kernels):
+    def stall(*kernels, until=release):
         for kernel in kernels:
             monkeypatch.setattr(kernel, "interpreted", False)
             monkeypatch.setattr(kernel, "_in_flight", {})
             monkeypatch.setattr(kernel, "_compiled", {})
-            monkeypatch.setattr(kernel, "_compile_only", lambda *args: release.wait(30))
+            monkeypatch.setattr(kernel, "_compile_only", lambda *args: until.wait(30))
     yield stall
     release.set()
 
@@ -167,6 +168,48 @@ def test_lif_while_a_kernel_compiles(options, stalled_kernel, stalled, monkeypat
     torch.testing.assert_close(gx, gx_fused, rtol=1e-5, atol=1e-6)
     if stalled_kernel == "forward":  # its backward (and evaluation forward) were sent to compile alongside
         assert lif_ops._lif_backward_kernel in guessed
+
+
+@cpu_only
+@pytest.mark.parametrize("options", LIF_OPTIONS, ids=["hard", "soft", "subtract", "cut per batch position"])
+@pytest.mark.parametrize("tuned_backward", ["compiling", "compiled"])
+def test_lif_runs_quick_kernels_while_its_tuned_ones_compile(options, tuned_backward, stalled, monkeypatch):
+    """A quick forward (chunk length QUICK_K); the backward then takes the tuned kernel on every
+    K-th of its checkpoints, or while that compiles the quick one: the same spikes and gradients."""
+    gen = torch.Generator().manual_seed(3)
+    x, g = torch.rand(37, 2, 3, 5, generator=gen), torch.randn(37, 2, 3, 5, generator=gen)
+    s_fused, gx_fused = lif_run(x, g, **options)
+    forward, backward = lif_ops._lif_forward_kernel, lif_ops._lif_backward_kernel
+    stalled(forward, backward)
+    pool = concurrent.futures.ThreadPoolExecutor(8)  # room beside the compiles held in flight
+    monkeypatch.setattr(launch, "_compile_threads", lambda: pool)
+    ready = threading.Event()  # what compiles once the first call is done; the rest stays in flight
+
+    def compiles_after_the_first_call(kernel, meta):
+        return meta["K"] == lif_ops.QUICK_K or (kernel is backward and tuned_backward == "compiled")
+    for kernel in (forward, backward):
+        monkeypatch.setattr(kernel, "_current_device", lambda: None)  # as speculation names a CPU tensor's
+        monkeypatch.setattr(kernel, "_compile_only", lambda device, grid, signature, meta, kernel=kernel:
+                            ready.wait(30) if compiles_after_the_first_call(kernel, meta) else threading.Event().wait(30))
+    with background_compiles():
+        lif_run(x, g, **options)  # the twins: every variant compiling, the quick ones sent to compile too
+        ready.set()
+        for kernel in (forward, backward):
+            for key, future in list(kernel._in_flight.items()):
+                if compiles_after_the_first_call(kernel, dict(item for item in key if isinstance(item, tuple)
+                                                               and len(item) == 2 and isinstance(item[0], str))):
+                    future.result(10)
+        s, gx = lif_run(x, g, **options)
+    assert torch.equal(s, s_fused)
+    torch.testing.assert_close(gx, gx_fused, rtol=1e-5, atol=1e-6)
+
+    def chunk_lengths(kernel):  # of the variants launched
+        return {value for key in kernel._compiled for item in key if isinstance(item, tuple) and len(item) == 2
+                and item[0] == "K" for value in item[1:]}
+    assert chunk_lengths(forward) == {lif_ops.QUICK_K}
+    tuned = kernel_base.launch_config(30, torch.float32)[1]
+    assert tuned != lif_ops.QUICK_K
+    assert chunk_lengths(backward) == {tuned if tuned_backward == "compiled" else lif_ops.QUICK_K}
 
 
 @cpu_only

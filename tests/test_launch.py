@@ -79,6 +79,20 @@ def test_a_different_specialization_compiles_again(change):
     assert len(launcher.kernel.jit_launches) == 2 and not launcher.kernel.direct_launches
 
 
+def test_an_integer_triton_does_not_specialize_on_keeps_its_compiled_kernel():
+    # spike_pack's n_bytes (do_not_specialize): a last, smaller batch reuses the compiled variant
+    jit = FakeJIT()
+    jit.params = [SimpleNamespace(num=i, do_not_specialize=i == 1) for i in range(3)]
+    launcher = CachedLaunch(jit)
+    launcher.interpreted = False
+    a = torch.zeros(64)
+    for n in (32, 7, 1):
+        launcher[(1,)](a, n, 0.5, BLOCK=32)
+    assert len(jit.jit_launches) == 1 and len(jit.direct_launches) == 2
+    launcher[(1,)](a, 2**40, 0.5, BLOCK=32)  # a 64-bit integer is another signature
+    assert len(jit.jit_launches) == 2
+
+
 class FakeTritonCompiled:
     """Shaped like Triton's CompiledKernel: [grid] gives a runner that makes the call
     launch.py mirrors; `run` records what it is called with."""

@@ -151,6 +151,8 @@ def background_compiles(enabled: bool = True):
     """While active, ops inside `fused_or` run their fallback while their kernels compile."""
     global _background, _cache_cold
     before, _background, _cache_cold = _background, bool(enabled), False
+    if enabled and not INTERPRETED and torch.cuda.is_available():  # Triton's once-per-process set-up (0.4-0.9 s)
+        _compile_threads().submit(_triton_driver_ready)           # starts now, not at the first compile
     try:
         yield
     finally:
@@ -263,6 +265,9 @@ class CachedLaunch:
         params = inspect.signature(kernel.fn).parameters
         self._names = list(params)
         self._defaults = {name: p.default for name, p in params.items() if p.default is not p.empty}
+        # integers Triton does not specialize on (do_not_specialize): keyed by bit width only, so that
+        # a new value class (a last, smaller batch) takes the compiled variant instead of deferring
+        self._unspecialized = [p.num for p in getattr(kernel, "params", ()) if getattr(p, "do_not_specialize", False)]
         # Triton compiles for, and launches on, the current device and its current stream
         cuda = torch.cuda.is_available()
         self._current_device = torch.cuda.current_device if cuda else (lambda: -1)
@@ -285,10 +290,17 @@ class CachedLaunch:
         """Compile, in a background thread, the variant that launching `args` with `meta` on CUDA
         device `device` would need, unless it is compiled or in flight. args may be meta tensors:
         a variant depends on the tensors' dtypes and alignment only (a meta tensor's address is 0)."""
-        key = (device, *meta.items(), *_argument_classes(args))
+        key = self._key(device, args, meta)
         if self.interpreted or key in self._compiled or key in self._in_flight:
             return
         self._start_compile(key, device, grid, args, meta)
+
+    def _key(self, device, args, meta):
+        classes = _argument_classes(args)
+        for i in self._unspecialized:
+            if type(args[i]) is int:
+                classes[i] = (int, _I32_MIN <= args[i] <= _I32_MAX)
+        return (device, *meta.items(), *classes)
 
     def _start_compile(self, key, device, grid, args, meta) -> concurrent.futures.Future:
         # a dtype stands for a 16-byte aligned tensor of it (Triton's MockTensor); no tensor is kept
@@ -332,7 +344,7 @@ class CachedLaunch:
                 return self._launch(grid, args, meta)
         if _through_triton:
             return self._through_jit(grid, args, meta, target)
-        key = (device, *meta.items(), *_argument_classes(args))
+        key = self._key(device, args, meta)
         entry = self._compiled.get(key)
         if entry is None:  # Triton compiles (or finds) it and launches it
             if _background and getattr(_local, "depth", 0) and not self._capturing():  # a graph keeps no stand-in

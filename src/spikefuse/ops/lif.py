@@ -37,6 +37,7 @@ reduced over the batch and spatial dims by torch (no atomics: deterministic).
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 
 import torch
@@ -286,20 +287,29 @@ def _lif_backward_kernel(
 # benchmarks/kernel_variants.py) and cost a compile more per kernel from a cold cache (issue 38).
 EVEN_N = False
 
+# Under background compiles (a cold Triton cache), while a layer's tuned kernels compile its steps run
+# kernels of chunk length QUICK_K, which compile in about a third of the time (one step per chunk:
+# no unrolled chunk body; 0.75 + 0.72 s against 2.1 + 3.1 s at K=16 on a 2-core CPU,
+# benchmarks/results/compile-time-lif-by-k-cpu.md), instead of the torch twin (~10x the GPU time).
+# Their checkpoints, one per step, serve the tuned backward too (every K-th).
+QUICK_K = 1
+
 # The host side runs once per layer per step, next to kernels of ~0.1 ms, so it avoids
 # views and reshapes: every tensor is allocated in its final shape (the kernels see
 # contiguous memory as [T, N]).
 
 def _forward(x, decay, decay_tensor, v0, threshold, reset, v_reset, save, want_state=True,
              launch=EAGER, want_h=False, threshold_tensor=None, grad_threshold=float("-inf"), grad_scope="step",
-             bits=None):
+             bits=None, k=None):
     """spikes like x, v[T-1] (float32, None unless `want_state`) and, if `save`,
     (contiguous x, checkpoints) for backward; with `want_h` the pre-reset potential trace
     h (x's dtype) follows as a fifth value. threshold_tensor (float32, one value or one per
     channel) stands in for the float threshold when given. A per-neuron cut (grad_scope other
     than "step") adds a row of flags after the checkpoints (tracks_cut). bits (uint8, T * N / 8,
-    N % 8 == 0: spike_bits_buffer): filled with the spikes packed, as spike_pack.pack would."""
+    N % 8 == 0: spike_bits_buffer): filled with the spikes packed, as spike_pack.pack would.
+    k: the chunk length, if not the tuned one (QUICK_K)."""
     x, T, N, BLOCK, K, warps = time_major(x)
+    K = k or K
     spikes = torch.empty_like(x)
     vT = state_buffer(x, want_state)
     track = save and tracks_cut(grad_threshold, grad_scope)
@@ -353,12 +363,13 @@ def keep_flags(ckpt, x, grad_threshold, grad_scope):
 
 def _backward(grad_s, grad_vT, x, ckpt, decay, decay_tensor, threshold, reset,
               v_reset, detach, surrogate, alpha, need_gv0, need_gd, grad_threshold=float("-inf"),
-              launch=EAGER, grad_h=None, threshold_tensor=None, need_gthr=False, grad_scope="step"):
+              launch=EAGER, grad_h=None, threshold_tensor=None, need_gthr=False, grad_scope="step", k=None):
     """grad_x like x, and float32 dL/dv0 (shaped like x[0]), per-neuron dL/d(decay) and
     dL/d(threshold_tensor) partial sums (summed over time), or None. x is the contiguous input
     saved by _forward. grad_h: None, or dL/dh for the returned potential trace (shaped like x),
-    added to the recurrence's dL/dh."""
+    added to the recurrence's dL/dh. k: the chunk length of ckpt, if not the tuned one."""
     x, T, N, BLOCK, K, warps = time_major(x)
+    K = k or K
     keep = keep_flags(ckpt, x, grad_threshold, grad_scope)
     gs = grad_s if grad_s.is_contiguous() else grad_s.contiguous()
     grad_x = torch.empty_like(x)
@@ -406,18 +417,21 @@ class LIFFunction(torch.autograd.Function):
             options
         save = any(ctx.needs_input_grad)
         misses = _lif_forward_kernel.misses
+
+        def run(x, launch=EAGER, bits=bits, k=None):
+            return _forward(x, decay, decay_tensor, v0, threshold, reset, v_reset, save, want_state, launch, want_h,
+                            threshold_tensor, grad_threshold, grad_scope, bits, k)
+        ctx.k = None  # the tuned chunk length
         try:
-            spikes, vT, x, ckpt, *h = _forward(x, decay, decay_tensor, v0, threshold, reset, v_reset, save,
-                                               want_state, want_h=want_h, threshold_tensor=threshold_tensor,
-                                               grad_threshold=grad_threshold, grad_scope=grad_scope, bits=bits)
-        except Compiling:  # (background compiles) this layer's backward and evaluation compile alongside
-            with contextlib.suppress(Exception):
-                _, _, xm, ckpt_m, *_ = _forward(meta_like(x), decay, decay_tensor, v0, threshold, reset, v_reset, save,
-                                                want_state, Speculate(x.device.index), want_h, threshold_tensor,
-                                                grad_threshold, grad_scope, meta_like(bits))
-                _speculate_next(x.device.index, xm, ckpt_m, decay_tensor, v0, threshold_tensor, options,
-                                ctx.needs_input_grad, save)
-            raise
+            spikes, vT, x, ckpt, *h = run(x)
+        except Compiling:  # (background compiles) this layer's backward and evaluation compile alongside,
+            with contextlib.suppress(Exception):  # and so do the quick variants, which the next steps run
+                for k in (QUICK_K, None):  # (the quick ones first: a small CPU compiles in one thread)
+                    _, _, xm, ckpt_m, *_ = run(meta_like(x), Speculate(x.device.index), meta_like(bits), k)
+                    _speculate_next(x.device.index, xm, ckpt_m, decay_tensor, v0, threshold_tensor, options,
+                                    ctx.needs_input_grad, save, k)
+            spikes, vT, x, ckpt, *h = run(x, k=QUICK_K)  # Compiling again while it compiles too
+            ctx.k = QUICK_K
         if _lif_forward_kernel.misses != misses and speculation_enabled():  # a new variant: more will follow
             with contextlib.suppress(Exception):  # a guess never fails the forward (tests check the guesses)
                 _speculate_next(x.device.index, x, ckpt, decay_tensor, v0, threshold_tensor, options,
@@ -440,10 +454,21 @@ class LIFFunction(torch.autograd.Function):
             return (*reference_grads(x, decay, decay_tensor, v0, grad_s, grad_vT, options, ctx.needs_input_grad[:4],
                                      grad_threshold, grad_h, threshold_tensor, grad_scope), None, None)
 
-        def run(grad_s, need_gv0, need_gd, need_gthr):
+        def run(grad_s, need_gv0, need_gd, need_gthr, ckpt=ckpt, k=None):
             return _backward(grad_s, grad_vT, x, ckpt, decay, decay_tensor, *options, need_gv0, need_gd,
                              grad_threshold, grad_h=grad_h, threshold_tensor=threshold_tensor, need_gthr=need_gthr,
-                             grad_scope=grad_scope)
+                             grad_scope=grad_scope, k=k)
+
+        def fused():
+            needs = ctx.needs_input_grad[1:4]
+            if ctx.k is None:
+                return _input_grads(run, grad_s, x, decay_tensor, v0, threshold_tensor, needs)
+            try:  # after a quick forward: the tuned kernel on every K-th checkpoint, else the quick one
+                tuned = functools.partial(run, ckpt=_every_kth_checkpoint(ckpt, x, grad_threshold, grad_scope))
+                return _input_grads(tuned, grad_s, x, decay_tensor, v0, threshold_tensor, needs)
+            except Compiling:
+                quick = functools.partial(run, k=ctx.k)
+                return _input_grads(quick, grad_s, x, decay_tensor, v0, threshold_tensor, needs)
 
         def fallback():  # the kernel is compiling (background compiles): the torch twin's gradients
             if threshold_tensor is None and lif_loop.usable(x, decay_tensor, v0, any_device=True):
@@ -453,17 +478,26 @@ class LIFFunction(torch.autograd.Function):
             grads = reference_grads(x, decay, decay_tensor, v0, grad_s, grad_vT, options, ctx.needs_input_grad[:4],
                                     grad_threshold, grad_h, threshold_tensor, grad_scope)
             return tuple(None if g is None else g.detach() for g in grads)
-        grads = fused_or(lambda: _input_grads(run, grad_s, x, decay_tensor, v0, threshold_tensor,
-                                              ctx.needs_input_grad[1:4]), fallback)
+        grads = fused_or(fused, fallback)
         return (*grads, None, None)
 
 
-def _speculate_next(device, x, ckpt, decay_tensor, v0, threshold_tensor, options, needs, save):
+def _every_kth_checkpoint(ckpt, x, grad_threshold, grad_scope):
+    """A quick (K = 1) forward's checkpoints, one per step, as the tuned kernels' (one per chunk of
+    their K steps), with the cut's flags row after them."""
+    x, T, _, _, K, _ = time_major(x)
+    if not tracks_cut(grad_threshold, grad_scope):
+        return ckpt[::K].contiguous()
+    return torch.cat((ckpt[:T:K], ckpt[T:]))
+
+
+def _speculate_next(device, x, ckpt, decay_tensor, v0, threshold_tensor, options, needs, save, k=None):
     """After a forward that compiled a new variant: compile in the background (launch.py's
     speculative compiles) what this layer will likely launch next on CUDA device `device` (x
     may be a meta tensor already, whose device says nothing): its backward, when the forward
     saved for one (no final-state or potential gradient, the common case), and its forward
-    without gradients (an evaluation's). The host functions run on meta tensors."""
+    without gradients (an evaluation's; not for a quick chunk length `k`, which only training steps
+    run while the tuned kernels compile). The host functions run on meta tensors."""
     decay, threshold, reset, v_reset, detach, surrogate, alpha, grad_threshold, grad_scope, want_state, want_h = \
         options
 
@@ -473,9 +507,10 @@ def _speculate_next(device, x, ckpt, decay_tensor, v0, threshold_tensor, options
         _backward(torch.empty_like(xm), None, xm, meta_like(ckpt), decay, decay_m, threshold, reset, v_reset, detach,
                   surrogate, alpha, v0 is not None and needs[2], decay_tensor is not None and needs[1],
                   grad_threshold, launch=launch, threshold_tensor=threshold_m,
-                  need_gthr=threshold_tensor is not None and needs[3], grad_scope=grad_scope)
-    _forward(xm, decay, decay_m, meta_like(v0), threshold, reset, v_reset, False, want_state, launch=launch,
-             want_h=want_h, threshold_tensor=threshold_m, grad_threshold=grad_threshold, grad_scope=grad_scope)
+                  need_gthr=threshold_tensor is not None and needs[3], grad_scope=grad_scope, k=k)
+    if k is None:
+        _forward(xm, decay, decay_m, meta_like(v0), threshold, reset, v_reset, False, want_state, launch=launch,
+                 want_h=want_h, threshold_tensor=threshold_m, grad_threshold=grad_threshold, grad_scope=grad_scope)
 
 
 def _input_grads(run_backward, grad_s, x, decay_tensor, v0, threshold_tensor, needs):
