@@ -181,6 +181,12 @@ def wait_for_compiles(timeout: float | None = None) -> bool:
     return _compiling == 0
 
 
+def cold_compiles_in_flight() -> bool:
+    """Compiles in flight, and one of them outlasted GRACE_S in this run (the cache is cold): ops
+    with quick variants (ops/lif.py) run those meanwhile."""
+    return _cache_cold and _compiling > 0
+
+
 def deferrals() -> int:
     """How many launches have raised Compiling so far (a step whose count moved ran a fallback)."""
     return _deferred

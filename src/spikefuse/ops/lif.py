@@ -48,7 +48,7 @@ from .kernel_base import (EAGER, TRACED, cdiv, channel_layout, charge, chunk_reg
                           spike_adjoint, spike_value, state_buffer, store_bits, store_chunk, store_outputs,
                           surrogate_grad, time_major)
 from .triton_or_stub import tl, triton
-from .launch import Compiling, cached_launch, fused_or, speculation_enabled
+from .launch import Compiling, cached_launch, cold_compiles_in_flight, fused_or, speculation_enabled
 from . import lif_loop
 from .double_backward import grads_with_graph
 from .spike_pack import attach_bits
@@ -421,21 +421,24 @@ class LIFFunction(torch.autograd.Function):
         def run(x, launch=EAGER, bits=bits, k=None):
             return _forward(x, decay, decay_tensor, v0, threshold, reset, v_reset, save, want_state, launch, want_h,
                             threshold_tensor, grad_threshold, grad_scope, bits, k)
-        ctx.k = None  # the tuned chunk length
+
+        def speculate(k):  # compile this layer's variants of chunk length k (None: tuned) in the background
+            with contextlib.suppress(Exception):  # a guess never fails the forward (tests check the guesses)
+                _, _, xm, ckpt_m, *_ = run(meta_like(x), Speculate(x.device.index), meta_like(bits), k)
+                _speculate_next(x.device.index, xm, ckpt_m, decay_tensor, v0, threshold_tensor, options,
+                                ctx.needs_input_grad, save, k)
+        # from a cold cache: the quick kernels while anything compiles (their checkpoints serve either backward)
+        ctx.k = QUICK_K if cold_compiles_in_flight() else None
         try:
-            spikes, vT, x, ckpt, *h = run(x)
-        except Compiling:  # (background compiles) this layer's backward and evaluation compile alongside,
-            with contextlib.suppress(Exception):  # and so do the quick variants, which the next steps run
-                for k in (QUICK_K, None):  # (the quick ones first: a small CPU compiles in one thread)
-                    _, _, xm, ckpt_m, *_ = run(meta_like(x), Speculate(x.device.index), meta_like(bits), k)
-                    _speculate_next(x.device.index, xm, ckpt_m, decay_tensor, v0, threshold_tensor, options,
-                                    ctx.needs_input_grad, save, k)
-            spikes, vT, x, ckpt, *h = run(x, k=QUICK_K)  # Compiling again while it compiles too
+            spikes, vT, x, ckpt, *h = run(x, k=ctx.k)
+        except Compiling:  # (background compiles) the quick forward and backward compile first, then ...
+            speculate(QUICK_K)
+            if ctx.k is not None:
+                raise
+            spikes, vT, x, ckpt, *h = run(x, k=QUICK_K)  # (Compiling while it compiles)
             ctx.k = QUICK_K
         if _lif_forward_kernel.misses != misses and speculation_enabled():  # a new variant: more will follow
-            with contextlib.suppress(Exception):  # a guess never fails the forward (tests check the guesses)
-                _speculate_next(x.device.index, x, ckpt, decay_tensor, v0, threshold_tensor, options,
-                                ctx.needs_input_grad, save)
+            speculate(None)  # ... the tuned ones, once a quick one runs: fewer compiles at once (the GIL)
         if save:
             ctx.save_for_backward(x, ckpt, decay_tensor, v0, threshold_tensor)
             ctx.options = options[:-2]
