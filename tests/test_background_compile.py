@@ -212,6 +212,18 @@ def test_lif_runs_quick_kernels_while_its_tuned_ones_compile(options, tuned_back
     assert chunk_lengths(backward) == {tuned if tuned_backward == "compiled" else lif_ops.QUICK_K}
 
 
+def test_only_training_steps_take_the_quick_kernels_while_compiles_are_in_flight(monkeypatch):
+    monkeypatch.setattr(lif_ops, "cold_compiles_in_flight", lambda: True)
+    chunk_lengths = []
+    monkeypatch.setattr(lif_ops._lif_forward_kernel, "_launch",
+                        lambda grid, args, meta: chunk_lengths.append(meta["K"]))
+    x = torch.rand(20, 2, 3)
+    with torch.no_grad():  # an evaluation: its tuned kernel was sent to compile early
+        F.lif(x, backend="fused")
+    F.lif(x.requires_grad_(), backend="fused")
+    assert chunk_lengths == [kernel_base.launch_config(6, torch.float32)[1], lif_ops.QUICK_K]
+
+
 @cpu_only
 def test_a_learnable_threshold_stand_in_gives_its_gradient(stalled):
     gen = torch.Generator().manual_seed(1)

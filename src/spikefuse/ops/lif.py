@@ -287,11 +287,13 @@ def _lif_backward_kernel(
 # benchmarks/kernel_variants.py) and cost a compile more per kernel from a cold cache (issue 38).
 EVEN_N = False
 
-# Under background compiles (a cold Triton cache), while a layer's tuned kernels compile its steps run
-# kernels of chunk length QUICK_K, which compile in about a third of the time (one step per chunk:
-# no unrolled chunk body; 0.75 + 0.72 s against 2.1 + 3.1 s at K=16 on a 2-core CPU,
-# benchmarks/results/compile-time-lif-by-k-cpu.md), instead of the torch twin (~10x the GPU time).
-# Their checkpoints, one per step, serve the tuned backward too (every K-th).
+# Under background compiles from a cold Triton cache, training steps run kernels of chunk length
+# QUICK_K while compiles are in flight: they compile in about a third of the time (one step per
+# chunk, no unrolled chunk body: 0.75 + 0.72 s against 2.1 + 3.1 s at K=16 on a 2-core CPU,
+# benchmarks/results/compile-time-lif-by-k-cpu.md) and replace the torch twin (~10x the GPU time,
+# and a torch op per step that waits for the GIL the compile threads hold). The tuned kernels are
+# sent to compile once a quick one runs: fewer compiles at once. A quick forward's checkpoints, one
+# per step, serve the tuned backward too (every K-th).
 QUICK_K = 1
 
 # The host side runs once per layer per step, next to kernels of ~0.1 ms, so it avoids
@@ -427,8 +429,9 @@ class LIFFunction(torch.autograd.Function):
                 _, _, xm, ckpt_m, *_ = run(meta_like(x), Speculate(x.device.index), meta_like(bits), k)
                 _speculate_next(x.device.index, xm, ckpt_m, decay_tensor, v0, threshold_tensor, options,
                                 ctx.needs_input_grad, save, k)
-        # from a cold cache: the quick kernels while anything compiles (their checkpoints serve either backward)
-        ctx.k = QUICK_K if cold_compiles_in_flight() else None
+        # from a cold cache, training steps run the quick kernels while anything compiles (their checkpoints
+        # serve either backward); an evaluation takes its tuned kernel, sent to compile early
+        ctx.k = QUICK_K if save and cold_compiles_in_flight() else None
         try:
             spikes, vT, x, ckpt, *h = run(x, k=ctx.k)
         except Compiling:  # (background compiles) the quick forward and backward compile first, then ...
