@@ -191,6 +191,14 @@ def test_lif_runs_quick_kernels_while_its_tuned_ones_compile(options, tuned_back
         monkeypatch.setattr(kernel, "_current_device", lambda: None)  # as speculation names a CPU tensor's
         monkeypatch.setattr(kernel, "_compile_only", lambda device, grid, signature, meta, kernel=kernel:
                             ready.wait(30) if compiles_after_the_first_call(kernel, meta) else threading.Event().wait(30))
+    if tuned_backward == "compiled":  # its compile, sent once the quick forward ran, done before the backward
+        defer = backward._defer      # asks for it (else a race with the compile thread)
+
+        def defer_once_compiled(key, *args):
+            if key in backward._in_flight:
+                backward._in_flight[key].result(10)
+            return defer(key, *args)
+        monkeypatch.setattr(backward, "_defer", defer_once_compiled)
     with background_compiles():
         lif_run(x, g, **options)  # the twins: every variant compiling, the quick ones sent to compile too
         ready.set()
