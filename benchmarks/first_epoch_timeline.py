@@ -4,7 +4,8 @@
 
 Trainer.fit's first epoch (captured, fp32) of TASK at batch B, with background compiles if
 "background" is given. Printed, in seconds since the process started: the epoch's start and
-length, every Triton compile (kernel, start, end, thread), every compile CachedLaunch started
+length, every Triton compile (kernel, start, end, thread; also its builds of host C modules with
+the system compiler, "build:...", and its kernel loads, "init_handles"), every compile CachedLaunch started
 (kernel, arguments as dtype / 16-byte aligned / shape, constexprs), and the training step calls
 (start, host time, launches deferred to a torch twin during the call, compiles in flight after
 it) where one took over 50 ms or deferred, plus every 20th. Host times: a step's GPU work may
@@ -64,6 +65,7 @@ for module in (build_module, driver_module):
         if module is not None and callable(getattr(module, name, None)):
             setattr(module, name, timed(f"build:{name}", getattr(module, name)))
 compiler_module.CompiledKernel._init_handles = timed("init_handles", compiler_module.CompiledKernel._init_handles)
+
 samples = []  # (time, main thread's stack: innermost frames last)
 
 
@@ -85,6 +87,7 @@ def print_stacks(label, start, end, top=6, depth=14):
     print(f"  {label}: {end - start:.3f} s, {len(inside)} samples")
     for stack, count in collections.Counter(stack[-depth:] for stack in inside).most_common(top):
         print(f"    {count} x " + " > ".join(stack))
+
 
 from spikefuse import capture  # noqa: E402  (after the compile hook)
 from spikefuse.data import load  # noqa: E402
