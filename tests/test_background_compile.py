@@ -127,13 +127,18 @@ def stalled(monkeypatch):
     """stall(*kernels): while background compiles are on, those CachedLaunches defer inside
     fused_or as a kernel still compiling does (their compile threads wait until teardown)."""
     release = threading.Event()
+    compiles = {}  # kernel -> what its compile thread runs instead (on the class: an instance's patched
+    original = CachedLaunch._compile_only  # method would outlive the test, bound to the class's)
+    monkeypatch.setattr(CachedLaunch, "_compile_only", lambda self, *args: compiles[self](*args) if self in compiles
+                        else original(self, *args))
 
-    def stall(*kernels, until=release):
+    def stall(*kernels, compile=lambda device, grid, signature, meta: release.wait(30)):
         for kernel in kernels:
             monkeypatch.setattr(kernel, "interpreted", False)
             monkeypatch.setattr(kernel, "_in_flight", {})
             monkeypatch.setattr(kernel, "_compiled", {})
-            monkeypatch.setattr(kernel, "_compile_only", lambda *args: until.wait(30))
+            compiles[kernel] = compile
+    stall.release = release  # set at teardown: every held compile ends then
     yield stall
     release.set()
 
@@ -180,7 +185,6 @@ def test_lif_runs_quick_kernels_while_its_tuned_ones_compile(options, tuned_back
     x, g = torch.rand(37, 2, 3, 5, generator=gen), torch.randn(37, 2, 3, 5, generator=gen)
     s_fused, gx_fused = lif_run(x, g, **options)
     forward, backward = lif_ops._lif_forward_kernel, lif_ops._lif_backward_kernel
-    stalled(forward, backward)
     pool = concurrent.futures.ThreadPoolExecutor(8)  # room beside the compiles held in flight
     monkeypatch.setattr(launch, "_compile_threads", lambda: pool)
     ready = threading.Event()  # what compiles once the first call is done; the rest stays in flight
@@ -188,17 +192,18 @@ def test_lif_runs_quick_kernels_while_its_tuned_ones_compile(options, tuned_back
     def compiles_after_the_first_call(kernel, meta):
         return meta["K"] == lif_ops.QUICK_K or (kernel is backward and tuned_backward == "compiled")
     for kernel in (forward, backward):
+        stalled(kernel, compile=lambda device, grid, signature, meta, kernel=kernel:
+                ready.wait(30) if compiles_after_the_first_call(kernel, meta) else stalled.release.wait(30))
         monkeypatch.setattr(kernel, "_current_device", lambda: None)  # as speculation names a CPU tensor's
-        monkeypatch.setattr(kernel, "_compile_only", lambda device, grid, signature, meta, kernel=kernel:
-                            ready.wait(30) if compiles_after_the_first_call(kernel, meta) else threading.Event().wait(30))
     if tuned_backward == "compiled":  # its compile, sent once the quick forward ran, done before the backward
-        defer = backward._defer      # asks for it (else a race with the compile thread)
+        defer = CachedLaunch._defer  # asks for it (else a race with the compile thread); patched on the
+                                     # class: an instance's patched method would outlive the test, bound
 
-        def defer_once_compiled(key, *args):
-            if key in backward._in_flight:
-                backward._in_flight[key].result(10)
-            return defer(key, *args)
-        monkeypatch.setattr(backward, "_defer", defer_once_compiled)
+        def defer_once_compiled(self, key, *args):
+            if self is backward and key in self._in_flight:
+                self._in_flight[key].result(10)
+            return defer(self, key, *args)
+        monkeypatch.setattr(CachedLaunch, "_defer", defer_once_compiled)
     with background_compiles():
         lif_run(x, g, **options)  # the twins: every variant compiling, the quick ones sent to compile too
         ready.set()
@@ -222,9 +227,8 @@ def test_lif_runs_quick_kernels_while_its_tuned_ones_compile(options, tuned_back
 
 def test_only_training_steps_take_the_quick_kernels_while_compiles_are_in_flight(monkeypatch):
     monkeypatch.setattr(lif_ops, "cold_compiles_in_flight", lambda: True)
-    chunk_lengths = []
-    monkeypatch.setattr(lif_ops._lif_forward_kernel, "_launch",
-                        lambda grid, args, meta: chunk_lengths.append(meta["K"]))
+    chunk_lengths = []  # (patched on the class: an instance's patched method would outlive the test, bound)
+    monkeypatch.setattr(CachedLaunch, "_launch", lambda self, grid, args, meta: chunk_lengths.append(meta["K"]))
     x = torch.rand(20, 2, 3)
     with torch.no_grad():  # an evaluation: its tuned kernel was sent to compile early
         F.lif(x, backend="fused")

@@ -150,13 +150,14 @@ def speculation_enabled() -> bool:
 def background_compiles(enabled: bool = True):
     """While active, ops inside `fused_or` run their fallback while their kernels compile."""
     global _background, _cache_cold
-    before, _background, _cache_cold = _background, bool(enabled), False
+    before = _background, _cache_cold
+    _background, _cache_cold = bool(enabled), False
     if enabled and not INTERPRETED and torch.cuda.is_available():  # Triton's once-per-process set-up (0.4-0.9 s)
         _compile_threads().submit(_triton_driver_ready)           # starts now, not at the first compile
     try:
         yield
     finally:
-        _background = before
+        _background, _cache_cold = before
 
 
 def fused_or(fused, fallback):
@@ -182,9 +183,9 @@ def wait_for_compiles(timeout: float | None = None) -> bool:
 
 
 def cold_compiles_in_flight() -> bool:
-    """Compiles in flight, and one of them outlasted GRACE_S in this run (the cache is cold): ops
-    with quick variants (ops/lif.py) run those meanwhile."""
-    return _cache_cold and _compiling > 0
+    """Under background compiles: compiles in flight, and one of them outlasted GRACE_S in this run
+    (the cache is cold): ops with quick variants (ops/lif.py) run those meanwhile."""
+    return _background and _cache_cold and _compiling > 0
 
 
 def deferrals() -> int:
