@@ -209,20 +209,23 @@ def test_lif_runs_quick_kernels_while_its_tuned_ones_compile(options, tuned_back
         ready.set()
         for kernel in (forward, backward):
             for key, future in list(kernel._in_flight.items()):
-                if compiles_after_the_first_call(kernel, dict(item for item in key if isinstance(item, tuple)
-                                                               and len(item) == 2 and isinstance(item[0], str))):
+                if compiles_after_the_first_call(kernel, constexprs(key)):
                     future.result(10)
         s, gx = lif_run(x, g, **options)
     assert torch.equal(s, s_fused)
     torch.testing.assert_close(gx, gx_fused, rtol=1e-5, atol=1e-6)
 
     def chunk_lengths(kernel):  # of the variants launched
-        return {value for key in kernel._compiled for item in key if isinstance(item, tuple) and len(item) == 2
-                and item[0] == "K" for value in item[1:]}
+        return {constexprs(key)["K"] for key in kernel._compiled}
     assert chunk_lengths(forward) == {lif_ops.QUICK_K}
     tuned = kernel_base.launch_config(30, torch.float32)[1]
     assert tuned != lif_ops.QUICK_K
     assert chunk_lengths(backward) == {tuned if tuned_backward == "compiled" else lif_ops.QUICK_K}
+
+
+def constexprs(key):
+    """The constexprs and launch options in a CachedLaunch key (its (name, value) pairs)."""
+    return dict(item for item in key if isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str))
 
 
 def test_only_training_steps_take_the_quick_kernels_while_compiles_are_in_flight(monkeypatch):
