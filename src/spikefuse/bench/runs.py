@@ -129,8 +129,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "none: all in this process, each library finding what the ones before it loaded; "
                              "auto (default): process on CUDA, none on the CPU")
     parser.add_argument("--background-compile", choices=["on", "off"], default="on",
-                        help="spikefuse's Trainer(background_compile=...) on CUDA: on (default), its layers run their "
-                             "torch twins while their kernels compile; off, every kernel compiles before it runs")
+                        help="spikefuse's Trainer(background_compile=...) on CUDA: on (default), its layers run quick "
+                             "kernels (LIF) or their torch twins while their kernels compile; off, every kernel "
+                             "compiles before it runs")
     parser.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto",
                         help="auto (default): cuda where present; cpu runs only with --quick (the harness at toy sizes)")
     parser.add_argument("--quick", action="store_true",

@@ -73,8 +73,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="on CUDA, issue every training step from Python instead of replaying it as one CUDA graph")
     add("--background-compile", action="store_true", default=s,
         help="on CUDA, while a fused kernel compiles (1-5 s a variant from a cold Triton cache) run its "
-             "layer's torch twin and go on training; steps are captured once all are compiled (a run's "
-             "first steps then depend on compile timing: off, every run takes the same path)")
+             "layer's quick kernels (LIF) or torch twin and go on training; steps are captured once all are "
+             "compiled (a run's first steps then depend on compile timing: off, every run takes the same path)")
     add("--clip-grad", type=float, default=s, metavar="NORM", help="clip the gradients' total norm (default: off)")
     add("--sparse", action="store_true", default=s,
         help="sparse training (the ipu-* models): gradient only through neurons that came near threshold "

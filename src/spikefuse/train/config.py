@@ -35,7 +35,7 @@ class Config:
     precision: str = "fp32"
     compile: bool = False
     capture: bool = True  # CUDA-graph training steps on CUDA (--no-capture turns it off)
-    background_compile: bool = False  # layers run their torch twins while their kernels compile (Trainer)
+    background_compile: bool = False  # layers run quick kernels or torch twins while theirs compile (Trainer)
     clip_grad: float | None = None  # max total gradient norm; None: no clipping
     sparse: bool = False  # sparse training (the ipu-* models: spikefuse.models.trains_sparse)
     max_rate: float | None = None  # bound on each hidden neuron's firing rate (RateRegularizer); None: off

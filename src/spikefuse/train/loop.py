@@ -91,7 +91,8 @@ class Trainer:
         potentials that come near threshold without firing (RateRegularizer); 0: none.
     background_compile: while a fused kernel compiles (from a cold Triton cache, 1-5 s a
         variant), its layer runs its pure-PyTorch twin (same spikes, gradients within 1e-5;
-        slower, and it keeps more for backward) and training goes on; the steps are captured
+        slower, and it keeps more for backward), or a LIF layer quick kernels that compile
+        sooner (ops/lif.py QUICK_K), and training goes on; the steps are captured
         once every kernel is compiled. Off by default: a run's first steps would then depend on
         how fast its kernels compile, and a seed would no longer fix a run bit for bit (nor a
         resumed run match an uninterrupted one). One process only (not with data_parallel).
