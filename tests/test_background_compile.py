@@ -468,7 +468,7 @@ print(json.dumps({"deferrals": launch.deferrals(), "graphs": trainer.step.captur
 
 @pytest.mark.gpu
 def test_fit_from_a_cold_cache_trains_while_its_kernels_compile(tmp_path):
-    """The user's path on CUDA from an empty Triton cache: fit runs its layers' torch twins while
+    """The user's path on CUDA from an empty Triton cache: fit runs quick kernels or torch twins while
     their kernels compile, then captures its steps; it learns as a run with background compiles
     off does (same batches; the twins' gradients differ in the last bits, so close, not equal)."""
     import json
