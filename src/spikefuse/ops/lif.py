@@ -465,16 +465,16 @@ class LIFFunction(torch.autograd.Function):
                              grad_threshold, grad_h=grad_h, threshold_tensor=threshold_tensor, need_gthr=need_gthr,
                              grad_scope=grad_scope, k=k)
 
+        def grads_by(run_backward):
+            return _input_grads(run_backward, grad_s, x, decay_tensor, v0, threshold_tensor, ctx.needs_input_grad[1:4])
+
         def fused():
-            needs = ctx.needs_input_grad[1:4]
             if ctx.k is None:
-                return _input_grads(run, grad_s, x, decay_tensor, v0, threshold_tensor, needs)
+                return grads_by(run)
             try:  # after a quick forward: the tuned kernel on every K-th checkpoint, else the quick one
-                tuned = functools.partial(run, ckpt=_every_kth_checkpoint(ckpt, x, grad_threshold, grad_scope))
-                return _input_grads(tuned, grad_s, x, decay_tensor, v0, threshold_tensor, needs)
+                return grads_by(functools.partial(run, ckpt=_every_kth_checkpoint(ckpt, x, grad_threshold, grad_scope)))
             except Compiling:
-                quick = functools.partial(run, k=ctx.k)
-                return _input_grads(quick, grad_s, x, decay_tensor, v0, threshold_tensor, needs)
+                return grads_by(functools.partial(run, k=ctx.k))
 
         def fallback():  # the kernel is compiling (background compiles): the torch twin's gradients
             if threshold_tensor is None and lif_loop.usable(x, decay_tensor, v0, any_device=True):
