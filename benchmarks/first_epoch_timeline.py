@@ -4,7 +4,8 @@
 
 Trainer.fit's first epoch (captured, fp32) of TASK at batch B, with background compiles if
 "background" is given. Printed, in seconds since the process started: the epoch's start and
-length, every Triton compile (kernel, start, end, thread; also its builds of host C modules with
+length, every Triton compile (kernel, start, end, thread; "child:" where a forked compile process did
+it, the thread then loading it from the cache; also its builds of host C modules with
 the system compiler, "build:...", and its kernel loads, "init_handles"), every compile CachedLaunch started
 (kernel, arguments as dtype / 16-byte aligned / shape, constexprs), and the training step calls
 (start, host time, launches deferred to a torch twin during the call, compiles in flight after
@@ -92,8 +93,22 @@ def print_stacks(label, start, end, top=6, depth=14):
 from spikefuse import capture  # noqa: E402  (after the compile hook)
 from spikefuse.data import load  # noqa: E402
 from spikefuse.models import build_model  # noqa: E402
-from spikefuse.ops import launch  # noqa: E402
+from spikefuse.ops import compile_processes, launch  # noqa: E402
 from spikefuse.train.loop import Trainer  # noqa: E402
+
+_compile_in_child = compile_processes.compile_in_child
+
+
+def compile_in_child(kernel, *args):  # a compile a forked process did (the parent then only loads it)
+    start = time.perf_counter()
+    done = _compile_in_child(kernel, *args)
+    spans.append((f"child:{kernel.fn.__name__}:{'done' if done else 'left to the thread'}", round(start - T0, 3),
+                  round(time.perf_counter() - T0, 3), threading.current_thread().name[:18]))
+    return done
+
+
+compile_processes.compile_in_child = compile_in_child
+compile_processes.start = timed("fork compile processes", compile_processes.start)
 
 _start_compile = launch.CachedLaunch._start_compile
 
@@ -137,6 +152,7 @@ def main():
     torch.cuda.synchronize()
     stop.set()
     print(json.dumps({"task": task, "background": background, "start": round(start - T0, 3),
+                      "compile_processes": compile_processes.enabled(),
                       "first_epoch": round(time.perf_counter() - start, 3), "steps": len(calls)}))
     print("compiles (kernel, start, end, thread):")
     for span in sorted(spans, key=lambda s: s[1]):

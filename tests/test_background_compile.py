@@ -450,8 +450,10 @@ COLD_FIT = """
 import json, sys, torch
 from spikefuse.data import load
 from spikefuse.models import build_model
-from spikefuse.ops import launch
+from spikefuse.ops import compile_processes, launch
 from spikefuse.train.loop import Trainer
+in_child, compile_in_child = [], compile_processes.compile_in_child  # which compiles a forked process did
+compile_processes.compile_in_child = lambda *args: in_child.append(compile_in_child(*args)) or in_child[-1]
 splits = load("randman", device="cuda", progress=False)
 torch.manual_seed(0)
 model = build_model("mlp", splits.input_shape, splits.num_classes, splits.time_steps)
@@ -461,7 +463,7 @@ history = trainer.fit()  # randman's epoch is short: it may end before the compi
 assert launch.wait_for_compiles(300)
 trainer.epochs = 3
 history = trainer.fit()
-print(json.dumps({"deferrals": launch.deferrals(), "graphs": trainer.step.captured,
+print(json.dumps({"deferrals": launch.deferrals(), "graphs": trainer.step.captured, "in_child": in_child,
                   "acc": [h["test_acc"] for h in history], "loss": [h["train_loss"] for h in history]}))
 """
 
@@ -469,7 +471,7 @@ print(json.dumps({"deferrals": launch.deferrals(), "graphs": trainer.step.captur
 @pytest.mark.gpu
 def test_fit_from_a_cold_cache_trains_while_its_kernels_compile(tmp_path):
     """The user's path on CUDA from an empty Triton cache: fit runs quick kernels or torch twins while
-    their kernels compile, then captures its steps; it learns as a run with background compiles
+    their kernels compile in forked processes, then captures its steps; it learns as a run with background compiles
     off does (same batches; the twins' gradients differ in the last bits, so close, not equal)."""
     import json
     import os
@@ -484,6 +486,8 @@ def test_fit_from_a_cold_cache_trains_while_its_kernels_compile(tmp_path):
         assert out.returncode == 0, out.stderr[-3000:]
         runs[mode] = json.loads(out.stdout.strip().splitlines()[-1])
     assert runs["on"]["deferrals"] > 0 and runs["off"]["deferrals"] == 0  # the twins ran, only when on
+    assert runs["on"]["in_child"] and all(runs["on"]["in_child"][:3])  # compiled in forked processes
+    assert not any(runs["off"]["in_child"])
     assert runs["on"]["graphs"] >= 1 and runs["off"]["graphs"] >= 1  # the steps were captured once compiled
     assert all(loss == loss for loss in runs["on"]["loss"])
     on, off = runs["on"]["loss"][-1], runs["off"]["loss"][-1]

@@ -26,7 +26,9 @@ the switch interval (5 ms by default) each: a LIF backward compile took 8.4 s be
 loop against 1.0 s alone, and 1.5 s at 0.1 ms (an H200 host's CPU, `benchmarks/compile_time_lif.py
 --beside-python`). So while compiles are in flight the interval is SWITCH_INTERVAL_S, restored
 after the last (in training, where torch releases the GIL inside each op, a cold first epoch
-gained 0.1-0.7 s of 4.8).
+gained 0.1-0.7 s of 4.8). Under `background_compiles()` on CUDA the compile itself runs in a
+forked process (compile_processes.py) and its thread only waits, then loads it from Triton's
+cache: the training thread no longer shares its GIL with the compiles.
 
 - `speculate` compiles a variant likely to be launched soon (a LIF or BN+LIF layer's backward
   and its no-gradient forward, at its first forward; with SPIKEFUSE_SPECULATIVE_COMPILE=1 or
@@ -54,6 +56,7 @@ import threading
 
 import torch
 
+from . import compile_processes
 from .triton_or_stub import INTERPRETED
 
 KERNEL_ON_CPU = ("a fused kernel was given CPU tensors: the kernels run on CUDA tensors, or on the CPU "
@@ -152,12 +155,18 @@ def background_compiles(enabled: bool = True):
     global _background, _cache_cold
     before = _background, _cache_cold
     _background, _cache_cold = bool(enabled), False
-    if enabled and not INTERPRETED and torch.cuda.is_available():  # Triton's once-per-process set-up (0.4-0.9 s)
-        _compile_threads().submit(_triton_driver_ready)           # starts now, not at the first compile
-    try:
+    forked = False
+    if enabled and not INTERPRETED and torch.cuda.is_available():
+        # the compile processes first: forked before any compile thread of ours runs (compile_processes.py)
+        forked = not compile_processes.running() and _compiling == 0 and compile_processes.start(
+            _compile_threads()._max_workers)
+        _compile_threads().submit(_triton_driver_ready)  # Triton's once-per-process set-up (0.4-0.9 s) starts
+    try:                                                 # now, not at the first compile
         yield
     finally:
         _background, _cache_cold = before
+        if forked:
+            compile_processes.stop()
 
 
 def fused_or(fused, fallback):
@@ -316,7 +325,9 @@ class CachedLaunch:
         return future
 
     def _compile_only(self, device, grid, signature, meta):
-        torch.cuda.set_device(device)  # Triton compiles for this thread's current device
+        # in a compile process where they run (this thread only waits), then loaded from Triton's cache
+        compile_processes.compile_in_child(self.kernel, device, signature, meta)
+        torch.cuda.set_device(device)  # Triton compiles for (or loads on) this thread's current device
         _triton_driver_ready()
         compiled = self.kernel.warmup(*signature, grid=grid, **meta)
         # Load it and build its launcher here too: Triton 3.6 builds each kernel signature's C launcher

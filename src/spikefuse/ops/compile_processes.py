@@ -1,0 +1,136 @@
+"""Triton compiles in forked processes, so that they do not share the training thread's GIL.
+
+Background compiles (launch.py) ran in threads of the training process. Triton returns to Python
+between its MLIR passes, so each compile thread took the interpreter lock hundreds of times, and
+the training thread waited for it at every torch op: steps of 4-5 ms took 20-70 ms while 2-4
+kernels compiled (benchmarks/results/runs-2026-11-27-s15/). Here the compile itself (Triton's
+passes, ptxas, and the gcc build of the kernel's C launcher) runs in a process forked from the
+trainer, which writes it to Triton's cache directory; the compile thread, which only waited
+meanwhile, then loads it from that cache (milliseconds).
+
+Why fork, not spawn: a fresh interpreter imports torch, Triton and spikefuse first (5-25 s on a
+busy GPU host), longer than a whole cold first epoch. A forked child has them already and finds the
+kernel by its module and name. It must not touch CUDA (a forked CUDA context is unusable, torch
+refuses it): Triton needs the device only for its target and current device and stream, which the
+child answers from values the parent read before forking. The workers are forked when background
+compiles begin (`start`), from the calling thread and before any compile thread of ours runs, so no
+thread of ours holds a lock (LLVM's, the driver set-up's) that a child would inherit held. They end
+when background compiles end (`stop`): a forked child keeps the pages the trainer later writes.
+
+A compile the children cannot do (a kernel not reachable by module and name, arguments that do not
+pickle, a child that died) is compiled in the thread as before, where Triton raises its own error.
+SPIKEFUSE_COMPILE_PROCESSES=0 keeps every compile in threads.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import importlib
+import multiprocessing
+import os
+import signal
+import sys
+import threading
+import warnings
+
+import torch
+
+_pool: concurrent.futures.ProcessPoolExecutor | None = None
+_lock = threading.Lock()
+_child_device = {"index": 0}  # in a child: the device Triton is told is current
+
+
+def enabled() -> bool:
+    return (os.environ.get("SPIKEFUSE_COMPILE_PROCESSES", "1") != "0" and sys.platform == "linux"
+            and "fork" in multiprocessing.get_all_start_methods())
+
+
+def start(workers: int) -> bool:
+    """Fork `workers` compile processes now, unless they run already; False if compiles stay in threads.
+    Call from the thread that trains, before compile threads start (see the module's docstring)."""
+    global _pool
+    with _lock:
+        if _pool is not None:
+            return True
+        if not enabled():
+            return False
+        targets = {d: torch.cuda.get_device_capability(d) for d in range(torch.cuda.device_count())}
+        pool = concurrent.futures.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"),
+                                                      initializer=_child_setup, initargs=(os.getpid(), targets))
+        with warnings.catch_warnings():  # "use of fork() may lead to deadlocks in the child": the children
+            warnings.simplefilter("ignore", DeprecationWarning)  # run no CUDA and none of our threads' work
+            pool.submit(os.getpid)  # with "fork", the first submit forks every worker, on this thread
+        _pool = pool
+        return True
+
+
+def stop() -> None:
+    """End the compile processes (a compile still running in one is compiled in its thread instead)."""
+    global _pool
+    with _lock:
+        pool, _pool = _pool, None
+    if pool is not None:
+        pool.shutdown(wait=False, cancel_futures=True)
+
+
+def running() -> bool:
+    return _pool is not None
+
+
+def compile_in_child(kernel, device: int, signature: list, meta: dict) -> bool:
+    """Compile `kernel` (a @triton.jit function) for `signature` and `meta` in a compile process, into
+    Triton's cache; wait for it. False where the children cannot do it (then compile it here)."""
+    pool = _pool
+    fn = getattr(kernel, "fn", None)
+    if pool is None or fn is None:
+        return False
+    try:
+        future = pool.submit(_compile, fn.__module__, fn.__qualname__, device, signature, meta)
+        return future.result()
+    except Exception:  # unpicklable arguments, a broken pool, a failed compile: the thread compiles (and
+        return False   # raises Triton's error where there is one)
+
+
+# ---- in the child ----
+
+def _child_setup(parent: int, targets: dict) -> None:
+    """Answer Triton's device questions without CUDA, and end with the parent."""
+    try:  # Linux: SIGTERM when the parent dies, even by SIGKILL (else a child waits on its queue for ever)
+        import ctypes
+        ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != parent:
+        os._exit(0)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C reaches the parent; it ends us
+    from triton.backends.compiler import GPUTarget
+    from triton.runtime import driver
+    try:
+        active = driver.active  # set up in the parent already, or here (a C helper module, no CUDA call)
+    except RuntimeError:  # no GPU driver (CPU tests of these processes): Triton fails in the compile instead
+        return
+    current = _child_device
+    active.get_current_device = lambda: current["index"]
+    active.set_current_device = lambda index: current.update(index=index)
+    active.get_current_stream = lambda index=None: 0
+    active.get_device_capability = lambda index=None: targets[current["index"] if index is None else index]
+    active.get_current_target = lambda: GPUTarget("cuda", _arch(targets[current["index"]]), 32)
+
+
+def _arch(capability) -> int:
+    return capability[0] * 10 + capability[1]
+
+
+def _compile(module: str, name: str, device: int, signature: list, meta: dict) -> bool:
+    kernel = importlib.import_module(module)
+    for part in name.split("."):
+        kernel = getattr(kernel, part, None)
+    if getattr(kernel, "warmup", None) is None:  # not the @triton.jit function under that name
+        return False
+    _child_device["index"] = device
+    compiled = kernel.warmup(*signature, grid=(1,), **meta)
+    try:  # its C launcher too: Triton 3.6 builds one per signature with gcc and caches it beside the kernel
+        from triton.runtime import driver
+        driver.active.launcher_cls(compiled.src, compiled.metadata)
+    except Exception:  # (another Triton: the parent builds it when it loads the kernel)
+        pass
+    return True

@@ -1,0 +1,78 @@
+"""Compiles in forked processes (ops/compile_processes.py): the plumbing, on the CPU, with a stand-in
+for a @triton.jit function. The GPU tests compile real kernels this way (test_background_compile.py)."""
+import os
+import pathlib
+
+import pytest
+
+from spikefuse.ops import compile_processes
+
+
+def _stand_in_fn():
+    pass
+
+
+_stand_in_fn.__qualname__ = "stand_in"  # the name under which a child finds the "kernel" in this module
+
+
+class _StandIn:
+    """What a child finds by module and name: its warmup notes where it ran and what it was given."""
+    fn = _stand_in_fn
+
+    def warmup(self, *signature, grid, **meta):
+        if meta.get("die"):
+            os._exit(3)
+        pathlib.Path(meta["out"]).write_text(f"{os.getpid()} {signature} {grid}")
+
+
+stand_in = _StandIn()
+
+
+class _Unreachable(_StandIn):
+    fn = type("fn", (), {"__module__": __name__, "__qualname__": "no_such_kernel"})
+
+
+@pytest.fixture
+def processes():
+    assert compile_processes.start(2)
+    yield
+    compile_processes.stop()
+
+
+def test_a_compile_runs_in_another_process_with_its_arguments(processes, tmp_path):
+    out = tmp_path / "ran"
+    assert compile_processes.compile_in_child(stand_in, 0, ["fp32", 16], {"out": str(out)})
+    pid, rest = out.read_text().split(" ", 1)
+    assert int(pid) != os.getpid()
+    assert rest == "('fp32', 16) (1,)"
+
+
+@pytest.mark.parametrize("case", ["kernel not found by name", "arguments do not pickle", "the child dies",
+                                  "no processes"])
+def test_what_a_child_cannot_compile_is_left_to_the_thread(case, tmp_path):
+    kernel, meta = stand_in, {"out": str(tmp_path / "ran")}
+    if case == "kernel not found by name":
+        kernel = _Unreachable()
+    elif case == "arguments do not pickle":
+        meta["hook"] = lambda: None
+    elif case == "the child dies":
+        meta["die"] = True
+    if case != "no processes":
+        assert compile_processes.start(2)
+    try:
+        assert not compile_processes.compile_in_child(kernel, 0, ["fp32"], meta)
+    finally:
+        compile_processes.stop()
+    assert not compile_processes.running()
+
+
+def test_switched_off_by_the_environment(monkeypatch):
+    monkeypatch.setenv("SPIKEFUSE_COMPILE_PROCESSES", "0")
+    assert not compile_processes.start(2)
+    assert not compile_processes.running()
+
+
+def test_background_compiles_fork_no_processes_without_cuda():
+    from spikefuse.ops.launch import background_compiles
+    with background_compiles():
+        assert not compile_processes.running()
