@@ -102,7 +102,8 @@ _compile_in_child = compile_processes.compile_in_child
 def compile_in_child(kernel, *args):  # a compile a forked process did (the parent then only loads it)
     start = time.perf_counter()
     done = _compile_in_child(kernel, *args)
-    spans.append((f"child:{kernel.fn.__name__}:{'done' if done else 'left to the thread'}", round(start - T0, 3),
+    outcome = "done" if done else f"left to the thread ({compile_processes.last_failure[-160:]})"
+    spans.append((f"child:{kernel.fn.__name__}:{outcome}", round(start - T0, 3),
                   round(time.perf_counter() - T0, 3), threading.current_thread().name[:18]))
     return done
 

@@ -6,6 +6,7 @@ import pathlib
 import pytest
 
 from spikefuse.ops import compile_processes
+from helpers import DEVICE
 
 
 def _stand_in_fn():
@@ -72,6 +73,13 @@ def test_switched_off_by_the_environment(monkeypatch):
     assert not compile_processes.running()
 
 
+def test_a_child_finds_our_kernels_by_module_and_name():
+    from spikefuse.ops import lif
+    kernel = lif._lif_forward_kernel.kernel  # (the module's name is the CachedLaunch wrapping it)
+    assert compile_processes.jit_function(kernel.fn.__module__, kernel.fn.__qualname__) is kernel
+
+
+@pytest.mark.skipif(DEVICE != "cpu", reason="a CPU-only machine")
 def test_background_compiles_fork_no_processes_without_cuda():
     from spikefuse.ops.launch import background_compiles
     with background_compiles():

@@ -37,6 +37,7 @@ import torch
 _pool: concurrent.futures.ProcessPoolExecutor | None = None
 _lock = threading.Lock()
 _child_device = {"index": 0}  # in a child: the device Triton is told is current
+last_failure = ""  # why the children last left a compile to the thread (benchmarks print it)
 
 
 def enabled() -> bool:
@@ -83,11 +84,15 @@ def compile_in_child(kernel, device: int, signature: list, meta: dict) -> bool:
     fn = getattr(kernel, "fn", None)
     if pool is None or fn is None:
         return False
+    global last_failure
     try:
         future = pool.submit(_compile, fn.__module__, fn.__qualname__, device, signature, meta)
-        return future.result()
-    except Exception:  # unpicklable arguments, a broken pool, a failed compile: the thread compiles (and
-        return False   # raises Triton's error where there is one)
+        if future.result():
+            return True
+        last_failure = f"{fn.__module__}.{fn.__qualname__}: not found by that name in a child"
+    except Exception as e:  # unpicklable arguments, a broken pool, a failed compile: the thread compiles (and
+        last_failure = f"{fn.__module__}.{fn.__qualname__}: {type(e).__name__}: {e}"  # raises Triton's error)
+    return False
 
 
 # ---- in the child ----
@@ -120,11 +125,19 @@ def _arch(capability) -> int:
     return capability[0] * 10 + capability[1]
 
 
-def _compile(module: str, name: str, device: int, signature: list, meta: dict) -> bool:
-    kernel = importlib.import_module(module)
+def jit_function(module: str, name: str):
+    """The @triton.jit function named `name` in `module` (where a CachedLaunch wraps it, the wrapped
+    one), or None."""
+    found = importlib.import_module(module)
     for part in name.split("."):
-        kernel = getattr(kernel, part, None)
-    if getattr(kernel, "warmup", None) is None:  # not the @triton.jit function under that name
+        found = getattr(found, part, None)
+    found = getattr(found, "kernel", found)  # a CachedLaunch holds the kernel
+    return found if callable(getattr(found, "warmup", None)) else None
+
+
+def _compile(module: str, name: str, device: int, signature: list, meta: dict) -> bool:
+    kernel = jit_function(module, name)
+    if kernel is None:
         return False
     _child_device["index"] = device
     compiled = kernel.warmup(*signature, grid=(1,), **meta)
