@@ -93,23 +93,26 @@ def print_stacks(label, start, end, top=6, depth=14):
 from spikefuse import capture  # noqa: E402  (after the compile hook)
 from spikefuse.data import load  # noqa: E402
 from spikefuse.models import build_model  # noqa: E402
-from spikefuse.ops import compile_processes, launch  # noqa: E402
+from spikefuse.ops import launch  # noqa: E402
 from spikefuse.train.loop import Trainer  # noqa: E402
 
-_compile_in_child = compile_processes.compile_in_child
+try:  # (absent before the compile processes: A/B runs against older sources)
+    from spikefuse.ops import compile_processes  # noqa: E402
+except ImportError:
+    compile_processes = None
+else:
+    _compile_in_child = compile_processes.compile_in_child
 
+    def compile_in_child(kernel, *args):  # a compile a forked process did (the parent then only loads it)
+        start = time.perf_counter()
+        done = _compile_in_child(kernel, *args)
+        outcome = "done" if done else f"left to the thread ({compile_processes.last_failure[-160:]})"
+        spans.append((f"child:{kernel.fn.__name__}:{outcome}", round(start - T0, 3),
+                      round(time.perf_counter() - T0, 3), threading.current_thread().name[:18]))
+        return done
 
-def compile_in_child(kernel, *args):  # a compile a forked process did (the parent then only loads it)
-    start = time.perf_counter()
-    done = _compile_in_child(kernel, *args)
-    outcome = "done" if done else f"left to the thread ({compile_processes.last_failure[-160:]})"
-    spans.append((f"child:{kernel.fn.__name__}:{outcome}", round(start - T0, 3),
-                  round(time.perf_counter() - T0, 3), threading.current_thread().name[:18]))
-    return done
-
-
-compile_processes.compile_in_child = compile_in_child
-compile_processes.start = timed("fork compile processes", compile_processes.start)
+    compile_processes.compile_in_child = compile_in_child
+    compile_processes.start = timed("fork compile processes", compile_processes.start)
 
 _start_compile = launch.CachedLaunch._start_compile
 
@@ -148,13 +151,15 @@ def main():
     surrogate = dict(surrogate="fast_sigmoid", alpha=1.0) if net.startswith("ipu") else {}
     model = build_model(net, splits.input_shape, splits.num_classes, splits.time_steps, **surrogate).cuda()
     optimizer = torch.optim.Adam(model.parameters(), lr=2e-3, fused=True)
-    Trainer(model, splits, optimizer, epochs=1, batch_size=batch, device="cuda", precision="fp32", seed=0,
-            progress=False, background_compile=background).fit()
+    trainer = Trainer(model, splits, optimizer, epochs=1, batch_size=batch, device="cuda", precision="fp32",
+                      seed=0, progress=False, background_compile=background)
+    trainer.fit()
     torch.cuda.synchronize()
     stop.set()
     print(json.dumps({"task": task, "background": background, "start": round(start - T0, 3),
-                      "compile_processes": compile_processes.enabled(),
-                      "first_epoch": round(time.perf_counter() - start, 3), "steps": len(calls)}))
+                      "compile_processes": compile_processes is not None and compile_processes.enabled(),
+                      "first_epoch": round(time.perf_counter() - start, 3), "steps": len(calls),
+                      "provisional_graphs": getattr(trainer.step, "provisional_captures", None)}))
     print("compiles (kernel, start, end, thread):")
     for span in sorted(spans, key=lambda s: s[1]):
         print("  ", span)

@@ -417,7 +417,7 @@ def test_a_step_is_captured_only_after_a_call_that_deferred_nothing(monkeypatch)
     step = CapturedStep(lambda x: calls.append("eager"), warmup=1)
     monkeypatch.setattr(step, "_unsupported", lambda inputs: None)
     monkeypatch.setattr(step, "_warm_up", lambda inputs: step.step_fn(*inputs))
-    monkeypatch.setattr(step, "_capture", lambda entry, inputs: calls.append("capture"))
+    monkeypatch.setattr(step, "_capture", lambda entry, inputs, provisional: calls.append("capture"))
     deferring = [True, True, False]  # the first two calls each run a stand-in
 
     def step_fn(x):
@@ -428,6 +428,36 @@ def test_a_step_is_captured_only_after_a_call_that_deferred_nothing(monkeypatch)
     for _ in range(4):
         step(torch.empty(1))
     assert calls == ["eager", "eager", "eager", "capture"]
+
+
+def test_from_a_cold_cache_a_step_is_captured_with_its_stand_ins_then_again_with_its_kernels(monkeypatch):
+    """CapturedStep: while kernels compile from a cold cache, the step is captured after its warm-ups
+    with the stand-ins it runs (a provisional graph, replayed), and again once nothing compiles."""
+    monkeypatch.setattr(launch, "_compiling", 1)
+    monkeypatch.setattr(launch, "_background", True)
+    monkeypatch.setattr(launch, "_cache_cold", True)
+    calls = []
+    step = CapturedStep(lambda x: None, warmup=1)
+    monkeypatch.setattr(step, "_unsupported", lambda inputs: None)
+    monkeypatch.setattr(step, "_warm_up", lambda inputs: step.step_fn(*inputs))
+
+    def step_fn(x):
+        calls.append("eager")
+        if launch._compiling:  # a stand-in ran
+            monkeypatch.setattr(launch, "_deferred", launch._deferred + 1)
+
+    def capture(entry, inputs, provisional):
+        calls.append(("capture", provisional))
+        entry.graph = type("Graph", (), {"replay": lambda self: calls.append("replay")})()
+        entry.provisional = provisional
+    step.step_fn = step_fn
+    monkeypatch.setattr(step, "_capture", capture)
+    for _ in range(3):
+        step(torch.empty(1))
+    monkeypatch.setattr(launch, "_compiling", 0)  # the kernels are compiled
+    for _ in range(3):
+        step(torch.empty(1))
+    assert calls == ["eager", ("capture", True), "replay", "eager", ("capture", False), "replay"]
 
 
 def test_fit_takes_background_compile_as_a_bool_off_by_default():
@@ -465,6 +495,7 @@ assert launch.wait_for_compiles(300)
 trainer.epochs = 3
 history = trainer.fit()
 print(json.dumps({"deferrals": launch.deferrals(), "graphs": trainer.step.captured, "in_child": in_child,
+                  "provisional": trainer.step.provisional_captures,
                   "child_failure": compile_processes.last_failure,
                   "acc": [h["test_acc"] for h in history], "loss": [h["train_loss"] for h in history]}))
 """

@@ -69,7 +69,7 @@ def stubbed(monkeypatch):
     monkeypatch.setattr(CapturedStep, "_unsupported", staticmethod(lambda inputs: None))
     monkeypatch.setattr(CapturedStep, "_warm_up", lambda self, inputs: ("warm", self.step_fn(*inputs)))
 
-    def fake_capture(self, entry, inputs):
+    def fake_capture(self, entry, inputs, provisional=False):
         entry.inputs = tuple(t.clone() for t in inputs)
         entry.graph = FakeGraph(self.step_fn, entry.inputs)
         entry.outputs = "static"

@@ -13,7 +13,10 @@ initialise lazy state: optimizer moments, cuBLAS/cuDNN handles, autotuned kernel
 background compiles on, more follow until a call ran no op's stand-in and no kernel is still
 compiling, so that no stand-in is captured), the
 next call copies its inputs into static buffers and captures, and every later call copies
-into those buffers and replays. So the last, shorter batch of an epoch gets a second graph
+into those buffers and replays. One exception: from a cold Triton cache, where kernels compile
+for seconds, the step is captured after its warm-ups with the stand-ins it runs meanwhile (a
+provisional graph: a first epoch at the stand-ins' GPU speed instead of their host speed), and
+captured again, with its kernels, once nothing compiles. So the last, shorter batch of an epoch gets a second graph
 after `warmup` epochs; until then it runs eagerly. `step_fn` must only read its arguments
 and tensors that outlive it (parameters, gradients, optimizer state, buffers, accumulators
 updated in place); what it returns is overwritten by the next call.
@@ -124,6 +127,8 @@ class _Graph:
     def __init__(self):
         self.calls = 0
         self.deferrals = -1  # launch.deferrals() before the last warm-up call
+        self.provisional = False  # the graph holds stand-ins of kernels that were compiling
+        self.may_be_provisional = True  # False once capturing stand-ins failed
         self.graph: torch.cuda.CUDAGraph | None = None
         self.inputs: tuple[torch.Tensor, ...] = ()
         self.outputs = None
@@ -163,6 +168,7 @@ class CapturedStep:
         self._side_stream = stream
         self._warned_shapes = False
         self.pool_bytes = 0  # device memory reserved while capturing (the private pool)
+        self.provisional_captures = 0  # graphs captured with stand-ins while kernels compiled
 
     @property
     def captured(self) -> int:
@@ -181,17 +187,22 @@ class CapturedStep:
             if len(self.graphs) >= self.max_graphs:
                 return self._eager_for_new_shape(key, inputs)
             entry = self.graphs[key] = _Graph()
+        if entry.graph is not None and entry.provisional and launch.compiles_in_flight() == 0:
+            entry.graph = entry.outputs = None  # its kernels are ready: one eager call, then captured again
+            entry.inputs, entry.provisional, entry.calls = (), False, self.warmup - 1
         if entry.graph is not None:
             for static, new in zip(entry.inputs, inputs):
                 if static.data_ptr() != new.data_ptr():
                     static.copy_(new, non_blocking=True)
             entry.graph.replay()
             return entry.outputs
-        if entry.calls < self.warmup or (self.agree_across is None and not launch.settled(entry.deferrals)):
+        unsettled = self.agree_across is None and not launch.settled(entry.deferrals)
+        provisional = unsettled and entry.may_be_provisional and launch.cold_compiles_in_flight()
+        if entry.calls < self.warmup or (unsettled and not provisional):
             entry.calls += 1
             entry.deferrals = launch.deferrals()
             return self._warm_up(inputs)
-        return self._capture(entry, inputs)
+        return self._capture(entry, inputs, provisional)
 
     @staticmethod
     def _unsupported(inputs) -> str | None:
@@ -214,7 +225,8 @@ class CapturedStep:
         main.wait_stream(self._side_stream)
         return outputs
 
-    def _capture(self, entry: _Graph, inputs):
+    def _capture(self, entry: _Graph, inputs, provisional: bool = False):
+        """Capture the step (with provisional, the stand-ins of kernels still compiling too) and run it."""
         device = inputs[0].device
         static = tuple(t.clone(memory_format=torch.preserve_format) for t in inputs)
         if self._pool is None:
@@ -224,15 +236,20 @@ class CapturedStep:
         reserved = torch.cuda.memory_reserved(device)
         failure = None
         rng = _generator_state(device)
+        deferred = launch.deferrals()
         try:
-            with torch.cuda.graph(graph, pool=self._pool, stream=self._side_stream,  # the warm-ups' stream
-                                  capture_error_mode="thread_local"):
+            with (torch.cuda.graph(graph, pool=self._pool, stream=self._side_stream,  # the warm-ups' stream
+                                   capture_error_mode="thread_local"),
+                  launch.stand_ins_captured(provisional)):
                 outputs = self.step_fn(*static)
         except Exception as e:  # the step did not run: run it eagerly, and from now on
             first_line = (str(e).strip().splitlines() or [""])[0]
             failure = f"capturing failed: {type(e).__name__}: {first_line}"
             if rng is not None:
                 _restore_generator(*rng)
+        if failure is not None and provisional:  # a stand-in that cannot be captured: eager until the
+            entry.may_be_provisional = False     # kernels are compiled, then captured as usual
+            return self._warm_up(inputs)
         if self.agree_across is not None:  # nothing ran yet on any rank: all replay, or all go eager
             failure = self._agree(failure, device)
         if failure is not None:
@@ -243,6 +260,8 @@ class CapturedStep:
         # synchronise with that stream
         outputs = tree_map(lambda t: t.detach() if isinstance(t, torch.Tensor) else t, outputs)
         entry.graph, entry.inputs, entry.outputs = graph, static, outputs
+        entry.provisional = launch.deferrals() != deferred
+        self.provisional_captures += entry.provisional
         graph.replay()  # capturing recorded the step without running it
         return outputs
 

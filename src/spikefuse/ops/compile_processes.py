@@ -119,6 +119,18 @@ def _child_setup(parent: int, targets: dict) -> None:
     active.get_current_stream = lambda index=None: 0
     active.get_device_capability = lambda index=None: targets[current["index"] if index is None else index]
     active.get_current_target = lambda: GPUTarget("cuda", _arch(targets[current["index"]]), 32)
+    hash_triton()  # now, not in the first compile a child is given
+
+
+def hash_triton() -> None:
+    """Triton hashes its own sources and library into the key of every cache entry, once per process
+    (0.4 s; where the function lives depends on Triton's version)."""
+    import triton.compiler.compiler  # noqa: F401  (imports triton.runtime.cache too)
+    for module in ("triton.runtime.cache", "triton.compiler.compiler"):
+        triton_key = getattr(sys.modules.get(module), "triton_key", None)
+        if triton_key is not None:
+            triton_key()
+            return
 
 
 def _arch(capability) -> int:

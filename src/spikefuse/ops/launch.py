@@ -183,6 +183,25 @@ def fused_or(fused, fallback):
         _local.depth -= 1
 
 
+_stand_ins_captured = False  # process-wide, as _background: set while CapturedStep captures a provisional graph
+
+
+@contextlib.contextmanager
+def stand_ins_captured(enabled: bool = True):
+    """While active (and capturing), a launch in fused_or whose kernel is compiling defers to its stand-in,
+    which the graph then records, as outside a capture (else a capture waits for every compile)."""
+    global _stand_ins_captured
+    before, _stand_ins_captured = _stand_ins_captured, bool(enabled)
+    try:
+        yield
+    finally:
+        _stand_ins_captured = before
+
+
+def compiles_in_flight() -> int:
+    return _compiling
+
+
 def wait_for_compiles(timeout: float | None = None) -> bool:
     """Wait until no compile is in flight (or `timeout` seconds pass); True if none is."""
     with _pending_lock:
@@ -217,11 +236,7 @@ def _triton_driver_ready() -> None:
     from triton.runtime import driver
     with _driver_lock:
         driver.active.get_current_target()
-        for module in ("triton.runtime.cache", "triton.compiler.compiler"):
-            triton_key = getattr(sys.modules.get(module), "triton_key", None)
-            if triton_key is not None:
-                triton_key()
-                break
+        compile_processes.hash_triton()
 
 
 @functools.cache
@@ -365,7 +380,8 @@ class CachedLaunch:
         key = self._key(device, args, meta)
         entry = self._compiled.get(key)
         if entry is None:  # Triton compiles (or finds) it and launches it
-            if _background and getattr(_local, "depth", 0) and not self._capturing():  # a graph keeps no stand-in
+            # a graph keeps no stand-in, but a provisional one (stand_ins_captured)
+            if _background and getattr(_local, "depth", 0) and (_stand_ins_captured or not self._capturing()):
                 self._defer(key, device, grid, args, meta)
             self.misses += 1
             speculated = self._in_flight.pop(key, None)
