@@ -159,7 +159,8 @@ def main():
     print(json.dumps({"task": task, "background": background, "start": round(start - T0, 3),
                       "compile_processes": compile_processes is not None and compile_processes.enabled(),
                       "first_epoch": round(time.perf_counter() - start, 3), "steps": len(calls),
-                      "provisional_graphs": getattr(trainer.step, "provisional_captures", None)}))
+                      "provisional_graphs": getattr(trainer.step, "provisional_captures", None),
+                      "provisional_failure": getattr(trainer.step, "provisional_failure", None)}))
     print("compiles (kernel, start, end, thread):")
     for span in sorted(spans, key=lambda s: s[1]):
         print("  ", span)

@@ -525,3 +525,61 @@ def test_fit_from_a_cold_cache_trains_while_its_kernels_compile(tmp_path):
     assert all(loss == loss for loss in runs["on"]["loss"])
     on, off = runs["on"]["loss"][-1], runs["off"]["loss"][-1]
     assert abs(on - off) < 0.1 * off and abs(runs["on"]["acc"][-1] - runs["off"]["acc"][-1]) < 0.1
+
+
+def _layers_with_stand_ins(name):
+    """A small network of one kind of layer whose ops have stand-ins, on CUDA."""
+    from spikefuse.nn import LIF, SparseSpikingLinear
+    if name == "lif":
+        return torch.nn.Sequential(torch.nn.Linear(20, 33), LIF(decay=0.9))
+    if name == "lif, hard reset to a value, cut":
+        return torch.nn.Sequential(torch.nn.Linear(20, 33), LIF(decay=0.8, reset="hard", v_reset=0.1,
+                                                                 grad_threshold=0.5))
+    if name == "bn+lif":
+        return torch.nn.Sequential(torch.nn.Linear(20, 33), BNLIF(33))
+    if name == "spiking linear":
+        return torch.nn.Sequential(torch.nn.Linear(20, 33), LIF(decay=0.9), SpikingLinear(33, 7), LIF(decay=0.9))
+    return torch.nn.Sequential(torch.nn.Linear(20, 33), LIF(decay=0.9), SparseSpikingLinear(33, 7), LIF(decay=0.9))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["lif", "lif, hard reset to a value, cut", "bn+lif", "spiking linear",
+                                  "sparse linear"])
+def test_every_stand_in_can_be_captured_in_a_provisional_graph(name, monkeypatch):
+    """From a cold cache CapturedStep captures the stand-ins (capture.py): none may copy from the host
+    or sync. Every launch is held "compiling"; a captured forward+backward replays as the eager one."""
+    def always_compiling(self, key, *args):
+        monkeypatch.setattr(launch, "_deferred", launch._deferred + 1)
+        raise Compiling(key)
+    monkeypatch.setattr(CachedLaunch, "_defer", always_compiling)
+    monkeypatch.setenv("SPIKEFUSE_COMPILE_PROCESSES", "0")
+    torch.manual_seed(0)
+    model = _layers_with_stand_ins(name).cuda()
+    x = torch.rand(9, 3, 20, device="cuda") * 2
+
+    def step(x):
+        for p in model.parameters():
+            p.grad = None
+        out = model(x)
+        (out * torch.linspace(-1, 1, out.shape[-1], device="cuda")).sum().backward()
+        return out, [p.grad for p in model.parameters()]
+    state = copy.deepcopy(model.state_dict())
+    with background_compiles():
+        before = deferrals()
+        expected = [t.clone() for t in (step(x)[0], *step(x)[1])]  # (also the warm-up for the capture)
+        assert deferrals() > before
+        model.load_state_dict(state)
+        graph, side = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            step(x)
+        torch.cuda.current_stream().wait_stream(side)
+        model.load_state_dict(state)
+        with launch.stand_ins_captured(), torch.cuda.graph(graph):
+            out, grads = step(x)
+        model.load_state_dict(state)
+        graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, expected[0])
+    for got, want in zip(grads, expected[1:]):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)

@@ -169,6 +169,7 @@ class CapturedStep:
         self._warned_shapes = False
         self.pool_bytes = 0  # device memory reserved while capturing (the private pool)
         self.provisional_captures = 0  # graphs captured with stand-ins while kernels compiled
+        self.provisional_failure: str | None = None  # why capturing the stand-ins failed, where it did
 
     @property
     def captured(self) -> int:
@@ -249,6 +250,7 @@ class CapturedStep:
                 _restore_generator(*rng)
         if failure is not None and provisional:  # a stand-in that cannot be captured: eager until the
             entry.may_be_provisional = False     # kernels are compiled, then captured as usual
+            self.provisional_failure = failure
             return self._warm_up(inputs)
         if self.agree_across is not None:  # nothing ran yet on any rank: all replay, or all go eager
             failure = self._agree(failure, device)

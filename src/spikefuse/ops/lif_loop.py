@@ -61,7 +61,7 @@ def _forward(x, d, v0, threshold, reset, v_reset, save):
     fired = torch.empty(x.shape, dtype=torch.bool, device=x.device)
     v = torch.zeros_like(H[0]) if v0 is None else v0
     v_next = torch.empty_like(H[0])  # one buffer for v: each step reads it (into H[t]) before writing it
-    v_reset_t = torch.tensor(v_reset, dtype=x.dtype, device=x.device)
+    v_reset_t = x.new_full((), v_reset)  # (a fill, not a copy from the host: capturable in a provisional graph)
     delayed = reset == "subtract"
     fire = torch.gt if delayed else torch.ge  # == (h - threshold > 0 / >= 0); NaN: False
     for t in range(T):

@@ -89,7 +89,8 @@ def pack(s: torch.Tensor, launch=EAGER) -> torch.Tensor:
 def _pack_in_torch(flat, n, n_bytes):
     bits = torch.zeros(n_bytes * 8, dtype=torch.uint8, device=flat.device)
     bits[:n] = flat != 0
-    weights = torch.tensor([1, 2, 4, 8, 16, 32, 64, 128], dtype=torch.uint8, device=flat.device)
+    weights = torch.ones(8, dtype=torch.uint8, device=flat.device) << torch.arange(8, dtype=torch.uint8,  # 1..128,
+                                                                                   device=flat.device)  # capturable
     return (bits.view(-1, 8) * weights).sum(1, dtype=torch.uint8)
 
 
