@@ -80,8 +80,8 @@ def _forward(x, d, v0, threshold, reset, v_reset, save):
     if reset in ("none", "subtract"):
         v = v.clone()  # v[T-1] must not alias the saved H
     spikes = fired.to(x.dtype)
-    if H.sum().isnan():  # a NaN somewhere (or inf - inf: then the exact test below finds none)
-        spikes.masked_fill_(H.isnan(), float("nan"))  # NaN is never "no spike"
+    spikes.masked_fill_(H.isnan(), float("nan"))  # NaN is never "no spike" (no test first: that would sync,
+                                                  # and a provisional graph captures this loop)
     return spikes, v, (H if save else None)
 
 
