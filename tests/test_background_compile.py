@@ -430,9 +430,12 @@ def test_a_step_is_captured_only_after_a_call_that_deferred_nothing(monkeypatch)
     assert calls == ["eager", "eager", "eager", "capture"]
 
 
-def test_from_a_cold_cache_a_step_is_captured_with_its_stand_ins_then_again_with_its_kernels(monkeypatch):
-    """CapturedStep: while kernels compile from a cold cache, the step is captured after its warm-ups
-    with the stand-ins it runs (a provisional graph, replayed), and again once nothing compiles."""
+@pytest.mark.parametrize("opted_in", [True, False])
+def test_from_a_cold_cache_a_step_is_captured_with_its_stand_ins_then_again_with_its_kernels(opted_in, monkeypatch):
+    """CapturedStep with SPIKEFUSE_PROVISIONAL_GRAPHS=1: while kernels compile from a cold cache, the step
+    is captured after its warm-ups with the stand-ins it runs (a provisional graph, replayed), and again
+    once nothing compiles. Without it, it runs eagerly until nothing compiles."""
+    monkeypatch.setenv("SPIKEFUSE_PROVISIONAL_GRAPHS", "1" if opted_in else "0")
     monkeypatch.setattr(launch, "_compiling", 1)
     monkeypatch.setattr(launch, "_background", True)
     monkeypatch.setattr(launch, "_cache_cold", True)
@@ -457,7 +460,10 @@ def test_from_a_cold_cache_a_step_is_captured_with_its_stand_ins_then_again_with
     monkeypatch.setattr(launch, "_compiling", 0)  # the kernels are compiled
     for _ in range(3):
         step(torch.empty(1))
-    assert calls == ["eager", ("capture", True), "replay", "eager", ("capture", False), "replay"]
+    if opted_in:
+        assert calls == ["eager", ("capture", True), "replay", "eager", ("capture", False), "replay"]
+    else:
+        assert calls == ["eager", "eager", "eager", "eager", ("capture", False), "replay"]
 
 
 def test_fit_takes_background_compile_as_a_bool_off_by_default():
@@ -512,19 +518,24 @@ def test_fit_from_a_cold_cache_trains_while_its_kernels_compile(tmp_path):
     import sys
 
     runs = {}
-    for mode in ("on", "off"):
-        env = {**os.environ, "TRITON_CACHE_DIR": str(tmp_path / f"cache-{mode}"), "PYTHONPATH": os.pathsep.join(sys.path)}
-        out = subprocess.run([sys.executable, "-c", COLD_FIT, mode], capture_output=True, text=True, env=env,
-                             timeout=600)
+    opt_ins = {"SPIKEFUSE_COMPILE_PROCESSES": "1", "SPIKEFUSE_PROVISIONAL_GRAPHS": "1"}
+    for mode in ("on", "on, opted in", "off"):
+        env = {**os.environ, "TRITON_CACHE_DIR": str(tmp_path / f"cache-{mode}"), "PYTHONPATH": os.pathsep.join(sys.path),
+               **(opt_ins if mode == "on, opted in" else {})}
+        out = subprocess.run([sys.executable, "-c", COLD_FIT, mode.split(",")[0]], capture_output=True, text=True,
+                             env=env, timeout=600)
         assert out.returncode == 0, out.stderr[-3000:]
         runs[mode] = json.loads(out.stdout.strip().splitlines()[-1])
-    assert runs["on"]["deferrals"] > 0 and runs["off"]["deferrals"] == 0  # the twins ran, only when on
-    assert runs["on"]["in_child"] and all(runs["on"]["in_child"][:3]), runs["on"]["child_failure"]  # forked
-    assert not any(runs["off"]["in_child"])
-    assert runs["on"]["graphs"] >= 1 and runs["off"]["graphs"] >= 1  # the steps were captured once compiled
-    assert all(loss == loss for loss in runs["on"]["loss"])
-    on, off = runs["on"]["loss"][-1], runs["off"]["loss"][-1]
-    assert abs(on - off) < 0.1 * off and abs(runs["on"]["acc"][-1] - runs["off"]["acc"][-1]) < 0.1
+    opted = runs["on, opted in"]
+    assert runs["on"]["deferrals"] > 0 and opted["deferrals"] > 0 and runs["off"]["deferrals"] == 0  # twins ran
+    assert opted["in_child"] and all(opted["in_child"][:3]), opted["child_failure"]  # compiled in forked processes
+    assert not any(runs["on"]["in_child"]) and not any(runs["off"]["in_child"])
+    assert opted["provisional"] >= 1 and runs["on"]["provisional"] == 0, opted  # graphs of stand-ins only if asked
+    for mode, run in runs.items():  # the steps were captured once compiled, and learnt alike
+        assert run["graphs"] >= 1, mode
+        assert all(loss == loss for loss in run["loss"])
+        off = runs["off"]["loss"][-1]
+        assert abs(run["loss"][-1] - off) < 0.1 * off and abs(run["acc"][-1] - runs["off"]["acc"][-1]) < 0.1, mode
 
 
 def _layers_with_stand_ins(name):

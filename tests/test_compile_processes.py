@@ -1,5 +1,5 @@
-"""Compiles in forked processes (ops/compile_processes.py): the plumbing, on the CPU, with a stand-in
-for a @triton.jit function. The GPU tests compile real kernels this way (test_background_compile.py)."""
+"""Compiles in forked processes (ops/compile_processes.py, opt-in: SPIKEFUSE_COMPILE_PROCESSES=1): the
+plumbing, on the CPU, with a stand-in for a @triton.jit function. The GPU tests compile real kernels this way (test_background_compile.py)."""
 import os
 import pathlib
 
@@ -31,6 +31,11 @@ stand_in = _StandIn()
 
 class _Unreachable(_StandIn):
     fn = type("fn", (), {"__module__": __name__, "__qualname__": "no_such_kernel"})
+
+
+@pytest.fixture(autouse=True)
+def opted_in(monkeypatch):
+    monkeypatch.setenv("SPIKEFUSE_COMPILE_PROCESSES", "1")
 
 
 @pytest.fixture
@@ -67,8 +72,12 @@ def test_what_a_child_cannot_compile_is_left_to_the_thread(case, tmp_path):
     assert not compile_processes.running()
 
 
-def test_switched_off_by_the_environment(monkeypatch):
-    monkeypatch.setenv("SPIKEFUSE_COMPILE_PROCESSES", "0")
+@pytest.mark.parametrize("setting", [None, "0"])
+def test_off_unless_asked_for(setting, monkeypatch):
+    if setting is None:
+        monkeypatch.delenv("SPIKEFUSE_COMPILE_PROCESSES")
+    else:
+        monkeypatch.setenv("SPIKEFUSE_COMPILE_PROCESSES", setting)
     assert not compile_processes.start(2)
     assert not compile_processes.running()
 

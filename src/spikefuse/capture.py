@@ -13,9 +13,10 @@ initialise lazy state: optimizer moments, cuBLAS/cuDNN handles, autotuned kernel
 background compiles on, more follow until a call ran no op's stand-in and no kernel is still
 compiling, so that no stand-in is captured), the
 next call copies its inputs into static buffers and captures, and every later call copies
-into those buffers and replays. One exception: from a cold Triton cache, where kernels compile
-for seconds, the step is captured after its warm-ups with the stand-ins it runs meanwhile (a
-provisional graph: a first epoch at the stand-ins' GPU speed instead of their host speed), and
+into those buffers and replays. With SPIKEFUSE_PROVISIONAL_GRAPHS=1 (opt-in, not yet measured
+on its own: benchmarks/results/runs-2026-11-27-s16/), from a cold Triton cache, where kernels
+compile for seconds, the step is captured after its warm-ups with the stand-ins it runs meanwhile
+(a provisional graph: a first epoch at the stand-ins' GPU speed instead of their host speed), and
 captured again, with its kernels, once nothing compiles. So the last, shorter batch of an epoch gets a second graph
 after `warmup` epochs; until then it runs eagerly. `step_fn` must only read its arguments
 and tensors that outlive it (parameters, gradients, optimizer state, buffers, accumulators
@@ -33,6 +34,7 @@ another graph could overwrite: persistent state exists before the first capture 
 """
 from __future__ import annotations
 
+import os
 import warnings
 from collections.abc import Callable
 
@@ -198,7 +200,8 @@ class CapturedStep:
             entry.graph.replay()
             return entry.outputs
         unsettled = self.agree_across is None and not launch.settled(entry.deferrals)
-        provisional = unsettled and entry.may_be_provisional and launch.cold_compiles_in_flight()
+        provisional = (unsettled and entry.may_be_provisional and launch.cold_compiles_in_flight()
+                       and os.environ.get("SPIKEFUSE_PROVISIONAL_GRAPHS", "0") == "1")
         if entry.calls < self.warmup or (unsettled and not provisional):
             entry.calls += 1
             entry.deferrals = launch.deferrals()

@@ -19,7 +19,13 @@ when background compiles end (`stop`): a forked child keeps the pages the traine
 
 A compile the children cannot do (a kernel not reachable by module and name, arguments that do not
 pickle, a child that died) is compiled in the thread as before, where Triton raises its own error.
-SPIKEFUSE_COMPILE_PROCESSES=0 keeps every compile in threads.
+
+Opt-in (SPIKEFUSE_COMPILE_PROCESSES=1), measured on 2x H100 (benchmarks/results/runs-2026-11-27-s16/):
+a cold first epoch was 0.3-0.9 s shorter (children compile faster, without the GIL), but the workers
+are forked at every `background_compiles()` (0.1-0.2 s, and a run that calls fit once per epoch pays
+it every epoch), and a kernel already in Triton's disk cache is found through a child, then loaded
+here: slower than GRACE_S, so a warm run deferred to stand-ins it did not need. Both would need
+fixing (a pool kept across fits, disk-cache hits loaded here first) before this is on by default.
 """
 from __future__ import annotations
 
@@ -41,7 +47,7 @@ last_failure = ""  # why the children last left a compile to the thread (benchma
 
 
 def enabled() -> bool:
-    return (os.environ.get("SPIKEFUSE_COMPILE_PROCESSES", "1") != "0" and sys.platform == "linux"
+    return (os.environ.get("SPIKEFUSE_COMPILE_PROCESSES", "0") == "1" and sys.platform == "linux"
             and "fork" in multiprocessing.get_all_start_methods())
 
 
