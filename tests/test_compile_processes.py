@@ -36,6 +36,7 @@ class _Unreachable(_StandIn):
 @pytest.fixture(autouse=True)
 def opted_in(monkeypatch):
     monkeypatch.setenv("SPIKEFUSE_COMPILE_PROCESSES", "1")
+    monkeypatch.setattr(compile_processes, "_forked", False)  # each test as a fresh process
 
 
 @pytest.fixture
@@ -93,3 +94,38 @@ def test_background_compiles_fork_no_processes_without_cuda():
     from spikefuse.ops.launch import background_compiles
     with background_compiles():
         assert not compile_processes.running()
+
+
+def test_forked_once_per_process():
+    """A run that calls fit once per epoch forks at its first fit only (0.1-0.2 s a fork)."""
+    assert compile_processes.start(2) and compile_processes.start(2)  # running: the same processes
+    compile_processes.stop()
+    assert not compile_processes.start(2) and not compile_processes.running()
+
+
+class _Backend:
+    """Stands for Triton's compiler backend: compile() reaches add_stages only on a disk-cache miss."""
+    stages = []
+
+    def add_stages(self, stages, options, language):
+        _Backend.stages.append(language)
+
+
+def _warmup(in_disk_cache):
+    """Stands for a @triton.jit function's warmup: a disk-cache hit returns the kernel at once."""
+    if not in_disk_cache:
+        _Backend().add_stages({}, None, "ttir")  # (the compile would go on from here)
+    return "compiled kernel"
+
+
+def test_a_kernel_in_the_disk_cache_loads_in_the_thread_and_a_miss_compiles_nothing(monkeypatch):
+    monkeypatch.setattr(_Backend, "stages", [])
+    monkeypatch.setattr(_Backend, "add_stages", _Backend.add_stages)  # (restored: the wrapper stays in the test)
+    assert compile_processes.load_cached(lambda: _warmup(True), _Backend) == "compiled kernel"
+    assert compile_processes.load_cached(lambda: _warmup(False), _Backend) is None
+    assert _Backend.stages == []  # the miss stopped before its stages
+    assert _warmup(False) == "compiled kernel" and _Backend.stages == ["ttir"]  # other compiles go on
+
+
+def test_without_a_stage_to_stop_at_every_kernel_counts_as_a_miss():
+    assert compile_processes.load_cached(lambda: _warmup(True), object) is None

@@ -15,21 +15,26 @@ refuses it): Triton needs the device only for its target and current device and 
 child answers from values the parent read before forking. The workers are forked when background
 compiles begin (`start`), from the calling thread and before any compile thread of ours runs, so no
 thread of ours holds a lock (LLVM's, the driver set-up's) that a child would inherit held. They end
-when background compiles end (`stop`): a forked child keeps the pages the trainer later writes.
+(`stop`) at the end of the first fit that ends with nothing compiling: a forked child keeps the pages
+the trainer writes later. They are forked once per process: a later fit (a run that calls fit once
+per epoch) reuses them while they run, or compiles in threads (new shapes only, by then).
+
+A kernel already in Triton's disk cache is loaded in the compile thread, not through a child
+(`load_cached`: milliseconds, within the wait a launch allows a disk-cache hit).
 
 A compile the children cannot do (a kernel not reachable by module and name, arguments that do not
 pickle, a child that died) is compiled in the thread as before, where Triton raises its own error.
 
-Opt-in (SPIKEFUSE_COMPILE_PROCESSES=1), measured on 2x H100 (benchmarks/results/runs-2026-11-27-s16/):
-a cold first epoch was 0.3-0.9 s shorter (children compile faster, without the GIL), but the workers
-are forked at every `background_compiles()` (0.1-0.2 s, and a run that calls fit once per epoch pays
-it every epoch), and a kernel already in Triton's disk cache is found through a child, then loaded
-here: slower than GRACE_S, so a warm run deferred to stand-ins it did not need. Both would need
-fixing (a pool kept across fits, disk-cache hits loaded here first) before this is on by default.
+Opt-in (SPIKEFUSE_COMPILE_PROCESSES=1). Measured on 2x H100 before the two rules above
+(benchmarks/results/runs-2026-11-27-s16/): a cold first epoch was 0.3-0.9 s shorter (children compile
+faster, without the GIL), but the workers were forked at every fit (0.1-0.2 s; `bench runs` calls
+fit once per epoch) and disk-cache hits went through a child, slower than GRACE_S, so a warm run ran
+stand-ins. The rules address both; they have not run on a GPU yet.
 """
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import importlib
 import multiprocessing
 import os
@@ -41,6 +46,7 @@ import warnings
 import torch
 
 _pool: concurrent.futures.ProcessPoolExecutor | None = None
+_forked = False  # once per process (see the module's docstring)
 _lock = threading.Lock()
 _child_device = {"index": 0}  # in a child: the device Triton is told is current
 last_failure = ""  # why the children last left a compile to the thread (benchmarks print it)
@@ -52,14 +58,16 @@ def enabled() -> bool:
 
 
 def start(workers: int) -> bool:
-    """Fork `workers` compile processes now, unless they run already; False if compiles stay in threads.
-    Call from the thread that trains, before compile threads start (see the module's docstring)."""
-    global _pool
+    """Fork `workers` compile processes now, unless they run already; False if compiles stay in threads
+    (not asked for, or forked before in this process). Call from the thread that trains, before compile
+    threads start (see the module's docstring)."""
+    global _pool, _forked
     with _lock:
         if _pool is not None:
             return True
-        if not enabled():
+        if _forked or not enabled():
             return False
+        _forked = True
         targets = {d: torch.cuda.get_device_capability(d) for d in range(torch.cuda.device_count())}
         pool = concurrent.futures.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"),
                                                       initializer=_child_setup, initargs=(os.getpid(), targets))
@@ -81,6 +89,44 @@ def stop() -> None:
 
 def running() -> bool:
     return _pool is not None
+
+
+class _CacheMiss(Exception):
+    """Raised inside Triton's compile, where a disk-cache miss starts its stages, by `load_cached`."""
+
+
+_loading = threading.local()  # .cached_only: this thread's compiles stop at a disk-cache miss
+
+
+def load_cached(warmup, backend_class):
+    """What warmup() (a @triton.jit function's) returns if Triton's disk cache holds the kernel, else
+    None with nothing compiled: the compile stops where Triton starts its stages (backend_class's
+    add_stages, reached only on a miss). None too where that class has no add_stages to stop at."""
+    if not _stops_on_miss(backend_class):
+        return None
+    _loading.cached_only = True
+    try:
+        return warmup()
+    except _CacheMiss:
+        return None
+    finally:
+        _loading.cached_only = False
+
+
+def _stops_on_miss(backend_class) -> bool:
+    """Wrap backend_class.add_stages (once) to raise _CacheMiss in a thread inside load_cached."""
+    add_stages = getattr(backend_class, "add_stages", None)
+    if add_stages is None:
+        return False
+    if not getattr(add_stages, "stops_on_miss", False):
+        @functools.wraps(add_stages)
+        def stop_on_miss(self, *args, **kwargs):
+            if getattr(_loading, "cached_only", False):
+                raise _CacheMiss
+            return add_stages(self, *args, **kwargs)
+        stop_on_miss.stops_on_miss = True
+        backend_class.add_stages = stop_on_miss
+    return True
 
 
 def compile_in_child(kernel, device: int, signature: list, meta: dict) -> bool:

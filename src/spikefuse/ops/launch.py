@@ -155,17 +155,16 @@ def background_compiles(enabled: bool = True):
     global _background, _cache_cold
     before = _background, _cache_cold
     _background, _cache_cold = bool(enabled), False
-    forked = False
     if enabled and not INTERPRETED and torch.cuda.is_available():
         # the compile processes first: forked before any compile thread of ours runs (compile_processes.py)
-        forked = not compile_processes.running() and _compiling == 0 and compile_processes.start(
-            _compile_threads()._max_workers)
+        if not compile_processes.running() and _compiling == 0:
+            compile_processes.start(_compile_threads()._max_workers)
         _compile_threads().submit(_triton_driver_ready)  # Triton's once-per-process set-up (0.4-0.9 s) starts
     try:                                                 # now, not at the first compile
         yield
     finally:
         _background, _cache_cold = before
-        if forked:
+        if compile_processes.running() and _compiling == 0:  # else the next fit's end (or the exit) ends them
             compile_processes.stop()
 
 
@@ -237,6 +236,13 @@ def _triton_driver_ready() -> None:
     with _driver_lock:
         driver.active.get_current_target()
         compile_processes.hash_triton()
+
+
+def _backend_class():
+    """The class of Triton's compiler backend for the current device (its add_stages runs on a miss)."""
+    from triton.compiler.compiler import make_backend
+    from triton.runtime import driver
+    return type(make_backend(driver.active.get_current_target()))
 
 
 @functools.cache
@@ -340,11 +346,15 @@ class CachedLaunch:
         return future
 
     def _compile_only(self, device, grid, signature, meta):
-        # in a compile process where they run (this thread only waits), then loaded from Triton's cache
-        compile_processes.compile_in_child(self.kernel, device, signature, meta)
         torch.cuda.set_device(device)  # Triton compiles for (or loads on) this thread's current device
         _triton_driver_ready()
-        compiled = self.kernel.warmup(*signature, grid=grid, **meta)
+        warmup = functools.partial(self.kernel.warmup, *signature, grid=grid, **meta)
+        # with compile processes: a kernel in Triton's disk cache loads here; a miss compiles in a child
+        # (this thread only waits), then loads from the cache
+        compiled = compile_processes.load_cached(warmup, _backend_class()) if compile_processes.running() else None
+        if compiled is None:
+            compile_processes.compile_in_child(self.kernel, device, signature, meta)
+            compiled = warmup()
         # Load it and build its launcher here too: Triton 3.6 builds each kernel signature's C launcher
         # with the system compiler (0.2-0.3 s) at the first launch, which would run on the training thread
         # (a cold CIFAR-medium step spent 2.3 s there, benchmarks/results/runs-2026-11-27-s15/).
