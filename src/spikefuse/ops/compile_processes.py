@@ -151,7 +151,8 @@ def compile_in_child(kernel, device: int, signature: list, meta: dict) -> bool:
 
 def _child_setup(parent: int, targets: dict) -> None:
     """Answer Triton's device questions without CUDA, and end with the parent."""
-    try:  # Linux: SIGTERM when the parent dies, even by SIGKILL (else a child waits on its queue for ever)
+    try:  # Linux: SIGTERM when the parent dies, even by SIGKILL (else a child waits on its queue for ever);
+        # strictly, when the thread that forked it ends: then compiles fall back to threads
         import ctypes
         ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
