@@ -114,6 +114,9 @@ def test_a_failing_capture_falls_back_once_and_the_step_still_runs(monkeypatch):
     monkeypatch.setattr(capture.torch.cuda, "graph_pool_handle", lambda: None)
     monkeypatch.setattr(capture.torch.cuda, "empty_cache", lambda: None)
     monkeypatch.setattr(capture.torch.cuda, "memory_reserved", lambda device=None: 0)
+    streams = []  # torch.cuda.graph leaves its stream current where capture_end raises: set back
+    monkeypatch.setattr(capture.torch.cuda, "current_stream", lambda device=None: "the caller's stream")
+    monkeypatch.setattr(capture.torch.cuda, "set_stream", streams.append)
     total = torch.zeros(())
 
     def step(x):
@@ -127,6 +130,7 @@ def test_a_failing_capture_falls_back_once_and_the_step_still_runs(monkeypatch):
     assert len(messages) == 1 and "capturing failed: RuntimeError: operation not permitted" in messages[0]
     assert "more detail" not in messages[0]
     assert float(total) == 8.0  # every step ran exactly once
+    assert streams == ["the caller's stream"]
 
 
 def test_prepare_optimizer_refuses_cpu_parameters_and_unknown_optimizers():

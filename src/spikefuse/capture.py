@@ -241,6 +241,7 @@ class CapturedStep:
         failure = None
         rng = _generator_state(device)
         deferred = launch.deferrals()
+        stream = torch.cuda.current_stream(device)
         try:
             with (torch.cuda.graph(graph, pool=self._pool, stream=self._side_stream,  # the warm-ups' stream
                                    capture_error_mode="thread_local"),
@@ -251,6 +252,7 @@ class CapturedStep:
             failure = f"capturing failed: {type(e).__name__}: {first_line}"
             if rng is not None:
                 _restore_generator(*rng)
+            torch.cuda.set_stream(stream)  # torch.cuda.graph leaves its stream current where capture_end raises
         if failure is not None and provisional:  # a stand-in that cannot be captured: eager until the
             entry.may_be_provisional = False     # kernels are compiled, then captured as usual
             self.provisional_failure = failure
