@@ -13,14 +13,17 @@ initialise lazy state: optimizer moments, cuBLAS/cuDNN handles, autotuned kernel
 background compiles on, more follow until a call ran no op's stand-in and no kernel is still
 compiling, so that no stand-in is captured), the
 next call copies its inputs into static buffers and captures, and every later call copies
-into those buffers and replays. With SPIKEFUSE_PROVISIONAL_GRAPHS=1 (opt-in, not yet measured
-on its own: benchmarks/results/runs-2026-11-27-s16/), from a cold Triton cache, where kernels
-compile for seconds, the step is captured after its warm-ups with the stand-ins it runs meanwhile
-(a provisional graph: a first epoch at the stand-ins' GPU speed instead of their host speed), and
-captured again, with its kernels, once nothing compiles. So the last, shorter batch of an epoch gets a second graph
+into those buffers and replays. So the last, shorter batch of an epoch gets a second graph
 after `warmup` epochs; until then it runs eagerly. `step_fn` must only read its arguments
 and tensors that outlive it (parameters, gradients, optimizer state, buffers, accumulators
 updated in place); what it returns is overwritten by the next call.
+
+With SPIKEFUSE_PROVISIONAL_GRAPHS=1 (opt-in, not yet measured on its own:
+benchmarks/results/runs-2026-11-27-s16/), from a cold Triton cache, where kernels compile for
+seconds, the step is captured after its warm-ups with the stand-ins it runs meanwhile (a
+provisional graph: a first epoch at the stand-ins' GPU speed instead of their host speed), and
+captured again, with its kernels, once nothing compiles. Where the stand-ins cannot be captured,
+the step runs eagerly until its kernels are compiled, then is captured as usual (no warning).
 
 Where capture is impossible it falls back to eager, with one warning naming the cause: CPU
 tensors, more input shapes than `max_graphs` (dynamic shapes), or an error raised while
