@@ -26,9 +26,10 @@ the switch interval (5 ms by default) each: a LIF backward compile took 8.4 s be
 loop against 1.0 s alone, and 1.5 s at 0.1 ms (an H200 host's CPU, `benchmarks/compile_time_lif.py
 --beside-python`). So while compiles are in flight the interval is SWITCH_INTERVAL_S, restored
 after the last (in training, where torch releases the GIL inside each op, a cold first epoch
-gained 0.1-0.7 s of 4.8). Under `background_compiles()` on CUDA the compile itself runs in a
-forked process (compile_processes.py) and its thread only waits, then loads it from Triton's
-cache: the training thread no longer shares its GIL with the compiles.
+gained 0.1-0.7 s of 4.8). With SPIKEFUSE_COMPILE_PROCESSES=1 (opt-in), under
+`background_compiles()` on CUDA, the compile itself runs in a forked process (compile_processes.py)
+and its thread only waits, then loads it from Triton's cache: the training thread no longer shares
+its GIL with the compiles.
 
 - `speculate` compiles a variant likely to be launched soon (a LIF or BN+LIF layer's backward
   and its no-gradient forward, at its first forward; with SPIKEFUSE_SPECULATIVE_COMPILE=1 or

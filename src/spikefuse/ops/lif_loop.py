@@ -80,8 +80,8 @@ def _forward(x, d, v0, threshold, reset, v_reset, save):
     if reset in ("none", "subtract"):
         v = v.clone()  # v[T-1] must not alias the saved H
     spikes = fired.to(x.dtype)
-    spikes.masked_fill_(H.isnan(), float("nan"))  # NaN is never "no spike" (no test first: that would sync,
-                                                  # and a provisional graph captures this loop)
+    if x.is_cuda or H.sum().isnan():  # a NaN somewhere (on CUDA not tested first: that would sync, and a
+        spikes.masked_fill_(H.isnan(), float("nan"))  # provisional graph captures this loop); NaN is never "no spike"
     return spikes, v, (H if save else None)
 
 
