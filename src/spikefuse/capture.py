@@ -270,7 +270,8 @@ class CapturedStep:
         # synchronise with that stream
         outputs = tree_map(lambda t: t.detach() if isinstance(t, torch.Tensor) else t, outputs)
         entry.graph, entry.inputs, entry.outputs = graph, static, outputs
-        entry.provisional = launch.deferrals() != deferred
+        # provisional if it ran a stand-in, or while anything compiles (its LIF layers then run quick kernels)
+        entry.provisional = provisional and (launch.deferrals() != deferred or launch.compiles_in_flight() > 0)
         self.provisional_captures += entry.provisional
         graph.replay()  # capturing recorded the step without running it
         return outputs
