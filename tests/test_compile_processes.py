@@ -1,5 +1,6 @@
 """Compiles in forked processes (ops/compile_processes.py, opt-in: SPIKEFUSE_COMPILE_PROCESSES=1): the
-plumbing, on the CPU, with a stand-in for a @triton.jit function. The GPU tests compile real kernels this way (test_background_compile.py)."""
+plumbing, on the CPU, with a stand-in for a @triton.jit function. The GPU tests compile real kernels
+this way (test_background_compile.py)."""
 import os
 import pathlib
 
