@@ -89,6 +89,37 @@ def test_the_compile_thread_also_loads_the_kernel_and_builds_its_launcher(fake):
     assert len(loaded_in) == 1 and loaded_in[0].startswith("spikefuse-compile")
 
 
+def test_kernels_load_one_at_a_time_in_every_thread(monkeypatch):
+    """Two threads loading launchers at once can swap them (launch._serialize_kernel_loads): once the
+    compile threads exist, Triton's _init_handles runs under one lock, and a loaded kernel skips it."""
+    pytest.importorskip("triton")
+    from triton.compiler.compiler import CompiledKernel
+    inside, most = [0], [0]
+
+    def slow_load(self):
+        inside[0] += 1
+        most[0] = max(most[0], inside[0])
+        threading.Event().wait(0.02)
+        inside[0] -= 1
+        self.module = "loaded"
+    monkeypatch.setattr(CompiledKernel, "_init_handles", slow_load)
+    launch._serialize_kernel_loads()
+    launch._serialize_kernel_loads()  # once: not wrapped twice
+    assert CompiledKernel._init_handles.__wrapped__ is slow_load
+
+    class Kernel:
+        module = None
+    kernels = [Kernel() for _ in range(6)]
+    threads = [threading.Thread(target=CompiledKernel._init_handles, args=(k,)) for k in kernels]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert most[0] == 1 and all(k.module == "loaded" for k in kernels)
+    with launch._kernel_loads_lock:  # held elsewhere: a loaded kernel does not wait for it
+        CompiledKernel._init_handles(kernels[0])
+
+
 def test_the_gil_changes_hands_often_while_a_compile_runs(fake):
     # beside a busy main thread a compile thread waits up to the switch interval at each return to
     # Python: 7x slower at the default 5 ms (compile_time_lif.py --beside-python)
@@ -573,7 +604,9 @@ def test_every_stand_in_can_be_captured_in_a_provisional_graph(name, monkeypatch
             p.grad = None
         out = model(x)
         (out * torch.linspace(-1, 1, out.shape[-1], device="cuda")).sum().backward()
-        return out, [p.grad for p in model.parameters()]
+        # detached: a kept autograd graph keeps the parameters' AccumulateGrad nodes bound to the eager
+        # step's stream, and the capture's backward would then sync with it (an illegal op in a capture)
+        return out.detach(), [p.grad for p in model.parameters()]
     state = copy.deepcopy(model.state_dict())
     with background_compiles():
         before = deferrals()

@@ -246,8 +246,42 @@ def _backend_class():
     return type(make_backend(driver.active.get_current_target()))
 
 
+_kernel_loads_lock = threading.Lock()
+
+
+def _serialize_kernel_loads() -> None:
+    """One kernel's handles loaded at a time, in every thread (Triton's own launches included).
+
+    Triton builds each kernel signature's launcher as a C extension module, all named
+    `__triton_launcher`. When CPython loads such a module again from a path it has loaded
+    before (a second variant of a kernel: same signature, same launcher file), it copies the
+    saved module dict into whatever module sys.modules holds under that name, and returns
+    that one. So two threads loading launchers at once can read each other's `launch`: a
+    warm run's BN+LIF backward got its forward's ("function takes exactly 35 arguments (39
+    given)", benchmarks/results/runs-2026-11-27-s17/). Triton's _init_handles also publishes
+    the launcher before the kernel's function handle (triton-lang/triton#11518). Loading
+    takes milliseconds; compiles, the long part, still run in parallel."""
+    try:
+        from triton.compiler.compiler import CompiledKernel
+    except ImportError:  # no Triton: nothing is compiled or loaded
+        return
+    unlocked = CompiledKernel._init_handles
+    if getattr(unlocked, "serialized_by_spikefuse", False):
+        return
+
+    @functools.wraps(unlocked)
+    def init_handles(self):
+        if self.module is not None:  # loaded: Triton returns at once (this runs on every launch through it)
+            return None
+        with _kernel_loads_lock:
+            return unlocked(self)
+    init_handles.serialized_by_spikefuse = True
+    CompiledKernel._init_handles = init_handles
+
+
 @functools.cache
 def _compile_threads() -> concurrent.futures.ThreadPoolExecutor:
+    _serialize_kernel_loads()  # before the first thread exists
     return concurrent.futures.ThreadPoolExecutor(max(1, min(8, (os.cpu_count() or 2) - 1)),
                                                  thread_name_prefix="spikefuse-compile")
 
