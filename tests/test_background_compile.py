@@ -350,6 +350,22 @@ def test_bn_lif_while_a_kernel_compiles(stalled_kernel, momentum, stalled):
 
 
 @cpu_only
+def test_the_bn_lif_stand_in_runs_its_lif_on_the_loop_path(stalled, monkeypatch):
+    """Not the reference's autograd node per op and step (F.lif_stand_in): the loop path, on CUDA too."""
+    from spikefuse.ops import lif_loop
+    loops = []
+    monkeypatch.setattr(lif_loop, "lif_loop", lambda *args, _run=lif_loop.lif_loop: loops.append(1) or _run(*args))
+    module = BNLIF(3, decay=0.6, threshold=0.3, backend="fused")
+    stalled(bn_lif_ops._bn_lif_forward_kernel)
+    with background_compiles():
+        bn_run(module, torch.randn(7, 4, 3, 5) + 0.2)
+    assert loops
+    loops.clear()
+    bn_run(BNLIF(3, decay=0.6, threshold=0.3, backend="reference"), torch.randn(7, 4, 3, 5))
+    assert not loops  # the reference backend stays the reference
+
+
+@cpu_only
 @pytest.mark.parametrize("channels_last", [False, True])
 def test_bn_lif_sends_its_other_kernels_to_compile_while_its_statistics_compile(channels_last, stalled, monkeypatch):
     """Else each kernel would start compiling only once the one before it is ready: the guesses

@@ -138,7 +138,7 @@ def lif(
     if threshold_tensor is not None and (torch_only or not _use_fused(backend, x)):
         threshold, threshold_tensor = threshold_tensor, None  # a learnable threshold off the fused kernels
     if torch_only:  # the loop path (any device) or the reference
-        if backend not in BACKENDS:
+        if backend not in BACKENDS and backend is not _STAND_IN:
             raise ValueError(f"backend: unknown {backend!r}; expected one of {list(BACKENDS)}")
         if backend == "fused":
             raise ValueError(f"surrogate: the fused kernels cannot run the Python callable "
@@ -154,7 +154,19 @@ def lif(
             lambda: _unfused_lif(x, decay_value, decay_tensor, threshold_tensor if threshold_tensor is not None
                                  else threshold, options, v0, return_state, return_potential, loop_anywhere=True))
     return _unfused_lif(x, decay_value, decay_tensor, threshold, options, v0, return_state, return_potential,
-                        loop=backend == "auto", loop_anywhere=callable(surrogate))
+                        loop=backend == "auto" or backend is _STAND_IN,
+                        loop_anywhere=callable(surrogate) or backend is _STAND_IN)
+
+
+_STAND_IN = object()  # lif's backend for lif_stand_in: not a name a user could pass
+
+
+def lif_stand_in(x: torch.Tensor, decay, **options):
+    """lif(x, decay, **options) off the fused kernels, as a fused layer's stand-in while its kernels
+    compile in the background (spikefuse.ops.launch): the loop path (spikefuse.ops.lif_loop: a few
+    torch ops per step and a hand-written backward) on CUDA too, where it applies, else the reference
+    (an autograd node per op and step). Same spikes as lif; gradients within 1e-5."""
+    return lif(x, decay, backend=_STAND_IN, **options)
 
 
 def _unfused_lif(x, decay_value, decay_tensor, threshold, options, v0, return_state, return_potential,
@@ -281,6 +293,8 @@ def _check_initial_state(tensor, x, label):
 
 
 def _use_fused(backend, x):
+    if backend is _STAND_IN:
+        return False
     if backend not in BACKENDS:
         raise ValueError(f"backend: unknown {backend!r}; expected one of {list(BACKENDS)}")
     if backend == "reference":

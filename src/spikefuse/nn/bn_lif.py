@@ -109,10 +109,14 @@ class BNLIF(nn.modules.batchnorm._BatchNorm):
                                                                     momentum, sync, decay, update))
         return self._unfused(x, residual, steps, training, momentum, sync, decay)
 
-    def _unfused(self, x, residual, steps, training, momentum, sync, decay, update_running=True):
-        """Torch batch norm, then the LIF off the fused kernels (the reference backend, and the fused
-        one's stand-in while its kernels compile in the background). update_running=False: the
-        running statistics were already updated for this batch (by the fused statistics kernel)."""
+    def _unfused(self, x, residual, steps, training, momentum, sync, decay, update_running=None):
+        """Torch batch norm, then the LIF off the fused kernels: the reference backend, or (update_running
+        given) the fused one's stand-in while its kernels compile in the background, whose LIF takes the
+        loop path on CUDA too (F.lif_stand_in: no autograd node per op and step).
+        update_running=False: the running statistics were already updated for this batch (by the fused
+        statistics kernel)."""
+        stand_in = update_running is not None
+        update_running = update_running is not False
         x = x.expand(steps, *x.shape[1:])
         if sync is not None:
             y = sync.batch_norm(fold(x), self, momentum)
@@ -124,6 +128,8 @@ class BNLIF(nn.modules.batchnorm._BatchNorm):
         y = unfold(y, x.shape[0])
         if residual is not None:
             y = y + residual
+        if stand_in:
+            return F.lif_stand_in(y, decay=decay, **self.options.keywords())
         return F.lif(y, decay=decay, backend="reference", **self.options.keywords())
 
     def extra_repr(self):
