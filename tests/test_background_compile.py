@@ -477,12 +477,16 @@ def test_a_step_is_captured_only_after_a_call_that_deferred_nothing(monkeypatch)
     assert calls == ["eager", "eager", "eager", "capture"]
 
 
-@pytest.mark.parametrize("opted_in", [True, False])
-def test_from_a_cold_cache_a_step_is_captured_with_its_stand_ins_then_again_with_its_kernels(opted_in, monkeypatch):
-    """CapturedStep with SPIKEFUSE_PROVISIONAL_GRAPHS=1: while kernels compile from a cold cache, the step
-    is captured after its warm-ups with the stand-ins it runs (a provisional graph, replayed), and again
-    once nothing compiles. Without it, it runs eagerly until nothing compiles."""
-    monkeypatch.setenv("SPIKEFUSE_PROVISIONAL_GRAPHS", "1" if opted_in else "0")
+@pytest.mark.parametrize("setting", [None, "0"])
+def test_from_a_cold_cache_a_step_is_captured_with_its_stand_ins_then_again_with_its_kernels(setting, monkeypatch):
+    """CapturedStep: while kernels compile from a cold cache, the step is captured after its warm-ups with
+    the stand-ins it runs (a provisional graph, replayed), and again once nothing compiles. With
+    SPIKEFUSE_PROVISIONAL_GRAPHS=0, it runs eagerly until nothing compiles."""
+    opted_in = setting is None
+    if opted_in:
+        monkeypatch.delenv("SPIKEFUSE_PROVISIONAL_GRAPHS", raising=False)
+    else:
+        monkeypatch.setenv("SPIKEFUSE_PROVISIONAL_GRAPHS", setting)
     monkeypatch.setattr(launch, "_compiling", 1)
     monkeypatch.setattr(launch, "_background", True)
     monkeypatch.setattr(launch, "_cache_cold", True)
@@ -545,8 +549,10 @@ trainer = Trainer(model, splits, torch.optim.Adam(model.parameters(), lr=2e-3), 
                   device="cuda", progress=False, background_compile=sys.argv[1] == "on")
 history = trainer.fit()  # randman's epoch is short: it may end before the compiles do
 assert launch.wait_for_compiles(300)
-trainer.epochs = 3
-history = trainer.fit()
+for epochs in (3, 5):  # then until every compile (evaluation's, the last batch's) has ended and a step was captured
+    trainer.epochs = epochs
+    history = trainer.fit()
+    assert launch.wait_for_compiles(300)
 print(json.dumps({"deferrals": launch.deferrals(), "graphs": trainer.step.captured, "in_child": in_child,
                   "provisional": trainer.step.provisional_captures, "fallback": trainer.step.fallback_reason,
                   "provisional_failure": trainer.step.provisional_failure,
@@ -558,29 +564,31 @@ print(json.dumps({"deferrals": launch.deferrals(), "graphs": trainer.step.captur
 @pytest.mark.gpu
 def test_fit_from_a_cold_cache_trains_while_its_kernels_compile(tmp_path):
     """The user's path on CUDA from an empty Triton cache: fit runs quick kernels or torch twins while
-    their kernels compile in forked processes, then captures its steps; it learns as a run with background compiles
-    off does (same batches; the twins' gradients differ in the last bits, so close, not equal)."""
+    their kernels compile in forked processes, captures its step with them meanwhile, then again with its
+    kernels; it learns as a run with background compiles off does (same batches; the twins' gradients
+    differ in the last bits, so close, not equal). SPIKEFUSE_COMPILE_PROCESSES=0 and
+    SPIKEFUSE_PROVISIONAL_GRAPHS=0 leave compiles in threads and capture only once they are done."""
     import json
     import os
     import subprocess
     import sys
 
     runs = {}
-    opt_ins = {"SPIKEFUSE_COMPILE_PROCESSES": "1", "SPIKEFUSE_PROVISIONAL_GRAPHS": "1"}
-    for mode in ("on", "on, opted in", "off"):
+    turned_off = {"SPIKEFUSE_COMPILE_PROCESSES": "0", "SPIKEFUSE_PROVISIONAL_GRAPHS": "0"}
+    for mode in ("on", "on, in threads", "off"):
         env = {**os.environ, "TRITON_CACHE_DIR": str(tmp_path / f"cache-{mode}"), "PYTHONPATH": os.pathsep.join(sys.path),
-               **(opt_ins if mode == "on, opted in" else {})}
+               **(turned_off if mode == "on, in threads" else {})}
         out = subprocess.run([sys.executable, "-c", COLD_FIT, mode.split(",")[0]], capture_output=True, text=True,
                              env=env, timeout=600)
         assert out.returncode == 0, out.stderr[-3000:]
         runs[mode] = json.loads(out.stdout.strip().splitlines()[-1])
-    opted = runs["on, opted in"]
-    assert runs["on"]["deferrals"] > 0 and opted["deferrals"] > 0 and runs["off"]["deferrals"] == 0  # twins ran
-    assert opted["in_child"] and all(opted["in_child"][:3]), opted["child_failure"]  # compiled in forked processes
-    assert not any(runs["on"]["in_child"]) and not any(runs["off"]["in_child"])
-    assert opted["provisional"] >= 1 and runs["on"]["provisional"] == 0, opted  # graphs of stand-ins only if asked
+    on, threads = runs["on"], runs["on, in threads"]
+    assert on["deferrals"] > 0 and threads["deferrals"] > 0 and runs["off"]["deferrals"] == 0  # twins ran
+    assert on["in_child"] and all(on["in_child"][:3]), on["child_failure"]  # compiled in forked processes
+    assert not any(threads["in_child"]) and not any(runs["off"]["in_child"])
+    assert on["provisional"] >= 1 and threads["provisional"] == 0, on  # graphs of stand-ins unless turned off
     for mode, run in runs.items():  # the steps were captured once compiled, and learnt alike
-        assert run["graphs"] >= 1, (mode, run)
+        assert run["graphs"] >= 1, (mode, run["fallback"], run["provisional_failure"], run["deferrals"])
         assert all(loss == loss for loss in run["loss"])
         off = runs["off"]["loss"][-1]
         assert abs(run["loss"][-1] - off) < 0.1 * off and abs(run["acc"][-1] - runs["off"]["acc"][-1]) < 0.1, mode

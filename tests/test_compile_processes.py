@@ -1,4 +1,4 @@
-"""Compiles in forked processes (ops/compile_processes.py, opt-in: SPIKEFUSE_COMPILE_PROCESSES=1): the
+"""Compiles in forked processes (ops/compile_processes.py; SPIKEFUSE_COMPILE_PROCESSES=0 turns them off): the
 plumbing, on the CPU, with a stand-in for a @triton.jit function. The GPU tests compile real kernels
 this way (test_background_compile.py)."""
 import os
@@ -75,13 +75,38 @@ def test_what_a_child_cannot_compile_is_left_to_the_thread(case, tmp_path):
 
 
 @pytest.mark.parametrize("setting", [None, "0"])
-def test_off_unless_asked_for(setting, monkeypatch):
+def test_on_unless_turned_off(setting, monkeypatch, tmp_path):
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
     if setting is None:
         monkeypatch.delenv("SPIKEFUSE_COMPILE_PROCESSES")
     else:
         monkeypatch.setenv("SPIKEFUSE_COMPILE_PROCESSES", setting)
-    assert not compile_processes.start(2)
-    assert not compile_processes.running()
+    try:
+        assert compile_processes.start(2) == (setting is None) == compile_processes.running()
+    finally:
+        compile_processes.stop()
+
+
+@pytest.mark.parametrize("cache", ["missing", "empty", "another kernel", "ours"])
+def test_no_processes_where_the_cache_holds_a_kernel_of_ours(cache, monkeypatch, tmp_path):
+    """A machine that trained before loads its kernels from Triton's cache: forking would only cost time."""
+    root = tmp_path / "triton"
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(root))
+    if cache != "missing":
+        root.mkdir()
+        (root / "somehash").mkdir()
+    if cache in ("another kernel", "ours"):
+        (root / "somehash" / "__grp__triton_poi_fused_add_0.json").write_text("{}")
+    if cache == "ours":
+        (root / "otherhash").mkdir()
+        (root / "otherhash" / "__grp___lif_forward_kernel.json").write_text("{}")
+    names = {"_lif_forward_kernel", "_bn_lif_forward_kernel"}
+    assert compile_processes.cache_holds_any(names) == (cache == "ours")
+    assert not compile_processes.cache_holds_any(())
+    try:
+        assert compile_processes.start(2, names) == (cache != "ours")
+    finally:
+        compile_processes.stop()
 
 
 def test_a_child_finds_our_kernels_by_module_and_name():

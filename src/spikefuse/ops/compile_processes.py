@@ -20,16 +20,18 @@ the trainer writes later. They are forked once per process: a later fit (a run t
 per epoch) reuses them while they run, or compiles in threads (new shapes only, by then).
 
 A kernel already in Triton's disk cache is loaded in the compile thread, not through a child
-(`load_cached`: milliseconds, within the wait a launch allows a disk-cache hit).
+(`load_cached`: milliseconds, within the wait a launch allows a disk-cache hit). And where that cache
+holds any kernel of ours already (this machine trained before), no processes are forked at all: the
+kernels load from it, and forking would only cost its 0.1-0.2 s; the few new variants (a new shape)
+compile in threads.
 
 A compile the children cannot do (a kernel not reachable by module and name, arguments that do not
 pickle, a child that died) is compiled in the thread as before, where Triton raises its own error.
 
-Opt-in (SPIKEFUSE_COMPILE_PROCESSES=1). Measured on 2x H100 before the two rules above
-(benchmarks/results/runs-2026-11-27-s16/): a cold first epoch was 0.3-0.9 s shorter (children compile
-faster, without the GIL), but the workers were forked at every fit (0.1-0.2 s; `bench runs` calls
-fit once per epoch) and disk-cache hits went through a child, slower than GRACE_S, so a warm run ran
-stand-ins. The rules address both; they have not run on a GPU yet.
+On by default; SPIKEFUSE_COMPILE_PROCESSES=0 keeps every compile in threads. Measured with `spikefuse
+bench runs` on 4x H100 (benchmarks/results/runs-2026-11-27-s17/): with provisional graphs
+(capture.py), a cold run reached its target in 1.2 s against 2.6 s on shd and 1.7 against 2.6-2.8 s
+on the IPU SHD net.
 """
 from __future__ import annotations
 
@@ -53,19 +55,20 @@ last_failure = ""  # why the children last left a compile to the thread (benchma
 
 
 def enabled() -> bool:
-    return (os.environ.get("SPIKEFUSE_COMPILE_PROCESSES", "0") == "1" and sys.platform == "linux"
+    return (os.environ.get("SPIKEFUSE_COMPILE_PROCESSES", "1") != "0" and sys.platform == "linux"
             and "fork" in multiprocessing.get_all_start_methods())
 
 
-def start(workers: int) -> bool:
+def start(workers: int, kernel_names=()) -> bool:
     """Fork `workers` compile processes now, unless they run already; False if compiles stay in threads
-    (not asked for, or forked before in this process). Call from the thread that trains, before compile
-    threads start (see the module's docstring)."""
+    (turned off, forked before in this process, or Triton's cache holds one of `kernel_names`, the names
+    of our @triton.jit functions). Call from the thread that trains, before compile threads start (see
+    the module's docstring)."""
     global _pool, _forked
     with _lock:
         if _pool is not None:
             return True
-        if _forked or not enabled():
+        if _forked or not enabled() or cache_holds_any(kernel_names):
             return False
         _forked = True
         targets = {d: torch.cuda.get_device_capability(d) for d in range(torch.cuda.device_count())}
@@ -76,6 +79,27 @@ def start(workers: int) -> bool:
             pool.submit(os.getpid)  # with "fork", the first submit forks every worker, on this thread
         _pool = pool
         return True
+
+
+def cache_holds_any(kernel_names) -> bool:
+    """Whether Triton's cache directory holds a kernel named in kernel_names (Triton writes a
+    `__grp__<name>.json` beside each kernel it caches). One listing per entry, stopping at the first hit."""
+    wanted = {f"__grp__{name}.json" for name in kernel_names}
+    if not wanted:
+        return False
+    try:
+        from triton import knobs
+        root = knobs.cache.dir
+    except (ImportError, AttributeError):  # Triton < 3.4
+        root = os.environ.get("TRITON_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".triton", "cache")
+    try:
+        with os.scandir(root) as entries:
+            for entry in entries:
+                if entry.is_dir() and not wanted.isdisjoint(os.listdir(entry.path)):
+                    return True
+    except OSError:  # no cache yet (or unreadable): cold
+        pass
+    return False
 
 
 def stop() -> None:

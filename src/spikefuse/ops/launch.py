@@ -26,10 +26,10 @@ the switch interval (5 ms by default) each: a LIF backward compile took 8.4 s be
 loop against 1.0 s alone, and 1.5 s at 0.1 ms (an H200 host's CPU, `benchmarks/compile_time_lif.py
 --beside-python`). So while compiles are in flight the interval is SWITCH_INTERVAL_S, restored
 after the last (in training, where torch releases the GIL inside each op, a cold first epoch
-gained 0.1-0.7 s of 4.8). With SPIKEFUSE_COMPILE_PROCESSES=1 (opt-in), under
-`background_compiles()` on CUDA, the compile itself runs in a forked process (compile_processes.py)
-and its thread only waits, then loads it from Triton's cache: the training thread no longer shares
-its GIL with the compiles.
+gained 0.1-0.7 s of 4.8). Under `background_compiles()` on CUDA from a cache without our kernels,
+the compile itself runs in a forked process (compile_processes.py; SPIKEFUSE_COMPILE_PROCESSES=0:
+in the thread) and its thread only waits, then loads it from Triton's cache: the training thread no
+longer shares its GIL with the compiles.
 
 - `speculate` compiles a variant likely to be launched soon (a LIF or BN+LIF layer's backward
   and its no-gradient forward, at its first forward; with SPIKEFUSE_SPECULATIVE_COMPILE=1 or
@@ -144,6 +144,7 @@ _cache_cold = False  # a compile outlasted GRACE_S since background_compiles() b
 _pending_lock = threading.Lock()
 _compiling = 0  # compiles in flight (their futures may still be in _pending a moment after)
 _interval_before = 0.005  # the switch interval to restore once nothing compiles
+_kernel_names: set = set()  # every kernel a CachedLaunch wraps (compile_processes looks for them in the cache)
 
 
 def speculation_enabled() -> bool:
@@ -159,7 +160,7 @@ def background_compiles(enabled: bool = True):
     if enabled and not INTERPRETED and torch.cuda.is_available():
         # the compile processes first: forked before any compile thread of ours runs (compile_processes.py)
         if not compile_processes.running() and _compiling == 0:
-            compile_processes.start(_compile_threads()._max_workers)
+            compile_processes.start(_compile_threads()._max_workers, _kernel_names)
         _compile_threads().submit(_triton_driver_ready)  # Triton's once-per-process set-up (0.4-0.9 s) starts
     try:                                                 # now, not at the first compile
         yield
@@ -330,6 +331,8 @@ class CachedLaunch:
 
     def __init__(self, kernel):
         self.kernel = kernel
+        if hasattr(kernel, "fn"):
+            _kernel_names.add(kernel.fn.__name__)
         self.interpreted = INTERPRETED
         self._compiled = {}
         self._in_flight = {}  # key -> Future of a speculative compile
