@@ -13,8 +13,8 @@ it) where one took over 50 ms or deferred, plus every 20th. Host times: a step's
 finish later (a captured step's replay returns at once).
 
 With "sample", a thread samples the main thread's stack every 2 ms, and for the time before the
-first step and each step call over 0.2 s the script prints the most frequent stacks (innermost
-frames last): where the host time of a slow step went.
+first step, each step call over 0.2 s and the time after the last step (the evaluation) the
+script prints the most frequent stacks (innermost frames last): where the host time went.
 """
 import collections
 import json
@@ -155,10 +155,12 @@ def main():
                       seed=0, progress=False, background_compile=background)
     trainer.fit()
     torch.cuda.synchronize()
+    end = time.perf_counter()
     stop.set()
     print(json.dumps({"task": task, "background": background, "start": round(start - T0, 3),
                       "compile_processes": compile_processes is not None and compile_processes.enabled(),
-                      "first_epoch": round(time.perf_counter() - start, 3), "steps": len(calls),
+                      "first_epoch": round(end - start, 3), "steps": len(calls),
+                      "after_last_step": round(end - T0 - sum(calls[-1][:2]), 3) if calls else None,
                       "provisional_graphs": getattr(trainer.step, "provisional_captures", None),
                       "provisional_failure": getattr(trainer.step, "provisional_failure", None)}))
     print("compiles (kernel, start, end, thread):")
@@ -177,6 +179,8 @@ def main():
         for i, (t, host, *_) in enumerate(calls):
             if host > 0.2:
                 print_stacks(f"step {i}", t, t + host)
+        if calls:  # the evaluation and the epoch's end
+            print_stacks("after the last step", sum(calls[-1][:2]), end - T0)
 
 
 if __name__ == "__main__":
