@@ -175,7 +175,7 @@ def main():
             print("  ", i, entry)
     if samples:
         print("main thread's stacks (most frequent first):")
-        print_stacks("before the first step", start, calls[0][0] if calls else start)
+        print_stacks("before the first step", start - T0, calls[0][0] if calls else end - T0)
         for i, (t, host, *_) in enumerate(calls):
             if host > 0.2:
                 print_stacks(f"step {i}", t, t + host)
