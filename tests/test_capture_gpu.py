@@ -189,8 +189,8 @@ def test_trainer_captures_by_default_and_resumes_bit_for_bit(tmp_path):
         return Trainer(model, splits, optimizer, epochs=epochs, batch_size=64, scheduler=scheduler,
                        device="cuda", capture=capture, run_dir=run_dir, progress=False)
 
-    def losses(t):
-        return [h["train_loss"] for h in t.history] + [h["train_rate"] for h in t.history]
+    def losses(t):  # the evaluation's too: it replays a graph of its own (Trainer.eval_step)
+        return [h[key] for key in ("train_loss", "train_rate", "test_loss", "test_acc", "test_rate") for h in t.history]
 
     def check(reference, other, spread, what):
         diff = max(abs(a - b) for a, b in zip(losses(reference), losses(other)))
@@ -200,6 +200,7 @@ def test_trainer_captures_by_default_and_resumes_bit_for_bit(tmp_path):
     straight = trainer(tmp_path / "a", 4)
     straight.fit()
     assert straight.step.enabled and straight.step.captured == 2  # full batches, and the last one
+    assert straight.eval_step.captured >= 1 and straight.eval_step.fallback_reason is None
     eager1, eager2 = trainer(tmp_path / "e1", 4, capture=False), trainer(tmp_path / "e2", 4, capture=False)
     eager1.fit()
     eager2.fit()

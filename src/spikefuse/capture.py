@@ -154,11 +154,15 @@ class CapturedStep:
     stream: the CUDA side stream the warm-ups and captures run on (default: one of its
         own); pass the stream a DistributedDataParallel model was built on
         (DataParallel.wrap(stream=...)), so that its gradient hooks run where the step does.
+    pool: a graph memory pool (torch.cuda.graph_pool_handle()) shared with other CapturedSteps,
+        for steps that never run at the same time and whose outputs are read before another
+        one runs (the trainer's training and evaluation steps): one working memory for all.
+        Default: a pool of its own.
     """
 
     def __init__(self, step_fn: Callable, *, warmup: int = 3, max_graphs: int = 4,
                  enabled: bool = True, name: str = "training step", agree_across=None,
-                 stream: torch.cuda.Stream | None = None):
+                 stream: torch.cuda.Stream | None = None, pool=None):
         if not callable(step_fn):
             raise TypeError(f"step_fn must be callable, got {type(step_fn).__name__}")
         # check_int's bound: a warmup of 2**70 never captured, silently
@@ -170,7 +174,7 @@ class CapturedStep:
         self.agree_across = agree_across
         self.fallback_reason: str | None = None  # set once capture is given up, with the warning
         self.graphs: dict[tuple, _Graph] = {}
-        self._pool = None
+        self._pool = pool
         self._side_stream = stream
         self._warned_shapes = False
         self.pool_bytes = 0  # device memory reserved while capturing (the private pool)
