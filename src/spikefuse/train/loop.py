@@ -76,8 +76,8 @@ class Trainer:
     capture: run each training step as a CUDA-graph replay (spikefuse.capture);
         None = on for CUDA. The optimizer is prepared for it in place (learning rate as a
         device tensor, capturable state). fp16 trains eagerly: GradScaler decides on the
-        host whether to skip a step. Evaluation runs eagerly (no gradients, no optimizer:
-        the host's share is smaller there). The last, shorter batch of an epoch gets a
+        host whether to skip a step. Evaluation batches replay a graph of their own
+        (`eval_step`, the same memory pool). The last, shorter batch of an epoch gets a
         graph of its own after a few epochs of eager warm-up.
     clip_grad_norm: clip the gradients' total norm to this value before each step.
     stop_on_nan: when an epoch's summed training loss is NaN or infinite, write its metrics
