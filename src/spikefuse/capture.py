@@ -19,12 +19,12 @@ and tensors that outlive it (parameters, gradients, optimizer state, buffers, ac
 updated in place); what it returns is overwritten by the next call.
 
 Provisional graphs (SPIKEFUSE_PROVISIONAL_GRAPHS=0 turns them off): from a cold Triton cache,
-where kernels compile for seconds, the step is captured after its warm-ups with the stand-ins it runs meanwhile (a
-provisional graph: a first epoch at the stand-ins' GPU speed instead of their host speed), and
-captured again, with its kernels, once nothing compiles. Where the stand-ins cannot be captured,
-the step runs eagerly until its kernels are compiled, then is captured as usual (no warning).
-A cold shd run (700-256-20 BN-LIF) reached its target in 1.2 s with them and compile processes, 2.6 s
-without (4x H100, benchmarks/results/runs-2026-11-27-s17/).
+where kernels compile for seconds, the step is captured after its warm-ups with the stand-ins
+it runs meanwhile (a provisional graph: a first epoch at the stand-ins' GPU speed instead of
+their host speed), and captured again, with its kernels, once nothing compiles. Where the
+stand-ins cannot be captured, the step runs eagerly until its kernels are compiled, then is
+captured as usual (no warning). A cold shd run (700-256-20 BN-LIF) reached its target in 1.2 s
+with them and compile processes, 2.6 s without (4x H100, benchmarks/results/runs-2026-11-27-s17/).
 
 Where capture is impossible it falls back to eager, with one warning naming the cause: CPU
 tensors, more input shapes than `max_graphs` (dynamic shapes), or an error raised while

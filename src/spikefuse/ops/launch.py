@@ -259,9 +259,8 @@ def _serialize_kernel_loads() -> None:
     saved module dict into whatever module sys.modules holds under that name, and returns
     that one. So two threads loading launchers at once can read each other's `launch`: a
     warm run's BN+LIF backward got its forward's ("function takes exactly 35 arguments (39
-    given)", benchmarks/results/runs-2026-11-27-s17/). Triton's _init_handles also publishes
-    the launcher before the kernel's function handle (triton-lang/triton#11518). Loading
-    takes milliseconds; compiles, the long part, still run in parallel."""
+    given)", benchmarks/results/runs-2026-11-27-s17/). Loading takes milliseconds; compiles,
+    the long part, still run in parallel."""
     try:
         from triton.compiler.compiler import CompiledKernel
     except ImportError:  # no Triton: nothing is compiled or loaded
