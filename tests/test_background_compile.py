@@ -517,6 +517,44 @@ def test_from_a_cold_cache_a_step_is_captured_with_its_stand_ins_then_again_with
         assert calls == ["eager", "eager", "eager", "eager", ("capture", False), "replay"]
 
 
+def test_a_provisional_graph_is_captured_again_once_the_kernels_its_stand_ins_stood_in_for_are_ready(monkeypatch):
+    """A LIF layer's quick kernels are ready seconds before its tuned ones: the graph of stand-ins is
+    captured again then (with the quick kernels, still provisional), and once more when nothing compiles."""
+    monkeypatch.delenv("SPIKEFUSE_PROVISIONAL_GRAPHS", raising=False)
+    monkeypatch.setattr(launch, "_compiling", 2)  # a quick kernel and a tuned one
+    monkeypatch.setattr(launch, "_background", True)
+    monkeypatch.setattr(launch, "_cache_cold", True)
+    quick = concurrent.futures.Future()
+    calls = []
+    step = CapturedStep(lambda x: None, warmup=1)
+    monkeypatch.setattr(step, "_unsupported", lambda inputs: None)
+    monkeypatch.setattr(step, "_warm_up", lambda inputs: step.step_fn(*inputs))
+
+    def step_fn(x):
+        calls.append("eager")
+        monkeypatch.setattr(launch, "_deferred", launch._deferred + (not quick.done()))  # a stand-in ran
+
+    def capture(entry, inputs, provisional):
+        calls.append(("capture", provisional))
+        entry.graph = type("Graph", (), {"replay": lambda self: calls.append("replay")})()
+        entry.provisional = provisional
+        entry.stood_in_for = () if quick.done() else (quick,)
+    step.step_fn = step_fn
+    monkeypatch.setattr(step, "_capture", capture)
+    for _ in range(3):
+        step(torch.empty(1))
+    quick.set_result(None)
+    monkeypatch.setattr(launch, "_compiling", 1)  # the quick kernel is in, the tuned one compiles
+    for _ in range(3):
+        step(torch.empty(1))
+    monkeypatch.setattr(launch, "_compiling", 0)
+    for _ in range(3):
+        step(torch.empty(1))
+    assert calls == ["eager", ("capture", True), "replay",  # stand-ins
+                     "eager", ("capture", True), "replay",  # quick kernels, while the tuned one compiles
+                     "eager", ("capture", False), "replay"]  # tuned kernels
+
+
 def test_fit_takes_background_compile_as_a_bool_off_by_default():
     from spikefuse.train.loop import Trainer
     from spikefuse.data import load

@@ -21,7 +21,8 @@ updated in place); what it returns is overwritten by the next call.
 Provisional graphs (SPIKEFUSE_PROVISIONAL_GRAPHS=0 turns them off): from a cold Triton cache,
 where kernels compile for seconds, the step is captured after its warm-ups with the stand-ins
 it runs meanwhile (a provisional graph: a first epoch at the stand-ins' GPU speed instead of
-their host speed), and captured again, with its kernels, once nothing compiles. Where the
+their host speed), captured again once the kernels its stand-ins stood in for are ready (a LIF
+layer's quick kernels, before its tuned ones), and again once nothing compiles. Where the
 stand-ins cannot be captured, the step runs eagerly until its kernels are compiled, then is
 captured as usual (no warning). A cold shd run (700-256-20 BN-LIF) reached its target in 1.2 s
 with them and compile processes, 2.6 s without (4x H100, benchmarks/results/runs-2026-11-27-s17/).
@@ -134,6 +135,7 @@ class _Graph:
         self.calls = 0
         self.deferrals = -1  # launch.deferrals() before the last warm-up call
         self.provisional = False  # the graph holds stand-ins of kernels that were compiling
+        self.stood_in_for: tuple = ()  # the futures of the compiles its stand-ins stood in for
         self.may_be_provisional = True  # False once capturing stand-ins failed
         self.graph: torch.cuda.CUDAGraph | None = None
         self.inputs: tuple[torch.Tensor, ...] = ()
@@ -198,9 +200,9 @@ class CapturedStep:
             if len(self.graphs) >= self.max_graphs:
                 return self._eager_for_new_shape(key, inputs)
             entry = self.graphs[key] = _Graph()
-        if entry.graph is not None and entry.provisional and launch.compiles_in_flight() == 0:
+        if entry.graph is not None and self._outdated(entry):
             entry.graph = entry.outputs = None  # its kernels are ready: one eager call, then captured again
-            entry.inputs, entry.provisional, entry.calls = (), False, self.warmup - 1
+            entry.inputs, entry.provisional, entry.stood_in_for, entry.calls = (), False, (), self.warmup - 1
         if entry.graph is not None:
             for static, new in zip(entry.inputs, inputs):
                 if static.data_ptr() != new.data_ptr():
@@ -215,6 +217,16 @@ class CapturedStep:
             entry.deferrals = launch.deferrals()
             return self._warm_up(inputs)
         return self._capture(entry, inputs, provisional)
+
+    @staticmethod
+    def _outdated(entry: _Graph) -> bool:
+        """A provisional graph is captured again once nothing compiles, or once the kernels its stand-ins
+        stood in for are ready while others still compile (a LIF layer's quick kernels arrive seconds
+        before its tuned ones: those epochs then run the quick kernels, not the torch twins)."""
+        if not entry.provisional:
+            return False
+        waited = entry.stood_in_for
+        return launch.compiles_in_flight() == 0 or (bool(waited) and all(f.done() for f in waited))
 
     @staticmethod
     def _unsupported(inputs) -> str | None:
@@ -253,7 +265,7 @@ class CapturedStep:
         try:
             with (torch.cuda.graph(graph, pool=self._pool, stream=self._side_stream,  # the warm-ups' stream
                                    capture_error_mode="thread_local"),
-                  launch.stand_ins_captured(provisional)):
+                  launch.stand_ins_captured(provisional), launch.recording_deferrals() as stood_in_for):
                 outputs = self.step_fn(*static)
         except Exception as e:  # the step did not run: run it eagerly, and from now on
             first_line = (str(e).strip().splitlines() or [""])[0]
@@ -277,6 +289,7 @@ class CapturedStep:
         entry.graph, entry.inputs, entry.outputs = graph, static, outputs
         # provisional if it ran a stand-in, or while anything compiles (its LIF layers then run quick kernels)
         entry.provisional = provisional and (launch.deferrals() != deferred or launch.compiles_in_flight() > 0)
+        entry.stood_in_for = tuple(stood_in_for) if entry.provisional else ()
         self.provisional_captures += entry.provisional
         graph.replay()  # capturing recorded the step without running it
         return outputs

@@ -199,6 +199,22 @@ def stand_ins_captured(enabled: bool = True):
         _stand_ins_captured = before
 
 
+_recorded: list | None = None  # set by recording_deferrals(): the compiles launches deferred to
+
+
+@contextlib.contextmanager
+def recording_deferrals():
+    """While active, the futures of the compiles that launches deferred to (raised Compiling for) are
+    collected in the list it yields: a graph captured with stand-ins can be captured again once those
+    are done, before every other compile is (CapturedStep)."""
+    global _recorded
+    before, _recorded = _recorded, []
+    try:
+        yield _recorded
+    finally:
+        _recorded = before
+
+
 def compiles_in_flight() -> int:
     return _compiling
 
@@ -411,6 +427,8 @@ class CachedLaunch:
                 _cache_cold = not future.done()
         if not future.done():
             _deferred += 1
+            if _recorded is not None:
+                _recorded.append(future)
             raise Compiling(key)
 
     def _launch(self, grid, args, meta):
