@@ -5,6 +5,7 @@ import os
 import pathlib
 
 import pytest
+import torch
 
 from spikefuse.ops import compile_processes
 from helpers import DEVICE
@@ -35,9 +36,10 @@ class _Unreachable(_StandIn):
 
 
 @pytest.fixture(autouse=True)
-def opted_in(monkeypatch):
+def opted_in(monkeypatch, tmp_path):
     monkeypatch.setenv("SPIKEFUSE_COMPILE_PROCESSES", "1")
     monkeypatch.setattr(compile_processes, "_forked", False)  # each test as a fresh process
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "cold-cache"))  # no marker: a cold machine
 
 
 @pytest.fixture
@@ -87,26 +89,41 @@ def test_on_unless_turned_off(setting, monkeypatch, tmp_path):
         compile_processes.stop()
 
 
-@pytest.mark.parametrize("cache", ["missing", "empty", "another kernel", "ours"])
-def test_no_processes_where_the_cache_holds_a_kernel_of_ours(cache, monkeypatch, tmp_path):
-    """A machine that trained before loads its kernels from Triton's cache: forking would only cost time."""
+@pytest.mark.parametrize("cache", ["missing", "empty", "marked"])
+def test_no_processes_where_our_kernels_were_compiled_into_the_cache_before(cache, monkeypatch, tmp_path):
+    """A machine that trained before loads its kernels from Triton's cache: forking would only cost time.
+    A marker file of ours says so (one stat: a scan of a cache torch.compile filled takes seconds)."""
     root = tmp_path / "triton"
     monkeypatch.setenv("TRITON_CACHE_DIR", str(root))
     if cache != "missing":
         root.mkdir()
         (root / "somehash").mkdir()
-    if cache in ("another kernel", "ours"):
-        (root / "somehash" / "__grp__triton_poi_fused_add_0.json").write_text("{}")
-    if cache == "ours":
-        (root / "otherhash").mkdir()
-        (root / "otherhash" / "__grp___lif_forward_kernel.json").write_text("{}")
-    names = {"_lif_forward_kernel", "_bn_lif_forward_kernel"}
-    assert compile_processes.cache_holds_any(names) == (cache == "ours")
-    assert not compile_processes.cache_holds_any(())
+    if cache == "marked":
+        (root / compile_processes.MARKER).write_text("")
+    assert compile_processes.cache_is_warm() == (cache == "marked")
     try:
-        assert compile_processes.start(2, names) == (cache != "ours")
+        assert compile_processes.start(2) == (cache != "marked")
+        assert not compile_processes.start(2) or cache != "marked"  # decided once per process
     finally:
         compile_processes.stop()
+
+
+def test_the_marker_is_left_once_and_never_overwrites(monkeypatch, tmp_path):
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(compile_processes, "_marked", False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    marker = tmp_path / compile_processes.MARKER
+    compile_processes.mark_cache_warm()
+    assert marker.exists() and compile_processes.cache_is_warm()
+    marker.write_text("someone else's")
+    monkeypatch.setattr(compile_processes, "_marked", False)
+    compile_processes.mark_cache_warm()
+    assert marker.read_text() == "someone else's"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(compile_processes, "_marked", False)
+    marker.unlink()
+    compile_processes.mark_cache_warm()  # a CPU machine: nothing was compiled, no marker
+    assert not marker.exists()
 
 
 def test_a_child_finds_our_kernels_by_module_and_name():

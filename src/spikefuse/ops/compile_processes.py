@@ -20,10 +20,10 @@ the trainer writes later. They are forked once per process: a later fit (a run t
 per epoch) reuses them while they run, or compiles in threads (new shapes only, by then).
 
 A kernel already in Triton's disk cache is loaded in the compile thread, not through a child
-(`load_cached`: milliseconds, within the wait a launch allows a disk-cache hit). And where that cache
-holds any kernel of ours already (this machine trained before), no processes are forked at all: the
-kernels load from it, and forking would only cost its 0.1-0.2 s; the few new variants (a new shape)
-compile in threads.
+(`load_cached`: milliseconds, within the wait a launch allows a disk-cache hit). And where kernels
+of ours were compiled into that cache before (this machine trained before: a marker file we leave
+there, `spikefuse-kernels`), no processes are forked at all: the kernels load from it, and forking
+would only cost its 0.1-0.2 s; the few new variants (a new shape) compile in threads.
 
 A compile the children cannot do (a kernel not reachable by module and name, arguments that do not
 pickle, a child that died) is compiled in the thread as before, where Triton raises its own error.
@@ -48,7 +48,9 @@ import warnings
 import torch
 
 _pool: concurrent.futures.ProcessPoolExecutor | None = None
-_forked = False  # once per process (see the module's docstring)
+_forked = False  # forked, or decided not to: once per process (see the module's docstring)
+_marked = False  # this process has left the marker in Triton's cache directory
+MARKER = "spikefuse-kernels"  # a file of ours in Triton's cache directory: our kernels were compiled into it
 _lock = threading.Lock()
 _child_device = {"index": 0}  # in a child: the device Triton is told is current
 last_failure = ""  # why the children last left a compile to the thread (benchmarks print it)
@@ -59,18 +61,20 @@ def enabled() -> bool:
             and "fork" in multiprocessing.get_all_start_methods())
 
 
-def start(workers: int, kernel_names=()) -> bool:
+def start(workers: int) -> bool:
     """Fork `workers` compile processes now, unless they run already; False if compiles stay in threads
-    (turned off, forked before in this process, or Triton's cache holds one of `kernel_names`, the names
-    of our @triton.jit functions). Call from the thread that trains, before compile threads start (see
-    the module's docstring)."""
+    (turned off, decided before in this process, or our kernels were compiled into Triton's cache
+    before). Call from the thread that trains, before compile threads start (see the module's
+    docstring)."""
     global _pool, _forked
     with _lock:
         if _pool is not None:
             return True
-        if _forked or not enabled() or cache_holds_any(kernel_names):
+        if _forked or not enabled():
             return False
         _forked = True
+        if cache_is_warm():
+            return False
         targets = {d: torch.cuda.get_device_capability(d) for d in range(torch.cuda.device_count())}
         pool = concurrent.futures.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"),
                                                       initializer=_child_setup, initargs=(os.getpid(), targets))
@@ -81,25 +85,34 @@ def start(workers: int, kernel_names=()) -> bool:
         return True
 
 
-def cache_holds_any(kernel_names) -> bool:
-    """Whether Triton's cache directory holds a kernel named in kernel_names (Triton writes a
-    `__grp__<name>.json` beside each kernel it caches). One listing per entry, stopping at the first hit."""
-    wanted = {f"__grp__{name}.json" for name in kernel_names}
-    if not wanted:
-        return False
+def _cache_dir() -> str:
     try:
         from triton import knobs
-        root = knobs.cache.dir
+        return knobs.cache.dir
     except (ImportError, AttributeError):  # Triton < 3.4
-        root = os.environ.get("TRITON_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".triton", "cache")
+        return os.environ.get("TRITON_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".triton", "cache")
+
+
+def cache_is_warm() -> bool:
+    """Whether kernels of ours were compiled into Triton's cache directory before: the marker file
+    there. One stat, not a scan of the cache (a cache torch.compile filled can hold tens of thousands
+    of entries: listing 10 000 took 0.3-1.3 s on a 2-core machine). A cache emptied by deleting its
+    directory loses the marker too; one pruned entry by entry keeps it (compiles then run in threads)."""
+    return os.path.exists(os.path.join(_cache_dir(), MARKER))
+
+
+def mark_cache_warm() -> None:
+    """Leave the marker once a kernel of ours is compiled into the cache (once per process; created
+    exclusively, so no file is ever overwritten)."""
+    global _marked
+    if _marked or not torch.cuda.is_available():  # (CPU tests fake their launches: nothing compiled)
+        return
+    _marked = True
     try:
-        with os.scandir(root) as entries:
-            for entry in entries:
-                if entry.is_dir() and not wanted.isdisjoint(os.listdir(entry.path)):
-                    return True
-    except OSError:  # no cache yet (or unreadable): cold
+        with open(os.path.join(_cache_dir(), MARKER), "x") as marker:
+            marker.write("spikefuse's Triton kernels were compiled into this cache directory\n")
+    except OSError:  # there already (FileExistsError), or the cache is elsewhere or read-only: no marker
         pass
-    return False
 
 
 def stop() -> None:

@@ -26,7 +26,7 @@ the switch interval (5 ms by default) each: a LIF backward compile took 8.4 s be
 loop against 1.0 s alone, and 1.5 s at 0.1 ms (an H200 host's CPU, `benchmarks/compile_time_lif.py
 --beside-python`). So while compiles are in flight the interval is SWITCH_INTERVAL_S, restored
 after the last (in training, where torch releases the GIL inside each op, a cold first epoch
-gained 0.1-0.7 s of 4.8). Under `background_compiles()` on CUDA from a cache without our kernels,
+gained 0.1-0.7 s of 4.8). Under `background_compiles()` on CUDA, on a machine whose cache has none of our kernels,
 the compile itself runs in a forked process (compile_processes.py; SPIKEFUSE_COMPILE_PROCESSES=0:
 in the thread) and its thread only waits, then loads it from Triton's cache: the training thread no
 longer shares its GIL with the compiles.
@@ -144,7 +144,6 @@ _cache_cold = False  # a compile outlasted GRACE_S since background_compiles() b
 _pending_lock = threading.Lock()
 _compiling = 0  # compiles in flight (their futures may still be in _pending a moment after)
 _interval_before = 0.005  # the switch interval to restore once nothing compiles
-_kernel_names: set = set()  # every kernel a CachedLaunch wraps (compile_processes looks for them in the cache)
 
 
 def speculation_enabled() -> bool:
@@ -160,7 +159,7 @@ def background_compiles(enabled: bool = True):
     if enabled and not INTERPRETED and torch.cuda.is_available():
         # the compile processes first: forked before any compile thread of ours runs (compile_processes.py)
         if not compile_processes.running() and _compiling == 0:
-            compile_processes.start(_compile_threads()._max_workers, _kernel_names)
+            compile_processes.start(_compile_threads()._max_workers)
         _compile_threads().submit(_triton_driver_ready)  # Triton's once-per-process set-up (0.4-0.9 s) starts
     try:                                                 # now, not at the first compile
         yield
@@ -346,8 +345,6 @@ class CachedLaunch:
 
     def __init__(self, kernel):
         self.kernel = kernel
-        if hasattr(kernel, "fn"):
-            _kernel_names.add(kernel.fn.__name__)
         self.interpreted = INTERPRETED
         self._compiled = {}
         self._in_flight = {}  # key -> Future of a speculative compile
@@ -414,6 +411,7 @@ class CachedLaunch:
         init_handles = getattr(compiled, "_init_handles", None)
         if init_handles is not None:
             init_handles()
+        compile_processes.mark_cache_warm()  # the next process here need not fork compile processes
 
     def _defer(self, key, device, grid, args, meta) -> None:
         """Inside fused_or: raise Compiling unless this variant's compile (started now, if need
@@ -456,6 +454,7 @@ class CachedLaunch:
                          for name in self._names[len(args):])
             compiled = self._through_jit(grid, args, meta, target)
             self._compiled[key] = (compiled, tail, _runner_is_mirrored(type(compiled)))
+            compile_processes.mark_cache_warm()
             return
         compiled, tail, direct = entry
         grid = (*grid, 1, 1)[:3]
