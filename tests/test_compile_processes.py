@@ -39,6 +39,7 @@ class _Unreachable(_StandIn):
 def opted_in(monkeypatch, tmp_path):
     monkeypatch.setenv("SPIKEFUSE_COMPILE_PROCESSES", "1")
     monkeypatch.setattr(compile_processes, "_forked", False)  # each test as a fresh process
+    monkeypatch.setattr(compile_processes, "_created", False)
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "cold-cache"))  # no marker: a cold machine
 
 
@@ -111,14 +112,17 @@ def test_no_processes_where_our_kernels_were_compiled_into_the_cache_before(cach
 def test_the_marker_is_left_once_and_never_overwrites(monkeypatch, tmp_path):
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(compile_processes, "_marked", False)
+    monkeypatch.setattr(compile_processes, "_created", False)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     marker = tmp_path / compile_processes.MARKER
     compile_processes.mark_cache_warm()
-    assert marker.exists() and compile_processes.cache_is_warm()
+    assert marker.exists() and not compile_processes.cache_is_warm()  # this process began cold
+    monkeypatch.setattr(compile_processes, "_created", False)  # the next process: warm
+    assert compile_processes.cache_is_warm()
     marker.write_text("someone else's")
     monkeypatch.setattr(compile_processes, "_marked", False)
     compile_processes.mark_cache_warm()
-    assert marker.read_text() == "someone else's"
+    assert marker.read_text() == "someone else's" and compile_processes.cache_is_warm()
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(compile_processes, "_marked", False)
     marker.unlink()

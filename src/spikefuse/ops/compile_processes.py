@@ -49,7 +49,8 @@ import torch
 
 _pool: concurrent.futures.ProcessPoolExecutor | None = None
 _forked = False  # forked, or decided not to: once per process (see the module's docstring)
-_marked = False  # this process has left the marker in Triton's cache directory
+_marked = False  # this process has tried to leave the marker in Triton's cache directory
+_created = False  # ... and created it: then the cache was not warm when this process began
 MARKER = "spikefuse-kernels"  # a file of ours in Triton's cache directory: our kernels were compiled into it
 _lock = threading.Lock()
 _child_device = {"index": 0}  # in a child: the device Triton is told is current
@@ -98,19 +99,20 @@ def cache_is_warm() -> bool:
     there. One stat, not a scan of the cache (a cache torch.compile filled can hold tens of thousands
     of entries: listing 10 000 took 0.3-1.3 s on a 2-core machine). A cache emptied by deleting its
     directory loses the marker too; one pruned entry by entry keeps it (compiles then run in threads)."""
-    return os.path.exists(os.path.join(_cache_dir(), MARKER))
+    return not _created and os.path.exists(os.path.join(_cache_dir(), MARKER))
 
 
 def mark_cache_warm() -> None:
     """Leave the marker once a kernel of ours is compiled into the cache (once per process; created
     exclusively, so no file is ever overwritten)."""
-    global _marked
+    global _marked, _created
     if _marked or not torch.cuda.is_available():  # (CPU tests fake their launches: nothing compiled)
         return
     _marked = True
     try:
         with open(os.path.join(_cache_dir(), MARKER), "x") as marker:
             marker.write("spikefuse's Triton kernels were compiled into this cache directory\n")
+        _created = True  # (a kernel compiled before the first fit: this process still began cold)
     except OSError:  # there already (FileExistsError), or the cache is elsewhere or read-only: no marker
         pass
 
