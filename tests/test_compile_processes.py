@@ -3,6 +3,7 @@ plumbing, on the CPU, with a stand-in for a @triton.jit function. The GPU tests 
 this way (test_background_compile.py)."""
 import os
 import pathlib
+import time
 
 import pytest
 import torch
@@ -25,6 +26,7 @@ class _StandIn:
     def warmup(self, *signature, grid, **meta):
         if meta.get("die"):
             os._exit(3)
+        time.sleep(meta.get("sleep", 0))  # a compile's length
         pathlib.Path(meta["out"]).write_text(f"{os.getpid()} {signature} {grid}")
 
 
@@ -150,29 +152,20 @@ def test_forked_once_per_process():
     assert not compile_processes.start(2) and not compile_processes.running()
 
 
-class _Backend:
-    """Stands for Triton's compiler backend: compile() reaches add_stages only on a disk-cache miss."""
-    stages = []
+def test_the_caller_prepares_while_the_child_compiles(processes, tmp_path):
+    """The compile goes to a child first; the caller's own share (meanwhile) runs while it compiles."""
+    out, order = tmp_path / "ran", []
+    meta = {"out": str(out), "sleep": 0.5}
 
-    def add_stages(self, stages, options, language):
-        _Backend.stages.append(language)
-
-
-def _warmup(in_disk_cache):
-    """Stands for a @triton.jit function's warmup: a disk-cache hit returns the kernel at once."""
-    if not in_disk_cache:
-        _Backend().add_stages({}, None, "ttir")  # (the compile would go on from here)
-    return "compiled kernel"
+    def meanwhile():
+        order.append("meanwhile, child done: %s" % out.exists())
+    assert compile_processes.compile_in_child(stand_in, 0, ["fp32"], meta, meanwhile)
+    assert order == ["meanwhile, child done: False"] and out.exists()
 
 
-def test_a_kernel_in_the_disk_cache_loads_in_the_thread_and_a_miss_compiles_nothing(monkeypatch):
-    monkeypatch.setattr(_Backend, "stages", [])
-    monkeypatch.setattr(_Backend, "add_stages", _Backend.add_stages)  # (restored: the wrapper stays in the test)
-    assert compile_processes.load_cached(lambda: _warmup(True), _Backend) == "compiled kernel"
-    assert compile_processes.load_cached(lambda: _warmup(False), _Backend) is None
-    assert _Backend.stages == []  # the miss stopped before its stages
-    assert _warmup(False) == "compiled kernel" and _Backend.stages == ["ttir"]  # other compiles go on
+def test_without_processes_the_caller_still_prepares():
+    order = []
+    assert not compile_processes.compile_in_child(stand_in, 0, ["fp32"], {}, lambda: order.append(1))
+    assert order == [1]
 
 
-def test_without_a_stage_to_stop_at_every_kernel_counts_as_a_miss():
-    assert compile_processes.load_cached(lambda: _warmup(True), object) is None

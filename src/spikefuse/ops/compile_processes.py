@@ -5,8 +5,8 @@ between its MLIR passes, so each compile thread took the interpreter lock hundre
 the training thread waited for it at every torch op: steps of 4-5 ms took 20-70 ms while 2-4
 kernels compiled (benchmarks/results/runs-2026-11-27-s15/). Here the compile itself (Triton's
 passes, ptxas, and the gcc build of the kernel's C launcher) runs in a process forked from the
-trainer, which writes it to Triton's cache directory; the compile thread, which only waited
-meanwhile, then loads it from that cache (milliseconds).
+trainer, which writes it to Triton's cache directory; the compile thread, which meanwhile only
+prepares the load (Triton's set-up, the kernel's source hash), then loads it from that cache.
 
 Why fork, not spawn: a fresh interpreter imports torch, Triton and spikefuse first (5-25 s on a
 busy GPU host), longer than a whole cold first epoch. A forked child has them already and finds the
@@ -19,11 +19,14 @@ thread of ours holds a lock (LLVM's, the driver set-up's) that a child would inh
 the trainer writes later. They are forked once per process: a later fit (a run that calls fit once
 per epoch) reuses them while they run, or compiles in threads (new shapes only, by then).
 
-A kernel already in Triton's disk cache is loaded in the compile thread, not through a child
-(`load_cached`: milliseconds, within the wait a launch allows a disk-cache hit). And where kernels
-of ours were compiled into that cache before (this machine trained before: a marker file we leave
-there, `spikefuse-kernels`), no processes are forked at all: the kernels load from it, and forking
-would only cost its 0.1-0.2 s; the few new variants (a new shape) compile in threads.
+Where kernels of ours were compiled into Triton's cache before (this machine trained before: a
+marker file we leave there, `spikefuse-kernels`), no processes are forked at all: the kernels load
+from it, and forking would only cost its 0.1-0.2 s; the few new variants (a new shape) compile in
+threads. So while the processes run the cache is cold, and a compile goes to a child at once: the
+compile thread does its own share meanwhile (Triton's set-up, the kernel's source hash), not
+before. (It used to probe the cache for the kernel first: in a timeline of the IPU SHD net's cold
+first epoch the first compiles reached the children 0.5-0.7 s after they were asked for;
+benchmarks/results/runs-2026-11-27-s17/timelines-0bf2dac/. Not yet measured without the probe.)
 
 A compile the children cannot do (a kernel not reachable by module and name, arguments that do not
 pickle, a child that died) is compiled in the thread as before, where Triton raises its own error.
@@ -36,7 +39,6 @@ on the IPU SHD net.
 from __future__ import annotations
 
 import concurrent.futures
-import functools
 import importlib
 import multiprocessing
 import os
@@ -130,59 +132,27 @@ def running() -> bool:
     return _pool is not None
 
 
-class _CacheMiss(Exception):
-    """Raised inside Triton's compile, where a disk-cache miss starts its stages, by `load_cached`."""
-
-
-_loading = threading.local()  # .cached_only: this thread's compiles stop at a disk-cache miss
-
-
-def load_cached(warmup, backend_class):
-    """What warmup() (a @triton.jit function's) returns if Triton's disk cache holds the kernel, else
-    None with nothing compiled: the compile stops where Triton starts its stages (backend_class's
-    add_stages, reached only on a miss). None too where that class has no add_stages to stop at."""
-    if not _stops_on_miss(backend_class):
-        return None
-    _loading.cached_only = True
-    try:
-        return warmup()
-    except _CacheMiss:
-        return None
-    finally:
-        _loading.cached_only = False
-
-
-def _stops_on_miss(backend_class) -> bool:
-    """Wrap backend_class.add_stages (once) to raise _CacheMiss in a thread inside load_cached."""
-    add_stages = getattr(backend_class, "add_stages", None)
-    if add_stages is None:
-        return False
-    if not getattr(add_stages, "stops_on_miss", False):
-        @functools.wraps(add_stages)
-        def stop_on_miss(self, *args, **kwargs):
-            if getattr(_loading, "cached_only", False):
-                raise _CacheMiss
-            return add_stages(self, *args, **kwargs)
-        stop_on_miss.stops_on_miss = True
-        backend_class.add_stages = stop_on_miss
-    return True
-
-
-def compile_in_child(kernel, device: int, signature: list, meta: dict) -> bool:
+def compile_in_child(kernel, device: int, signature: list, meta: dict, meanwhile=None) -> bool:
     """Compile `kernel` (a @triton.jit function) for `signature` and `meta` in a compile process, into
-    Triton's cache; wait for it. False where the children cannot do it (then compile it here)."""
-    pool = _pool
-    fn = getattr(kernel, "fn", None)
-    if pool is None or fn is None:
-        return False
+    Triton's cache, running `meanwhile()` (the caller's own share of the work) while it compiles; then
+    wait for it. False where the children cannot do it (then compile it here); `meanwhile` runs either way."""
     global last_failure
+    pool, fn, future = _pool, getattr(kernel, "fn", None), None
+    if pool is not None and fn is not None:
+        try:
+            future = pool.submit(_compile, fn.__module__, fn.__qualname__, device, signature, meta)
+        except Exception as e:  # unpicklable arguments, a broken pool: the thread compiles
+            last_failure = f"{fn.__module__}.{fn.__qualname__}: {type(e).__name__}: {e}"
+    if meanwhile is not None:
+        meanwhile()
+    if future is None:
+        return False
     try:
-        future = pool.submit(_compile, fn.__module__, fn.__qualname__, device, signature, meta)
         if future.result():
             return True
         last_failure = f"{fn.__module__}.{fn.__qualname__}: not found by that name in a child"
-    except Exception as e:  # unpicklable arguments, a broken pool, a failed compile: the thread compiles (and
-        last_failure = f"{fn.__module__}.{fn.__qualname__}: {type(e).__name__}: {e}"  # raises Triton's error)
+    except Exception as e:  # a failed compile, a child that died: the thread compiles (and raises Triton's error)
+        last_failure = f"{fn.__module__}.{fn.__qualname__}: {type(e).__name__}: {e}"
     return False
 
 

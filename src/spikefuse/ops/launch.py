@@ -26,10 +26,10 @@ the switch interval (5 ms by default) each: a LIF backward compile took 8.4 s be
 loop against 1.0 s alone, and 1.5 s at 0.1 ms (an H200 host's CPU, `benchmarks/compile_time_lif.py
 --beside-python`). So while compiles are in flight the interval is SWITCH_INTERVAL_S, restored
 after the last (in training, where torch releases the GIL inside each op, a cold first epoch
-gained 0.1-0.7 s of 4.8). Under `background_compiles()` on CUDA, on a machine whose cache has none of our kernels,
-the compile itself runs in a forked process (compile_processes.py; SPIKEFUSE_COMPILE_PROCESSES=0:
-in the thread) and its thread only waits, then loads it from Triton's cache: the training thread no
-longer shares its GIL with the compiles.
+gained 0.1-0.7 s of 4.8). Under `background_compiles()` on CUDA, on a machine whose cache holds
+none of our kernels, the compile itself runs in a forked process (compile_processes.py;
+SPIKEFUSE_COMPILE_PROCESSES=0: in the thread) and its thread only prepares the load, then loads
+it from Triton's cache: the training thread no longer shares its GIL with the compiles.
 
 - `speculate` compiles a variant likely to be launched soon (a LIF or BN+LIF layer's backward
   and its no-gradient forward, at its first forward; with SPIKEFUSE_SPECULATIVE_COMPILE=1 or
@@ -255,13 +255,6 @@ def _triton_driver_ready() -> None:
         compile_processes.hash_triton()
 
 
-def _backend_class():
-    """The class of Triton's compiler backend for the current device (its add_stages runs on a miss)."""
-    from triton.compiler.compiler import make_backend
-    from triton.runtime import driver
-    return type(make_backend(driver.active.get_current_target()))
-
-
 _kernel_loads_lock = threading.Lock()
 
 
@@ -397,14 +390,10 @@ class CachedLaunch:
 
     def _compile_only(self, device, grid, signature, meta):
         torch.cuda.set_device(device)  # Triton compiles for (or loads on) this thread's current device
-        _triton_driver_ready()
-        warmup = functools.partial(self.kernel.warmup, *signature, grid=grid, **meta)
-        # with compile processes: a kernel in Triton's disk cache loads here; a miss compiles in a child
-        # (this thread only waits), then loads from the cache
-        compiled = compile_processes.load_cached(warmup, _backend_class()) if compile_processes.running() else None
-        if compiled is None:
-            compile_processes.compile_in_child(self.kernel, device, signature, meta)
-            compiled = warmup()
+        # with compile processes (the cache is cold) the compile starts in a child at once; this thread
+        # prepares the load meanwhile, then loads the kernel from the cache (else compiles it here)
+        compile_processes.compile_in_child(self.kernel, device, signature, meta, self._prepare_load)
+        compiled = self.kernel.warmup(*signature, grid=grid, **meta)
         # Load it and build its launcher here too: Triton 3.6 builds each kernel signature's C launcher
         # with the system compiler (0.2-0.3 s) at the first launch, which would run on the training thread
         # (a cold CIFAR-medium step spent 2.3 s there, benchmarks/results/runs-2026-11-27-s15/).
@@ -412,6 +401,12 @@ class CachedLaunch:
         if init_handles is not None:
             init_handles()
         compile_processes.mark_cache_warm()  # the next process here need not fork compile processes
+
+    def _prepare_load(self) -> None:
+        """This process's share of loading a compiled kernel: Triton's set-up, and the kernel's source
+        hash (its source and every function it calls; once per kernel, under Triton's lock)."""
+        _triton_driver_ready()
+        getattr(self.kernel, "cache_key", None)
 
     def _defer(self, key, device, grid, args, meta) -> None:
         """Inside fused_or: raise Compiling unless this variant's compile (started now, if need
