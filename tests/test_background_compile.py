@@ -477,6 +477,32 @@ def test_a_step_is_captured_only_after_a_call_that_deferred_nothing(monkeypatch)
     assert calls == ["eager", "eager", "eager", "capture"]
 
 
+def _recording_step(monkeypatch, compiling, stand_in_ran, stood_in_for=tuple):
+    """A CapturedStep from a cold cache (`compiling` compiles in flight) whose step and capture only note
+    what ran: "eager" (a stand-in too where stand_in_ran()), ("capture", provisional), "replay"."""
+    monkeypatch.setattr(launch, "_compiling", compiling)
+    monkeypatch.setattr(launch, "_background", True)
+    monkeypatch.setattr(launch, "_cache_cold", True)
+    calls = []
+    step = CapturedStep(lambda x: None, warmup=1)
+    monkeypatch.setattr(step, "_unsupported", lambda inputs: None)
+    monkeypatch.setattr(step, "_warm_up", lambda inputs: step.step_fn(*inputs))
+
+    def step_fn(x):
+        calls.append("eager")
+        if stand_in_ran():
+            monkeypatch.setattr(launch, "_deferred", launch._deferred + 1)
+
+    def capture(entry, inputs, provisional):
+        calls.append(("capture", provisional))
+        entry.graph = type("Graph", (), {"replay": lambda self: calls.append("replay")})()
+        entry.provisional = provisional
+        entry.stood_in_for = stood_in_for()
+    step.step_fn = step_fn
+    monkeypatch.setattr(step, "_capture", capture)
+    return step, calls
+
+
 @pytest.mark.parametrize("setting", [None, "0"])
 def test_from_a_cold_cache_a_step_is_captured_with_its_stand_ins_then_again_with_its_kernels(setting, monkeypatch):
     """CapturedStep: while kernels compile from a cold cache, the step is captured after its warm-ups with
@@ -487,25 +513,7 @@ def test_from_a_cold_cache_a_step_is_captured_with_its_stand_ins_then_again_with
         monkeypatch.delenv("SPIKEFUSE_PROVISIONAL_GRAPHS", raising=False)
     else:
         monkeypatch.setenv("SPIKEFUSE_PROVISIONAL_GRAPHS", setting)
-    monkeypatch.setattr(launch, "_compiling", 1)
-    monkeypatch.setattr(launch, "_background", True)
-    monkeypatch.setattr(launch, "_cache_cold", True)
-    calls = []
-    step = CapturedStep(lambda x: None, warmup=1)
-    monkeypatch.setattr(step, "_unsupported", lambda inputs: None)
-    monkeypatch.setattr(step, "_warm_up", lambda inputs: step.step_fn(*inputs))
-
-    def step_fn(x):
-        calls.append("eager")
-        if launch._compiling:  # a stand-in ran
-            monkeypatch.setattr(launch, "_deferred", launch._deferred + 1)
-
-    def capture(entry, inputs, provisional):
-        calls.append(("capture", provisional))
-        entry.graph = type("Graph", (), {"replay": lambda self: calls.append("replay")})()
-        entry.provisional = provisional
-    step.step_fn = step_fn
-    monkeypatch.setattr(step, "_capture", capture)
+    step, calls = _recording_step(monkeypatch, 1, stand_in_ran=lambda: launch._compiling > 0)
     for _ in range(3):
         step(torch.empty(1))
     monkeypatch.setattr(launch, "_compiling", 0)  # the kernels are compiled
@@ -521,26 +529,10 @@ def test_a_provisional_graph_is_captured_again_once_the_kernels_its_stand_ins_st
     """A LIF layer's quick kernels are ready seconds before its tuned ones: the graph of stand-ins is
     captured again then (with the quick kernels, still provisional), and once more when nothing compiles."""
     monkeypatch.delenv("SPIKEFUSE_PROVISIONAL_GRAPHS", raising=False)
-    monkeypatch.setattr(launch, "_compiling", 2)  # a quick kernel and a tuned one
-    monkeypatch.setattr(launch, "_background", True)
-    monkeypatch.setattr(launch, "_cache_cold", True)
     quick = concurrent.futures.Future()
-    calls = []
-    step = CapturedStep(lambda x: None, warmup=1)
-    monkeypatch.setattr(step, "_unsupported", lambda inputs: None)
-    monkeypatch.setattr(step, "_warm_up", lambda inputs: step.step_fn(*inputs))
-
-    def step_fn(x):
-        calls.append("eager")
-        monkeypatch.setattr(launch, "_deferred", launch._deferred + (not quick.done()))  # a stand-in ran
-
-    def capture(entry, inputs, provisional):
-        calls.append(("capture", provisional))
-        entry.graph = type("Graph", (), {"replay": lambda self: calls.append("replay")})()
-        entry.provisional = provisional
-        entry.stood_in_for = () if quick.done() else (quick,)
-    step.step_fn = step_fn
-    monkeypatch.setattr(step, "_capture", capture)
+    step, calls = _recording_step(monkeypatch, 2,  # a quick kernel and a tuned one
+                                  stand_in_ran=lambda: not quick.done(),
+                                  stood_in_for=lambda: () if quick.done() else (quick,))
     for _ in range(3):
         step(torch.empty(1))
     quick.set_result(None)
