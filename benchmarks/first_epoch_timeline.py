@@ -1,6 +1,6 @@
 """Where a first epoch's time goes, step by step (issue 38; stdout; on a GPU).
 
-    TRITON_CACHE_DIR=$(mktemp -d) python benchmarks/first_epoch_timeline.py shd-synthetic:ipu-shd 48 background [sample]
+    TRITON_CACHE_DIR=$(mktemp -d) python benchmarks/first_epoch_timeline.py shd-synthetic:ipu-shd 48 background [sample] [epochs=N]
 
 Trainer.fit's first epoch (captured, fp32) of TASK at batch B, with background compiles if
 "background" is given, after the process's one-time CUDA, cuBLAS/cuDNN and Triton set-up (as
@@ -16,6 +16,7 @@ finish later (a captured step's replay returns at once).
 With "sample", a thread samples the main thread's stack every 2 ms, and for the time before the
 first step, each step call over 0.2 s and the time after the last step (the evaluation) the
 script prints the most frequent stacks (innermost frames last): where the host time went.
+With "epochs=N", N epochs (the first's length is then printed with each epoch's end).
 """
 import collections
 import json
@@ -140,6 +141,7 @@ def call(self, *inputs):
 def main():
     task, batch = sys.argv[1], int(sys.argv[2])
     background = "background" in sys.argv[3:]
+    epochs = next((int(a.split("=")[1]) for a in sys.argv[3:] if a.startswith("epochs=")), 1)
     stop = threading.Event()
     if "sample" in sys.argv[3:]:
         threading.Thread(target=sample_main_thread, args=(stop,), daemon=True).start()
@@ -154,8 +156,10 @@ def main():
     surrogate = dict(surrogate="fast_sigmoid", alpha=1.0) if net.startswith("ipu") else {}
     model = build_model(net, splits.input_shape, splits.num_classes, splits.time_steps, **surrogate).cuda()
     optimizer = torch.optim.Adam(model.parameters(), lr=2e-3, fused=True)
-    trainer = Trainer(model, splits, optimizer, epochs=1, batch_size=batch, device="cuda", precision="fp32",
+    trainer = Trainer(model, splits, optimizer, epochs=epochs, batch_size=batch, device="cuda", precision="fp32",
                       seed=0, progress=False, background_compile=background)
+    for name in ("train_epoch", "evaluate"):  # each epoch's training and evaluation, timed
+        setattr(trainer, name, timed(f"Trainer.{name}", getattr(trainer, name)))
     trainer.fit()
     torch.cuda.synchronize()
     end = time.perf_counter()
