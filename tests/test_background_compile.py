@@ -74,6 +74,20 @@ def test_once_a_compile_outlasts_the_grace_period_later_launches_do_not_wait(fak
         assert waits == [launch.GRACE_S] * 2
 
 
+def test_where_compile_processes_found_the_cache_cold_no_launch_waits(fake, monkeypatch):
+    jit, kernel = fake
+    waits = []
+    monkeypatch.setattr(launch.concurrent.futures, "wait", lambda futures, timeout: waits.append(timeout))
+    monkeypatch.setattr(launch.compile_processes, "began_cold", lambda: True)
+    monkeypatch.setattr(launch, "INTERPRETED", False)  # as on a GPU: background_compiles() asks
+    monkeypatch.setattr(launch.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(launch.compile_processes, "start", lambda workers: True)
+    monkeypatch.setattr(launch, "_triton_driver_ready", lambda: None)
+    with background_compiles():
+        assert run(kernel, torch.empty(8)) == "stand-in"
+    assert waits == []
+
+
 def test_the_compile_thread_also_loads_the_kernel_and_builds_its_launcher(fake):
     # Triton 3.6 builds a launcher per signature with the system compiler at the first launch (0.2-0.3 s)
     jit, kernel = fake
@@ -395,12 +409,14 @@ def test_bn_lif_sends_its_other_kernels_to_compile_while_its_statistics_compile(
     kernels = {guess[0] for guess in guessed}
     assert {bn_lif_ops._stats_finalize_kernel, bn_lif_ops._bn_lif_forward_kernel,
             bn_lif_ops._bn_lif_backward_kernel, bn_lif_ops._bn_grad_x_kernel} <= kernels
+    finalize_variants = {guess for guess in guessed if guess[0] is bn_lif_ops._stats_finalize_kernel}
+    assert len(finalize_variants) == 2  # the training step's and the evaluation's statistics
     launched.clear()
     monkeypatch.undo()  # the kernels "compiled": the layer runs them all
     monkeypatch.setattr(CachedLaunch, "_launch", record)
     bn_run(module, x)
     module.eval()
-    with torch.no_grad():  # an evaluation's forward is among the guesses too
+    with torch.no_grad():  # an evaluation's statistics and forward are among the guesses too
         module(x)
     assert all(guess in launched for guess in guessed if guess[0] is not bn_lif_ops._stats_partial_kernel), \
         [guess[0].kernel.fn.__name__ for guess in guessed if guess not in launched]

@@ -707,11 +707,14 @@ def _speculate_next(spikes, x, residual, ckpt, stats, decay, decay_tensor, thres
 def _speculate_layer(x, residual, weight, bias, running_mean, running_var, use_batch, momentum, eps, decay,
                      decay_tensor, options, time_steps):
     """While its statistics kernels compile (background compiles): compile every kernel this
-    layer launches, its statistics, forward and backward, in the background too (else each would
+    layer launches, its statistics (the evaluation's too), forward and backward, in the background too (else each would
     start only once the one before it is ready). The host functions run on meta tensors."""
     launch, xm = Speculate(x.device.index), meta_like(x)
     _statistics(over_time(xm, time_steps), weight, bias, running_mean, running_var, use_batch, momentum, eps,
                 launch=launch)
+    if use_batch and running_mean is not None:  # the evaluation's statistics (from the running ones) too:
+        _statistics(over_time(xm, time_steps), weight, bias, running_mean, running_var, False, momentum, eps,
+                    launch=launch)  # else a cold first evaluation runs torch batch norm while it compiles
     grad = torch.is_grad_enabled()
     save = grad and any(t is not None and t.requires_grad for t in (x, residual, weight, bias, decay_tensor))
     N = math.prod(x.shape[1:])

@@ -51,6 +51,7 @@ import torch
 
 _pool: concurrent.futures.ProcessPoolExecutor | None = None
 _forked = False  # forked, or decided not to: once per process (see the module's docstring)
+_began_cold = False  # ... and forked: Triton's cache held none of our kernels when this process began
 _marked = False  # this process has tried to leave the marker in Triton's cache directory
 _created = False  # ... and created it: then the cache was not warm when this process began
 MARKER = "spikefuse-kernels"  # a file of ours in Triton's cache directory: our kernels were compiled into it
@@ -69,7 +70,7 @@ def start(workers: int) -> bool:
     (turned off, decided before in this process, or our kernels were compiled into Triton's cache
     before). Call from the thread that trains, before compile threads start (see the module's
     docstring)."""
-    global _pool, _forked
+    global _pool, _forked, _began_cold
     with _lock:
         if _pool is not None:
             return True
@@ -84,8 +85,14 @@ def start(workers: int) -> bool:
         with warnings.catch_warnings():  # "use of fork() may lead to deadlocks in the child": the children
             warnings.simplefilter("ignore", DeprecationWarning)  # run no CUDA and none of our threads' work
             pool.submit(os.getpid)  # with "fork", the first submit forks every worker, on this thread
-        _pool = pool
+        _pool, _began_cold = pool, True
         return True
+
+
+def began_cold() -> bool:
+    """Whether this process found Triton's cache without our kernels and forked compile processes:
+    then a variant it has not compiled yet is not in the cache either (no disk-cache hit to wait for)."""
+    return _began_cold
 
 
 def _cache_dir() -> str:

@@ -38,7 +38,7 @@ it from Triton's cache: the training thread no longer shares its GIL with the co
   background_compile=True; off by default, since the first steps then depend on compile
   timing), a launch whose variant is not compiled starts its compile in a thread and raises
   `Compiling` unless it finishes within GRACE_S (a disk-cache hit does; once a compile has not,
-  the cache is cold and later launches do not wait): the op then runs
+  or where compile processes run, the cache is cold and launches do not wait): the op then runs
   `fallback`, its pure-PyTorch twin (same spikes, gradients within 1e-5), and training goes on
   while the kernel compiles. `settled` tells CapturedStep when to capture: never while a
   fallback would be captured into the graph.
@@ -160,6 +160,8 @@ def background_compiles(enabled: bool = True):
         # the compile processes first: forked before any compile thread of ours runs (compile_processes.py)
         if not compile_processes.running() and _compiling == 0:
             compile_processes.start(_compile_threads()._max_workers)
+        # from a cold cache, no compile is a disk-cache hit: the first launch need not wait GRACE_S for it
+        _cache_cold = compile_processes.began_cold()
         _compile_threads().submit(_triton_driver_ready)  # Triton's once-per-process set-up (0.4-0.9 s) starts
     try:                                                 # now, not at the first compile
         yield
