@@ -152,4 +152,9 @@ def test_a_failed_speculation_leaves_the_launch_to_compile(monkeypatch):
 
 
 def test_the_compile_threads_leave_a_core_for_the_caller():
-    assert launch_module._compile_threads()._max_workers == max(1, min(8, (os.cpu_count() or 2) - 1))
+    assert launch_module._compile_threads()._max_workers == max(1, min(8, len(os.sched_getaffinity(0)) - 1))
+
+
+def test_the_compile_threads_count_the_cpus_this_process_may_use(monkeypatch):
+    monkeypatch.setattr(launch_module.os, "sched_getaffinity", lambda pid: {0, 1, 2})  # taskset -c 0-2
+    assert launch_module.usable_cpus() == 3

@@ -12,6 +12,7 @@ import torch
 import spikefuse
 
 from .atomic import atomic_write  # noqa: F401  (the benchmarks write through report)
+from ..ops.launch import usable_cpus
 from . import charts
 
 PACKAGES = ("spikefuse", "torch", "triton", "snntorch", "norse", "spikingjelly", "tonic")
@@ -29,6 +30,7 @@ def environment() -> dict:
             versions[name] = (spikefuse.__version__ + " (source)") if name == "spikefuse" else None
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor() or "cpu"
     return {"device": device, "cuda": torch.version.cuda, "python": platform.python_version(),
+            "cpus": {"usable": usable_cpus(), "host": os.cpu_count()},  # (a taskset share of the host)
             "versions": versions, "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
 
 

@@ -292,8 +292,17 @@ def _serialize_kernel_loads() -> None:
 @functools.cache
 def _compile_threads() -> concurrent.futures.ThreadPoolExecutor:
     _serialize_kernel_loads()  # before the first thread exists
-    return concurrent.futures.ThreadPoolExecutor(max(1, min(8, (os.cpu_count() or 2) - 1)),
+    return concurrent.futures.ThreadPoolExecutor(max(1, min(8, usable_cpus() - 1)),
                                                  thread_name_prefix="spikefuse-compile")
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may run on (a Slurm job's or taskset's share), not the host's count: as
+    many compile processes as the host has cores would crowd a job given a few of them."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):  # not on Linux
+        return os.cpu_count() or 2
 
 
 def _submit(compile_fn, *args) -> concurrent.futures.Future:
