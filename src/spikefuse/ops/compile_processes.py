@@ -26,7 +26,8 @@ threads. So while the processes run the cache is cold, and a compile goes to a c
 compile thread does its own share meanwhile (Triton's set-up, the kernel's source hash), not
 before. (It used to probe the cache for the kernel first: in a timeline of the IPU SHD net's cold
 first epoch the first compiles reached the children 0.5-0.7 s after they were asked for;
-benchmarks/results/runs-2026-11-27-s17/timelines-0bf2dac/. Not yet measured without the probe.)
+benchmarks/results/runs-2026-11-27-s17/timelines-0bf2dac/. Without it, the IPU net's cold time to
+target in `bench runs` went from 2.0 to 1.3 s, with d0602b1's re-captures: runs-2026-11-27-s18/.)
 
 A compile the children cannot do (a kernel not reachable by module and name, arguments that do not
 pickle, a child that died) is compiled in the thread as before, where Triton raises its own error.
@@ -34,7 +35,8 @@ pickle, a child that died) is compiled in the thread as before, where Triton rai
 On by default; SPIKEFUSE_COMPILE_PROCESSES=0 keeps every compile in threads. Measured with `spikefuse
 bench runs` on 4x H100 (benchmarks/results/runs-2026-11-27-s17/): with provisional graphs
 (capture.py), a cold run reached its target in 1.2 s against 2.6 s on shd and 1.7 against 2.6-2.8 s
-on the IPU SHD net.
+on the IPU SHD net. Their cost: the fork of 8 workers from the training thread took 0.13 s of a cold
+IPU fit, and its first step came 0.25 s later than with compiles in threads (runs-2026-11-27-s18/).
 """
 from __future__ import annotations
 
