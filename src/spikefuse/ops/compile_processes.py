@@ -12,9 +12,11 @@ Why fork, not spawn: a fresh interpreter imports torch, Triton and spikefuse fir
 busy GPU host), longer than a whole cold first epoch. A forked child has them already and finds the
 kernel by its module and name. It must not touch CUDA (a forked CUDA context is unusable, torch
 refuses it): Triton needs the device only for its target and current device and stream, which the
-child answers from values the parent read before forking. The workers are forked when background
-compiles begin (`start`), from the calling thread and before any compile thread of ours runs, so no
-thread of ours holds a lock (LLVM's, the driver set-up's) that a child would inherit held. They end
+child answers from values the parent read before forking. When background compiles begin (`start`),
+the calling thread forks one process, before any compile thread of ours runs, so no thread of ours
+holds a lock (LLVM's, the driver set-up's) that a child would inherit held. That process sets Triton
+up and forks the workers itself (zygote_pool.py): forking 8 workers from the trainer took 0.13 s of
+its thread at a cold fit's start. They end
 (`stop`) at the end of the first fit that ends with nothing compiling: a forked child keeps the pages
 the trainer writes later. They are forked once per process: a later fit (a run that calls fit once
 per epoch) reuses them while they run, or compiles in threads (new shapes only, by then).
@@ -36,22 +38,24 @@ On by default; SPIKEFUSE_COMPILE_PROCESSES=0 keeps every compile in threads. Mea
 bench runs` on 4x H100 (benchmarks/results/runs-2026-11-27-s17/): with provisional graphs
 (capture.py), a cold run reached its target in 1.2 s against 2.6 s on shd and 1.7 against 2.6-2.8 s
 on the IPU SHD net. Their cost: the fork of 8 workers from the training thread took 0.13 s of a cold
-IPU fit, and its first step came 0.25 s later than with compiles in threads (runs-2026-11-27-s18/).
+IPU fit, and its first step came 0.25 s later than with compiles in threads (runs-2026-11-27-s18/;
+since then one fork from that thread; the rest is the copy-on-write of the pages the trainer writes
+while the children share them, not yet measured on a GPU).
 """
 from __future__ import annotations
 
-import concurrent.futures
 import importlib
 import multiprocessing
 import os
 import signal
 import sys
 import threading
-import warnings
 
 import torch
 
-_pool: concurrent.futures.ProcessPoolExecutor | None = None
+from .zygote_pool import ZygotePool
+
+_pool: ZygotePool | None = None
 _forked = False  # forked, or decided not to: once per process (see the module's docstring)
 _began_cold = False  # ... and forked: Triton's cache held none of our kernels when this process began
 _marked = False  # this process has tried to leave the marker in Triton's cache directory
@@ -82,12 +86,8 @@ def start(workers: int) -> bool:
         if cache_is_warm():
             return False
         targets = {d: torch.cuda.get_device_capability(d) for d in range(torch.cuda.device_count())}
-        pool = concurrent.futures.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"),
-                                                      initializer=_child_setup, initargs=(os.getpid(), targets))
-        with warnings.catch_warnings():  # "use of fork() may lead to deadlocks in the child": the children
-            warnings.simplefilter("ignore", DeprecationWarning)  # run no CUDA and none of our threads' work
-            pool.submit(os.getpid)  # with "fork", the first submit forks every worker, on this thread
-        _pool, _began_cold = pool, True
+        # one fork from this thread; that process sets Triton up and forks the workers (zygote_pool.py)
+        _pool, _began_cold = ZygotePool(workers, _child_setup, (os.getpid(), targets), _end_with), True
         return True
 
 
@@ -167,8 +167,8 @@ def compile_in_child(kernel, device: int, signature: list, meta: dict, meanwhile
 
 # ---- in the child ----
 
-def _child_setup(parent: int, targets: dict) -> None:
-    """Answer Triton's device questions without CUDA, and end with the parent."""
+def _end_with(parent: int) -> None:
+    """End with the parent (the trainer, or for a worker the process that forked it)."""
     try:  # Linux: SIGTERM when the parent dies, even by SIGKILL (else a child waits on its queue for ever);
         # strictly, when the thread that forked it ends: then compiles fall back to threads
         import ctypes
@@ -177,7 +177,13 @@ def _child_setup(parent: int, targets: dict) -> None:
         pass
     if os.getppid() != parent:
         os._exit(0)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C reaches the parent; it ends us
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C reaches the trainer; it ends us
+
+
+def _child_setup(parent: int, targets: dict) -> None:
+    """In the process that forks the workers (they inherit it): answer Triton's device questions
+    without CUDA, hash Triton, and end with the parent."""
+    _end_with(parent)
     from triton.backends.compiler import GPUTarget
     from triton.runtime import driver
     try:
@@ -190,7 +196,7 @@ def _child_setup(parent: int, targets: dict) -> None:
     active.get_current_stream = lambda index=None: 0
     active.get_device_capability = lambda index=None: targets[current["index"] if index is None else index]
     active.get_current_target = lambda: GPUTarget("cuda", _arch(targets[current["index"]]), 32)
-    hash_triton()  # now, not in the first compile a child is given
+    hash_triton()  # once, before the workers are forked, not in each one's first compile
 
 
 def hash_triton() -> None:
