@@ -73,11 +73,20 @@ def test_each_library_in_its_own_process_trains_as_in_one(tmp_path, monkeypatch)
     initial weights and batches; its row comes back whole, and a process that fails is a row."""
     pytest.importorskip("norse")
     monkeypatch.setenv("HOME", str(tmp_path))
+    caches, run_process = [], runs.subprocess.run
+
+    def recording(command, **kwargs):  # the Triton cache each library's process is given
+        caches.append((kwargs.get("env") or {}).get("TRITON_CACHE_DIR"))
+        return run_process(command, **kwargs)
+    monkeypatch.setattr(runs.subprocess, "run", recording)
     assert cli.main(["bench", "runs", "--quick", "--tasks", "randman:mlp", "--libraries", "spikefuse,norse",
-                     "--isolation", "process", "--out", str(tmp_path)]) == 0
+                     "--isolation", "process", "--triton-cache-per-task", str(tmp_path / "tc"),
+                     "--out", str(tmp_path)]) == 0
     _, payload = quick_payload(tmp_path)
     assert payload["recipe"]["isolation"] == "process"
     (task,) = payload["tasks"]
+    own = str(tmp_path / "tc" / "randman-mlp")  # the task's own cache, new: cold
+    assert caches == [own, own] and task["triton_cache"]["dir"] == own and task["triton_cache"]["state"] == "cold"
     ours, norse = task["runs"]
     assert [ours["status"], norse["status"]] == ["ran", "ran"] and len(ours["epochs"]) == 2
     assert ours["implementation"].startswith("Trainer.fit") and norse["implementation"].startswith("Norse")
@@ -154,6 +163,9 @@ def test_without_a_gpu_the_full_run_is_refused_by_name(tmp_path, capsys, monkeyp
     assert "needs a CUDA device (or --quick" in capsys.readouterr().err
     assert cli.main(["bench", "runs", "--quick", "--device", "cuda", "--out", str(tmp_path)]) == 2
     assert "--device cuda: no CUDA device" in capsys.readouterr().err
+    assert cli.main(["bench", "runs", "--quick", "--isolation", "none", "--triton-cache-per-task", str(tmp_path / "tc"),
+                     "--out", str(tmp_path)]) == 2
+    assert "--triton-cache-per-task needs --isolation process" in capsys.readouterr().err
     assert not list(tmp_path.iterdir())
     # `bench all` runs it: on the CPU only with --quick, and says why otherwise
     assert "runs" in bench_all.parts() and bench_all.why_not("runs", quick=True) is None

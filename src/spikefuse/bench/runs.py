@@ -128,6 +128,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "CUDA context, lazily loaded kernels and allocator its own, the disk caches shared); "
                              "none: all in this process, each library finding what the ones before it loaded; "
                              "auto (default): process on CUDA, none on the CPU")
+    parser.add_argument("--triton-cache-per-task", metavar="DIR", default=None,
+                        help="each task's runs use Triton's cache DIR/<task> (created where absent): a first "
+                             "invocation measures every task cold, as on a machine's first run, and a second one "
+                             "warm; without it all tasks share this process's cache, so a task after the first "
+                             "may find kernels the ones before it compiled (each task's results record its cache's "
+                             "state). Needs --isolation process")
     parser.add_argument("--background-compile", choices=["on", "off"], default="on",
                         help="spikefuse's Trainer(background_compile=...) on CUDA: on (default), its layers run quick "
                              "kernels (LIF) or their torch twins while their kernels compile; off, every kernel "
@@ -189,6 +195,7 @@ class Setting:
     device: torch.device
     sj_mode: str
     isolated: bool = False  # each library's run in its own process (run_isolated)
+    triton_cache: str | None = None  # the task's own Triton cache directory (--triton-cache-per-task)
 
     def build(self):
         spec = TASKS[self.task]
@@ -354,7 +361,8 @@ def run_isolated(setting: Setting, library: str) -> dict:
                     "args": {k: v for k, v in vars(setting.args).items() if isinstance(v, (str, int, float, type(None)))},
                     "device": str(setting.device), "sj_mode": setting.sj_mode}, spec)
         code = f"from spikefuse.bench.runs import worker; worker({spec!r}, {result!r})"
-        done = subprocess.run([sys.executable, "-c", code], check=False)
+        env = None if setting.triton_cache is None else {**os.environ, "TRITON_CACHE_DIR": setting.triton_cache}
+        done = subprocess.run([sys.executable, "-c", code], check=False, env=env)
         if done.returncode == 0 and os.path.exists(result):
             with open(result) as f:
                 return json.load(f)
@@ -479,16 +487,17 @@ def import_spikefuse() -> None:
         importlib.import_module(f"{ops.__name__}.{module.name}")
 
 
-def triton_cache_state() -> dict:
-    """Where Triton keeps compiled kernels, and how many entries it held as the run began: none
-    (a cold cache, as on a machine's first run) means every Triton kernel, spikefuse's and
-    SpikingJelly's, was compiled within its library's first epoch; otherwise those an earlier run
-    compiled were loaded from disk (a warm cache, as on every later run)."""
-    try:
-        from triton import knobs
-        path = knobs.cache.dir
-    except (ImportError, AttributeError):  # Triton < 3.4, or none
-        path = os.environ.get("TRITON_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".triton", "cache")
+def triton_cache_state(path: str | None = None) -> dict:
+    """Where Triton keeps compiled kernels (`path`, default this process's cache), and how many
+    entries it held as the run began: none (a cold cache, as on a machine's first run) means every
+    Triton kernel, spikefuse's and SpikingJelly's, was compiled within its library's first epoch;
+    otherwise those an earlier run compiled were loaded from disk (a warm cache, as on every later run)."""
+    if path is None:
+        try:
+            from triton import knobs
+            path = knobs.cache.dir
+        except (ImportError, AttributeError):  # Triton < 3.4, or none
+            path = os.environ.get("TRITON_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".triton", "cache")
     entries = len(os.listdir(path)) if path and os.path.isdir(path) else 0
     return {"dir": path, "entries_at_start": entries, "state": "warm" if entries else "cold",
             "speculative_compiles": launch.speculation_enabled()}
@@ -529,6 +538,9 @@ def run(args) -> int:
         args.epochs = QUICK_EPOCHS
     if not cuda and sj_mode == "graph":
         sj_mode = "eager"  # its StaticCudaGraph needs CUDA
+    if args.triton_cache_per_task is not None and isolation_of(args, device) != "process":
+        raise UsageError("--triton-cache-per-task needs --isolation process (the default on CUDA): Triton "
+                         "reads its cache directory in each library's own process")
     skipped = import_peers(libraries)
     import_spikefuse()
     cache = triton_cache_state()  # before warm_device's kernel enters it
@@ -538,7 +550,10 @@ def run(args) -> int:
         spec = TASKS[name]
         if spec.dataset not in data:  # shd-synthetic serves two tasks
             data[spec.dataset] = load_data(spec.dataset, device, args.quick)
-        result = run_task(name, data[spec.dataset], libraries, skipped, sj_mode, args, device)
+        folder = _task_cache(args.triton_cache_per_task, name)
+        task_cache = triton_cache_state(folder)  # each task's own: a task after the first may find kernels
+        result = run_task(name, data[spec.dataset], libraries, skipped, sj_mode, args, device, folder)
+        result["triton_cache"] = task_cache
         results.append(result)
         paths = save(args, device, sj_mode, results, skipped, cache)  # after every task: a run cut short keeps these
     charts = write_charts(results, os.path.splitext(paths[0])[0], args.quick)
@@ -546,7 +561,16 @@ def run(args) -> int:
     return 0
 
 
-def run_task(name, splits, libraries, skipped, sj_mode, args, device) -> dict:
+def _task_cache(root: str | None, task: str) -> str | None:
+    """--triton-cache-per-task's directory for `task` (created), or None."""
+    if root is None:
+        return None
+    folder = os.path.join(os.path.abspath(root), task.replace(":", "-"))
+    os.makedirs(folder, exist_ok=True)
+    return folder
+
+
+def run_task(name, splits, libraries, skipped, sj_mode, args, device, triton_cache=None) -> dict:
     spec = TASKS[name]
     model_kwargs = spec.quick if args.quick else spec.kwargs
     batch = QUICK_BATCH if args.quick else spec.batch
@@ -556,7 +580,7 @@ def run_task(name, splits, libraries, skipped, sj_mode, args, device) -> dict:
     state = {k: v.detach().clone() for k, v in model.state_dict().items()}
     ops = runs_peers.network_ops(model)  # `model` keeps the initial weights: the peers copy them
     setting = Setting(name, splits, state, model_kwargs, batch, args, device, sj_mode,
-                      isolation_of(args, device) == "process")
+                      isolation_of(args, device) == "process", triton_cache)
     rows = []
     for library in libraries:
         if library in skipped:
@@ -666,13 +690,8 @@ def markdown(payload) -> str:
                f"Target: the lowest final test accuracy among the ranked libraries minus {recipe['margin_points']:g} "
                "point(s); time to target: the wall time at the end of the first epoch that reached it.\n")
     cache = payload.get("triton_cache")
-    if cache and payload["device_type"] == "cuda":
-        out.append(f"Triton's kernel cache ({cache['dir']}) held {cache['entries_at_start']} entries as the run began: "
-                   + ("a cold cache, as on a machine's first run: every Triton kernel (spikefuse's, SpikingJelly's) was "
-                      "compiled within its library's first epoch" if cache["state"] == "cold" else
-                      "a warm cache, as on every later run: kernels an earlier run compiled were loaded from it")
-                   + ("; spikefuse's speculative compiles were on (SPIKEFUSE_SPECULATIVE_COMPILE=1)"
-                      if cache.get("speculative_compiles") else "") + ".\n")
+    if cache and cache.get("speculative_compiles") and payload["device_type"] == "cuda":
+        out.append("spikefuse's speculative compiles were on (SPIKEFUSE_SPECULATIVE_COMPILE=1).\n")
     out.append(f"Equations: {payload['equations']}\n")
     out.append(f"Cross-check: {payload['tolerances']['check']}; passed where at most "
                f"{payload['tolerances']['spike_mismatch']:g} of each layer's spikes differ and every gradient is "
@@ -685,6 +704,8 @@ def markdown(payload) -> str:
         out.append(f"## {task['task']}\n\n{task['network']}; {task['train_samples']} training / {task['test_samples']} "
                    f"test samples, T={task['T']}, B={task['B']}; target "
                    + (f"{s['target']:.2%}" if s["target"] is not None else "none") + "\n")
+        if task.get("triton_cache") and payload["device_type"] == "cuda":
+            out.append(_cache_text(task["triton_cache"]))
         rows = []
         for r in task["runs"]:
             entry, check = s["libraries"][r["run"]], task["cross_check"].get(r["run"])
@@ -709,6 +730,13 @@ def markdown(payload) -> str:
     if payload["skipped_libraries"]:
         out.append("\nNot run:\n\n" + "\n".join(f"- {n}: {why}" for n, why in payload["skipped_libraries"].items()) + "\n")
     return "\n".join(out)
+
+
+def _cache_text(cache) -> str:
+    return (f"Triton's kernel cache ({cache['dir']}) held {cache['entries_at_start']} entries as this task began: "
+            + ("a cold cache, as on a machine's first run: every Triton kernel (spikefuse's, SpikingJelly's) was "
+               "compiled within its library's first epoch" if cache["state"] == "cold" else
+               "a warm cache: kernels an earlier run (or task) compiled were loaded from it") + ".\n")
 
 
 def _check_text(check) -> str:
