@@ -42,6 +42,7 @@ def opted_in(monkeypatch, tmp_path):
     monkeypatch.setenv("SPIKEFUSE_COMPILE_PROCESSES", "1")
     monkeypatch.setattr(compile_processes, "_forked", False)  # each test as a fresh process
     monkeypatch.setattr(compile_processes, "_created", False)
+    monkeypatch.setattr(compile_processes, "_began_cold", False)
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "cold-cache"))  # no marker: a cold machine
 
 
@@ -88,6 +89,7 @@ def test_on_unless_turned_off(setting, monkeypatch, tmp_path):
         monkeypatch.setenv("SPIKEFUSE_COMPILE_PROCESSES", setting)
     try:
         assert compile_processes.start(2) == (setting is None) == compile_processes.running()
+        assert compile_processes.began_cold() == (setting is None)  # (then no launch waits for a cache hit)
     finally:
         compile_processes.stop()
 
@@ -143,6 +145,14 @@ def test_background_compiles_fork_no_processes_without_cuda():
     from spikefuse.ops.launch import background_compiles
     with background_compiles():
         assert not compile_processes.running()
+
+
+def test_where_no_process_can_be_forked_compiles_stay_in_threads(monkeypatch):
+    def refuse():
+        raise BlockingIOError("Resource temporarily unavailable")  # fork's EAGAIN: a process limit
+    monkeypatch.setattr(os, "fork", refuse)
+    assert not compile_processes.start(2) and not compile_processes.running()
+    assert not compile_processes.began_cold()
 
 
 def test_forked_once_per_process():

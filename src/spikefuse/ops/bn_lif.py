@@ -707,8 +707,9 @@ def _speculate_next(spikes, x, residual, ckpt, stats, decay, decay_tensor, thres
 def _speculate_layer(x, residual, weight, bias, running_mean, running_var, use_batch, momentum, eps, decay,
                      decay_tensor, options, time_steps):
     """While its statistics kernels compile (background compiles): compile every kernel this
-    layer launches, its statistics (the evaluation's too), forward and backward, in the background too (else each would
-    start only once the one before it is ready). The host functions run on meta tensors."""
+    layer launches, its statistics (the evaluation's too), forward and backward, in the background
+    too (else each would start only once the one before it is ready). The host functions run on
+    meta tensors."""
     launch, xm = Speculate(x.device.index), meta_like(x)
     _statistics(over_time(xm, time_steps), weight, bias, running_mean, running_var, use_batch, momentum, eps,
                 launch=launch)

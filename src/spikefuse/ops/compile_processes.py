@@ -86,8 +86,11 @@ def start(workers: int) -> bool:
         if cache_is_warm():
             return False
         targets = {d: torch.cuda.get_device_capability(d) for d in range(torch.cuda.device_count())}
-        # one fork from this thread; that process sets Triton up and forks the workers (zygote_pool.py)
-        _pool, _began_cold = ZygotePool(workers, _child_setup, (os.getpid(), targets), _end_with), True
+        try:  # one fork from this thread; that process sets Triton up and forks the workers (zygote_pool.py)
+            _pool = ZygotePool(workers, _child_setup, (os.getpid(), targets), _end_with)
+        except OSError:  # no process to be had (a process limit, no memory): compiles stay in threads
+            return False
+        _began_cold = True
         return True
 
 
