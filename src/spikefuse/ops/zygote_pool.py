@@ -76,8 +76,12 @@ class ZygotePool:
                 key, ok, value = self._conn.recv()
                 with self._lock:
                     future = self._futures.pop(key, None)
-                if future is not None:
-                    future.set_result(value) if ok else future.set_exception(BrokenProcessPool(value))
+                if future is None:
+                    continue
+                if ok:
+                    future.set_result(value)
+                else:  # the call raised, or its worker died: the caller falls back (compiles in a thread)
+                    future.set_exception(BrokenProcessPool(value))
         except (EOFError, OSError):  # the zygote ended (shut down, or died)
             pass
         with self._lock:
