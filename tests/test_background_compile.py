@@ -222,6 +222,24 @@ def test_lif_while_a_kernel_compiles(options, stalled_kernel, stalled, monkeypat
 
 
 @cpu_only
+@pytest.mark.parametrize("processes", [True, False], ids=["compile processes", "compile threads"])
+def test_with_compile_processes_lif_sends_its_evaluation_forward_at_once(processes, stalled, monkeypatch):
+    """With compile processes, the first deferral also sends the tuned forward without gradients (an
+    evaluation's) to compile, not only once a quick kernel ran; in threads it waits (fewer compiles at once)."""
+    guessed = []
+    monkeypatch.setattr(CachedLaunch, "speculate", lambda self, device, grid, args, meta:
+                        guessed.append((self, meta["K"], meta.get("SAVE_CKPT"))))
+    monkeypatch.setattr(launch.compile_processes, "running", lambda: processes)
+    stalled(lif_ops._lif_forward_kernel)
+    x = torch.rand(13, 2, 3, 5)
+    with background_compiles():
+        lif_run(x, torch.randn(13, 2, 3, 5), decay=0.8, threshold=0.5)
+    evaluation = [(k, save) for kernel, k, save in guessed if kernel is lif_ops._lif_forward_kernel and not save]
+    tuned = kernel_base.launch_config(13, torch.float32)[1]
+    assert evaluation == ([(tuned, False)] if processes else [])
+
+
+@cpu_only
 @pytest.mark.parametrize("options", LIF_OPTIONS, ids=["hard", "soft", "subtract", "cut per batch position"])
 @pytest.mark.parametrize("tuned_backward", ["compiling", "compiled"])
 def test_lif_runs_quick_kernels_while_its_tuned_ones_compile(options, tuned_backward, stalled, monkeypatch):

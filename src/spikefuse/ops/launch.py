@@ -234,6 +234,12 @@ def cold_compiles_in_flight() -> bool:
     return _background and _cache_cold and _compiling > 0
 
 
+def compiles_in_processes() -> bool:
+    """Whether compiles run in compile processes: more of them at once then take nothing from the
+    training thread (in threads, each shares its GIL)."""
+    return compile_processes.running()
+
+
 def deferrals() -> int:
     """How many launches have raised Compiling so far (a step whose count moved ran a fallback)."""
     return _deferred

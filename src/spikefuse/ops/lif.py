@@ -48,7 +48,8 @@ from .kernel_base import (EAGER, TRACED, cdiv, channel_layout, charge, chunk_reg
                           spike_adjoint, spike_value, state_buffer, store_bits, store_chunk, store_outputs,
                           surrogate_grad, time_major)
 from .triton_or_stub import tl, triton
-from .launch import Compiling, cached_launch, cold_compiles_in_flight, fused_or, speculation_enabled
+from .launch import (Compiling, cached_launch, cold_compiles_in_flight, compiles_in_processes, fused_or,
+                     speculation_enabled)
 from . import lif_loop
 from .double_backward import grads_with_graph
 from .spike_pack import attach_bits
@@ -424,18 +425,25 @@ class LIFFunction(torch.autograd.Function):
             return _forward(x, decay, decay_tensor, v0, threshold, reset, v_reset, save, want_state, launch, want_h,
                             threshold_tensor, grad_threshold, grad_scope, bits, k)
 
-        def speculate(k):  # compile this layer's variants of chunk length k (None: tuned) in the background
+        def speculate(k, evaluation=False):
+            """Compile this layer's variants of chunk length k (None: tuned) in the background; with
+            `evaluation`, also its forward without gradients (tuned), which an evaluation runs."""
             with contextlib.suppress(Exception):  # a guess never fails the forward (tests check the guesses)
                 _, _, xm, ckpt_m, *_ = run(meta_like(x), Speculate(x.device.index), meta_like(bits), k)
                 _speculate_next(x.device.index, xm, ckpt_m, decay_tensor, v0, threshold_tensor, options,
                                 ctx.needs_input_grad, save, k)
+                if evaluation:
+                    _speculate_next(x.device.index, xm, None, decay_tensor, v0, threshold_tensor, options,
+                                    ctx.needs_input_grad, False, None)
         # from a cold cache, training steps run the quick kernels while anything compiles (their checkpoints
         # serve either backward); an evaluation takes its tuned kernel, sent to compile early
         ctx.k = QUICK_K if save and cold_compiles_in_flight() else None
         try:
             spikes, vT, x, ckpt, *h = run(x, k=ctx.k)
         except Compiling:  # (background compiles) the quick forward and backward compile first, then ...
-            speculate(QUICK_K)
+            # with compile processes, the evaluation's forward too: sent with the tuned kernels, once a quick
+            # one ran, it was still compiling at a cold IPU SHD net's first evaluation (0.22 s on the twins)
+            speculate(QUICK_K, evaluation=compiles_in_processes())
             if ctx.k is not None:
                 raise
             spikes, vT, x, ckpt, *h = run(x, k=QUICK_K)  # (Compiling while it compiles)
