@@ -124,3 +124,24 @@ def test_groups_are_one_batch_then_fewest_passes(n, batch, group):
     rest = -(-(n - edges[1]) // batch)
     assert all(1 <= s <= group for s in sizes) and len(sizes) == -(-rest // group)  # fewest passes
     assert all(lo % batch == 0 for lo in edges[:-1])  # groups hold whole batches
+
+
+@pytest.mark.parametrize("ahead", [True, False], ids=["on a GPU: made ahead", "on the CPU: made when needed"])
+def test_the_next_group_is_made_once_the_first_batch_of_this_one_was_taken(ahead):
+    """Made ahead, the second group's making waits until the consumer asks for the first group's
+    second batch (it has run its first step): the first step follows the first group's making alone."""
+    from spikefuse.data.dataset import _batches_of_groups
+    log = []
+
+    def launch(start):
+        log.append(f"make {start}")
+        return [f"y{start}.{i}" for i in range(2)], [f"x{start}.{i}" for i in range(2)]
+    for x, y in _batches_of_groups(launch, lambda made: made, [0, 1, 2], ahead):
+        log.append(f"step {x}")
+    if ahead:
+        assert log == ["make 0", "step x0.0", "make 1", "step x0.1", "step x1.0", "make 2", "step x1.1",
+                       "step x2.0", "step x2.1"]
+    else:
+        assert log == ["make 0", "step x0.0", "step x0.1", "make 1", "step x1.0", "step x1.1", "make 2",
+                       "step x2.0", "step x2.1"]
+

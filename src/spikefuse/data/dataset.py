@@ -79,8 +79,7 @@ class SpikeDataset:
             lo, hi = bounds
             idx = order_dev[lo:hi]
             return self.targets[idx].split(batch_size), self._get_batches(idx, order[lo:hi], batch_size)
-        for targets, xs in _made_ahead(make, zip(edges, edges[1:]), self.device):
-            yield from zip(xs, targets)
+        yield from _made_ahead(make, zip(edges, edges[1:]), self.device)
 
     def default_group(self, batch_size: int) -> int:
         """Batches made at once by default: as many as fit in the byte budget, 1 to MAX_GROUP."""
@@ -174,32 +173,49 @@ def _group_edges(stop: int, batch_size: int, group: int) -> list[int]:
 
 
 def _made_ahead(make, starts, device: torch.device):
-    """Yield make(start) for each start (here: a group's bounds). On a GPU the next group
-    is made on a side stream while the consumer trains on the current one: the framing
-    kernels then overlap the training step's (small, launch-bound) kernels instead of
-    running between steps."""
+    """Yield (x, y), batch by batch, of make(start) for each start (here: a group's bounds; make
+    returns the group's targets and xs). On a GPU the next group is made on a side stream while the
+    consumer trains on the current one: the framing kernels then overlap the training step's (small,
+    launch-bound) kernels instead of running between steps."""
     starts = list(starts)
-    if device.type != "cuda":
-        for start in starts:
-            yield make(start)
-        return
+    if device.type != "cuda":  # made when needed: nothing would overlap
+        return _batches_of_groups(make, lambda made: made, starts, ahead=False)
     main, side = torch.cuda.current_stream(device), torch.cuda.Stream(device)
+    written = torch.cuda.Event()  # the order and the store, written on the main stream before now
+    written.record(main)
 
     def launch(start):
-        side.wait_stream(main)  # the order and the store were written on the main stream
+        side.wait_event(written)  # (not the main stream as it is later: the next group overlaps the steps)
         with torch.cuda.stream(side):
             made = make(start)
         done = torch.cuda.Event()
         done.record(side)
         return made, done
-    pending = launch(starts[0]) if starts else None
-    for k in range(len(starts)):
-        (targets, xs), done = pending
-        pending = launch(starts[k + 1]) if k + 1 < len(starts) else None
+
+    def take(launched):
+        (targets, xs), done = launched
         main.wait_event(done)
         for t in (*targets, *xs):  # made on the side stream, used on the main one
             t.record_stream(main)
-        yield targets, xs
+        return targets, xs
+    return _batches_of_groups(launch, take, starts, ahead=True)
+
+
+def _batches_of_groups(launch, take, starts: list, ahead: bool):
+    """(x, y) of each group launch(start) makes, take(launched) hands over. With `ahead`, the next
+    group is launched once the consumer asks for the current group's second batch: the first step
+    starts after the first group's making alone (one batch), not also the second's (the rest of the
+    epoch), and a cold first step asks for its kernels' compiles that much sooner."""
+    pending = launch(starts[0]) if starts else None
+    for k in range(len(starts)):
+        targets, xs = take(pending)
+        pending = None
+        for x, y in zip(xs, targets):
+            yield x, y
+            if ahead and pending is None and k + 1 < len(starts):  # the consumer ran its first batch
+                pending = launch(starts[k + 1])
+        if pending is None and k + 1 < len(starts):
+            pending = launch(starts[k + 1])
 
 
 def _float32_copy(x: torch.Tensor) -> torch.Tensor:
