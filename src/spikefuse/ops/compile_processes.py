@@ -136,7 +136,7 @@ def stop() -> None:
     with _lock:
         pool, _pool = _pool, None
     if pool is not None:
-        pool.shutdown(wait=False, cancel_futures=True)
+        pool.shutdown()
 
 
 def running() -> bool:

@@ -60,9 +60,9 @@ class ZygotePool:
             self._futures[key] = future
         return future
 
-    def shutdown(self, wait: bool = False, cancel_futures: bool = True) -> None:
-        """End the zygote and its workers; pending futures fail. (The arguments are
-        ProcessPoolExecutor's; work in flight is always dropped.)"""
+    def shutdown(self) -> None:
+        """End the zygote and its workers, without waiting; pending futures fail (work in flight
+        is dropped)."""
         with self._lock:
             if self._broken is None:
                 try:
