@@ -65,7 +65,7 @@ from ..data.synthetic import SyntheticSHD
 from ..data.synthetic_images import NUM_CLASSES, SHAPE, SyntheticCIFAR
 from ..errors import UsageError, one_line
 from ..models import MODELS, build_model
-from ..ops import launch
+from ..ops import compile_processes, launch
 from ..ops.triton_or_stub import tl, triton
 from ..train.loop import Trainer
 from ..train.metrics import predicted
@@ -492,12 +492,7 @@ def triton_cache_state(path: str | None = None) -> dict:
     entries it held as the run began: none (a cold cache, as on a machine's first run) means every
     Triton kernel, spikefuse's and SpikingJelly's, was compiled within its library's first epoch;
     otherwise those an earlier run compiled were loaded from disk (a warm cache, as on every later run)."""
-    if path is None:
-        try:
-            from triton import knobs
-            path = knobs.cache.dir
-        except (ImportError, AttributeError):  # Triton < 3.4, or none
-            path = os.environ.get("TRITON_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".triton", "cache")
+    path = compile_processes.cache_dir() if path is None else path
     entries = len(os.listdir(path)) if path and os.path.isdir(path) else 0
     return {"dir": path, "entries_at_start": entries, "state": "warm" if entries else "cold",
             "speculative_compiles": launch.speculation_enabled()}

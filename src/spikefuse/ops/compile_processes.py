@@ -99,7 +99,8 @@ def began_cold() -> bool:
     return _began_cold
 
 
-def _cache_dir() -> str:
+def cache_dir() -> str:
+    """Triton's cache directory in this process (TRITON_CACHE_DIR, or its default)."""
     try:
         from triton import knobs
         return knobs.cache.dir
@@ -112,7 +113,7 @@ def cache_is_warm() -> bool:
     there. One stat, not a scan of the cache (a cache torch.compile filled can hold tens of thousands
     of entries: listing 10 000 took 0.3-1.3 s on a 2-core machine). A cache emptied by deleting its
     directory loses the marker too; one pruned entry by entry keeps it (compiles then run in threads)."""
-    return not _created and os.path.exists(os.path.join(_cache_dir(), MARKER))
+    return not _created and os.path.exists(os.path.join(cache_dir(), MARKER))
 
 
 def mark_cache_warm() -> None:
@@ -123,7 +124,7 @@ def mark_cache_warm() -> None:
         return
     _marked = True
     try:
-        with open(os.path.join(_cache_dir(), MARKER), "x") as marker:
+        with open(os.path.join(cache_dir(), MARKER), "x") as marker:
             marker.write("spikefuse's Triton kernels were compiled into this cache directory\n")
         _created = True  # (a kernel compiled before the first fit: this process still began cold)
     except OSError:  # there already (FileExistsError), or the cache is elsewhere or read-only: no marker
