@@ -3,13 +3,15 @@
 # (the equivalent of a one-GPU machine per task), cold and then warm: how the README's run-level
 # table was measured (benchmarks/results/runs-2026-11-27-s18/, section 3).
 #
-#     bash benchmarks/runs_per_gpu.sh OUT [TASK ...]
+#     [SEEDS=3] bash benchmarks/runs_per_gpu.sh OUT [TASK ...]
 #
 # Needs as many GPUs as tasks (default: the four of `bench runs`). For each task at once, on GPU i
 # and cores [i*C, (i+1)*C) with C = cores / GPUs: all four libraries from an empty Triton cache
 # (OUT/cold-<task>/), then spikefuse and SpikingJelly again from the cache that run filled
 # (OUT/warm-<task>/). Why pinned: unpinned, four spikefuse processes starting cold at once on one
 # host share its cores with each other's compile processes (section 1 of those results).
+# SEEDS (default 3): `--seeds`, each seed's runs from its own empty cache on the cold pass; the
+# headline is each library's median time to target over them.
 set -uo pipefail
 out=${1:?usage: runs_per_gpu.sh OUT [TASK ...]}
 shift
@@ -19,6 +21,7 @@ gpus=$(python -c "import torch; print(torch.cuda.device_count())")
 [ "$gpus" -ge ${#tasks[@]} ] || { echo "runs_per_gpu.sh: ${#tasks[@]} tasks need as many GPUs, found $gpus" >&2; exit 2; }
 share=$(( $(nproc) / gpus ))
 caches="$out/triton-caches"  # one per task, below it: new (cold) on the first pass, reused (warm) on the second
+seeds=${SEEDS:-3}
 mkdir -p "$out"
 
 one_task() {  # gpu task
@@ -28,9 +31,9 @@ one_task() {  # gpu task
         [ "$pass" = warm ] && libraries=(--libraries spikefuse,spikingjelly)
         mkdir -p "$out/$pass-$name"
         CUDA_VISIBLE_DEVICES=$gpu taskset -c "$cpus" python -m spikefuse bench runs --tasks "$task" \
-            "${libraries[@]}" --triton-cache-per-task "$caches" --out "$out/$pass-$name" \
+            --seeds "$seeds" "${libraries[@]}" --triton-cache-per-task "$caches" --out "$out/$pass-$name" \
             > "$out/$pass-$name/log.txt" 2>&1
-        echo "$pass $task (GPU $gpu, cores $cpus): exit $? $(grep -h 'time to it' "$out/$pass-$name/log.txt")"
+        echo "$(date +%T) $pass $task (GPU $gpu, cores $cpus): exit $? $(grep -h -E 'time to (it|target)' "$out/$pass-$name/log.txt" | tail -1)"
     done
 }
 

@@ -157,6 +157,47 @@ def test_target_and_time_to_target_on_synthetic_curves():
     assert runs.summarise([rows[-1]], {}, 1.0)["target"] is None  # nothing ran: no target, nothing ranked
 
 
+def seeded(seed, times, target=0.9):
+    """One seed's result of a task as bench runs records it: library -> time to target (None:
+    not reached; "unranked": its cross-check failed)."""
+    libraries = {n: {"ranked": t != "unranked", "time_to_target_s": None if t == "unranked" else t}
+                 for n, t in times.items()}
+    return {"task": "t", "seed": seed, "summary": {"target": target, "libraries": libraries}}
+
+
+def test_under_seeds_each_library_is_ranked_by_its_median_time_to_target():
+    results = [seeded(0, {"spikefuse": 5.0, "spikingjelly": 4.0, "norse": None}),  # one seed's crossing decides
+               seeded(1, {"spikefuse": 3.0, "spikingjelly": 4.5, "norse": 20.0}),
+               seeded(2, {"spikefuse": 3.5, "spikingjelly": 4.2, "norse": "unranked"})]
+    (median,) = runs.medians(results).values()
+    libraries = median["libraries"]
+    assert median["seeds"] == [0, 1, 2] and median["targets"] == [0.9] * 3
+    assert libraries["spikefuse"] == {"times_s": [5.0, 3.0, 3.5], "median_s": 3.5, "x_spikefuse": 1.0}
+    assert libraries["spikingjelly"]["median_s"] == 4.2
+    assert libraries["spikingjelly"]["x_spikefuse"] == pytest.approx(1.2)
+    # not reached at one seed and not ranked at another: never, at most seeds
+    assert libraries["norse"]["times_s"] == [None, 20.0, None] and libraries["norse"]["median_s"] is None
+    assert median["ranking"] == ["spikefuse", "spikingjelly"]
+    assert "spikefuse 3.50 s, spikingjelly 4.20 s; not reached at most seeds: norse" in runs.median_line("t", median)
+
+
+def test_seeds_run_each_task_again_and_lead_the_results_with_the_medians(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    out = tmp_path / "r"
+    assert cli.main(["bench", "runs", "--quick", "--device", "cpu", "--tasks", "randman:mlp", "--libraries",
+                     "spikefuse", "--seed", "3", "--seeds", "2", "--out", str(out)]) == 0
+    path, payload = quick_payload(out)
+    assert [(t["task"], t["seed"]) for t in payload["tasks"]] == [("randman:mlp", 3), ("randman:mlp", 4)]
+    assert payload["recipe"]["seeds"] == [3, 4]
+    first, second = ([e["train_loss"] for e in t["runs"][0]["epochs"]] for t in payload["tasks"])
+    assert first != second  # other initial weights and data order
+    median = payload["medians"]["randman:mlp"]
+    assert median["seeds"] == [3, 4] and median["ranking"] == ["spikefuse"]
+    text = path.with_suffix(".md").read_text()
+    assert text.index("## Median time to target over the seeds") < text.index("## randman:mlp, seed 3")
+    assert cli.main(["bench", "runs", "--quick", "--seeds", "0", "--out", str(out)]) == 2
+
+
 def test_without_a_gpu_the_full_run_is_refused_by_name(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(runs.torch.cuda, "is_available", lambda: False)
     assert cli.main(["bench", "runs", "--out", str(tmp_path)]) == 2

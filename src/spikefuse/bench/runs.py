@@ -22,7 +22,13 @@ training and evaluation), training loss, test accuracy, peak GPU memory (None on
 
 Afterwards the target of a task is the lowest final test accuracy among the ranked libraries,
 minus --margin points (1), and each library's time to it is read off its curve: the wall time at
-the end of the first epoch whose test accuracy reached it, or "not reached".
+the end of the first epoch whose test accuracy reached it, or "not reached". With --seeds N, each
+task runs N times (seeds --seed, --seed + 1, ...: other initial weights and data orders, each with
+its own target) and each library's headline is its median time to target over them, as MLPerf
+ranks time to train: on a test curve that still oscillates near the target, the epoch that first
+crosses it moves by several from seed to seed (and with float32 rounding, from library to library
+at one seed), so one seed's ranking can be decided by that epoch rather than by the speed of each
+epoch.
 
 Equations cross-checked: per task and peer, on the initial weights and the first training batch
 (train mode, float64 on both sides), the peer's spikes of every LIF layer and its gradients of
@@ -44,6 +50,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import statistics
 import importlib
 import json
 import os
@@ -118,6 +125,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "4 tasks x 4 libraries stay within `bench all`'s 10 minutes)")
     parser.add_argument("--lr", type=float, default=LR, help=f"Adam's learning rate, cosine-annealed (default {LR:g})")
     parser.add_argument("--seed", type=int, default=0, help="initial weights and data order (default 0)")
+    parser.add_argument("--seeds", type=int, default=1,
+                        help="run each task at this many seeds (--seed, --seed + 1, ...) and rank the libraries by "
+                             "their median time to target over them (default 1)")
     parser.add_argument("--margin", type=float, default=MARGIN,
                         help=f"the target: the lowest final test accuracy minus this many points (default {MARGIN:g})")
     parser.add_argument("--spikingjelly-mode", default="graph",
@@ -130,7 +140,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "auto (default): process on CUDA, none on the CPU")
     parser.add_argument("--triton-cache-per-task", metavar="DIR", default=None,
                         help="each task's runs use Triton's cache DIR/<task> (created where absent): a first "
-                             "invocation measures every task cold, as on a machine's first run, and a second one "
+                             "invocation measures every task (and seed) cold, as on a machine's first run, and a "
+                             "second one "
                              "warm; without it all tasks share this process's cache, so a task after the first "
                              "may find kernels the ones before it compiled (each task's results record its cache's "
                              "state). Needs --isolation process")
@@ -154,6 +165,7 @@ def check_args(args) -> tuple[list[str], list[str], str]:
     options.number("--time-cap", args.time_cap, low_open=0.0)
     options.rate("--lr", args.lr)
     options.seed("--seed", args.seed)
+    options.count("--seeds", args.seeds)
     options.number("--margin", args.margin, low=0, high=100)
     modes = options.names("--spikingjelly-mode", args.spikingjelly_mode, spikingjelly.MODES)
     if len(modes) != 1:
@@ -462,6 +474,33 @@ def summarise(rows: list[dict], checks: dict, margin_points: float) -> dict:
             "not_reached": [n for n, t in times.items() if t is None], "libraries": libraries}
 
 
+def medians(results: list[dict]) -> dict:
+    """Per task run at several seeds: per library ranked at one of them, its time to target at each
+    seed (None: not reached or not ranked there) and the median over the seeds (a seed without a
+    time counting as never: the median is None where most seeds have none), with the ratio to
+    spikefuse's median; the libraries ranked by it."""
+    tasks = {}
+    for result in results:
+        tasks.setdefault(result["task"], []).append(result)
+    out = {}
+    for task, runs in tasks.items():
+        names = list(dict.fromkeys(n for r in runs for n, e in r["summary"]["libraries"].items() if e["ranked"]))
+        libraries = {}
+        for name in names:
+            times = [r["summary"]["libraries"].get(name, {}).get("time_to_target_s")
+                     if r["summary"]["libraries"].get(name, {}).get("ranked") else None for r in runs]
+            middle = statistics.median(float("inf") if t is None else t for t in times)
+            libraries[name] = {"times_s": times, "median_s": None if middle == float("inf") else middle}
+        ours = libraries.get("spikefuse", {}).get("median_s")
+        for entry in libraries.values():
+            entry["x_spikefuse"] = entry["median_s"] / ours if entry["median_s"] is not None and ours else None
+        ranking = sorted((n for n, e in libraries.items() if e["median_s"] is not None),
+                         key=lambda n: libraries[n]["median_s"])
+        out[task] = {"seeds": [r["seed"] for r in runs], "targets": [r["summary"]["target"] for r in runs],
+                     "libraries": libraries, "ranking": ranking}
+    return out
+
+
 # ---- the benchmark ----
 
 def import_peers(libraries) -> dict:
@@ -545,22 +584,31 @@ def run(args) -> int:
         spec = TASKS[name]
         if spec.dataset not in data:  # shd-synthetic serves two tasks
             data[spec.dataset] = load_data(spec.dataset, device, args.quick)
-        folder = _task_cache(args.triton_cache_per_task, name)
-        task_cache = triton_cache_state(folder)  # each task's own: a task after the first may find kernels
-        result = run_task(name, data[spec.dataset], libraries, skipped, sj_mode, args, device, folder)
-        result["triton_cache"] = task_cache
-        results.append(result)
-        paths = save(args, device, sj_mode, results, skipped, cache)  # after every task: a run cut short keeps these
+        for seed in seeds_of(args):
+            folder = _task_cache(args.triton_cache_per_task, name, seed if args.seeds > 1 else None)
+            task_cache = triton_cache_state(folder)  # each task's own: a task after the first may find kernels
+            at_seed = argparse.Namespace(**{**vars(args), "seed": seed})
+            result = run_task(name, data[spec.dataset], libraries, skipped, sj_mode, at_seed, device, folder)
+            result["triton_cache"] = task_cache
+            results.append(result)
+            paths = save(args, device, sj_mode, results, skipped, cache)  # after every run: one cut short keeps these
+        if args.seeds > 1:
+            print(median_line(name, medians(results)[name]), flush=True)
     charts = write_charts(results, os.path.splitext(paths[0])[0], args.quick)
     print("wrote", *paths, *charts)
     return 0
 
 
-def _task_cache(root: str | None, task: str) -> str | None:
-    """--triton-cache-per-task's directory for `task` (created), or None."""
+def seeds_of(args) -> list[int]:
+    return list(range(args.seed, args.seed + args.seeds))
+
+
+def _task_cache(root: str | None, task: str, seed: int | None = None) -> str | None:
+    """--triton-cache-per-task's directory for `task` (and `seed`, under --seeds: each seed's
+    runs as cold as the first's) (created), or None."""
     if root is None:
         return None
-    folder = os.path.join(os.path.abspath(root), task.replace(":", "-"))
+    folder = os.path.join(os.path.abspath(root), task.replace(":", "-") + ("" if seed is None else f"-seed{seed}"))
     os.makedirs(folder, exist_ok=True)
     return folder
 
@@ -598,7 +646,7 @@ def run_task(name, splits, libraries, skipped, sj_mode, args, device, triton_cac
                  f"largest gradient error {max(check['grad_rel_err'].values()):.2e}"), flush=True)
     summary = summarise(rows, checks, args.margin)
     print(summary_line(name, summary), flush=True)
-    return {"task": name, "dataset": spec.dataset, "model": spec.model, "network": MODELS[spec.model][1],
+    return {"task": name, "seed": args.seed, "dataset": spec.dataset, "model": spec.model, "network": MODELS[spec.model][1],
             "model_kwargs": model_kwargs, "T": splits.time_steps, "B": batch, "train_samples": len(splits.train),
             "test_samples": len(splits.test), "neurons": runs_peers.equations(ops), "cross_check": checks,
             "runs": rows, "summary": summary}
@@ -609,7 +657,8 @@ def save(args, device, sj_mode, results, skipped, cache):
     payload = {
         "benchmark": "runs", "environment": environment(), "device_type": device.type, "quick": args.quick,
         "note": None if device.type == "cuda" else CPU_NOTE,
-        "recipe": {"epochs": args.epochs, "time_cap_s": args.time_cap, "seed": args.seed, "lr": args.lr,
+        "recipe": {"epochs": args.epochs, "time_cap_s": args.time_cap, "seed": args.seed, "seeds": seeds_of(args),
+                   "lr": args.lr,
                    "optimizer": "torch.optim.Adam" + (" (fused)" if device.type == "cuda" else ""),
                    "schedule": f"cosine annealing over {args.epochs} epochs", "loss": "cross-entropy on the logits",
                    "precision": "fp32 (TF32 matmuls and convolutions where the GPU has them)",
@@ -627,6 +676,7 @@ def save(args, device, sj_mode, results, skipped, cache):
                        "check": "per peer and task, on the initial weights and the first training batch, "
                                 "train mode, float64 on both sides, after the task's runs"},
         "triton_cache": cache, "skipped_libraries": skipped, "tasks": results,
+        "medians": medians(results) if args.seeds > 1 else None,
     }
     return write_results("runs", payload, markdown(payload), args.out)
 
@@ -634,8 +684,11 @@ def save(args, device, sj_mode, results, skipped, cache):
 def write_charts(results, base: str, quick: bool) -> list[str]:
     """One PNG per task, <base>-<task>.png: test accuracy against wall time, one line per library,
     the target dashed."""
-    written = []
+    written, charted = [], set()
     for result in results:
+        if result["task"] in charted:  # under --seeds, the first seed's runs
+            continue
+        charted.add(result["task"])
         rows = [dict(r, run=r["run"] + ("" if result["summary"]["libraries"][r["run"]]["ranked"] else " (not ranked)"))
                 for r in result["runs"] if r["epochs"]]
         if rows:
@@ -658,11 +711,18 @@ def line(row) -> str:
 def summary_line(name, summary) -> str:
     if summary["target"] is None:
         return f"{name}: no library finished an epoch and passed the cross-check: no target"
-    times = ", ".join(f"{n} {summary['libraries'][n]['time_to_target_s']:.1f} s" for n in summary["ranking"])
+    times = ", ".join(f"{n} {summary['libraries'][n]['time_to_target_s']:.2f} s" for n in summary["ranking"])
     unranked = [n for n, e in summary["libraries"].items() if not e["ranked"]]
     return (f"{name}: target {summary['target']:.2%}; time to it: {times}"
             + (f"; not reached: {', '.join(summary['not_reached'])}" if summary["not_reached"] else "")
             + (f"; not ranked: {', '.join(unranked)}" if unranked else ""))
+
+
+def median_line(name, median) -> str:
+    times = ", ".join(f"{n} {median['libraries'][n]['median_s']:.2f} s" for n in median["ranking"])
+    never = [n for n, e in median["libraries"].items() if e["median_s"] is None]
+    return (f"{name}: median time to target over seeds {', '.join(map(str, median['seeds']))}: {times}"
+            + (f"; not reached at most seeds: {', '.join(never)}" if never else ""))
 
 
 def _pct(value):
@@ -692,11 +752,14 @@ def markdown(payload) -> str:
                f"{payload['tolerances']['spike_mismatch']:g} of each layer's spikes differ and every gradient is "
                f"within {payload['tolerances']['grad_rel_err']:g} relative error. A library that fails it is "
                "not ranked.\n")
+    if payload.get("medians"):
+        out.append(_medians_text(payload["medians"]))
     header = ["library", "ranked", "time to target s", "x spikefuse", "final test", "best test", "epochs",
               "stopped by", "wall s", "first epoch s", "peak MiB", "cross-check"]
     for task in payload["tasks"]:
         s = task["summary"]
-        out.append(f"## {task['task']}\n\n{task['network']}; {task['train_samples']} training / {task['test_samples']} "
+        seed = f", seed {task['seed']}" if payload.get("medians") else ""
+        out.append(f"## {task['task']}{seed}\n\n{task['network']}; {task['train_samples']} training / {task['test_samples']} "
                    f"test samples, T={task['T']}, B={task['B']}; target "
                    + (f"{s['target']:.2%}" if s["target"] is not None else "none") + "\n")
         if task.get("triton_cache") and payload["device_type"] == "cuda":
@@ -709,7 +772,7 @@ def markdown(payload) -> str:
                 continue
             reached = entry.get("time_to_target_s")
             rows.append([r["run"], "yes" if entry["ranked"] else f"no ({entry.get('why_not_ranked')})",
-                         "-" if s["target"] is None else f"{reached:.1f}" if reached is not None else "not reached",
+                         "-" if s["target"] is None else f"{reached:.2f}" if reached is not None else "not reached",
                          entry.get("x_spikefuse"), _pct(entry.get("final_test_acc")), _pct(entry.get("best_test_acc")),
                          entry.get("epochs"), entry.get("stopped_by"), entry.get("wall_s"), entry.get("first_epoch_s"),
                          entry.get("peak_mib"),
@@ -725,6 +788,22 @@ def markdown(payload) -> str:
     if payload["skipped_libraries"]:
         out.append("\nNot run:\n\n" + "\n".join(f"- {n}: {why}" for n, why in payload["skipped_libraries"].items()) + "\n")
     return "\n".join(out)
+
+
+def _medians_text(medians_) -> str:
+    """The headline under --seeds: per task, each library's median time to target and its times."""
+    out = ["## Median time to target over the seeds\n\nEach seed is a whole run of the task (its own initial "
+           "weights, data order and target); per library the median of its times to target (a seed where it did "
+           "not reach the target counts as never).\n"]
+    for task, m in medians_.items():
+        seeds = ", ".join(f"{s} ({t:.2%})" if t is not None else f"{s} (none)" for s, t in zip(m["seeds"], m["targets"]))
+        rows = [[n, "not reached" if e["median_s"] is None else f"{e['median_s']:.2f}", e["x_spikefuse"],
+                 ", ".join("-" if t is None else f"{t:.2f}" for t in e["times_s"])]
+                for n, e in sorted(m["libraries"].items(), key=lambda kv: (kv[1]["median_s"] is None,
+                                                                            kv[1]["median_s"] or 0))]
+        out.append(f"### {task}\n\nSeeds (targets): {seeds}\n")
+        out.append(table(["library", "median s", "x spikefuse", "per seed s"], rows))
+    return "\n".join(out) + "\n"
 
 
 def _cache_text(cache) -> str:
