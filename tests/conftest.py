@@ -54,6 +54,14 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 
+if DEVICE == "cpu" and _WORKER:
+    # one of N xdist workers, a worker per core: torch's intra-op pool (a thread per core in each
+    # worker) would oversubscribe the cores; the subprocesses the tests start inherit this too
+    _share = max(1, (os.cpu_count() or 1) // max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))))
+    torch.set_num_threads(_share)
+    os.environ.setdefault("OMP_NUM_THREADS", str(_share))
+
+
 def pytest_configure(config):
     if DEVICE == "cuda" and not torch.cuda.is_available():
         raise pytest.UsageError("SPIKEFUSE_TEST_DEVICE=cuda, but torch sees no CUDA GPU here "
