@@ -371,13 +371,16 @@ def run_isolated(setting: Setting, library: str) -> dict:
         torch.save({"task": setting.task, "library": library, "state": {k: v.cpu() for k, v in setting.state.items()},
                     "model_kwargs": setting.model_kwargs, "batch": setting.batch,
                     "args": {k: v for k, v in vars(setting.args).items() if isinstance(v, (str, int, float, type(None)))},
-                    "device": str(setting.device), "sj_mode": setting.sj_mode}, spec)
+                    "device": str(setting.device), "sj_mode": setting.sj_mode, "spawned_at": time.time()}, spec)
         code = f"from spikefuse.bench.runs import worker; worker({spec!r}, {result!r})"
         env = None if setting.triton_cache is None else {**os.environ, "TRITON_CACHE_DIR": setting.triton_cache}
+        started = time.perf_counter()
         done = subprocess.run([sys.executable, "-c", code], check=False, env=env)
         if done.returncode == 0 and os.path.exists(result):
             with open(result) as f:
-                return json.load(f)
+                row = json.load(f)
+            row["process"]["total_s"] = time.perf_counter() - started  # exit included
+            return row
     row = setting.row(library)
     row.update(status="failed", error=f"its process ended with exit code {done.returncode} (its output says why)")
     return row
@@ -388,17 +391,30 @@ def worker(spec_path: str, result_path: str) -> None:
     the parent filled) and the process's one-time costs paid before its clock starts, as in the
     parent; the row written to result_path."""
     spec = torch.load(spec_path, weights_only=True)
+    phases, last = {"start_s": time.time() - spec["spawned_at"]}, time.perf_counter()  # Python, torch, this module
+
+    def phase(name):
+        nonlocal last
+        now = time.perf_counter()
+        phases[name], last = now - last, now
+
     args, device, library = argparse.Namespace(**spec["args"]), torch.device(spec["device"]), spec["library"]
     splits = load_data(TASKS[spec["task"]].dataset, device, args.quick)
+    phase("data_s")
     skipped = import_peers([library])
     if library in skipped:
         raise RuntimeError(skipped[library])
     import_spikefuse()
+    phase("imports_s")
     warm_device(device)
+    phase("warm_device_s")
     setting = Setting(spec["task"], splits, spec["state"], spec["model_kwargs"], spec["batch"], args, device,
                       spec["sj_mode"])
     ops = runs_peers.network_ops(setting.build()) if library != "spikefuse" else None
-    atomic_write(result_path, json.dumps(run_library(setting, library, ops)))
+    row = run_library(setting, library, ops)
+    phase("run_s")
+    row["process"] = phases  # where a run's process spends the time outside its clock (bench all's budget)
+    atomic_write(result_path, json.dumps(row))
 
 
 # ---- the cross-check of equations ----
@@ -624,6 +640,7 @@ def run_task(name, splits, libraries, skipped, sj_mode, args, device, triton_cac
     ops = runs_peers.network_ops(model)  # `model` keeps the initial weights: the peers copy them
     setting = Setting(name, splits, state, model_kwargs, batch, args, device, sj_mode,
                       isolation_of(args, device) == "process", triton_cache)
+    begun = time.perf_counter()
     rows = []
     for library in libraries:
         if library in skipped:
@@ -635,11 +652,13 @@ def run_task(name, splits, libraries, skipped, sj_mode, args, device, triton_cac
     for row in rows:  # after the runs: each library's first epoch compiled its own kernels (module docstring)
         if row["run"] == "spikefuse" or row["status"] == "skipped":
             continue
+        checking = time.perf_counter()
         try:
             checks[row["run"]] = cross_check(setting, row["run"])
         except Exception as error:  # noqa: BLE001 -- a peer that cannot run the check is not ranked
             checks[row["run"]] = {"passed": False, "error": one_line(error)}
         check = checks[row["run"]]
+        check["seconds"] = time.perf_counter() - checking
         print(f"{name} {row['run']}: cross-check " + ("passed" if check["passed"] else "FAILED")
               + (f" ({check['error']})" if "error" in check else
                  f", spike agreement {min(check['spike_agreement']):.6f}, "
@@ -649,7 +668,7 @@ def run_task(name, splits, libraries, skipped, sj_mode, args, device, triton_cac
     return {"task": name, "seed": args.seed, "dataset": spec.dataset, "model": spec.model, "network": MODELS[spec.model][1],
             "model_kwargs": model_kwargs, "T": splits.time_steps, "B": batch, "train_samples": len(splits.train),
             "test_samples": len(splits.test), "neurons": runs_peers.equations(ops), "cross_check": checks,
-            "runs": rows, "summary": summary}
+            "runs": rows, "summary": summary, "seconds": time.perf_counter() - begun}
 
 
 def save(args, device, sj_mode, results, skipped, cache):
@@ -780,6 +799,8 @@ def markdown(payload) -> str:
         out.append(table(header, rows))
         out.append("\n" + "\n".join(f"- {r['run']}: {r.get('implementation', '-')}" for r in task["runs"]
                                     if r["status"] == "ran") + "\n")
+        if task.get("seconds") is not None:
+            out.append(_harness_text(task))
         for r in (r for r in task["runs"] if r["epochs"]):
             out.append(f"\n{r['run']} per epoch (set-up {r['setup_s']:.2f} s)\n")
             out.append(table(["epoch", "wall s", "epoch s", "train loss", "test", "peak MiB"],
@@ -804,6 +825,21 @@ def _medians_text(medians_) -> str:
         out.append(f"### {task}\n\nSeeds (targets): {seeds}\n")
         out.append(table(["library", "median s", "x spikefuse", "per seed s"], rows))
     return "\n".join(out) + "\n"
+
+
+def _harness_text(task) -> str:
+    """Where the task's wall time went outside the libraries' clocks: each run's process
+    (Python and torch started, data, imports, device warm-up, the run, exit) and each cross-check."""
+    parts = []
+    for r in task["runs"]:
+        p = r.get("process")
+        if p:
+            parts.append(f"{r['run']} {p.get('total_s', 0):.1f} s (start {p['start_s']:.1f}, data {p['data_s']:.1f}, "
+                         f"imports {p['imports_s']:.1f}, warm-up {p['warm_device_s']:.1f}, run {p['run_s']:.1f})")
+    checks = [f"{n} {c['seconds']:.1f} s" for n, c in task["cross_check"].items() if "seconds" in c]
+    return (f"\nHarness: the task took {task['seconds']:.1f} s"
+            + (f"; processes: {'; '.join(parts)}" if parts else "")
+            + (f"; cross-checks: {', '.join(checks)}" if checks else "") + ".\n")
 
 
 def _cache_text(cache) -> str:
