@@ -198,6 +198,18 @@ def test_seeds_run_each_task_again_and_lead_the_results_with_the_medians(tmp_pat
     assert cli.main(["bench", "runs", "--quick", "--seeds", "0", "--out", str(out)]) == 2
 
 
+def test_each_task_has_its_own_triton_cache_where_its_runs_have_their_own_processes(tmp_path):
+    cpu, cuda = runs.torch.device("cpu"), runs.torch.device("cuda")
+
+    def resolved(given, isolation="auto", device=cuda):
+        return runs.task_caches_of(runs.argparse.Namespace(triton_cache_per_task=given, isolation=isolation), device)
+    assert resolved(None) == runs.os.path.expanduser(runs.TASK_CACHES)  # CUDA: a process per run, caches kept
+    assert resolved(str(tmp_path)) == str(tmp_path) and resolved("shared") is None
+    assert resolved(None, device=cpu) is None and resolved("shared", "none") is None  # one process: its cache
+    with pytest.raises(runs.UsageError, match="--triton-cache-per-task needs --isolation process"):
+        resolved(str(tmp_path), "none")
+
+
 def test_without_a_gpu_the_full_run_is_refused_by_name(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(runs.torch.cuda, "is_available", lambda: False)
     assert cli.main(["bench", "runs", "--out", str(tmp_path)]) == 2
