@@ -54,11 +54,11 @@ from __future__ import annotations
 
 import argparse
 import gc
-import statistics
 import importlib
 import json
 import os
 import pkgutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -607,7 +607,7 @@ def run(args) -> int:
             data[spec.dataset] = load_data(spec.dataset, device, args.quick)
         for seed in seeds_of(args):
             folder = _task_cache(task_caches, name, seed if args.seeds > 1 else None)
-            task_cache = triton_cache_state(folder)  # each task's own: a task after the first may find kernels
+            task_cache = triton_cache_state(folder)  # each task's own (shared: one after the first finds kernels)
             at_seed = argparse.Namespace(**{**vars(args), "seed": seed})
             result = run_task(name, data[spec.dataset], libraries, skipped, sj_mode, at_seed, device, folder)
             result["triton_cache"] = task_cache
