@@ -510,8 +510,8 @@ def medians(results: list[dict]) -> dict:
         names = list(dict.fromkeys(n for r in runs for n, e in r["summary"]["libraries"].items() if e["ranked"]))
         libraries = {}
         for name in names:
-            times = [r["summary"]["libraries"].get(name, {}).get("time_to_target_s")
-                     if r["summary"]["libraries"].get(name, {}).get("ranked") else None for r in runs]
+            entries = [r["summary"]["libraries"].get(name, {}) for r in runs]
+            times = [e.get("time_to_target_s") if e.get("ranked") else None for e in entries]
             middle = statistics.median(float("inf") if t is None else t for t in times)
             libraries[name] = {"times_s": times, "median_s": None if middle == float("inf") else middle}
         ours = libraries.get("spikefuse", {}).get("median_s")

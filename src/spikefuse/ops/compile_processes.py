@@ -17,8 +17,9 @@ the calling thread forks one process, before any compile thread of ours runs, so
 holds a lock (LLVM's, the driver set-up's) that a child would inherit held. That process sets Triton
 up and forks the workers itself (zygote_pool.py): forking 8 workers from the trainer took 0.13 s of
 its thread at a cold fit's start. They end (`stop`) at the end of the first fit that ends with nothing
-compiling: a forked child keeps the pages the trainer writes later. They are forked once per process: a later fit (a run that calls fit once
-per epoch) reuses them while they run, or compiles in threads (new shapes only, by then).
+compiling: a forked child keeps the pages the trainer writes later. They are forked once per process:
+a later fit (a run that calls fit once per epoch) reuses them while they run, or compiles in threads
+(new shapes only, by then).
 
 Where kernels of ours were compiled into Triton's cache before (this machine trained before: a
 marker file we leave there, `spikefuse-kernels`), no processes are forked at all: the kernels load
