@@ -30,6 +30,9 @@ def test_pipeline_on_two_cpu_processes_matches_one_process_exactly(tmp_path, cap
 def gpus(monkeypatch):
     """A machine with `count` CUDA GPUs, whose launcher only records what it is asked to run."""
     launched = []
+    # every bench module imported first, on the real (CPU) torch: some launch set-up code at
+    # import (ops.launch), which a faked CUDA breaks; alone, this file failed on that
+    cli.build_parser(["bench"])
 
     def machine(count: int):
         monkeypatch.setattr(torch.cuda, "is_available", lambda: count > 0)

@@ -2,12 +2,15 @@
 on one GPU and on N GPUs under torchrun, spikefuse beside SpikingJelly 2.0's same network.
 
 Modes (fp32 and bf16):
-    captured            spikefuse's step in one CUDA graph (DDP's all-reduce inside), temporal SyncBN
+    captured            spikefuse's step in one CUDA graph, temporal SyncBN, the gradients averaged
+                        by spikefuse.parallel.GradientReducer (what the Trainer uses)
     captured-local-bn   the same with each rank's own BN statistics (as SpikingJelly's DDP runs)
-    eager               spikefuse's step issued from Python under DDP, SyncBN
-    eager-local-bn      the same, local BN: what a user wrapping the model in DDP by hand gets
+    captured-ddp        the captured SyncBN step with torch's DistributedDataParallel instead
+    eager               spikefuse's step issued from Python, SyncBN, GradientReducer
+    eager-local-bn      the same, local BN
+    eager-ddp           the eager SyncBN step under torch's DDP: what a user wrapping the model by hand gets
     spikingjelly        SpikingJelly's network (bench.spikingjelly.cifar) in plain DDP
-On one GPU there is no DDP and no SyncBN: the -local-bn modes are their base mode there.
+On one GPU there is no reducer, DDP or SyncBN: the -local-bn and -ddp modes are their base mode there.
 Times: CUDA events, the median of 10 x 10 steps queued back to back after warm-up, the
 slowest rank's; samples/s = world size x 64 / step time. A check trains 15 steps captured and
 15 eager from the same weights and inputs under DDP + SyncBN and reports the parameters'
@@ -42,8 +45,9 @@ from spikefuse.parallel.sync_bn import RankSync
 from spikefuse.capture import CaptureFallback, CapturedStep, prepare_optimizer
 
 BATCH, TIME_STEPS = 64, 10
-MODES = ("captured", "captured-local-bn", "eager", "eager-local-bn", "spikingjelly")
-ONE_GPU_ALIAS = {"captured-local-bn": "captured", "eager-local-bn": "eager"}
+MODES = ("captured", "captured-local-bn", "captured-ddp", "eager", "eager-local-bn", "eager-ddp", "spikingjelly")
+ONE_GPU_ALIAS = {"captured-local-bn": "captured", "eager-local-bn": "eager", "captured-ddp": "captured",
+                 "eager-ddp": "eager"}
 PRECISIONS = ("fp32", "bf16")
 REPS, BACK_TO_BACK = 10, 10
 WIDTH, CHECK_STEPS = 1.0, 15  # the network's width; steps of the captured-vs-eager check
@@ -61,7 +65,7 @@ def build(mode: str, device, dp):
     return convert_sync_batchnorm(model, dp.sync_bn_group, transport=TRANSPORT)
 
 
-BUCKET_MB = None  # --bucket-mb: DDP's bucket size for spikefuse's modes (None: DDP's 25 MB)
+BUCKET_MB = None  # --bucket-mb: the bucket size of spikefuse's modes (None: the reducer's or DDP's default)
 TRANSPORT = "auto"  # --transport: how SyncBN's statistics travel (spikefuse.parallel.sync_bn.RankSync)
 
 
@@ -74,24 +78,32 @@ def make_step(mode: str, precision: str, device, dp):
     # ours eager too: the same (fused) SGD update as the captured step
     if ours and prepare_optimizer(optimizer) is not None:
         raise RuntimeError("SGD is not capturable here")
-    forward = model
+    forward, reducer = model, None
     stream = torch.cuda.Stream(device) if captured else None  # DDP's hooks run where the step does
+    ddp = dp is not None and (mode.endswith("-ddp") or not ours)
     if dp is not None:
-        if ours:
-            forward = dp.wrap(model, stream=stream, bucket_cap_mb=BUCKET_MB)
-        else:  # as a SpikingJelly user would
+        if not ours:  # as a SpikingJelly user would
             forward = nn.parallel.DistributedDataParallel(model, device_ids=[device.index])
-    bucket_views = dp is not None and ours  # dp.wrap's gradients live in DDP's buckets
+        elif ddp:
+            forward = dp.wrap(model, stream=stream, bucket_cap_mb=BUCKET_MB)
+        else:
+            reducer = dp.reducer(model, bucket_mb=BUCKET_MB)
 
     def step(x, y):
+        if reducer is not None and reducer.buffers:
+            reducer.sync_buffers()
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=precision == "bf16", cache_enabled=False):
             loss = nn.functional.cross_entropy(forward(x).float(), y)
-        optimizer.zero_grad(set_to_none=not bucket_views)
+        optimizer.zero_grad(set_to_none=not ddp)  # DDP's gradients live in its buckets
         loss.backward()
+        if reducer is not None:
+            reducer.finish()
         optimizer.step()
         return loss
     if captured:
-        step = CapturedStep(step, stream=stream, **({"warmup": dp.capture_warmup} if dp is not None else {}))
+        warmup = {} if dp is None else {"warmup": dp.capture_warmup if ddp else dp.reducer_warmup,
+                                        "agree_across": dp.group or torch.distributed.group.WORLD}
+        step = CapturedStep(step, stream=stream, **warmup)
     return step, model
 
 
@@ -149,7 +161,7 @@ def measure(mode, precision, device, dp) -> dict:
 
 
 def check_capture(device, dp, steps: int = 15) -> dict:
-    """Captured vs eager DDP + SyncBN steps from the same start: the parameters' largest
+    """Captured vs eager SyncBN steps (GradientReducer) from the same start: the parameters' largest
     relative difference after `steps` steps (fp32)."""
     params = []
     for mode in ("captured", "eager"):
@@ -188,7 +200,7 @@ def run(args) -> int:
             payload["capture_check"] = {"error": f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}"}
         save()
         if dp.is_main:
-            print("captured vs eager (DDP + SyncBN):", payload["capture_check"], flush=True)
+            print("captured vs eager (SyncBN, GradientReducer):", payload["capture_check"], flush=True)
     if dp is not None:
         gc.collect()  # CUDA graphs holding NCCL work first, or destroying the group hangs (pytorch#115388)
         torch.cuda.synchronize()
@@ -240,7 +252,7 @@ def merge(args) -> int:
             f"{env['device']} x {n}, {env['date']}, versions {env['versions']}\n\n"
             f"CUDA events, medians of {runs[n].get('timing', '10 x 10')} back-to-back steps after warm-up (slowest rank); "
             "SpikingJelly runs local BN (its SyncBN fails in multi-step mode).\n\n"
-            + table(header, rows) + f"\ncaptured vs eager DDP + SyncBN check: {runs[n].get('capture_check')}\n")
+            + table(header, rows) + f"\ncaptured vs eager SyncBN check: {runs[n].get('capture_check')}\n")
     paths = write_results("ddp-scaling", payload, text, args.out)
     print(text)
     print("wrote", *paths)
@@ -266,7 +278,7 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default="benchmarks/results")
     parser.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, of {', '.join(MODES)}")
     parser.add_argument("--precisions", default=",".join(PRECISIONS), help="comma-separated, of fp32, bf16")
-    parser.add_argument("--bucket-mb", type=float, help="DDP bucket size in MB for spikefuse's modes")
+    parser.add_argument("--bucket-mb", type=float, help="bucket size in MB for spikefuse's modes (reducer or DDP)")
     parser.add_argument("--transport", default="auto", choices=RankSync.TRANSPORTS,
                         help="how SyncBN's statistics travel (default auto: GPU peer memory where it works)")
     parser.add_argument("--tag", default="", help="suffix of the output file (runs --merge leaves alone)")

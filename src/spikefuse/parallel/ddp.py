@@ -35,6 +35,7 @@ from torch import nn
 from ..data.events import check_flag
 from ..data.framing import check_batch_size
 from ..neuron_options import check_int
+from .grad_reduce import GradientReducer
 from .sync_bn import SYNCABLE
 
 TIMEOUT = datetime.timedelta(minutes=30)  # a collective waiting longer than this fails (a hung rank)
@@ -60,6 +61,8 @@ class DataParallel:
     # PyTorch's notes on CUDA graphs: DDP needs 11 eager iterations before its step is
     # captured (its reducer samples runtime statistics on the host in the first 10)
     capture_warmup: ClassVar[int] = 11
+    # spikefuse's GradientReducer learns its buckets in the first step
+    reducer_warmup: ClassVar[int] = 3
 
     @property
     def is_main(self) -> bool:
@@ -95,6 +98,13 @@ class DataParallel:
             wrapped = DistributedDataParallel(model, **options)
         main.wait_stream(stream)
         return wrapped
+
+    def reducer(self, model: nn.Module, *, bucket_mb: float | None = None) -> GradientReducer:
+        """A GradientReducer for `model` over this run's group (what the Trainer uses instead of
+        wrap: the same averaged gradients, without DDP's bookkeeping inside the step). Buffers
+        of modules that are not synchronised BN layers are broadcast by sync_buffers()."""
+        options = {} if bucket_mb is None else {"bucket_mb": bucket_mb}
+        return GradientReducer(model, self.group, buffers=_local_buffers(model), **options)
 
     def shard(self, dataset, *, pad: bool) -> "Shard":
         return Shard(dataset, self.rank, self.world_size, pad=pad)
@@ -170,10 +180,10 @@ def init_data_parallel(device: str = "auto", timeout: datetime.timedelta = TIMEO
     return DataParallel(rank, world, where, sync_bn_group=dist.new_group(ranks=list(range(world)), timeout=timeout))
 
 
-def _local_buffers(model: nn.Module) -> bool:
-    """Whether some module holds buffers that ranks may update differently."""
-    return any(next(m.buffers(recurse=False), None) is not None
-               and not (isinstance(m, SYNCABLE) and m.sync is not None) for m in model.modules())
+def _local_buffers(model: nn.Module) -> list[torch.Tensor]:
+    """The buffers that ranks may update differently: those of modules other than synchronised BN layers."""
+    return [b for m in model.modules() if not (isinstance(m, SYNCABLE) and m.sync is not None)
+            for b in m.buffers(recurse=False)]
 
 
 class Shard:

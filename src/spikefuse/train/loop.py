@@ -12,8 +12,8 @@ checkpoint, or the metrics of a run that stopped before one) is refused unless r
 replaced with overwrite=True (its run files go first: rundir.clear_run).
 
 Data parallel (spikefuse.parallel, one process per GPU under torchrun): pass
-`data_parallel=init_data_parallel()`. The model is trained through DistributedDataParallel,
-each rank on its slice of every global batch of `batch_size` samples; metrics are summed
+`data_parallel=init_data_parallel()`. Each rank trains on its slice of every global batch of `batch_size` samples, its gradients averaged over the ranks
+during backward (parallel.GradientReducer); metrics are summed
 over the ranks; rank 0 alone logs, writes the run directory and holds its lock; every rank
 loads the checkpoint on resume (which holds every rank's RNG states).
 """
@@ -101,9 +101,9 @@ class Trainer:
         then fit removes that run's files (checkpoint, metrics, pictures) before it starts.
     data_parallel: this process's spikefuse.parallel.DataParallel, or None (one process).
         batch_size is then the global batch, split evenly over the ranks (it must divide);
-        the model should already be on the same initial weights on every rank (DDP
-        broadcasts rank 0's anyway) and converted to SyncBN where wanted. Captured steps
-        capture DDP's gradient all-reduce too, after data_parallel.capture_warmup eager steps.
+        rank 0's weights are copied to every rank; convert the model to SyncBN where wanted
+        (convert_sync_batchnorm). Captured steps capture the gradient all-reduce too, after
+        data_parallel.reducer_warmup eager steps.
     """
 
     def __init__(self, model: nn.Module, splits, optimizer: torch.optim.Optimizer, *, epochs: int,
@@ -174,16 +174,15 @@ class Trainer:
         self.regularizer = (RateRegularizer(self.model, max_rate, rate_weight, rate_l1)
                             if max_rate is not None or rate_l1 else None)
         captured = self._capture_wanted(capture)
-        # one side stream for DDP's hooks, the warm-ups and the capture (DataParallel.wrap says why)
+        # one side stream for the warm-ups and the capture
         stream = torch.cuda.Stream(self.device) if captured else None
-        self.ddp = data_parallel.wrap(self.model, stream=stream) if data_parallel is not None else None
+        self.reducer = data_parallel.reducer(self.model) if data_parallel is not None else None
         compiled = torch.compile if compile else (lambda module: module)
-        self.forward = compiled(self.model if self.ddp is None else self.ddp)
-        # evaluation runs the plain model: no collectives (ranks may evaluate unequal batch counts)
-        self.eval_forward = self.forward if self.ddp is None else compiled(self.model)
-        # under DDP every rank captures the same step: all replay, or all run eagerly
-        ranks = {} if self.ddp is None else {"warmup": data_parallel.capture_warmup,
-                                             "agree_across": data_parallel.group or torch.distributed.group.WORLD}
+        # evaluation runs the same model: no collectives (ranks may evaluate unequal batch counts)
+        self.forward = self.eval_forward = compiled(self.model)
+        # under data parallel every rank captures the same step: all replay, or all run eagerly
+        ranks = {} if self.reducer is None else {"warmup": data_parallel.reducer_warmup,
+                                                 "agree_across": data_parallel.group or torch.distributed.group.WORLD}
         # training and evaluation steps share one graph memory pool: they never run at once
         pool = torch.cuda.graph_pool_handle() if captured else None
         self._new_step = lambda: CapturedStep(self._train_step, enabled=captured, stream=stream, pool=pool, **ranks)
@@ -219,14 +218,17 @@ class Trainer:
     def _train_step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """Forward, backward, optimizer step and metric sums: only tensor work, so that
         CapturedStep can record it in one CUDA graph."""
+        if self.reducer is not None and self.reducer.buffers:
+            self.reducer.sync_buffers()  # rank 0's running statistics of unsynchronised BN layers
         with self._autocast():
             logits = self.forward(x)
             self._check_output(logits, y)
             loss = self.loss_fn(logits.float(), y)
         penalty = self.regularizer.take(self.device) if self.regularizer is not None else None
-        # DDP's gradients are views into its all-reduce buckets: zeroed there, never reallocated
-        self.optimizer.zero_grad(set_to_none=self.ddp is None)
+        self.optimizer.zero_grad(set_to_none=True)
         self.scaler.scale(loss if penalty is None else loss + penalty).backward()
+        if self.reducer is not None:
+            self.reducer.finish()  # gradients averaged over the ranks before clipping and the step
         if self.clip_grad_norm is not None:
             self.scaler.unscale_(self.optimizer)
             nn.utils.clip_grad_norm_(self.model.parameters(), self.clip_grad_norm, foreach=True)

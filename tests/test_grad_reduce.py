@@ -1,0 +1,149 @@
+"""GradientReducer (spikefuse.parallel.grad_reduce): N ranks' averaged gradients equal one
+process's on the combined batch, step after step (the buckets are cut again after the first),
+with SyncBN, parameters without gradient, unsynchronised buffers and any bucket size; on two
+GPUs a captured step replays the eager one bit for bit. gloo on the CPU unless marked."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from spikefuse.parallel import GradientReducer, convert_sync_batchnorm
+from test_ddp import Net, close, on_ranks
+
+
+class WithSpare(nn.Module):
+    """A net with a parameter that gets no gradient and a BN layer that is not synchronised
+    (in eval mode: on a slice its batch statistics would differ from the combined batch's)."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = Net("reference")
+        self.bn = nn.BatchNorm1d(3)
+        self.spare = nn.Parameter(torch.ones(4))
+        self.bn.eval()
+
+    def forward(self, x):
+        return self.bn(self.net(x))
+
+
+def _matches_one_process(dp, bucket_mb, batch=6, steps=3):
+    torch.manual_seed(dp.rank)  # different weights per rank: the reducer copies rank 0's
+    model = WithSpare()
+    torch.manual_seed(0)
+    single = WithSpare()
+    if dp.rank == 0:
+        model.load_state_dict(single.state_dict())
+    model.net = convert_sync_batchnorm(model.net, dp.sync_bn_group)
+    reducer = dp.reducer(model, bucket_mb=bucket_mb)
+    assert [b.data_ptr() for b in reducer.buffers] == [b.data_ptr() for b in model.bn.buffers()]
+    g = torch.Generator().manual_seed(1)
+    mine = slice(dp.rank * batch // dp.world_size, (dp.rank + 1) * batch // dp.world_size)
+    for step in range(steps):  # step 0 learns the ready order; later steps use the new buckets
+        images = torch.randn(batch, 2, 4, 4, generator=g) * 1.5 + 0.3
+        labels = torch.randint(0, 3, (batch,), generator=g)
+        single.zero_grad()
+        loss = nn.functional.cross_entropy(single(images), labels)
+        loss.backward()
+        single.spare.grad = torch.zeros_like(single.spare)
+
+        model.zero_grad(set_to_none=True)
+        reducer.sync_buffers()
+        local = nn.functional.cross_entropy(model(images[mine]), labels[mine])
+        local.backward()
+        reducer.finish()
+        for (name, p), q in zip(model.named_parameters(), single.parameters()):
+            close(p.grad, q.grad, f"step {step}, gradient of {name}")
+        with torch.no_grad():
+            for p, q in zip(model.parameters(), single.parameters()):
+                p -= 0.5 * p.grad
+                q -= 0.5 * q.grad
+    assert reducer.first_order is None and sum(len(b) for b in reducer.buckets) == len(reducer.params)
+
+
+@pytest.mark.parametrize("world, bucket_mb", [(2, 4.0), (3, 1e-6), (2, 1e-4)])
+def test_averaged_gradients_equal_one_process(world, bucket_mb):
+    on_ranks(world, _matches_one_process, bucket_mb)
+
+
+def _buffers_follow_rank_0(dp):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4))
+    reducer = dp.reducer(model)
+    model(torch.randn(5, 3) + dp.rank)  # every rank's running statistics move differently
+    reducer.sync_buffers()
+    mean = model[1].running_mean.clone()
+    dist.broadcast(mean, 0)
+    torch.testing.assert_close(model[1].running_mean, mean, rtol=0, atol=0)
+
+
+def test_unsynchronised_buffers_follow_rank_0():
+    on_ranks(2, _buffers_follow_rank_0)
+
+
+def _second_backward_refused(dp):
+    model = nn.Linear(3, 2)
+    reducer = dp.reducer(model)
+    loss = model(torch.randn(4, 3)).sum()
+    loss.backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="call finish\\(\\) after every backward"):
+        loss.backward()
+    reducer.remove()
+
+
+def test_a_second_backward_before_finish_is_refused():
+    on_ranks(2, _second_backward_refused)
+
+
+def test_bad_bucket_size_and_no_process_group_are_refused_by_name():
+    with pytest.raises(RuntimeError, match="needs an initialised process group"):
+        GradientReducer(nn.Linear(2, 2))
+
+
+def _bucket_size_refused(dp):
+    with pytest.raises(ValueError, match="bucket_mb: expected a size in MB > 0, got 0"):
+        dp.reducer(nn.Linear(2, 2), bucket_mb=0)
+
+
+def test_a_bucket_size_of_zero_is_refused():
+    on_ranks(2, _bucket_size_refused)
+
+
+def _captured_equals_eager(dp):
+    """A CUDA graph of forward, backward and the reducer replays what the eager step computes."""
+    from spikefuse.capture import CapturedStep
+
+    torch.manual_seed(0)
+    base = Net("fused")
+    models = [convert_sync_batchnorm(copy.deepcopy(base).to(dp.device), dp.sync_bn_group) for _ in range(2)]
+    g = torch.Generator().manual_seed(2 + dp.rank)
+    batches = [(torch.randn(3, 2, 4, 4, generator=g).to(dp.device),
+                torch.randint(0, 3, (3,), generator=g).to(dp.device)) for _ in range(2)]
+    results = []
+    for model, captured in zip(models, (False, True)):
+        reducer = dp.reducer(model, bucket_mb=1e-4)  # several buckets in flight
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+
+        def step(x, y):
+            loss = nn.functional.cross_entropy(model(x), y)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            reducer.finish()
+            optimizer.step()
+            return loss
+        run = CapturedStep(step, stream=torch.cuda.Stream(dp.device), agree_across=dist.group.WORLD) if captured else step
+        for i in range(8):
+            loss = run(*batches[i % 2])
+        assert not captured or run.captured > 0, "the step was not captured"
+        results.append([loss.detach().clone()] + [p.detach().clone() for p in model.parameters()])
+    for a, b in zip(*results):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+@pytest.mark.gpu
+@pytest.mark.multi_gpu
+def test_captured_reducer_on_two_gpus_equals_eager():
+    on_ranks(2, _captured_equals_eager, device="cuda")
