@@ -16,14 +16,16 @@ from test_ddp import Net, close, on_ranks
 
 
 class WithSpare(nn.Module):
-    """A net with a parameter that gets no gradient and a BN layer that is not synchronised
-    (in eval mode: on a slice its batch statistics would differ from the combined batch's)."""
+    """A net with a parameter that gets no gradient, a channels-last weight (its gradient is
+    all-reduced as it is, not in a flat bucket) and a BN layer that is not synchronised (in
+    eval mode: on a slice its batch statistics would differ from the combined batch's)."""
 
     def __init__(self):
         super().__init__()
         self.net = Net("reference")
         self.bn = nn.BatchNorm1d(3)
         self.spare = nn.Parameter(torch.ones(4))
+        self.net.conv2.to(memory_format=torch.channels_last)
         self.bn.eval()
 
     def forward(self, x):
@@ -55,6 +57,7 @@ def _matches_one_process(dp, bucket_mb, batch=6, steps=3):
         local = nn.functional.cross_entropy(model(images[mine]), labels[mine])
         local.backward()
         reducer.finish()
+        assert not model.net.conv2.weight.grad.is_contiguous()  # its own all-reduce, its own layout
         for (name, p), q in zip(model.named_parameters(), single.parameters()):
             close(p.grad, q.grad, f"step {step}, gradient of {name}")
         with torch.no_grad():

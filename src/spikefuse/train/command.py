@@ -103,7 +103,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add("--quiet", action="store_true", help="no progress bars")
     add("--gpus", type=int, metavar="N",
         help="train on N GPUs of this machine: N processes (torch's elastic launcher, as torchrun), "
-             "DistributedDataParallel with temporal SyncBN; --batch-size is split over them")
+             "gradients averaged during backward, temporal SyncBN; --batch-size is split over them")
     # --debug (print tracebacks) is added to every subcommand by cli.py
 
 
