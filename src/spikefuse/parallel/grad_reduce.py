@@ -181,7 +181,16 @@ class _Works:
 
 @torch.no_grad()
 def _broadcast(tensors, group) -> None:
-    """Rank 0's values of `tensors` on every rank."""
+    """Rank 0's values of `tensors` on every rank: one broadcast per dtype (a BN layer's running
+    statistics are a few small tensors, and each collective costs its latency)."""
     src = dist.get_global_rank(group, 0) if group is not None else 0
+    by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
     for t in tensors:
-        dist.broadcast(t.data, src=src, group=group)
+        by_dtype.setdefault(t.dtype, []).append(t.data)
+    for same in by_dtype.values():
+        if len(same) == 1:
+            dist.broadcast(same[0], src=src, group=group)
+            continue
+        flat = torch.cat([t.reshape(-1) for t in same])
+        dist.broadcast(flat, src=src, group=group)
+        torch._foreach_copy_(same, [part.view_as(t) for part, t in zip(flat.split([t.numel() for t in same]), same)])
