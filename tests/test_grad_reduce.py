@@ -137,7 +137,8 @@ def _captured_equals_eager(dp):
             reducer.finish()
             optimizer.step()
             return loss
-        run = CapturedStep(step, stream=torch.cuda.Stream(dp.device), agree_across=dist.group.WORLD) if captured else step
+        run = (CapturedStep(step, stream=torch.cuda.Stream(dp.device), agree_across=dist.group.WORLD)
+               if captured else step)
         for i in range(8):
             loss = run(*batches[i % 2])
         assert not captured or run.captured > 0, "the step was not captured"
@@ -150,3 +151,41 @@ def _captured_equals_eager(dp):
 @pytest.mark.multi_gpu
 def test_captured_reducer_on_two_gpus_equals_eager():
     on_ranks(2, _captured_equals_eager, device="cuda")
+
+
+def _trainer_matches_one_process(dp):
+    """Trainer under data parallel (reducer, SyncBN, gradient clipping, LazyAdam) trains the
+    weights one process trains on the combined batches."""
+    from types import SimpleNamespace
+
+    from spikefuse.data.dataset import DenseSpikeDataset
+    from spikefuse.nn import LIF, TemporalBatchNorm1d
+    from spikefuse.optim import LazyAdam
+    from spikefuse.train.loop import Trainer
+    from test_ddp import MeanOverTime
+
+    g = torch.Generator().manual_seed(4)
+    rates = torch.rand(24, 6, generator=g)  # 24 samples, batches of 8: no padded slice
+    spikes = (torch.rand(3, 24, 6, generator=g) < rates).float()
+    data = DenseSpikeDataset(spikes, rates.view(24, 3, 2).sum(2).argmax(1))
+    splits = SimpleNamespace(train=data, test=data)
+
+    def trained(parallel):
+        torch.manual_seed(0)
+        # no bias before BN: its gradient is rounding noise, which Adam would scale up to whole steps
+        model = nn.Sequential(nn.Linear(6, 8, bias=False), TemporalBatchNorm1d(8), LIF(), nn.Linear(8, 3),
+                              MeanOverTime())
+        if parallel is not None:
+            model = convert_sync_batchnorm(model, parallel.sync_bn_group)
+        trainer = Trainer(model, splits, LazyAdam(model.parameters(), lr=0.05), epochs=2, batch_size=8,
+                          clip_grad_norm=0.05, seed=3, progress=False, data_parallel=parallel)
+        trainer.fit()
+        return model.state_dict()
+
+    ranks, single = trained(dp), trained(None)
+    for name, value in single.items():
+        close(ranks[name].double(), value.double(), name)
+
+
+def test_trainer_on_two_ranks_trains_what_one_process_trains():
+    on_ranks(2, _trainer_matches_one_process)
