@@ -12,10 +12,11 @@ checkpoint, or the metrics of a run that stopped before one) is refused unless r
 replaced with overwrite=True (its run files go first: rundir.clear_run).
 
 Data parallel (spikefuse.parallel, one process per GPU under torchrun): pass
-`data_parallel=init_data_parallel()`. Each rank trains on its slice of every global batch of `batch_size` samples, its gradients averaged over the ranks
-during backward (parallel.GradientReducer); metrics are summed
-over the ranks; rank 0 alone logs, writes the run directory and holds its lock; every rank
-loads the checkpoint on resume (which holds every rank's RNG states).
+`data_parallel=init_data_parallel()`. Each rank trains on its slice of every global batch of
+`batch_size` samples, its gradients averaged over the ranks during backward
+(parallel.GradientReducer); metrics are summed over the ranks; rank 0 alone logs, writes the
+run directory and holds its lock; every rank loads the checkpoint on resume (which holds
+every rank's RNG states).
 """
 from __future__ import annotations
 
