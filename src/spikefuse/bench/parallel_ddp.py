@@ -90,7 +90,7 @@ def make_step(mode: str, precision: str, device, dp):
             reducer = dp.reducer(model, bucket_mb=BUCKET_MB)
 
     def step(x, y):
-        if reducer is not None and reducer.buffers:
+        if reducer is not None:
             reducer.sync_buffers()
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=precision == "bf16", cache_enabled=False):
             loss = nn.functional.cross_entropy(forward(x).float(), y)

@@ -86,7 +86,8 @@ class GradientReducer:
         self.pending = []
 
     def sync_buffers(self) -> None:
-        """Rank 0's buffers on every rank; call it before each training forward."""
+        """Rank 0's buffers on every rank (nothing to send where there are none); call it before
+        each training forward."""
         _broadcast(self.buffers, self.group)
 
     def _on_ready(self, param: torch.Tensor) -> None:

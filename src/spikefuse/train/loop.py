@@ -219,8 +219,8 @@ class Trainer:
     def _train_step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """Forward, backward, optimizer step and metric sums: only tensor work, so that
         CapturedStep can record it in one CUDA graph."""
-        if self.reducer is not None and self.reducer.buffers:
-            self.reducer.sync_buffers()  # rank 0's running statistics of unsynchronised BN layers
+        if self.reducer is not None:
+            self.reducer.sync_buffers()  # rank 0's running statistics of unsynchronised BN layers, if any
         with self._autocast():
             logits = self.forward(x)
             self._check_output(logits, y)
