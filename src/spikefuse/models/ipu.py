@@ -123,7 +123,10 @@ class IPUNet(nn.Module):
         for i, (n_in, n_out) in enumerate(zip(sizes, sizes[1:])):
             last = i == len(sizes) - 2  # the readout: the loss reaches all its outputs (dense gradient)
             layer = nn.Linear if i == 0 else spike_linear if last else hidden_linear
-            layers.append(layer(n_in, n_out, bias=False))
+            # a plain LIF after a SpikingLinear runs on its aligned output (padded_rows): 1470 wide, no copies
+            feeds_lif = (not last or readout == "count") and not recurrent
+            aligned = {"padded_output": True} if layer is SpikingLinear and feeds_lif else {}
+            layers.append(layer(n_in, n_out, bias=False, **aligned))
             if not last:
                 path = ("auto" if sparse is True else sparse) if sparse else "dense"
                 layers.append(RecurrentLIF(n_out, path=path, **lif) if recurrent else LIF(**lif, **hidden_scope))

@@ -20,6 +20,7 @@ from torch import nn
 
 from ..ops.spike_conv import is_channels_last, memory_order, spike_conv2d, without_onednn
 from ..ops.spike_linear import spike_linear
+from ..ops.padded_rows import padded_full
 from ..ops.spike_pack import attached_bits, pack
 from .batchnorm import TemporalBatchNorm1d, TemporalBatchNorm2d
 from .bn_lif import BNLIF
@@ -60,17 +61,28 @@ def check_conv(in_channels, out_channels, kernel_size, stride, padding, dilation
 
 
 class SpikingLinear(nn.Linear):
-    """nn.Linear over binary spikes [T, B, ..., in_features], input saved as bits."""
+    """nn.Linear over binary spikes [T, B, ..., in_features], input saved as bits.
 
-    def __init__(self, in_features: int, out_features: int, bias: bool = True, device=None, dtype=None):
+    padded_output: on CUDA, where out_features % 8 != 0, return the view of an aligned
+    buffer's first out_features columns (its extra columns zero) instead of a contiguous copy
+    (spikefuse.ops.padded_rows): a fused LIF after it, and the SpikingLinear after that, run on
+    the aligned buffer, with no copies and aligned products. For a layer whose consumer is a
+    LIF; a view whose last dimension cannot be merged with the others is the only difference
+    any other consumer sees."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, device=None, dtype=None,
+                 padded_output: bool = False):
         check_linear(in_features, out_features)
         super().__init__(in_features, out_features, bias, device, dtype)
+        self.padded_output = bool(padded_output)
 
     def forward(self, s: torch.Tensor) -> torch.Tensor:
         check_input(self, s, "[T, B, ..., in_features]", rank=tuple(range(3, 9)),
                     channels=self.in_features, dim=-1)
-        x = s if s.is_contiguous() else s.contiguous()  # pack's order is the memory order
-        return spike_linear(x, self.weight, self.bias, _saved_bits(s, x, self.weight))
+        full = padded_full(s)  # an aligned buffer behind s: read whole (its extra columns are zero)
+        x = full if full is not None else s if s.is_contiguous() else s.contiguous()  # pack's order: memory's
+        return spike_linear(x, self.weight, self.bias, _saved_bits(x if full is not None else s, x, self.weight),
+                            getattr(self, "padded_output", False))  # (spiking_linear: a plain nn.Linear's)
 
 
 class SpikingConv2d(nn.Conv2d):

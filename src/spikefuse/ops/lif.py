@@ -52,6 +52,8 @@ from .launch import (Compiling, cached_launch, cold_compiles_in_flight, compiles
                      speculation_enabled)
 from . import lif_loop
 from .double_backward import grads_with_graph
+from . import padded_rows
+from .padded_rows import padded_full
 from .spike_pack import attach_bits
 from ..surrogates import CUSTOM, SURROGATES, CustomSurrogate
 
@@ -634,6 +636,26 @@ def _backward_rule(ctx, grad_s, grad_vT, _grad_ckpt):
 lif_forward.register_autograd(_backward_rule, setup_context=_setup_context)
 
 
+def pads_stay_silent(decay_tensor, v0, threshold_tensor, options, return_state, return_potential) -> bool:
+    """Whether a LIF may run on the padded buffer behind its input (padded_rows): with one
+    float threshold > 0 and decay, from zero potential, a pad column's neuron (zero input)
+    never fires and passes back a zero gradient; no per-neuron parameter or state to widen."""
+    return (decay_tensor is None and v0 is None and threshold_tensor is None and options.threshold > 0
+            and not return_state and not return_potential)
+
+
+def _lif_on_padded(full, width, flat):
+    """The LIF over the padded buffer `full` [..., P]: its spikes' first `width` columns, a view
+    with the padded spikes (and their bits) attached for the next layer. Autograd links the
+    spikes to `full` itself, so the gradient reaches its producer padded, without a copy."""
+    x = full if torch.is_grad_enabled() else full.detach()
+    bits = spike_bits_buffer(x)
+    spikes = LIFFunction.apply(x, None, None, None, bits, flat)
+    if bits is not None:
+        attach_bits(spikes, bits)
+    return padded_rows.attach(spikes[..., :width], spikes)
+
+
 def lif_fused(x, decay, decay_tensor, options, v0, return_state, return_potential=False, threshold_tensor=None):
     """Entry point for spikefuse.functional (arguments already checked there; `options` a
     spikefuse.neuron_options.NeuronOptions).
@@ -648,6 +670,10 @@ def lif_fused(x, decay, decay_tensor, options, v0, return_state, return_potentia
     common = options.common()  # threshold ... alpha, flat: the op schemas take primitives
     if not torch.compiler.is_dynamo_compiling():
         flat = (decay, *common, options.grad_threshold, options.grad_scope, return_state, bool(return_potential))
+        full = padded_full(x)
+        if full is not None and pads_stay_silent(decay_tensor, v0, threshold_tensor, options, return_state,
+                                                 return_potential):
+            return _lif_on_padded(full, x.shape[-1], flat)
         if not x.is_contiguous():  # copied here, not inside: the x saved for backward keeps its graph
             x = x.contiguous()     # (a double backward differentiates through it)
         if not torch.is_grad_enabled():  # no graph is recorded, so nothing is saved for a backward (an

@@ -22,7 +22,7 @@ from functools import partial
 import torch
 from torch.nn import functional as F
 
-from . import weight_grad_queue
+from . import padded_rows, weight_grad_queue
 from .kernel_base import EAGER, TRACED
 from .spike_pack import pack, unpack
 
@@ -74,7 +74,8 @@ def output_padding(weight: torch.Tensor, s: torch.Tensor) -> int:
     and of its gradient, is a multiple of ALIGN. cuBLAS runs a leading dimension that is not
     a multiple of 16 bytes on its align-1 kernels: the IPU networks' 1470-wide layer took
     0.92-1.03 ms per product at batch 256 on an H100, against 0.30 ms for the aligned
-    1472-wide one (issue 34). The padding costs a copy of the output and of its gradient."""
+    1472-wide one (issue 34). Unless the layer hands on the padded output (padded_rows), the
+    padding costs a copy of the output and of its gradient."""
     return -weight.shape[0] % ALIGN if s.is_cuda or PAD_OFF_CUDA else 0
 
 
@@ -83,56 +84,69 @@ def _pad_rows(t, pad):
     return None if t is None else F.pad(t, (0, 0) * (t.dim() - 1) + (0, pad))
 
 
-def linear_forward(s, weight, bias):
-    """F.linear(s, weight, bias), through an aligned product where output_padding says so."""
+def _padded_weight(weight, in_width, out_pad):
+    """weight [OUT, IN] with zero columns up to the input's width (a padded input,
+    padded_rows) and out_pad zero rows."""
+    in_pad = in_width - weight.shape[1]
+    return F.pad(weight, (0, in_pad, 0, out_pad)) if in_pad or out_pad else weight
+
+
+def linear_forward(s, weight, bias, padded_output=False):
+    """F.linear(s, weight, bias), through an aligned product where output_padding says so:
+    with `padded_output` the whole aligned output (its extra columns zero), else a copy of its
+    first OUT columns. s may be wider than weight's IN: a padded input, whose extra columns
+    are zero (padded_rows)."""
     pad = output_padding(weight, s)
-    if not pad:
-        return F.linear(s, weight, bias)
-    return F.linear(s, _pad_rows(weight, pad), _pad_rows(bias, pad))[..., :weight.shape[0]].contiguous()
+    y = F.linear(s, _padded_weight(weight, s.shape[-1], pad), _pad_rows(bias, pad))
+    return y if not pad or padded_output else y[..., :weight.shape[0]].contiguous()
 
 
 def _backward(gy, packed, weight, s_shape, s_dtype, need_s, need_w, need_b, launch=EAGER, s=None):
     """(dL/ds, dL/dweight, dL/dbias), each None unless needed. s: the spikes with their graph
-    (spikes_with_graph) under create_graph, else None (unpacked here, no graph)."""
+    (spikes_with_graph) under create_graph, else None (unpacked here, no graph). gy may be
+    the padded output's gradient, s_shape a padded input's shape (linear_forward)."""
     gy2 = gy.reshape(-1, gy.shape[-1])
-    gyp, w = _aligned(gy2, weight)
+    gyp, w = _aligned(gy2, weight, s_shape[-1])
     gs = (gyp @ w.to(gy.dtype)).view(s_shape).to(s_dtype) if need_s else None
     gw = gb = None
     if need_w:
         if s is None:  # transient: only for this product
             s = unpack(packed, s_shape, gy.dtype, launch)
-        gw = (gyp.t() @ s.reshape(-1, s.shape[-1]))[:weight.shape[0]].to(weight.dtype)
+        gw = (gyp.t() @ s.reshape(-1, s.shape[-1]))[:weight.shape[0], :weight.shape[1]].to(weight.dtype)
     if need_b:
-        gb = gy2.sum(0).to(weight.dtype)
+        gb = gy2[:, :weight.shape[0]].sum(0).to(weight.dtype)
     return gs, gw, gb
 
 
-def _aligned(gy2, weight):
-    """(gy2, weight) with output_padding's zero columns / rows: the backward's products aligned."""
+def _aligned(gy2, weight, in_width):
+    """(gy2, weight) with output_padding's zero columns / rows (none to add to the gradient of
+    a padded output) and zero columns up to in_width: the backward's products aligned."""
     pad = output_padding(weight, gy2)
-    if not pad:
-        return gy2, weight
-    return F.pad(gy2, (0, pad)), _pad_rows(weight, pad)
+    rows = weight.shape[0] + pad
+    gyp = gy2 if gy2.shape[1] == rows else F.pad(gy2, (0, rows - gy2.shape[1]))
+    return gyp, _padded_weight(weight, in_width, pad)
 
 
 def _queued_weight_grads(gy, packed, weight, bias, s_shape, need_w, need_b):
     """_backward's weight and bias gradients, added into their .grad (weight_grad_queue)."""
-    gy2 = gy.reshape(-1, gy.shape[-1])
+    out, inp = weight.shape
+    gy2 = gy.reshape(-1, gy.shape[-1])[:, :out]  # (a padded output's or input's extra columns cut)
     if need_w:
         s = unpack(packed, s_shape, gy.dtype)
-        weight_grad_queue.accumulate_product(weight, gy2.t(), s.reshape(-1, s.shape[-1]))
+        weight_grad_queue.accumulate_product(weight, gy2.t(), s.reshape(-1, s.shape[-1])[:, :inp])
     if need_b:
         weight_grad_queue.accumulate(bias, gy2.sum(0))
 
 
 class SpikeLinearFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, s, weight, bias, bits, edge):
-        """bits: pack(s), or None when no weight gradient will be taken; edge: graph_edge(s)."""
+    def forward(ctx, s, weight, bias, bits, edge, padded_output):
+        """bits: pack(s), or None when no weight gradient will be taken; edge: graph_edge(s);
+        padded_output: linear_forward's."""
         ctx.save_for_backward(bits, weight, edge)
         ctx.s_shape, ctx.s_dtype, ctx.has_bias = s.shape, s.dtype, bias is not None
         ctx.later, ctx.bias = weight_grad_queue.active(), bias
-        return linear_forward(s, weight, bias)
+        return linear_forward(s, weight, bias, padded_output)
 
     @staticmethod
     def backward(ctx, gy):
@@ -147,7 +161,7 @@ class SpikeLinearFunction(torch.autograd.Function):
                                      need_w, need_b))
             need_w = need_b = False
         grads = _backward(gy, packed, weight, ctx.s_shape, ctx.s_dtype, need_s, need_w, need_b, s=s)
-        return (*grads, None, None)
+        return (*grads, None, None, None)
 
 
 # ---- torch.library registration: what torch.compile sees (an op with autograd that
@@ -191,13 +205,22 @@ spike_linear_forward.register_autograd(_backward_rule, setup_context=_setup_cont
 
 
 def spike_linear(s: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                 bits: torch.Tensor | None = None) -> torch.Tensor:
+                 bits: torch.Tensor | None = None, padded_output: bool = False) -> torch.Tensor:
     """F.linear over binary spikes s, saving s as bits for the weight gradient: `bits`
     when given (pack(s), made by s's producer; not used while dynamo traces), else packed
-    here. Nothing is packed when no weight gradient will be taken."""
+    here. Nothing is packed when no weight gradient will be taken.
+
+    Where output_padding pads the product (CUDA, out_features % 8 != 0), `padded_output`
+    returns the view of the aligned output's first out_features columns with the buffer
+    attached (padded_rows), not a contiguous copy. s may itself be such a buffer (wider than
+    in_features, its extra columns zero): the product then reads it whole, aligned."""
     save = weight.requires_grad and torch.is_grad_enabled()
     if not torch.compiler.is_dynamo_compiling():
         if save and bits is None:
             bits = pack(s)
-        return SpikeLinearFunction.apply(s, weight, bias, bits if save else None, graph_edge(s, save))
+        y = SpikeLinearFunction.apply(s, weight, bias, bits if save else None, graph_edge(s, save),
+                                      padded_output)
+        if y.shape[-1] == weight.shape[0]:
+            return y
+        return padded_rows.attach(y[..., :weight.shape[0]], y)
     return spike_linear_forward(*autocast_args(s.device.type, s, weight, bias), save)[0]
