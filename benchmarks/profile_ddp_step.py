@@ -2,7 +2,9 @@
 
 Where a data-parallel CIFAR-medium step spends its time (torchrun, 2 GPUs): per mode, the
 host's issue time and the wall time per step, and rank 0's torch.profiler table.
-    torchrun --nproc-per-node 2 benchmarks/profile_ddp_step.py eager captured"""
+    torchrun --nproc-per-node 2 benchmarks/profile_ddp_step.py eager captured
+TRACE_DIR=DIR: every rank's profiler timeline as DIR/<mode>-rank<r>-of-<n>.json (chrome trace)."""
+import os
 import statistics
 import sys
 import time
@@ -34,6 +36,8 @@ for mode in sys.argv[1:]:
         for i in range(3):
             step(*batches[i % 2])
         torch.cuda.synchronize()
+    if os.environ.get("TRACE_DIR"):
+        p.export_chrome_trace(os.path.join(os.environ["TRACE_DIR"], f"{mode}-rank{dp.rank}-of-{dp.world_size}.json"))
     if dp.is_main:
         print(f"== {mode}: wall {statistics.median(a for a, _ in times) * 1e3:.2f} ms, host issue "
               f"{statistics.median(b for _, b in times) * 1e3:.2f} ms per step (one at a time)", flush=True)
