@@ -444,9 +444,10 @@ def test_peer_memory_is_chosen_only_where_every_condition_holds(monkeypatch):
     monkeypatch.setattr(sync_bn.torch.cuda, "device_count", lambda: 2)
     monkeypatch.setattr(sync_bn.torch.cuda, "can_device_access_peer", lambda a, b: True)
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
-    if not hasattr(torch.ops.symm_mem, "one_shot_all_reduce_copy"):
-        assert "no torch.ops.symm_mem" in sync_bn.symmetric_unavailable(cuda32, None)
-        pytest.skip("this torch has no one-shot all-reduce: the other conditions are not reached")
+    from torch.distributed import _symmetric_memory as symm
+    if not hasattr(symm, "rendezvous"):
+        assert "no torch.distributed._symmetric_memory" in sync_bn.symmetric_unavailable(cuda32, None)
+        pytest.skip("this torch has no symmetric memory: the other conditions are not reached")
     assert sync_bn.symmetric_unavailable(cuda32, None) == ""
     assert "float32 CUDA" in sync_bn.symmetric_unavailable(SimpleNamespace(is_cuda=False, dtype=torch.float32), None)
     assert "float32 CUDA" in sync_bn.symmetric_unavailable(SimpleNamespace(is_cuda=True, dtype=torch.float64), None)

@@ -58,6 +58,41 @@ def pack_moments(x: torch.Tensor, rank: int, world: int) -> torch.Tensor:
     return payload
 
 
+@triton.jit
+def merge_rows(payload_ptr, c, c_mask, C, world, VOLATILE: tl.constexpr):
+    """Channels c's float32 (mean, biased variance) and float64 total count from the [world,
+    2C+1] rows of pack_moments, merged by Chan's formula in float64, every rank's row in rank
+    order (the same result on every rank). VOLATILE: the rows were written by other GPUs."""
+    width = 2 * C + 1
+    total = tl.zeros_like(c).to(tl.float64)
+    weighted = tl.zeros_like(c).to(tl.float64)
+    for w in range(0, world):
+        n = tl.load(payload_ptr + w * width + 2 * C + c * 0, volatile=VOLATILE).to(tl.float64)
+        m = tl.load(payload_ptr + w * width + c, mask=c_mask, other=0.0, volatile=VOLATILE).to(tl.float64)
+        total += n
+        weighted += n * m
+    mean = weighted / tl.maximum(total, 1.0)
+    m2 = tl.zeros_like(c).to(tl.float64)
+    for w in range(0, world):
+        n = tl.load(payload_ptr + w * width + 2 * C + c * 0, volatile=VOLATILE).to(tl.float64)
+        m = tl.load(payload_ptr + w * width + c, mask=c_mask, other=0.0, volatile=VOLATILE).to(tl.float64)
+        v = tl.load(payload_ptr + w * width + C + c, mask=c_mask, other=0.0, volatile=VOLATILE).to(tl.float64)
+        d = m - mean
+        m2 += n * (v + d * d)
+    return mean.to(tl.float32), (m2 / tl.maximum(total, 1.0)).to(tl.float32), total
+
+
+@triton.jit
+def finish_statistics(mean, var, total, stats_ptr, w_ptr, b_ptr, rm_ptr, rv_ptr, scale_ptr, c, c_mask, C,
+                      count, eps, momentum, UPDATE: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr):
+    """The global moments' consumers: running statistics, the BN+LIF kernels' stats, and
+    scale = this rank's count / the global count."""
+    if UPDATE:
+        _update_running(rm_ptr, rv_ptr, c, c_mask, mean, var, f32(momentum), total.to(tl.float32))
+    _store_stats(stats_ptr, w_ptr, b_ptr, c, c_mask, C, mean, var, f32(eps), HAS_W, HAS_B)
+    tl.store(scale_ptr + c * 0, (f32(count) / tl.maximum(total, 1.0)).to(tl.float32), mask=c == 0)
+
+
 @cached_launch
 @triton.jit
 def _combine_kernel(payload_ptr, stats_ptr, w_ptr, b_ptr, rm_ptr, rv_ptr, scale_ptr,
@@ -65,28 +100,9 @@ def _combine_kernel(payload_ptr, stats_ptr, w_ptr, b_ptr, rm_ptr, rv_ptr, scale_
                     UPDATE: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr, CB: tl.constexpr):
     c = tl.program_id(0) * CB + tl.arange(0, CB)
     c_mask = c < C
-    width = 2 * C + 1
-    total = tl.zeros([CB], tl.float64)
-    weighted = tl.zeros([CB], tl.float64)
-    for w in range(0, world):
-        n = tl.load(payload_ptr + w * width + 2 * C + c * 0).to(tl.float64)
-        m = tl.load(payload_ptr + w * width + c, mask=c_mask, other=0.0).to(tl.float64)
-        total += n
-        weighted += n * m
-    mean = weighted / tl.maximum(total, 1.0)
-    m2 = tl.zeros([CB], tl.float64)
-    for w in range(0, world):
-        n = tl.load(payload_ptr + w * width + 2 * C + c * 0).to(tl.float64)
-        m = tl.load(payload_ptr + w * width + c, mask=c_mask, other=0.0).to(tl.float64)
-        v = tl.load(payload_ptr + w * width + C + c, mask=c_mask, other=0.0).to(tl.float64)
-        d = m - mean
-        m2 += n * (v + d * d)
-    var = (m2 / tl.maximum(total, 1.0)).to(tl.float32)
-    mean = mean.to(tl.float32)
-    if UPDATE:
-        _update_running(rm_ptr, rv_ptr, c, c_mask, mean, var, f32(momentum), total.to(tl.float32))
-    _store_stats(stats_ptr, w_ptr, b_ptr, c, c_mask, C, mean, var, f32(eps), HAS_W, HAS_B)
-    tl.store(scale_ptr + c * 0, (f32(count) / tl.maximum(total, 1.0)).to(tl.float32), mask=c == 0)
+    mean, var, total = merge_rows(payload_ptr, c, c_mask, C, world, False)
+    finish_statistics(mean, var, total, stats_ptr, w_ptr, b_ptr, rm_ptr, rv_ptr, scale_ptr, c, c_mask, C,
+                      count, eps, momentum, UPDATE, HAS_W, HAS_B)
 
 
 def combine_moments(payload: torch.Tensor, count: int, weight, bias, running_mean, running_var,

@@ -8,7 +8,8 @@ process computes on the combined batch (torch.nn.SyncBatchNorm's semantics, time
 
 Forward, one all-reduce per layer. The fused BN+LIF op exchanges every rank's float32
 (mean, var, count) rows and merges them by Chan's formula (spikefuse.ops.bn_exchange: three
-launches around the all-reduce), through GPU peer memory where it works (RankSync). The
+launches around the all-reduce; through GPU peer memory where it works, one launch in all:
+spikefuse.ops.bn_peer_exchange, RankSync). The
 reference path (and TemporalBatchNorm1d/2d) sums float64 per-channel
 [count*mean, count*(var + mean^2), count]: in float64, var = E[x^2] - mean^2 loses nothing
 that matters (~1e-16 * (mean/std)^2 relative).
@@ -32,6 +33,7 @@ from torch import nn
 from ..nn.batchnorm import TemporalBatchNorm1d, TemporalBatchNorm2d
 from ..nn.bn_lif import BNLIF
 from ..ops.bn_exchange import combine_moments, pack_moments
+from ..ops.bn_peer_exchange import buffer_size, exchange_moments, exchange_sums
 
 SYNCABLE = (TemporalBatchNorm1d, TemporalBatchNorm2d, BNLIF)
 
@@ -103,17 +105,16 @@ def update_running(running_mean, running_var, mean, var, total, momentum: float)
 class RankSync:
     """Where a converted BN layer reduces: a process group (None: the default group), and how.
 
-    transport: how the fused BN+LIF op's small all-reduces travel (the reference path's
-    float64 ones always take torch.distributed's):
-    - "nccl": torch.distributed.all_reduce on the group's backend (NCCL, or gloo on CPUs);
-    - "symmetric": PyTorch's one-shot all-reduce over GPU peer memory
-      (torch.ops.symm_mem.one_shot_all_reduce_copy): each rank reads the others' buffers
-      straight over NVLink, no NCCL ring (~9 us against NCCL's ~12 us per exchange inside a
-      CUDA graph, ~13 against ~40 us eagerly, on 2 H100s;
-      benchmarks/results/multi-gpu-2026-11-27/symm-probe-2gpu-h100.json);
+    transport: how the fused BN+LIF op's exchanges travel (the reference path's float64
+    all-reduces always take torch.distributed's):
+    - "nccl": bn_exchange's kernels around torch.distributed.all_reduce on the group's
+      backend (NCCL, or gloo on CPUs);
+    - "symmetric": one kernel per exchange over GPU peer memory
+      (spikefuse.ops.bn_peer_exchange), each rank's buffers mapped by every other through
+      PyTorch's symmetric memory;
     - "auto": "symmetric" where it works (float32 CUDA tensors on an NCCL group whose ranks
-      all run on this host, GPUs with peer access to each other, a torch with the op; see
-      symmetric_unavailable), else "nccl". Every rank decides alike.
+      all run on this host, GPUs with peer access to each other, a torch with symmetric
+      memory; see symmetric_unavailable), else "nccl". Every rank decides alike.
     """
 
     TRANSPORTS = ("auto", "nccl", "symmetric")
@@ -155,41 +156,50 @@ class RankSync:
         their own)."""
         return FusedSync(self, site)
 
-    def exchange(self, tensor: torch.Tensor, site) -> torch.Tensor:
-        """A new tensor: `tensor` (float32, left as it is) summed over the ranks. site: a
-        hashable naming the call site (a layer's forward or backward)."""
+    def peer_memory(self, tensor: torch.Tensor) -> bool:
+        """Whether the exchanges travel through peer memory (decided at the first exchange)."""
         if self._symmetric is None:
             self._symmetric = self._symmetric_works(tensor)
-        if not self._symmetric:
-            total = tensor.clone()
-            dist.all_reduce(total, group=self.group)
-            return total
-        key = (site, tensor.shape)
-        if key not in self._buffers:  # a collective: every rank reaches the same sites in the same order
-            self._buffers[key] = [self._peer_buffers(tensor), 0]
-        # The one-shot all-reduce copies into this rank's buffer, waits until every rank has,
-        # then reads them all; it does not wait for the others' reads to end. So a site takes
-        # its two buffers in turn: a rank writes one again only after the barrier of the
-        # exchange in between, which no rank reaches before its reads of the one before end.
-        # (Inside a CUDA graph a site's choice is fixed; the step's other exchanges, at least
-        # the same layer's backward, separate its replays.)
-        entry = self._buffers[key]
-        buffer = entry[0][entry[1]]
-        entry[1] ^= 1
-        return torch.ops.symm_mem.one_shot_all_reduce_copy(buffer, tensor, "sum", self._group_name())
+        return self._symmetric
 
-    def _peer_buffers(self, tensor: torch.Tensor) -> list:
+    def all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
+        """A new tensor: `tensor` summed over the ranks by torch.distributed."""
+        total = tensor.clone()
+        dist.all_reduce(total, group=self.group)
+        return total
+
+    def peer_buffers(self, site, rows: int, channels: int, device) -> torch.Tensor:
+        """The ranks' addresses of this rank's next buffer for exchange site `site` (a hashable
+        naming a layer's forward or backward): [world, rows] float32 rows, then flags
+        (bn_peer_exchange.buffer_size). Each site has two, used in turn: a rank writes one
+        again only after the exchange in between, which no rank reaches before it finished
+        reading the one before (inside a CUDA graph a site's choice is fixed; the step's other
+        exchanges, at least the same layer's backward, separate its replays)."""
+        key = (site, rows, channels)
+        if key not in self._buffers:  # a collective: every rank reaches the same sites in the same order
+            self._buffers[key] = [[self._peer_buffer(rows, channels, device) for _ in range(2)], 0]
+        entry = self._buffers[key]
+        buffers, turn = entry
+        entry[1] = turn ^ 1
+        return buffers[turn][1]
+
+    def _peer_buffer(self, rows: int, channels: int, device) -> tuple:
+        """(this rank's buffer, the ranks' addresses of theirs as an int64 tensor on `device`)."""
         from torch.distributed import _symmetric_memory as symm
 
+        world = self.place()[1]
         try:
-            buffers = [symm.empty(tensor.shape, dtype=tensor.dtype, device=tensor.device) for _ in range(2)]
-            for b in buffers:
-                symm.rendezvous(b, self._group_name())
+            buffer = symm.empty(buffer_size(rows, channels, world)[0], dtype=torch.float32, device=device)
+            buffer.zero_()  # the flags: zero before any rank may raise one, so before the rendezvous
+            torch.cuda.current_stream(device).synchronize()
+            handle = symm.rendezvous(buffer, self._group_name())
         except Exception as e:  # every rank fails alike here (same host, same torch)
             raise RuntimeError(f"SyncBN could not set up its peer-memory exchange ({type(e).__name__}: "
                                f"{(str(e).splitlines() or [''])[0][:200]}); convert_sync_batchnorm(..., "
                                "transport='nccl') sends the statistics through NCCL instead") from e
-        return buffers
+        offset = buffer.data_ptr() - handle.buffer_ptrs[handle.rank]  # the tensor within its allocation
+        addresses = torch.tensor([p + offset for p in handle.buffer_ptrs], dtype=torch.int64, device=device)
+        return (buffer, handle), addresses
 
     def place(self) -> tuple[int, int]:
         """(this rank, ranks) in the group; asked once (each ask costs host time in an eager step)."""
@@ -217,12 +227,16 @@ class RankSync:
 
 
 def symmetric_unavailable(tensor: torch.Tensor, group) -> str:
-    """Why the peer-memory all-reduce cannot serve `tensor` on `group` ('' where it can).
+    """Why the peer-memory exchange cannot serve `tensor` on `group` ('' where it can).
     Decided from facts every rank of one host shares."""
     if not tensor.is_cuda or tensor.dtype != torch.float32:
         return "it takes float32 CUDA tensors"
-    if not hasattr(torch.ops.symm_mem, "one_shot_all_reduce_copy"):
-        return f"this torch ({torch.__version__}) has no torch.ops.symm_mem.one_shot_all_reduce_copy"
+    try:
+        from torch.distributed import _symmetric_memory as symm
+    except ImportError:
+        symm = None
+    if not (hasattr(symm, "empty") and hasattr(symm, "rendezvous")):
+        return f"this torch ({torch.__version__}) has no torch.distributed._symmetric_memory.empty/rendezvous"
     if dist.get_backend(group) != "nccl":
         return f"the process group's backend is {dist.get_backend(group)}, not nccl"
     local = os.environ.get("LOCAL_WORLD_SIZE")
@@ -243,15 +257,27 @@ class FusedSync:
 
     def statistics(self, x, weight, bias, running_mean, running_var, use_batch, momentum, eps):
         """As ops.bn_lif._statistics (stats [mean, invstd, a, b]), over every rank: this
-        rank's moments packed, summed over the ranks, combined (spikefuse.ops.bn_exchange)."""
-        payload = pack_moments(x, *self.ranks.place())
-        summed = self.ranks.exchange(payload, (id(self.site), "forward"))
-        stats, self.scale = combine_moments(summed, x.numel() // x.shape[2], weight, bias,
-                                            running_mean, running_var, momentum, eps)
+        rank's moments, summed over the ranks, combined (spikefuse.ops.bn_exchange; in one
+        kernel over peer memory, spikefuse.ops.bn_peer_exchange)."""
+        rank, world = self.ranks.place()
+        C = x.shape[2]
+        if self.ranks.peer_memory(x):
+            buffers = self.ranks.peer_buffers((id(self.site), "forward"), 2 * C + 1, C, x.device)
+            stats, self.scale = exchange_moments(x, rank, world, buffers, weight, bias, running_mean, running_var,
+                                                 momentum, eps)
+            return stats
+        summed = self.ranks.all_reduce(pack_moments(x, rank, world))
+        stats, self.scale = combine_moments(summed, x.numel() // C, weight, bias, running_mean, running_var,
+                                            momentum, eps)
         return stats
 
     def gradient_sums(self, sums: torch.Tensor, count: int) -> torch.Tensor:
         """[sum dL/dy, sum dL/dy*xhat] over every rank, scaled by count / global count so
         that the kernel's division by this rank's count gives the global means (count is
         the forward's, whose scale this holds)."""
-        return self.ranks.exchange(sums.contiguous(), (id(self.site), "backward")).mul_(self.scale)
+        if self.ranks.peer_memory(sums):
+            rank, world = self.ranks.place()
+            C = sums.shape[1]
+            buffers = self.ranks.peer_buffers((id(self.site), "backward"), 2 * C, C, sums.device)
+            return exchange_sums(sums, self.scale, rank, world, buffers)
+        return self.ranks.all_reduce(sums.contiguous()).mul_(self.scale)
