@@ -84,6 +84,9 @@ class SpikingLinear(nn.Linear):
         return spike_linear(x, self.weight, self.bias, _saved_bits(x if full is not None else s, x, self.weight),
                             getattr(self, "padded_output", False))  # (spiking_linear: a plain nn.Linear's)
 
+    def extra_repr(self):
+        return super().extra_repr() + (", padded_output=True" if self.padded_output else "")
+
 
 class SpikingConv2d(nn.Conv2d):
     """nn.Conv2d over binary spikes [T, B, C, H, W], time folded, input saved as bits.
