@@ -57,6 +57,12 @@ def test_two_ranks_on_two_streams_meet_and_agree(C):
     sum_buffers = [torch.zeros(size, device=DEVICE) for _ in range(2)]
     sum_table = torch.tensor([b.data_ptr() for b in sum_buffers], dtype=torch.int64, device=DEVICE)
     streams = [torch.cuda.Stream() for _ in range(2)]
+    # every kernel compiled and loaded first: loading a module waits while a kernel of this GPU
+    # runs, and here the other rank's kernel, on the same GPU, waits for this one
+    _, alone, _ = moments_buffers(C, 1)
+    stats, scale = exchange_moments(parts[0], 0, 1, alone, None, None, None, None, 0.1, 1e-5)
+    _, alone, _ = moments_buffers(C, 1)  # (room for the sums' rows and flags too)
+    exchange_sums(torch.full((2, C), 1.0, device=DEVICE), scale, 0, 1, alone)
     torch.cuda.synchronize()
     results = [[], []]
 

@@ -205,7 +205,7 @@ def test_sync_bn_captured_on_two_gpus_equals_eager(transport):
 
 def _transport_refused_on_gloo(dp):
     model = convert_sync_batchnorm(Net("fused"), dp.sync_bn_group, transport="symmetric")
-    with pytest.raises(RuntimeError, match="transport='symmetric': it takes float32 CUDA tensors"):
+    with pytest.raises(RuntimeError, match="transport='symmetric': it takes CUDA tensors"):
         model(torch.randn(2, 2, 4, 4))
 
 
@@ -449,8 +449,8 @@ def test_peer_memory_is_chosen_only_where_every_condition_holds(monkeypatch):
         assert "no torch.distributed._symmetric_memory" in sync_bn.symmetric_unavailable(cuda32, None)
         pytest.skip("this torch has no symmetric memory: the other conditions are not reached")
     assert sync_bn.symmetric_unavailable(cuda32, None) == ""
-    assert "float32 CUDA" in sync_bn.symmetric_unavailable(SimpleNamespace(is_cuda=False, dtype=torch.float32), None)
-    assert "float32 CUDA" in sync_bn.symmetric_unavailable(SimpleNamespace(is_cuda=True, dtype=torch.float64), None)
+    assert "CUDA tensors" in sync_bn.symmetric_unavailable(SimpleNamespace(is_cuda=False, dtype=torch.float32), None)
+    assert sync_bn.symmetric_unavailable(SimpleNamespace(is_cuda=True, dtype=torch.bfloat16), None) == ""  # autocast's x
     monkeypatch.setattr(sync_bn.torch.cuda, "can_device_access_peer", lambda a, b: (a, b) != (1, 0))
     assert "peer access" in sync_bn.symmetric_unavailable(cuda32, None)
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")  # ranks on two hosts

@@ -67,7 +67,7 @@ def _meet(buffers_ptr, flags_at, program, rank, world):
 
 
 @cached_launch
-@triton.jit
+@triton.jit(do_not_specialize=["rank", "world"])  # one compiled kernel for every rank
 def _moments_exchange_kernel(x_ptr, inner, part_ptr, buffers_ptr, flags_at, stats_ptr, w_ptr, b_ptr, rm_ptr,
                              rv_ptr, scale_ptr, M, C, P, rows_per_program, rank, world, count, eps, momentum,
                              UPDATE: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr, PB: tl.constexpr,
@@ -108,7 +108,7 @@ def exchange_moments(x: torch.Tensor, rank: int, world: int, buffers: torch.Tens
 
 
 @cached_launch
-@triton.jit
+@triton.jit(do_not_specialize=["rank", "world"])
 def _sums_exchange_kernel(sums_ptr, buffers_ptr, flags_at, out_ptr, scale_ptr, C, rank, world, CB: tl.constexpr):
     program = tl.program_id(0)
     c = program * CB + tl.arange(0, CB)

@@ -112,7 +112,7 @@ class RankSync:
     - "symmetric": one kernel per exchange over GPU peer memory
       (spikefuse.ops.bn_peer_exchange), each rank's buffers mapped by every other through
       PyTorch's symmetric memory;
-    - "auto": "symmetric" where it works (float32 CUDA tensors on an NCCL group whose ranks
+    - "auto": "symmetric" where it works (CUDA tensors on an NCCL group whose ranks
       all run on this host, GPUs with peer access to each other, a torch with symmetric
       memory; see symmetric_unavailable), else "nccl". Every rank decides alike.
     """
@@ -229,8 +229,8 @@ class RankSync:
 def symmetric_unavailable(tensor: torch.Tensor, group) -> str:
     """Why the peer-memory exchange cannot serve `tensor` on `group` ('' where it can).
     Decided from facts every rank of one host shares."""
-    if not tensor.is_cuda or tensor.dtype != torch.float32:
-        return "it takes float32 CUDA tensors"
+    if not tensor.is_cuda:  # (any dtype: the rows exchanged are float32)
+        return "it takes CUDA tensors"
     try:
         from torch.distributed import _symmetric_memory as symm
     except ImportError:
