@@ -55,15 +55,15 @@ def test_two_ranks_on_two_streams_meet_and_agree(C):
     parts = [steps(3, C, seed=1), steps(5, C, seed=2)]
     streams = [torch.cuda.Stream() for _ in range(2)]
 
-    def issue(r, world, table, sum_table, i):
+    def issue(r, world, table, sum_table, i):  # rank r's forward exchange on stream r (alone: rank 0 of 1)
         with torch.cuda.stream(streams[r]):
-            stats, scale = exchange_moments(parts[r], r, world, table, None, None, None, None, 0.1, 1e-5)
+            stats, scale = exchange_moments(parts[r], r % world, world, table, None, None, None, None, 0.1, 1e-5)
             return stats, scale, torch.full((2, C), float(r + 1 + i), device=DEVICE), sum_table
 
     def finish(r, world, issued):
         stats, scale, sums, sum_table = issued
         with torch.cuda.stream(streams[r]):
-            return stats, scale, exchange_sums(sums, scale, r, world, sum_table)
+            return stats, scale, exchange_sums(sums, scale, r % world, world, sum_table)
     for r in range(2):  # alone first: every kernel compiled and loaded, each stream's memory cached
         _, alone, _ = moments_buffers(C, 1)
         _, alone_sums, _ = moments_buffers(C, 1)
