@@ -451,6 +451,9 @@ def test_peer_memory_is_chosen_only_where_every_condition_holds(monkeypatch):
     assert sync_bn.symmetric_unavailable(cuda32, None) == ""
     assert "CUDA tensors" in sync_bn.symmetric_unavailable(SimpleNamespace(is_cuda=False, dtype=torch.float32), None)
     assert sync_bn.symmetric_unavailable(SimpleNamespace(is_cuda=True, dtype=torch.bfloat16), None) == ""  # autocast's x
+    monkeypatch.setattr(sync_bn.torch.cuda, "device_count", lambda: 1)  # two ranks on one GPU
+    assert "a GPU of its own" in sync_bn.symmetric_unavailable(cuda32, None)
+    monkeypatch.setattr(sync_bn.torch.cuda, "device_count", lambda: 2)
     monkeypatch.setattr(sync_bn.torch.cuda, "can_device_access_peer", lambda a, b: (a, b) != (1, 0))
     assert "peer access" in sync_bn.symmetric_unavailable(cuda32, None)
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")  # ranks on two hosts

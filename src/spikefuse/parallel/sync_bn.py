@@ -242,7 +242,9 @@ def symmetric_unavailable(tensor: torch.Tensor, group) -> str:
     local = os.environ.get("LOCAL_WORLD_SIZE")
     if local is None or int(local) != dist.get_world_size():
         return "it needs every rank on this host (LOCAL_WORLD_SIZE == WORLD_SIZE, as torchrun sets on one host)"
-    gpus = range(min(int(local), torch.cuda.device_count()))  # rank r on GPU r, as init_data_parallel places them
+    if torch.cuda.device_count() < int(local):  # two ranks' exchange kernels on one GPU hung in a test
+        return "it needs a GPU of its own for every rank"
+    gpus = range(int(local))  # rank r on GPU r, as init_data_parallel places them
     if any(a != b and not torch.cuda.can_device_access_peer(a, b) for a in gpus for b in gpus):
         return "the GPUs cannot all reach each other's memory (no peer access between some pair)"
     return ""
