@@ -139,3 +139,19 @@ def test_queued_weight_gradients_cut_the_padding(pad_on_cpu):
     ref[2](ref[1](ref[0](x))).square().sum().backward()
     for a, b in zip(net.parameters(), ref.parameters()):
         torch.testing.assert_close(a.grad, b.grad, rtol=1e-5, atol=1e-6)
+
+
+def test_a_gradient_penalty_through_the_padded_chain(pad_on_cpu):
+    """A backward with create_graph (second derivatives) runs on the padded buffers too: the
+    penalty |dL/dx|^2 and its gradients w.r.t. x and the weights equal the copying chain's."""
+    def penalty(net):
+        x = frames(3, 2, 6).requires_grad_(True)
+        y = net[2](net[1](net[0](x)))
+        gx, *gw = torch.autograd.grad(y.square().sum(), [x, *net.parameters()], create_graph=True)
+        p = gx.square().sum() + sum(g.square().sum() for g in gw)
+        return p, torch.autograd.grad(p, [x, *net.parameters()])
+    (p, grads), (p_ref, grads_ref) = penalty(stack(True)), penalty(stack(False))
+    assert p_ref > 0
+    torch.testing.assert_close(p, p_ref, rtol=1e-5, atol=1e-6)
+    for a, b in zip(grads, grads_ref):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)

@@ -67,8 +67,8 @@ class SpikingLinear(nn.Linear):
     buffer's first out_features columns (its extra columns zero) instead of a contiguous copy
     (spikefuse.ops.padded_rows): a fused LIF after it, and the SpikingLinear after that, run on
     the aligned buffer, with no copies and aligned products. For a layer whose consumer is a
-    LIF; a view whose last dimension cannot be merged with the others is the only difference
-    any other consumer sees."""
+    LIF. What any other consumer sees: a view whose last dimension cannot be merged with the
+    others, and which autograd will not let be modified in place (the LIF's spikes likewise)."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, device=None, dtype=None,
                  padded_output: bool = False):

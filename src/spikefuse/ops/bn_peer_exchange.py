@@ -37,11 +37,16 @@ from .launch import cached_launch
 from .triton_or_stub import tl, triton
 
 
+def channel_block(channels: int) -> int:
+    """Channels per program (the statistics pass's, whose partials the forward kernel reads)."""
+    return min(STAT_CHANNELS, next_power_of_2(channels))
+
+
 def buffer_size(rows: int, channels: int, world: int) -> tuple[int, int]:
     """(float32 elements of an exchange's buffer, where its flags start) for `rows` [world,
     `rows`] of data over `channels` channels: one flag per program and rank after the rows."""
     flags_at = world * rows
-    return flags_at + cdiv(channels, min(STAT_CHANNELS, next_power_of_2(channels))) * world, flags_at
+    return flags_at + cdiv(channels, channel_block(channels)) * world, flags_at
 
 
 @triton.jit
@@ -95,6 +100,7 @@ def exchange_moments(x: torch.Tensor, rank: int, world: int, buffers: torch.Tens
     buffer_size(2C + 1, C, world)."""
     C = x.shape[2]
     parts = _batch_partials(x)
+    assert parts.CB == channel_block(C), "the buffer's flags are counted by channel_block's programs"
     stats = torch.empty((4, C), device=x.device, dtype=torch.float32)
     scale = torch.empty(1, device=x.device, dtype=torch.float32)
     _moments_exchange_kernel[(cdiv(C, parts.CB),)](
@@ -137,7 +143,7 @@ def exchange_sums(sums: torch.Tensor, scale: torch.Tensor, rank: int, world: int
     forward's count / global count). buffers: the ranks' buffers of buffer_size(2C, C, world)."""
     C = sums.shape[1]
     out = torch.empty_like(sums)
-    CB = min(STAT_CHANNELS, next_power_of_2(C))
+    CB = channel_block(C)
     _sums_exchange_kernel[(cdiv(C, CB),)](sums.contiguous(), buffers, buffer_size(2 * C, C, world)[1], out, scale,
                                           C, rank, world, CB=CB, num_warps=4)
     return out

@@ -188,6 +188,9 @@ class RankSync:
         from torch.distributed import _symmetric_memory as symm
 
         world = self.place()[1]
+        if torch.cuda.is_current_stream_capturing():  # the buffer's flags must be zero before the peers meet
+            raise RuntimeError("SyncBN sets up a layer's peer-memory exchange at its first training step, which "
+                               "cannot be inside a CUDA graph capture: run one step eagerly before capturing")
         try:
             buffer = symm.empty(buffer_size(rows, channels, world)[0], dtype=torch.float32, device=device)
             buffer.zero_()  # the flags: zero before any rank may raise one, so before the rendezvous
