@@ -79,9 +79,11 @@ class SpikingLinear(nn.Linear):
     def forward(self, s: torch.Tensor) -> torch.Tensor:
         check_input(self, s, "[T, B, ..., in_features]", rank=tuple(range(3, 9)),
                     channels=self.in_features, dim=-1)
-        full = padded_full(s)  # an aligned buffer behind s: read whole (its extra columns are zero)
-        x = full if full is not None else s if s.is_contiguous() else s.contiguous()  # pack's order: memory's
-        return spike_linear(x, self.weight, self.bias, _saved_bits(x if full is not None else s, x, self.weight),
+        full = padded_full(s)
+        if full is not None:  # an aligned buffer behind s, its extra columns zero: read whole
+            s = full
+        x = s if s.is_contiguous() else s.contiguous()  # pack's order is the memory order
+        return spike_linear(x, self.weight, self.bias, _saved_bits(s, x, self.weight),
                             getattr(self, "padded_output", False))  # (spiking_linear: a plain nn.Linear's)
 
     def extra_repr(self):

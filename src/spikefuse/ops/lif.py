@@ -53,7 +53,6 @@ from .launch import (Compiling, cached_launch, cold_compiles_in_flight, compiles
 from . import lif_loop
 from .double_backward import grads_with_graph
 from . import padded_rows
-from .padded_rows import padded_full
 from .spike_pack import attach_bits
 from ..surrogates import CUSTOM, SURROGATES, CustomSurrogate
 
@@ -670,7 +669,7 @@ def lif_fused(x, decay, decay_tensor, options, v0, return_state, return_potentia
     common = options.common()  # threshold ... alpha, flat: the op schemas take primitives
     if not torch.compiler.is_dynamo_compiling():
         flat = (decay, *common, options.grad_threshold, options.grad_scope, return_state, bool(return_potential))
-        full = padded_full(x)
+        full = padded_rows.padded_full(x)
         if full is not None and pads_stay_silent(decay_tensor, v0, threshold_tensor, options, return_state,
                                                  return_potential):
             return _lif_on_padded(full, x.shape[-1], flat)
