@@ -4,7 +4,7 @@ CIFAR-medium step's extra time over one GPU comes from. Each rank times, in turn
 same step after init_data_parallel ("alone-after-init": no collective in it), the
 data-parallel steps (bench parallel_ddp modes; GradientReducer unless -ddp), variants of
 the local-BN step ("@bN": N MB buckets; "@hp": the gradients on a NCCL group whose stream
-has high priority), and "alone" again; the slowest rank's medians.
+has high priority; "@nccl", "@peer": the gradient buckets' transport), and "alone" again; the slowest rank's medians.
     OUT=DIR torchrun --standalone --nproc-per-node 2 benchmarks/dp_overhead.py TAG [CASE ...]"""
 import dataclasses
 import json
@@ -33,6 +33,7 @@ for name in cases:
     mode, _, variant = name.partition("@")
     world = None if mode.startswith("alone") else (high if variant == "hp" else dp)
     P.BUCKET_MB = float(variant[1:]) if variant.startswith("b") else None
+    P.GRAD_TRANSPORT = variant if variant in ("nccl", "peer") else "auto"
     results[name] = P.measure("captured" if mode.startswith("alone") else mode, "fp32", device, world).get("step_ms")
 slowest = {}
 for name, ms in results.items():

@@ -18,7 +18,7 @@ from spikefuse.capture import CapturedStep
 torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
 dp = init_data_parallel("cuda")
 for mode in sys.argv[1:]:
-    step, _ = make_step(mode, "fp32", dp.device, dp)
+    step, _, _ = make_step(mode, "fp32", dp.device, dp)
     batches = inputs(dp.device, dp.rank)
     for i in range(15):
         step(*batches[i % 2])

@@ -436,27 +436,27 @@ def test_a_dying_rank_fails_the_others_with_a_clear_error(tmp_path):
 def test_peer_memory_is_chosen_only_where_every_condition_holds(monkeypatch):
     """transport='auto' decides from facts every rank of one host shares; each missing one is
     the reason given (and transport='symmetric' fails with it)."""
-    from spikefuse.parallel import sync_bn
+    from spikefuse.parallel import peer_memory
 
     cuda32 = SimpleNamespace(is_cuda=True, dtype=torch.float32)
-    monkeypatch.setattr(sync_bn.dist, "get_backend", lambda group=None: "nccl")
-    monkeypatch.setattr(sync_bn.dist, "get_world_size", lambda group=None: 2)
-    monkeypatch.setattr(sync_bn.torch.cuda, "device_count", lambda: 2)
-    monkeypatch.setattr(sync_bn.torch.cuda, "can_device_access_peer", lambda a, b: True)
+    monkeypatch.setattr(peer_memory.dist, "get_backend", lambda group=None: "nccl")
+    monkeypatch.setattr(peer_memory.dist, "get_world_size", lambda group=None: 2)
+    monkeypatch.setattr(peer_memory.torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(peer_memory.torch.cuda, "can_device_access_peer", lambda a, b: True)
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
     from torch.distributed import _symmetric_memory as symm
     if not hasattr(symm, "rendezvous"):
-        assert "no torch.distributed._symmetric_memory" in sync_bn.symmetric_unavailable(cuda32, None)
+        assert "no torch.distributed._symmetric_memory" in peer_memory.symmetric_unavailable(cuda32, None)
         pytest.skip("this torch has no symmetric memory: the other conditions are not reached")
-    assert sync_bn.symmetric_unavailable(cuda32, None) == ""
-    assert "CUDA tensors" in sync_bn.symmetric_unavailable(SimpleNamespace(is_cuda=False, dtype=torch.float32), None)
-    assert sync_bn.symmetric_unavailable(SimpleNamespace(is_cuda=True, dtype=torch.bfloat16), None) == ""  # autocast's x
-    monkeypatch.setattr(sync_bn.torch.cuda, "device_count", lambda: 1)  # two ranks on one GPU
-    assert "a GPU of its own" in sync_bn.symmetric_unavailable(cuda32, None)
-    monkeypatch.setattr(sync_bn.torch.cuda, "device_count", lambda: 2)
-    monkeypatch.setattr(sync_bn.torch.cuda, "can_device_access_peer", lambda a, b: (a, b) != (1, 0))
-    assert "peer access" in sync_bn.symmetric_unavailable(cuda32, None)
+    assert peer_memory.symmetric_unavailable(cuda32, None) == ""
+    assert "CUDA tensors" in peer_memory.symmetric_unavailable(SimpleNamespace(is_cuda=False, dtype=torch.float32), None)
+    assert peer_memory.symmetric_unavailable(SimpleNamespace(is_cuda=True, dtype=torch.bfloat16), None) == ""  # autocast's x
+    monkeypatch.setattr(peer_memory.torch.cuda, "device_count", lambda: 1)  # two ranks on one GPU
+    assert "a GPU of its own" in peer_memory.symmetric_unavailable(cuda32, None)
+    monkeypatch.setattr(peer_memory.torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(peer_memory.torch.cuda, "can_device_access_peer", lambda a, b: (a, b) != (1, 0))
+    assert "peer access" in peer_memory.symmetric_unavailable(cuda32, None)
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")  # ranks on two hosts
-    assert "every rank on this host" in sync_bn.symmetric_unavailable(cuda32, None)
-    monkeypatch.setattr(sync_bn.dist, "get_backend", lambda group=None: "gloo")
-    assert "backend is gloo" in sync_bn.symmetric_unavailable(cuda32, None)
+    assert "every rank on this host" in peer_memory.symmetric_unavailable(cuda32, None)
+    monkeypatch.setattr(peer_memory.dist, "get_backend", lambda group=None: "gloo")
+    assert "backend is gloo" in peer_memory.symmetric_unavailable(cuda32, None)

@@ -32,21 +32,21 @@ class WithSpare(nn.Module):
         return self.bn(self.net(x))
 
 
-def _matches_one_process(dp, bucket_mb, batch=6, steps=3):
+def _matches_one_process(dp, bucket_mb, transport="auto", batch=6, steps=3):
     torch.manual_seed(dp.rank)  # different weights per rank: the reducer copies rank 0's
-    model = WithSpare()
+    model = WithSpare().to(dp.device)
     torch.manual_seed(0)
-    single = WithSpare()
+    single = WithSpare().to(dp.device)
     if dp.rank == 0:
         model.load_state_dict(single.state_dict())
     model.net = convert_sync_batchnorm(model.net, dp.sync_bn_group)
-    reducer = dp.reducer(model, bucket_mb=bucket_mb)
+    reducer = dp.reducer(model, bucket_mb=bucket_mb, transport=transport)
     assert [b.data_ptr() for b in reducer.buffers] == [b.data_ptr() for b in model.bn.buffers()]
     g = torch.Generator().manual_seed(1)
     mine = slice(dp.rank * batch // dp.world_size, (dp.rank + 1) * batch // dp.world_size)
     for step in range(steps):  # step 0 learns the ready order; later steps use the new buckets
-        images = torch.randn(batch, 2, 4, 4, generator=g) * 1.5 + 0.3
-        labels = torch.randint(0, 3, (batch,), generator=g)
+        images = (torch.randn(batch, 2, 4, 4, generator=g) * 1.5 + 0.3).to(dp.device)
+        labels = torch.randint(0, 3, (batch,), generator=g).to(dp.device)
         single.zero_grad()
         loss = nn.functional.cross_entropy(single(images), labels)
         loss.backward()
@@ -57,7 +57,11 @@ def _matches_one_process(dp, bucket_mb, batch=6, steps=3):
         local = nn.functional.cross_entropy(model(images[mine]), labels[mine])
         local.backward()
         reducer.finish()
-        assert not model.net.conv2.weight.grad.is_contiguous()  # its own all-reduce, its own layout
+        if reducer.transport_in_use == "nccl":  # its own all-reduce, its own layout
+            assert not model.net.conv2.weight.grad.is_contiguous()
+        # decided at the end of the first step (which always took torch.distributed's all-reduce)
+        assert reducer.transport_in_use == (transport if transport != "auto" else
+                                            "peer" if dp.device.type == "cuda" else "nccl")
         for (name, p), q in zip(model.named_parameters(), single.parameters()):
             close(p.grad, q.grad, f"step {step}, gradient of {name}")
         with torch.no_grad():
@@ -70,6 +74,25 @@ def _matches_one_process(dp, bucket_mb, batch=6, steps=3):
 @pytest.mark.parametrize("world, bucket_mb", [(2, 4.0), (3, 1e-6), (2, 1e-4)])
 def test_averaged_gradients_equal_one_process(world, bucket_mb):
     on_ranks(world, _matches_one_process, bucket_mb)
+
+
+@pytest.mark.gpu
+@pytest.mark.multi_gpu
+@pytest.mark.parametrize("transport, bucket_mb", [("peer", 4.0), ("peer", 1e-4), ("nccl", 1e-4)])
+def test_averaged_gradients_on_two_gpus_equal_one_process(transport, bucket_mb):
+    """Both transports of the buckets (peer: GPU peer memory and copy engines)."""
+    on_ranks(2, _matches_one_process, bucket_mb, transport, device="cuda")
+
+
+def _peer_refused_on_gloo(dp):
+    with pytest.raises(RuntimeError, match="transport='peer'\\): it takes CUDA tensors"):
+        dp.reducer(nn.Linear(2, 2), transport="peer")
+    with pytest.raises(ValueError, match="transport: expected one of auto, nccl, peer, got 'nvlink'"):
+        dp.reducer(nn.Linear(2, 2), transport="nvlink")
+
+
+def test_a_transport_that_cannot_serve_is_refused_by_name():
+    on_ranks(2, _peer_refused_on_gloo)
 
 
 def _buffers_follow_rank_0(dp):
@@ -115,7 +138,7 @@ def test_a_bucket_size_of_zero_is_refused():
     on_ranks(2, _bucket_size_refused)
 
 
-def _captured_equals_eager(dp):
+def _captured_equals_eager(dp, transport):
     """A CUDA graph of forward, backward and the reducer replays what the eager step computes."""
     from spikefuse.capture import CapturedStep
 
@@ -127,7 +150,7 @@ def _captured_equals_eager(dp):
                 torch.randint(0, 3, (3,), generator=g).to(dp.device)) for _ in range(2)]
     results = []
     for model, captured in zip(models, (False, True)):
-        reducer = dp.reducer(model, bucket_mb=1e-4)  # several buckets in flight
+        reducer = dp.reducer(model, bucket_mb=1e-4, transport=transport)  # several buckets in flight
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
 
         def step(x, y):
@@ -149,8 +172,9 @@ def _captured_equals_eager(dp):
 
 @pytest.mark.gpu
 @pytest.mark.multi_gpu
-def test_captured_reducer_on_two_gpus_equals_eager():
-    on_ranks(2, _captured_equals_eager, device="cuda")
+@pytest.mark.parametrize("transport", ["nccl", "peer"])
+def test_captured_reducer_on_two_gpus_equals_eager(transport):
+    on_ranks(2, _captured_equals_eager, transport, device="cuda")
 
 
 def _trainer_matches_one_process(dp):

@@ -40,7 +40,7 @@ from spikefuse import precision as precisions
 from spikefuse.bench.report import atomic_write, environment, table, write_results
 from spikefuse.bench.timing import median_ms
 from spikefuse.models import build_model
-from spikefuse.parallel import convert_sync_batchnorm, init_data_parallel, launched
+from spikefuse.parallel import GradientReducer, convert_sync_batchnorm, init_data_parallel, launched
 from spikefuse.parallel.sync_bn import RankSync
 from spikefuse.capture import CaptureFallback, CapturedStep, prepare_optimizer
 
@@ -67,11 +67,12 @@ def build(mode: str, device, dp):
 
 BUCKET_MB = None  # --bucket-mb: the bucket size of spikefuse's modes (None: the reducer's or DDP's default)
 TRANSPORT = "auto"  # --transport: how SyncBN's statistics travel (spikefuse.parallel.sync_bn.RankSync)
+GRAD_TRANSPORT = "auto"  # --grad-transport: how the reducer's gradient buckets travel (GradientReducer)
 
 
 def make_step(mode: str, precision: str, device, dp):
-    """(step(x, y) -> loss, the model): forward, loss, backward, SGD step; captured modes
-    return a CapturedStep."""
+    """(step(x, y) -> loss, the model, its GradientReducer or None): forward, loss, backward,
+    SGD step; captured modes return a CapturedStep."""
     model = build(mode, device, dp)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     captured, ours = mode.startswith("captured"), mode != "spikingjelly"
@@ -87,7 +88,7 @@ def make_step(mode: str, precision: str, device, dp):
         elif ddp:
             forward = dp.wrap(model, stream=stream, bucket_cap_mb=BUCKET_MB)
         else:
-            reducer = dp.reducer(model, bucket_mb=BUCKET_MB)
+            reducer = dp.reducer(model, bucket_mb=BUCKET_MB, transport=GRAD_TRANSPORT)
 
     def step(x, y):
         if reducer is not None:
@@ -104,7 +105,7 @@ def make_step(mode: str, precision: str, device, dp):
         warmup = {} if dp is None else {"warmup": dp.capture_warmup if ddp else dp.reducer_warmup,
                                         "agree_across": dp.group or torch.distributed.group.WORLD}
         step = CapturedStep(step, stream=stream, **warmup)
-    return step, model
+    return step, model, reducer
 
 
 def inputs(device, rank: int, count: int = 2):
@@ -127,7 +128,7 @@ def measure(mode, precision, device, dp) -> dict:
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", CaptureFallback)
-            step, model = make_step(mode, precision, device, dp)
+            step, model, reducer = make_step(mode, precision, device, dp)
             batches = inputs(device, dp.rank if dp is not None else 0)
             turn = [0]
 
@@ -145,6 +146,7 @@ def measure(mode, precision, device, dp) -> dict:
             case["fallback"] = step.fallback_reason
         syncs = {m.sync.transport_in_use for m in model.modules() if getattr(m, "sync", None) is not None}
         case["sync_bn_transport"] = syncs.pop() if syncs else None
+        case["grad_transport"] = reducer.transport_in_use if reducer is not None else None
         case["warnings"] = sorted({str(w.message)[:200] for w in caught})
         case["loss"] = float(call().detach())
     except Exception as e:  # noqa: BLE001  (recorded; the other modes still run)
@@ -165,7 +167,7 @@ def check_capture(device, dp, steps: int = 15) -> dict:
     relative difference after `steps` steps (fp32)."""
     params = []
     for mode in ("captured", "eager"):
-        step, model = make_step(mode, "fp32", device, dp)
+        step, model, _ = make_step(mode, "fp32", device, dp)
         batches = inputs(device, dp.rank)
         for i in range(steps):
             step(*batches[i % 2])
@@ -182,7 +184,8 @@ def run(args) -> int:
     world = dp.world_size if dp is not None else 1
     modes = [m for m in args.modes.split(",") if m and (world > 1 or m not in ONE_GPU_ALIAS)]
     payload = {"gpus": world, "environment": environment(), "cases": [], "capture_check": None,
-               "bucket_cap_mb": BUCKET_MB, "sync_bn_transport": TRANSPORT, "quick": args.quick, "batch_per_gpu": BATCH, "time_steps": TIME_STEPS,
+               "bucket_cap_mb": BUCKET_MB, "sync_bn_transport": TRANSPORT,
+               "grad_transport": GRAD_TRANSPORT, "quick": args.quick, "batch_per_gpu": BATCH, "time_steps": TIME_STEPS,
                "width": WIDTH, "timing": f"{REPS} x {BACK_TO_BACK}"}
     name = f"ddp-{world}gpu{args.tag}" + ("-quick" if args.quick else "")
 
@@ -281,13 +284,15 @@ def main(argv=None) -> int:
     parser.add_argument("--bucket-mb", type=float, help="bucket size in MB for spikefuse's modes (reducer or DDP)")
     parser.add_argument("--transport", default="auto", choices=RankSync.TRANSPORTS,
                         help="how SyncBN's statistics travel (default auto: GPU peer memory where it works)")
+    parser.add_argument("--grad-transport", default="auto", choices=GradientReducer.TRANSPORTS,
+                        help="how the gradient buckets travel (default auto: GPU peer memory where it works)")
     parser.add_argument("--tag", default="", help="suffix of the output file (runs --merge leaves alone)")
     parser.add_argument("--no-check", action="store_true", help="skip the captured-vs-eager check")
     parser.add_argument("--merge", action="store_true", help="merge ddp-*gpu.json in --out into one table")
     parser.add_argument("--quick", action="store_true", help="a smoke test: tiny network, few steps (*-quick files)")
     args = parser.parse_args(argv)
-    global BUCKET_MB, TRANSPORT
-    BUCKET_MB, TRANSPORT = args.bucket_mb, args.transport
+    global BUCKET_MB, TRANSPORT, GRAD_TRANSPORT
+    BUCKET_MB, TRANSPORT, GRAD_TRANSPORT = args.bucket_mb, args.transport, args.grad_transport
     if args.quick and not args.merge:  # a worker process of its own (torchrun): its constants, this run's
         quick_settings(args, parser)
     os.makedirs(args.out, exist_ok=True)

@@ -26,6 +26,8 @@ import torch.distributed as dist
 from torch import nn
 
 from ..ops import grad_rows
+from . import peer_memory
+from .grad_peer import PeerBuckets, servable
 
 BUCKET_MB = 4.0   # a bucket's size; the first and the last are cut at EDGE_MB
 EDGE_MB = 1.0
@@ -38,19 +40,33 @@ class GradientReducer:
     that got none is given zeros). fp16 gradient scaling and clipping work on the averaged
     gradients after finish(), so every rank clips and skips alike."""
 
-    def __init__(self, model: nn.Module, group=None, *, bucket_mb: float = BUCKET_MB, buffers=()):
+    TRANSPORTS = ("auto", "nccl", "peer")
+
+    def __init__(self, model: nn.Module, group=None, *, bucket_mb: float = BUCKET_MB, buffers=(),
+                 transport: str = "auto"):
         """buffers: tensors that ranks may update differently (running statistics of BN layers
         that are not synchronised): sync_buffers() copies rank 0's to every rank, as DDP does
-        before each forward."""
+        before each forward. transport: how the buckets travel from the second step on (the
+        first, which learns their cut, always takes torch.distributed's all-reduce):
+        "nccl" (torch.distributed.all_reduce on the group's backend), "peer" (GPU peer memory
+        and copy engines, grad_peer.py), "auto" ("peer" where it works: every rank on this
+        host with a GPU of its own, an NCCL group, one dtype; else "nccl")."""
         if not dist.is_initialized():
             raise RuntimeError("GradientReducer needs an initialised process group (init_data_parallel)")
         if not (isinstance(bucket_mb, (int, float)) and not isinstance(bucket_mb, bool) and bucket_mb > 0):
             raise ValueError(f"bucket_mb: expected a size in MB > 0, got {bucket_mb!r}")
+        if transport not in self.TRANSPORTS:
+            raise ValueError(f"transport: expected one of {', '.join(self.TRANSPORTS)}, got {transport!r}")
+        self.transport, self.peer = transport, None
         self.group, self.bucket_bytes = group, bucket_mb * 2**20
         self.world = dist.get_world_size(group)
         self.params = [p for p in model.parameters() if p.requires_grad]
         if len({p.device for p in self.params}) > 1:
             raise ValueError("model: its parameters are on several devices; data parallel keeps one per rank")
+        if transport == "peer" and self.params:  # refused here rather than after the first step
+            why_not = peer_memory.symmetric_unavailable(self.params[0], group)
+            if why_not:
+                raise RuntimeError(f"GradientReducer(transport='peer'): {why_not}")
         self.buffers = list(buffers)
         _broadcast(list(model.parameters()) + list(model.buffers()), group)
         # NCCL averages in the all-reduce; gloo has no AVG: it sums, and finish() divides
@@ -108,7 +124,10 @@ class GradientReducer:
             if p.grad is None:  # no gradient reached it this step: zeros, as on every rank
                 p.grad = torch.zeros_like(p)
             grad_rows.clear(p)  # a sparse backward's row list is this rank's, not the mean's
-        self.pending.append(_all_reduce(_flattened(params), self.op, self.group))
+        if self.peer is not None:
+            self.peer.launch(b, params)
+        else:
+            self.pending.append(_all_reduce(_flattened(params), self.op, self.group))
         self.launched = b + 1
 
     def finish(self) -> None:
@@ -118,11 +137,35 @@ class GradientReducer:
             self._launch(self.launched)
         for work in self.pending:
             work.wait()  # on CUDA: the current stream waits for the all-reduce, the host does not
-        if self.op != dist.ReduceOp.AVG:
+        if self.peer is not None:
+            self.peer.finish()
+        if self.op != dist.ReduceOp.AVG and self.peer is None:
             torch._foreach_div_([p.grad for p in self.params], float(self.world))
         if self.first_order is not None:
             self._learn_order()
+            self.peer = self._peer_buckets()
         self._begin()
+
+    @property
+    def transport_in_use(self) -> str | None:
+        """"peer" or "nccl" once the first step has decided; None before."""
+        return None if self.first_order is not None else "nccl" if self.peer is None else "peer"
+
+    def _peer_buckets(self) -> PeerBuckets | None:
+        """Peer buckets for the cut just learnt, where the transport asks for them and they work."""
+        if self.transport == "nccl":
+            return None
+        why_not = peer_memory.symmetric_unavailable(self.params[0], self.group) if self.params else "no parameters"
+        if not why_not and not servable(self.params):
+            why_not = "it needs the parameters of one dtype, dense"
+        if why_not:
+            if self.transport == "peer":
+                raise RuntimeError(f"GradientReducer(transport='peer'): {why_not}")
+            return None
+        peer_memory.enable(self.group)
+        sizes = [sum(self.params[i].numel() for i in bucket) for bucket in self.buckets]
+        return PeerBuckets(sizes, self.params[0].dtype, self.params[0].device, self.group,
+                           dist.get_rank(self.group), self.world)
 
     def _learn_order(self) -> None:
         """Cut the buckets again from rank 0's ready order of the first backward (the same cut

@@ -23,9 +23,6 @@ which every rank updates with the same global statistics, so they stay equal eve
 """
 from __future__ import annotations
 
-import os
-import warnings
-
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -34,6 +31,7 @@ from ..nn.batchnorm import TemporalBatchNorm1d, TemporalBatchNorm2d
 from ..nn.bn_lif import BNLIF
 from ..ops.bn_exchange import combine_moments, pack_moments
 from ..ops.bn_peer_exchange import buffer_size, exchange_moments, exchange_sums
+from . import peer_memory
 
 SYNCABLE = (TemporalBatchNorm1d, TemporalBatchNorm2d, BNLIF)
 
@@ -114,7 +112,7 @@ class RankSync:
       PyTorch's symmetric memory;
     - "auto": "symmetric" where it works (CUDA tensors on an NCCL group whose ranks
       all run on this host, GPUs with peer access to each other, a torch with symmetric
-      memory; see symmetric_unavailable), else "nccl". Every rank decides alike.
+      memory; see peer_memory.symmetric_unavailable), else "nccl". Every rank decides alike.
     """
 
     TRANSPORTS = ("auto", "nccl", "symmetric")
@@ -185,21 +183,10 @@ class RankSync:
 
     def _peer_buffer(self, rows: int, channels: int, device) -> tuple:
         """(this rank's buffer, the ranks' addresses of theirs as an int64 tensor on `device`)."""
-        from torch.distributed import _symmetric_memory as symm
-
         world = self.place()[1]
-        if torch.cuda.is_current_stream_capturing():  # the buffer's flags must be zero before the peers meet
-            raise RuntimeError("SyncBN sets up a layer's peer-memory exchange at its first training step, which "
-                               "cannot be inside a CUDA graph capture: run one step eagerly before capturing")
-        try:
-            buffer = symm.empty(buffer_size(rows, channels, world)[0], dtype=torch.float32, device=device)
-            buffer.zero_()  # the flags: zero before any rank may raise one, so before the rendezvous
-            torch.cuda.current_stream(device).synchronize()
-            handle = symm.rendezvous(buffer, self._group_name())
-        except Exception as e:  # every rank fails alike here (same host, same torch)
-            raise RuntimeError(f"SyncBN could not set up its peer-memory exchange ({type(e).__name__}: "
-                               f"{(str(e).splitlines() or [''])[0][:200]}); convert_sync_batchnorm(..., "
-                               "transport='nccl') sends the statistics through NCCL instead") from e
+        buffer, handle = peer_memory.mapped(
+            buffer_size(rows, channels, world)[0], torch.float32, device, self.group, purpose="SyncBN",
+            fallback="convert_sync_batchnorm(..., transport='nccl') sends the statistics through NCCL instead")
         offset = buffer.data_ptr() - handle.buffer_ptrs[handle.rank]  # the tensor within its allocation
         addresses = torch.tensor([p + offset for p in handle.buffer_ptrs], dtype=torch.int64, device=device)
         return (buffer, handle), addresses
@@ -210,47 +197,15 @@ class RankSync:
             self._place = (dist.get_rank(self.group), dist.get_world_size(self.group))
         return self._place
 
-    def _group_name(self) -> str:
-        return (self.group if self.group is not None else dist.group.WORLD).group_name
-
     def _symmetric_works(self, tensor: torch.Tensor) -> bool:
         if self.transport == "nccl":
             return False
-        why_not = symmetric_unavailable(tensor, self.group)
+        why_not = peer_memory.symmetric_unavailable(tensor, self.group)
         if why_not and self.transport == "symmetric":
             raise RuntimeError(f"transport='symmetric': {why_not}")
         if not why_not:
-            with warnings.catch_warnings():  # deprecated where every group has it (torch >= 2.11)
-                warnings.simplefilter("ignore")
-                from torch.distributed import _symmetric_memory as symm
-
-                if hasattr(symm, "enable_symm_mem_for_group"):
-                    symm.enable_symm_mem_for_group(self._group_name())
+            peer_memory.enable(self.group)
         return not why_not
-
-
-def symmetric_unavailable(tensor: torch.Tensor, group) -> str:
-    """Why the peer-memory exchange cannot serve `tensor` on `group` ('' where it can).
-    Decided from facts every rank of one host shares."""
-    if not tensor.is_cuda:  # (any dtype: the rows exchanged are float32)
-        return "it takes CUDA tensors"
-    try:
-        from torch.distributed import _symmetric_memory as symm
-    except ImportError:
-        symm = None
-    if not (hasattr(symm, "empty") and hasattr(symm, "rendezvous")):
-        return f"this torch ({torch.__version__}) has no torch.distributed._symmetric_memory.empty/rendezvous"
-    if dist.get_backend(group) != "nccl":
-        return f"the process group's backend is {dist.get_backend(group)}, not nccl"
-    local = os.environ.get("LOCAL_WORLD_SIZE")
-    if local is None or int(local) != dist.get_world_size():
-        return "it needs every rank on this host (LOCAL_WORLD_SIZE == WORLD_SIZE, as torchrun sets on one host)"
-    if torch.cuda.device_count() < int(local):  # two ranks' exchange kernels on one GPU hung in a test
-        return "it needs a GPU of its own for every rank"
-    gpus = range(int(local))  # rank r on GPU r, as init_data_parallel places them
-    if any(a != b and not torch.cuda.can_device_access_peer(a, b) for a in gpus for b in gpus):
-        return "the GPUs cannot all reach each other's memory (no peer access between some pair)"
-    return ""
 
 
 class FusedSync:

@@ -1,0 +1,79 @@
+"""The gradient buckets' all-reduce over GPU peer memory, copied by the GPUs' copy engines.
+
+NCCL's all-reduce runs as kernels that hold SMs while they wait on the peers and move the
+data; overlapped with backward's convolutions it slowed them. Here no kernel waits long and
+no SM moves data between GPUs (PyTorch's low-contention collectives do the same):
+
+    rows = [world, total] in peer memory        # row r: rank r's gradients, every bucket
+    bucket b, on a side stream:
+        (b == 0) barrier                        # every rank has read last step's rows
+        cat(gradients) -> rows[rank, b]         # this rank's row
+        barrier                                 # every rank's row b is written
+        rows[p, b] <- rank p's rows[p, b]       # a copy-engine pull from each peer
+        out[b] = mean(rows[:, b])               # rows summed in rank order: the same on every rank
+
+Each .grad then views `out`. The barriers are symmetric memory's (a release at system scope
+before the signal), so a pull reads a row after it was written; the first bucket's barrier
+keeps a rank from overwriting its row while a peer may still be pulling it.
+"""
+from __future__ import annotations
+
+import torch
+
+from . import peer_memory
+
+
+class PeerBuckets:
+    """The buckets `sizes` (elements each, in launch order) of one dtype, all-reduced through
+    peer memory. A collective to build: every rank of `group` at the same point, outside a
+    CUDA graph capture."""
+
+    def __init__(self, sizes: list[int], dtype: torch.dtype, device: torch.device, group, rank: int, world: int):
+        self.rank, self.world = rank, world
+        total = sum(sizes)
+        self.rows, self.handle = peer_memory.mapped(
+            (world, total), dtype, device, group, purpose="GradientReducer",
+            fallback="GradientReducer(..., transport='nccl') all-reduces the gradients through NCCL instead")
+        peers = [p for p in range(world) if p != rank]
+        theirs = {p: self.handle.get_buffer(p, (world, total), dtype) for p in peers}
+        edges = [0]
+        for size in sizes:
+            edges.append(edges[-1] + size)
+        self.slices = [slice(a, b) for a, b in zip(edges, edges[1:])]
+        # per bucket: (this rank's row, [(local row p, rank p's own row p)], the bucket's rows)
+        self.parts = [(self.rows[rank, s], [(self.rows[p, s], theirs[p][p, s]) for p in peers], self.rows[:, s])
+                      for s in self.slices]
+        self.out = torch.empty(total, dtype=dtype, device=device)  # the averaged gradients
+        self.stream = torch.cuda.Stream(device)
+        self.held = []  # the gradients read on the side stream, kept until finish() joins it
+
+    def launch(self, b: int, params: list[torch.Tensor]) -> None:
+        """Start bucket b's all-reduce of `params`' gradients; each .grad becomes its view of
+        the mean (complete once finish() has joined the side stream)."""
+        mine, pulls, rows = self.parts[b]
+        grads = [p.grad for p in params]
+        self.stream.wait_stream(torch.cuda.current_stream(self.out.device))
+        with torch.cuda.stream(self.stream):
+            if b == 0:
+                self.handle.barrier(channel=0)
+            torch.cat([g.reshape(-1) for g in grads], out=mine)
+            self.handle.barrier(channel=0)
+            for local, remote in pulls:
+                local.copy_(remote)  # same-device copy of mapped memory: cudaMemcpyAsync, a copy engine
+            out = self.out[self.slices[b]]
+            torch.mean(rows, dim=0, out=out)
+        self.held.extend(grads)
+        offset = 0
+        for p in params:
+            p.grad = out[offset:offset + p.numel()].view(p.shape)
+            offset += p.numel()
+
+    def finish(self) -> None:
+        """The current stream waits for every launched bucket."""
+        torch.cuda.current_stream(self.out.device).wait_stream(self.stream)
+        self.held = []
+
+
+def servable(params: list[torch.Tensor]) -> bool:
+    """Whether peer buckets can carry these parameters' gradients: one dtype, dense."""
+    return len({p.dtype for p in params}) == 1 and all(p.layout == torch.strided for p in params)
