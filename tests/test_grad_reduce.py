@@ -33,6 +33,7 @@ class WithSpare(nn.Module):
 
 
 def _matches_one_process(dp, bucket_mb, transport="auto", batch=6, steps=3):
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False  # to 1e-5 on GPUs
     torch.manual_seed(dp.rank)  # different weights per rank: the reducer copies rank 0's
     model = WithSpare().to(dp.device)
     torch.manual_seed(0)

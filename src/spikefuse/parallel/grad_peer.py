@@ -56,16 +56,16 @@ class PeerBuckets:
         with torch.cuda.stream(self.stream):
             if b == 0:
                 self.handle.barrier(channel=0)
-            torch.cat([g.reshape(-1) for g in grads], out=mine)
+            torch.cat([_flat(g, p) for g, p in zip(grads, params)], out=mine)
             self.handle.barrier(channel=0)
             for local, remote in pulls:
                 local.copy_(remote)  # same-device copy of mapped memory: cudaMemcpyAsync, a copy engine
             out = self.out[self.slices[b]]
             torch.mean(rows, dim=0, out=out)
         self.held.extend(grads)
-        offset = 0
-        for p in params:
-            p.grad = out[offset:offset + p.numel()].view(p.shape)
+        offset = out.storage_offset()
+        for p in params:  # each gradient in its parameter's layout (the fused optimizers want it)
+            p.grad = out.as_strided(p.shape, p.stride(), offset)
             offset += p.numel()
 
     def finish(self) -> None:
@@ -75,5 +75,18 @@ class PeerBuckets:
 
 
 def servable(params: list[torch.Tensor]) -> bool:
-    """Whether peer buckets can carry these parameters' gradients: one dtype, dense."""
-    return len({p.dtype for p in params}) == 1 and all(p.layout == torch.strided for p in params)
+    """Whether peer buckets can carry these parameters' gradients: one dtype, each parameter
+    dense in memory (contiguous in some order of its dimensions, as channels-last is)."""
+    return len({p.dtype for p in params}) == 1 and all(p.layout == torch.strided and _dense(p) for p in params)
+
+
+def _dense(p: torch.Tensor) -> bool:
+    order = sorted(range(p.dim()), key=lambda d: (p.stride(d), p.size(d)), reverse=True)
+    return p.permute(order).is_contiguous()
+
+
+def _flat(grad: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
+    """`grad`'s values in `param`'s memory order, one dimension (a view where the layouts agree)."""
+    if grad.stride() != param.stride():
+        grad = torch.empty_like(param).copy_(grad)  # empty_like keeps a dense parameter's strides
+    return grad.as_strided((grad.numel(),), (1,))
