@@ -32,22 +32,21 @@ class WithSpare(nn.Module):
         return self.bn(self.net(x))
 
 
-def _matches_one_process(dp, bucket_mb, transport="auto", batch=6, steps=3):
-    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False  # to 1e-5 on GPUs
+def _matches_one_process(dp, bucket_mb, batch=6, steps=3):
     torch.manual_seed(dp.rank)  # different weights per rank: the reducer copies rank 0's
-    model = WithSpare().to(dp.device)
+    model = WithSpare()
     torch.manual_seed(0)
-    single = WithSpare().to(dp.device)
+    single = WithSpare()
     if dp.rank == 0:
         model.load_state_dict(single.state_dict())
     model.net = convert_sync_batchnorm(model.net, dp.sync_bn_group)
-    reducer = dp.reducer(model, bucket_mb=bucket_mb, transport=transport)
+    reducer = dp.reducer(model, bucket_mb=bucket_mb)
     assert [b.data_ptr() for b in reducer.buffers] == [b.data_ptr() for b in model.bn.buffers()]
     g = torch.Generator().manual_seed(1)
     mine = slice(dp.rank * batch // dp.world_size, (dp.rank + 1) * batch // dp.world_size)
     for step in range(steps):  # step 0 learns the ready order; later steps use the new buckets
-        images = (torch.randn(batch, 2, 4, 4, generator=g) * 1.5 + 0.3).to(dp.device)
-        labels = torch.randint(0, 3, (batch,), generator=g).to(dp.device)
+        images = torch.randn(batch, 2, 4, 4, generator=g) * 1.5 + 0.3
+        labels = torch.randint(0, 3, (batch,), generator=g)
         single.zero_grad()
         loss = nn.functional.cross_entropy(single(images), labels)
         loss.backward()
@@ -58,11 +57,8 @@ def _matches_one_process(dp, bucket_mb, transport="auto", batch=6, steps=3):
         local = nn.functional.cross_entropy(model(images[mine]), labels[mine])
         local.backward()
         reducer.finish()
-        if reducer.transport_in_use == "nccl":  # its own all-reduce, its own layout
-            assert not model.net.conv2.weight.grad.is_contiguous()
-        # decided at the end of the first step (which always took torch.distributed's all-reduce)
-        assert reducer.transport_in_use == (transport if transport != "auto" else
-                                            "peer" if dp.device.type == "cuda" else "nccl")
+        assert not model.net.conv2.weight.grad.is_contiguous()  # its own all-reduce, its own layout
+        assert reducer.transport_in_use == "nccl"  # (gloo: torch.distributed's all-reduce)
         for (name, p), q in zip(model.named_parameters(), single.parameters()):
             close(p.grad, q.grad, f"step {step}, gradient of {name}")
         with torch.no_grad():
@@ -77,12 +73,39 @@ def test_averaged_gradients_equal_one_process(world, bucket_mb):
     on_ranks(world, _matches_one_process, bucket_mb)
 
 
+def _peer_equals_nccl(dp, bucket_mb, steps=3, batch=6):
+    """The same steps through both transports: the averaged gradients agree bit for bit (on two
+    ranks both are (a + b) / 2 exactly)."""
+    torch.backends.cudnn.deterministic = True  # both models' own gradients bit for bit alike
+    torch.manual_seed(0)
+    models = [WithSpare().to(dp.device)]
+    models.append(copy.deepcopy(models[0]))
+    reducers = [dp.reducer(m, bucket_mb=bucket_mb, transport=t) for m, t in zip(models, ("nccl", "peer"))]
+    g = torch.Generator().manual_seed(1)
+    mine = slice(dp.rank * batch // dp.world_size, (dp.rank + 1) * batch // dp.world_size)
+    for step in range(steps):
+        images = (torch.randn(batch, 2, 4, 4, generator=g) * 1.5 + 0.3).to(dp.device)
+        labels = torch.randint(0, 3, (batch,), generator=g).to(dp.device)
+        for model, reducer in zip(models, reducers):
+            model.zero_grad(set_to_none=True)
+            nn.functional.cross_entropy(model(images[mine]), labels[mine]).backward()
+            reducer.finish()
+        assert [r.transport_in_use for r in reducers] == ["nccl", "peer"]
+        for (name, p), q in zip(models[1].named_parameters(), models[0].parameters()):
+            torch.testing.assert_close(p.grad, q.grad, rtol=0, atol=0, msg=lambda m: f"step {step}, {name}: {m}")
+            assert p.grad.stride() == p.stride(), name  # the parameter's layout, as fused optimizers need
+        with torch.no_grad():
+            for model in models:
+                for p in model.parameters():
+                    p -= 0.5 * p.grad
+
+
 @pytest.mark.gpu
 @pytest.mark.multi_gpu
-@pytest.mark.parametrize("transport, bucket_mb", [("peer", 4.0), ("peer", 1e-4), ("nccl", 1e-4)])
-def test_averaged_gradients_on_two_gpus_equal_one_process(transport, bucket_mb):
-    """Both transports of the buckets (peer: GPU peer memory and copy engines)."""
-    on_ranks(2, _matches_one_process, bucket_mb, transport, device="cuda")
+@pytest.mark.parametrize("bucket_mb", [4.0, 1e-4])
+def test_peer_buckets_on_two_gpus_equal_nccl_bit_for_bit(bucket_mb):
+    """Peer memory and copy engines (one bucket; a bucket per parameter) against NCCL."""
+    on_ranks(2, _peer_equals_nccl, bucket_mb, device="cuda")
 
 
 def _peer_refused_on_gloo(dp):
