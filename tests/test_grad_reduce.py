@@ -166,6 +166,8 @@ def _captured_equals_eager(dp, transport):
     """A CUDA graph of forward, backward and the reducer replays what the eager step computes."""
     from spikefuse.capture import CapturedStep
 
+    torch.backends.cudnn.deterministic = True  # the two models' own gradients bit for bit alike
+
     torch.manual_seed(0)
     base = Net("fused")
     models = [convert_sync_batchnorm(copy.deepcopy(base).to(dp.device), dp.sync_bn_group) for _ in range(2)]
@@ -189,6 +191,8 @@ def _captured_equals_eager(dp, transport):
         for i in range(8):
             loss = run(*batches[i % 2])
         assert not captured or run.captured > 0, "the step was not captured"
+        # auto: peer memory in the captured step, NCCL in eager ones (bit for bit alike on two ranks)
+        assert reducer.transport_in_use == (transport if transport != "auto" else "peer" if captured else "nccl")
         results.append([loss.detach().clone()] + [p.detach().clone() for p in model.parameters()])
     for a, b in zip(*results):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
@@ -196,7 +200,7 @@ def _captured_equals_eager(dp, transport):
 
 @pytest.mark.gpu
 @pytest.mark.multi_gpu
-@pytest.mark.parametrize("transport", ["nccl", "peer"])
+@pytest.mark.parametrize("transport", ["nccl", "peer", "auto"])
 def test_captured_reducer_on_two_gpus_equals_eager(transport):
     on_ranks(2, _captured_equals_eager, transport, device="cuda")
 

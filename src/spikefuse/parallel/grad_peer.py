@@ -10,7 +10,7 @@ no SM moves data between GPUs (PyTorch's low-contention collectives do the same)
         cat(gradients) -> rows[rank, b]         # this rank's row
         barrier                                 # every rank's row b is written
         rows[p, b] <- rank p's rows[p, b]       # a copy-engine pull from each peer
-        out[b] = mean(rows[:, b])               # rows summed in rank order: the same on every rank
+        out[b] = mean(rows[:, b])               # rows added in rank order: the same on every rank
 
 Each .grad then views `out`. The barriers are symmetric memory's (a release at system scope
 before the signal), so a pull reads a row after it was written; the first bucket's barrier
@@ -20,22 +20,23 @@ from __future__ import annotations
 
 import torch
 
+from ..ops.mean_rows import mean_rows
 from . import peer_memory
 
 
 class PeerBuckets:
-    """The buckets `sizes` (elements each, in launch order) of one dtype, all-reduced through
-    peer memory. A collective to build: every rank of `group` at the same point, outside a
-    CUDA graph capture."""
+    """The float32 buckets `sizes` (elements each, in launch order), all-reduced through peer
+    memory. A collective to build: every rank of `group` at the same point, outside a CUDA
+    graph capture."""
 
-    def __init__(self, sizes: list[int], dtype: torch.dtype, device: torch.device, group, rank: int, world: int):
+    def __init__(self, sizes: list[int], device: torch.device, group, rank: int, world: int):
         self.rank, self.world = rank, world
         total = sum(sizes)
         self.rows, self.handle = peer_memory.mapped(
-            (world, total), dtype, device, group, purpose="GradientReducer",
+            (world, total), torch.float32, device, group, purpose="GradientReducer",
             fallback="GradientReducer(..., transport='nccl') all-reduces the gradients through NCCL instead")
         peers = [p for p in range(world) if p != rank]
-        theirs = {p: self.handle.get_buffer(p, (world, total), dtype) for p in peers}
+        theirs = {p: self.handle.get_buffer(p, (world, total), torch.float32) for p in peers}
         edges = [0]
         for size in sizes:
             edges.append(edges[-1] + size)
@@ -43,7 +44,7 @@ class PeerBuckets:
         # per bucket: (this rank's row, [(local row p, rank p's own row p)], the bucket's rows)
         self.parts = [(self.rows[rank, s], [(self.rows[p, s], theirs[p][p, s]) for p in peers], self.rows[:, s])
                       for s in self.slices]
-        self.out = torch.empty(total, dtype=dtype, device=device)  # the averaged gradients
+        self.out = torch.empty(total, device=device)  # the averaged gradients
         self.stream = torch.cuda.Stream(device)
         self.held = []  # the gradients read on the side stream, kept until finish() joins it
 
@@ -61,7 +62,7 @@ class PeerBuckets:
             for local, remote in pulls:
                 local.copy_(remote)  # same-device copy of mapped memory: cudaMemcpyAsync, a copy engine
             out = self.out[self.slices[b]]
-            torch.mean(rows, dim=0, out=out)
+            mean_rows(rows, out)
         self.held.extend(grads)
         offset = out.storage_offset()
         for p in params:  # each gradient in its parameter's layout (the fused optimizers want it)
@@ -75,9 +76,9 @@ class PeerBuckets:
 
 
 def servable(params: list[torch.Tensor]) -> bool:
-    """Whether peer buckets can carry these parameters' gradients: one dtype, each parameter
+    """Whether peer buckets can carry these parameters' gradients: float32, each parameter
     dense in memory (contiguous in some order of its dimensions, as channels-last is)."""
-    return len({p.dtype for p in params}) == 1 and all(p.layout == torch.strided and _dense(p) for p in params)
+    return all(p.dtype == torch.float32 and p.layout == torch.strided and _dense(p) for p in params)
 
 
 def _dense(p: torch.Tensor) -> bool:

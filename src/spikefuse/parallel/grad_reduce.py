@@ -49,8 +49,10 @@ class GradientReducer:
         before each forward. transport: how the buckets travel from the second step on (the
         first, which learns their cut, always takes torch.distributed's all-reduce):
         "nccl" (torch.distributed.all_reduce on the group's backend), "peer" (GPU peer memory
-        and copy engines, grad_peer.py), "auto" ("peer" where it works: every rank on this
-        host with a GPU of its own, an NCCL group, one dtype; else "nccl")."""
+        and copy engines, grad_peer.py; every rank on this host with a GPU of its own, an NCCL
+        group, float32 parameters), "auto" ("peer" in steps captured in a CUDA graph where it
+        works, else "nccl": an eager step is bound by the host, and peer buckets cost it more
+        launches)."""
         if not dist.is_initialized():
             raise RuntimeError("GradientReducer needs an initialised process group (init_data_parallel)")
         if not (isinstance(bucket_mb, (int, float)) and not isinstance(bucket_mb, bool) and bucket_mb > 0):
@@ -58,6 +60,8 @@ class GradientReducer:
         if transport not in self.TRANSPORTS:
             raise ValueError(f"transport: expected one of {', '.join(self.TRANSPORTS)}, got {transport!r}")
         self.transport, self.peer = transport, None
+        self.via_peer = False  # whether this step's buckets went through peer memory
+        self._last = None  # the transport of the last finished step
         self.group, self.bucket_bytes = group, bucket_mb * 2**20
         self.world = dist.get_world_size(group)
         self.params = [p for p in model.parameters() if p.requires_grad]
@@ -97,6 +101,7 @@ class GradientReducer:
         self.bucket_of = {i: b for b, members in enumerate(buckets) for i in members}
 
     def _begin(self) -> None:
+        self.via_peer = False
         self.missing = [len(b) for b in self.buckets]
         self.launched = 0
         self.pending = []
@@ -124,8 +129,9 @@ class GradientReducer:
             if p.grad is None:  # no gradient reached it this step: zeros, as on every rank
                 p.grad = torch.zeros_like(p)
             grad_rows.clear(p)  # a sparse backward's row list is this rank's, not the mean's
-        if self.peer is not None:
+        if self.peer is not None and (self.transport == "peer" or torch.cuda.is_current_stream_capturing()):
             self.peer.launch(b, params)
+            self.via_peer = True
         else:
             self.pending.append(_all_reduce(_flattened(params), self.op, self.group))
         self.launched = b + 1
@@ -137,10 +143,11 @@ class GradientReducer:
             self._launch(self.launched)
         for work in self.pending:
             work.wait()  # on CUDA: the current stream waits for the all-reduce, the host does not
-        if self.peer is not None:
+        if self.via_peer:
             self.peer.finish()
-        if self.op != dist.ReduceOp.AVG and self.peer is None:
+        elif self.op != dist.ReduceOp.AVG:
             torch._foreach_div_([p.grad for p in self.params], float(self.world))
+        self._last = "peer" if self.via_peer else "nccl"
         if self.first_order is not None:
             self._learn_order()
             self.peer = self._peer_buckets()
@@ -148,8 +155,8 @@ class GradientReducer:
 
     @property
     def transport_in_use(self) -> str | None:
-        """"peer" or "nccl" once the first step has decided; None before."""
-        return None if self.first_order is not None else "nccl" if self.peer is None else "peer"
+        """How the last finished (or captured) step's buckets travelled: "peer" or "nccl"; None before."""
+        return self._last
 
     def _peer_buckets(self) -> PeerBuckets | None:
         """Peer buckets for the cut just learnt, where the transport asks for them and they work."""
@@ -157,15 +164,14 @@ class GradientReducer:
             return None
         why_not = peer_memory.symmetric_unavailable(self.params[0], self.group) if self.params else "no parameters"
         if not why_not and not servable(self.params):
-            why_not = "it needs the parameters of one dtype, dense"
+            why_not = "it needs float32 parameters, each dense in memory"
         if why_not:
             if self.transport == "peer":
                 raise RuntimeError(f"GradientReducer(transport='peer'): {why_not}")
             return None
         peer_memory.enable(self.group)
         sizes = [sum(self.params[i].numel() for i in bucket) for bucket in self.buckets]
-        return PeerBuckets(sizes, self.params[0].dtype, self.params[0].device, self.group,
-                           dist.get_rank(self.group), self.world)
+        return PeerBuckets(sizes, self.params[0].device, self.group, dist.get_rank(self.group), self.world)
 
     def _learn_order(self) -> None:
         """Cut the buckets again from rank 0's ready order of the first backward (the same cut
