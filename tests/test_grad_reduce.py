@@ -73,9 +73,12 @@ def test_averaged_gradients_equal_one_process(world, bucket_mb):
     on_ranks(world, _matches_one_process, bucket_mb)
 
 
-def _peer_equals_nccl(dp, bucket_mb, steps=3, batch=6):
+def _peer_equals_nccl(dp, bucket_mb, share_bytes, steps=3, batch=6):
     """The same steps through both transports: the averaged gradients agree bit for bit (on two
     ranks both are (a + b) / 2 exactly)."""
+    from spikefuse.parallel import grad_peer
+
+    grad_peer.SHARE_BYTES = share_bytes
     torch.backends.cudnn.deterministic = True  # both models' own gradients bit for bit alike
     torch.manual_seed(0)
     models = [WithSpare().to(dp.device)]
@@ -90,7 +93,8 @@ def _peer_equals_nccl(dp, bucket_mb, steps=3, batch=6):
             model.zero_grad(set_to_none=True)
             nn.functional.cross_entropy(model(images[mine]), labels[mine]).backward()
             reducer.finish()
-        assert [r.transport_in_use for r in reducers] == ["nccl", "peer"]
+        if step:  # (the first step, which cuts the buckets, is torch.distributed's)
+            assert [r.transport_in_use for r in reducers] == ["nccl", "peer"]
         for (name, p), q in zip(models[1].named_parameters(), models[0].parameters()):
             torch.testing.assert_close(p.grad, q.grad, rtol=0, atol=0, msg=lambda m: f"step {step}, {name}: {m}")
             assert p.grad.stride() == p.stride(), name  # the parameter's layout, as fused optimizers need
@@ -102,10 +106,11 @@ def _peer_equals_nccl(dp, bucket_mb, steps=3, batch=6):
 
 @pytest.mark.gpu
 @pytest.mark.multi_gpu
-@pytest.mark.parametrize("bucket_mb", [4.0, 1e-4])
-def test_peer_buckets_on_two_gpus_equal_nccl_bit_for_bit(bucket_mb):
-    """Peer memory and copy engines (one bucket; a bucket per parameter) against NCCL."""
-    on_ranks(2, _peer_equals_nccl, bucket_mb, device="cuda")
+@pytest.mark.parametrize("bucket_mb, share_bytes", [(4.0, 0), (1e-4, 0), (1e-4, 2**20)])
+def test_peer_buckets_on_two_gpus_equal_nccl_bit_for_bit(bucket_mb, share_bytes):
+    """Peer memory and copy engines against NCCL: one bucket, or a bucket per parameter (some
+    smaller than two elements); each averaged in shares (share_bytes 0) or whole."""
+    on_ranks(2, _peer_equals_nccl, bucket_mb, share_bytes, device="cuda")
 
 
 def _peer_refused_on_gloo(dp):

@@ -4,17 +4,25 @@ NCCL's all-reduce runs as kernels that hold SMs while they wait on the peers and
 data; overlapped with backward's convolutions it slowed them. Here no kernel waits long and
 no SM moves data between GPUs (PyTorch's low-contention collectives do the same):
 
-    rows = [world, total] in peer memory        # row r: rank r's gradients, every bucket
+    rows = [world, total] in peer memory          # row r: rank r's gradients, every bucket
     bucket b, on a side stream:
-        (b == 0) barrier                        # every rank has read last step's rows
-        cat(gradients) -> rows[rank, b]         # this rank's row
-        barrier                                 # every rank's row b is written
-        rows[p, b] <- rank p's rows[p, b]       # a copy-engine pull from each peer
-        out[b] = mean(rows[:, b])               # rows added in rank order: the same on every rank
+        (b == 0) barrier                          # every rank has read last step's rows
+        cat(gradients) -> rows[rank, b]           # this rank's row
+        barrier                                   # every rank's row b is written
+      a bucket of SHARE_BYTES or more, in shares: share s of every row is averaged by rank s
+        rows[p, b, mine] <- rank p's rows[p, b, mine]   # copy-engine pulls of this rank's share
+        rows[rank, b, mine] = mean(rows[:, b, mine])    # rows added in rank order
+        barrier                                   # every share averaged
+        out[b, s] <- rank s's rows[s, b, s]       # copy-engine pulls of the other shares
+      a smaller one whole (on the step's tail a barrier costs more than the averaging saves):
+        rows[p, b] <- rank p's rows[p, b]; out[b] = mean(rows[:, b])
 
-Each .grad then views `out`. The barriers are symmetric memory's (a release at system scope
-before the signal), so a pull reads a row after it was written; the first bucket's barrier
-keeps a rank from overwriting its row while a peer may still be pulling it.
+Averaging in shares leaves each GPU 1/world of the averaging, which runs on SMs next to
+backward's kernels. Every element's mean is the same sum in the same order wherever it is
+computed, so every rank gets the same bits (on 2 ranks, (a + b) / 2: NCCL's average). Each
+.grad then views `out`. The barriers are symmetric memory's (a release at system scope before
+the signal), so a pull reads what was written before it; the first bucket's barrier keeps a
+rank from overwriting its row while a peer may still be pulling from it.
 """
 from __future__ import annotations
 
@@ -22,6 +30,8 @@ import torch
 
 from ..ops.mean_rows import mean_rows
 from . import peer_memory
+
+SHARE_BYTES = 2**20
 
 
 class PeerBuckets:
@@ -35,35 +45,52 @@ class PeerBuckets:
         self.rows, self.handle = peer_memory.mapped(
             (world, total), torch.float32, device, group, purpose="GradientReducer",
             fallback="GradientReducer(..., transport='nccl') all-reduces the gradients through NCCL instead")
-        peers = [p for p in range(world) if p != rank]
-        theirs = {p: self.handle.get_buffer(p, (world, total), torch.float32) for p in peers}
-        edges = [0]
-        for size in sizes:
-            edges.append(edges[-1] + size)
-        self.slices = [slice(a, b) for a, b in zip(edges, edges[1:])]
-        # per bucket: (this rank's row, [(local row p, rank p's own row p)], the bucket's rows)
-        self.parts = [(self.rows[rank, s], [(self.rows[p, s], theirs[p][p, s]) for p in peers], self.rows[:, s])
-                      for s in self.slices]
+        self.theirs = {p: self.handle.get_buffer(p, (world, total), torch.float32) for p in range(world) if p != rank}
         self.out = torch.empty(total, device=device)  # the averaged gradients
+        start, self.buckets = 0, []
+        for size in sizes:
+            self.buckets.append(self._plan(slice(start, start + size), size * 4 >= SHARE_BYTES))
+            start += size
         self.stream = torch.cuda.Stream(device)
         self.held = []  # the gradients read on the side stream, kept until finish() joins it
+
+    def _plan(self, span: slice, in_shares: bool) -> dict:
+        """A bucket's views: this rank's row, the copies before and after the averaging."""
+        rank, n = self.rank, span.stop - span.start
+        if not in_shares:
+            return {"mine": self.rows[rank, span], "out": self.out[span], "rows": self.rows[:, span],
+                    "pull": [(self.rows[p, span], theirs[p, span]) for p, theirs in self.theirs.items()]}
+        cuts = [span.start + k * n // self.world for k in range(self.world + 1)]
+        share = [slice(a, b) for a, b in zip(cuts, cuts[1:])]
+        own = share[rank]
+        return {"mine": self.rows[rank, span], "out": self.out[span], "rows": self.rows[:, own],
+                "pull": [(self.rows[p, own], theirs[p, own]) for p, theirs in self.theirs.items()],
+                "averaged": self.rows[rank, own],
+                "gather": [(self.out[own], self.rows[rank, own])]
+                + [(self.out[share[p]], theirs[p, share[p]]) for p, theirs in self.theirs.items()]}
 
     def launch(self, b: int, params: list[torch.Tensor]) -> None:
         """Start bucket b's all-reduce of `params`' gradients; each .grad becomes its view of
         the mean (complete once finish() has joined the side stream)."""
-        mine, pulls, rows = self.parts[b]
+        plan = self.buckets[b]
         grads = [p.grad for p in params]
         self.stream.wait_stream(torch.cuda.current_stream(self.out.device))
         with torch.cuda.stream(self.stream):
             if b == 0:
                 self.handle.barrier(channel=0)
-            torch.cat([_flat(g, p) for g, p in zip(grads, params)], out=mine)
+            torch.cat([_flat(g, p) for g, p in zip(grads, params)], out=plan["mine"])
             self.handle.barrier(channel=0)
-            for local, remote in pulls:
+            for local, remote in plan["pull"]:
                 local.copy_(remote)  # same-device copy of mapped memory: cudaMemcpyAsync, a copy engine
-            out = self.out[self.slices[b]]
-            mean_rows(rows, out)
+            if "gather" not in plan:
+                mean_rows(plan["rows"], plan["out"])
+            else:
+                mean_rows(plan["rows"], plan["averaged"])  # over this rank's own share of its row
+                self.handle.barrier(channel=0)
+                for local, remote in plan["gather"]:
+                    local.copy_(remote)
         self.held.extend(grads)
+        out = plan["out"]
         offset = out.storage_offset()
         for p in params:  # each gradient in its parameter's layout (the fused optimizers want it)
             p.grad = out.as_strided(p.shape, p.stride(), offset)
