@@ -129,7 +129,9 @@ class GradientReducer:
             if p.grad is None:  # no gradient reached it this step: zeros, as on every rank
                 p.grad = torch.zeros_like(p)
             grad_rows.clear(p)  # a sparse backward's row list is this rank's, not the mean's
-        if self.peer is not None and (self.transport == "peer" or torch.cuda.is_current_stream_capturing()):
+        # (a sparse gradient, the same on every rank, takes torch.distributed's all-reduce)
+        if self.peer is not None and (self.transport == "peer" or torch.cuda.is_current_stream_capturing()) \
+                and all(p.grad.layout == torch.strided for p in params):
             self.peer.launch(b, params)
             self.via_peer = True
         else:
