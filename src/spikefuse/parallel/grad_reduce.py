@@ -13,6 +13,8 @@ before sending it. Here autograd hands each gradient over as it is, a post-accum
 marks it ready, and each bucket goes out as one all-reduce averaged by NCCL itself (AVG):
 its gradients copied into one flat tensor (one kernel), which then holds them. On 2 H100s the
 captured SyncBN step ran at 1.915x one GPU's throughput, against 1.895x under DDP in the same run.
+In captured steps the buckets travel through GPU peer memory instead, pulled by the copy
+engines (grad_peer.py): 1.935x in the same setting (0.05-0.13 ms a step less than NCCL's).
 
 Buckets are launched strictly in order on every rank, so the collectives match across ranks
 whatever order the hooks fire in. They are cut from the order in which gradients became
