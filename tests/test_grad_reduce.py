@@ -124,6 +124,19 @@ def test_a_transport_that_cannot_serve_is_refused_by_name():
     on_ranks(2, _peer_refused_on_gloo)
 
 
+def test_auto_leaves_buckets_to_nccl_where_peer_buffers_would_crowd_the_gpu():
+    """Peer buckets hold (ranks + 1) copies of the gradients: "auto" takes them while those fit
+    in 1/16 of the GPU's memory (CIFAR-medium on 2 GPUs: 156 MiB of 80 GiB), else says why not."""
+    from spikefuse.parallel.grad_peer import buffer_bytes
+    from spikefuse.parallel.grad_reduce import too_large_for_peer
+
+    gpu = 80 * 2**30
+    assert buffer_bytes(13_646_986, 2) == 3 * 13_646_986 * 4
+    assert too_large_for_peer(buffer_bytes(13_646_986, 2), gpu) == ""
+    why = too_large_for_peer(buffer_bytes(500_000_000, 8), gpu)  # a 0.5 B-parameter model on 8 GPUs
+    assert "16.8 GiB" in why and "1/16 of the GPU's 80 GiB" in why, why
+
+
 def _buffers_follow_rank_0(dp):
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4))

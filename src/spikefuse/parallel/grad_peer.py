@@ -34,6 +34,12 @@ from . import peer_memory
 SHARE_BYTES = 2**20
 
 
+def buffer_bytes(elements: int, world: int) -> int:
+    """The GPU memory PeerBuckets holds for `elements` gradient elements over `world` ranks:
+    every rank's row and the averages, float32 (NCCL's all-reduce holds none of it)."""
+    return (world + 1) * elements * 4
+
+
 class PeerBuckets:
     """The float32 buckets `sizes` (elements each, in launch order), all-reduced through peer
     memory. A collective to build: every rank of `group` at the same point, outside a CUDA

@@ -29,10 +29,11 @@ from torch import nn
 
 from ..ops import grad_rows
 from . import peer_memory
-from .grad_peer import PeerBuckets, servable
+from .grad_peer import PeerBuckets, buffer_bytes, servable
 
 BUCKET_MB = 4.0   # a bucket's size; the first and the last are cut at EDGE_MB
 EDGE_MB = 1.0
+PEER_MEMORY_SHARE = 1 / 16  # "auto" takes peer buckets while their buffers fit in this share of the GPU
 
 
 class GradientReducer:
@@ -52,16 +53,17 @@ class GradientReducer:
         first, which learns their cut, always takes torch.distributed's all-reduce):
         "nccl" (torch.distributed.all_reduce on the group's backend), "peer" (GPU peer memory
         and copy engines, grad_peer.py; every rank on this host with a GPU of its own, an NCCL
-        group, float32 parameters), "auto" ("peer" in steps captured in a CUDA graph where it
-        works, else "nccl": an eager step is bound by the host, and peer buckets cost it more
-        launches)."""
+        group, float32 parameters; it holds ranks + 1 copies of the gradients), "auto" ("peer"
+        in steps captured in a CUDA graph where it works and those copies fit in 1/16 of the
+        GPU's memory, else "nccl": an eager step is bound by the host, and peer buckets cost
+        it more launches; peer_unavailable says why not)."""
         if not dist.is_initialized():
             raise RuntimeError("GradientReducer needs an initialised process group (init_data_parallel)")
         if not (isinstance(bucket_mb, (int, float)) and not isinstance(bucket_mb, bool) and bucket_mb > 0):
             raise ValueError(f"bucket_mb: expected a size in MB > 0, got {bucket_mb!r}")
         if transport not in self.TRANSPORTS:
             raise ValueError(f"transport: expected one of {', '.join(self.TRANSPORTS)}, got {transport!r}")
-        self.transport, self.peer = transport, None
+        self.transport, self.peer, self.peer_unavailable = transport, None, None
         self.via_peer = False  # whether this step's buckets went through peer memory
         self._last = None  # the transport of the last finished step
         self.group, self.bucket_bytes = group, bucket_mb * 2**20
@@ -169,6 +171,10 @@ class GradientReducer:
         why_not = peer_memory.symmetric_unavailable(self.params[0], self.group) if self.params else "no parameters"
         if not why_not and not servable(self.params):
             why_not = "it needs float32 parameters, each dense in memory"
+        if not why_not and self.transport == "auto":
+            why_not = too_large_for_peer(buffer_bytes(sum(p.numel() for p in self.params), self.world),
+                                         torch.cuda.get_device_properties(self.params[0].device).total_memory)
+        self.peer_unavailable = why_not  # why the buckets stay with torch.distributed ('' where they need not)
         if why_not:
             if self.transport == "peer":
                 raise RuntimeError(f"GradientReducer(transport='peer'): {why_not}")
@@ -193,6 +199,16 @@ class GradientReducer:
         for hook in self._hooks:
             hook.remove()
         self._hooks = []
+
+
+def too_large_for_peer(held: int, gpu_memory: int) -> str:
+    """Why "auto" leaves the buckets to NCCL on account of memory ('' where they fit): peer
+    buckets hold (ranks + 1) copies of the gradients, which on a large model or many GPUs
+    would crowd out training."""
+    if held <= gpu_memory * PEER_MEMORY_SHARE:
+        return ""
+    return (f"its buffers ({held / 2**30:.1f} GiB: every rank's gradients and their mean) would take more than "
+            f"1/{round(1 / PEER_MEMORY_SHARE)} of the GPU's {gpu_memory / 2**30:.0f} GiB")
 
 
 def _flattened(params: list[torch.Tensor]) -> list[torch.Tensor]:
