@@ -64,7 +64,6 @@ class GradientReducer:
         if transport not in self.TRANSPORTS:
             raise ValueError(f"transport: expected one of {', '.join(self.TRANSPORTS)}, got {transport!r}")
         self.transport, self.peer, self.peer_unavailable = transport, None, None
-        self.via_peer = False  # whether this step's buckets went through peer memory
         self._last = None  # the transport of the last finished step
         self.group, self.bucket_bytes = group, bucket_mb * 2**20
         self.world = dist.get_world_size(group)
@@ -105,7 +104,7 @@ class GradientReducer:
         self.bucket_of = {i: b for b, members in enumerate(buckets) for i in members}
 
     def _begin(self) -> None:
-        self.via_peer = False
+        self.via_peer = False  # whether this step's buckets went through peer memory
         self.missing = [len(b) for b in self.buckets]
         self.launched = 0
         self.pending = []
