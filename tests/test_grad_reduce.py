@@ -113,6 +113,62 @@ def test_peer_buckets_on_two_gpus_equal_nccl_bit_for_bit(bucket_mb, share_bytes)
     on_ranks(2, _peer_equals_nccl, bucket_mb, share_bytes, device="cuda")
 
 
+def _peer_is_the_rank_order_mean(dp, share_bytes, steps=3, batch=12):
+    """Beyond two ranks: peer buckets give every element the sum of the ranks' gradients in rank
+    order times 1 / ranks (mean_rows' twin over the gathered gradients) bit for bit; NCCL, which
+    sums in its own order, agrees to a few float32 ulps of the largest term."""
+    from spikefuse.ops.mean_rows import mean_rows_reference
+    from spikefuse.parallel import grad_peer
+
+    grad_peer.SHARE_BYTES = share_bytes
+    torch.backends.cudnn.deterministic = True
+    torch.manual_seed(0)
+    local = WithSpare().to(dp.device)  # no reducer: this rank's own gradients
+    models = [copy.deepcopy(local), copy.deepcopy(local)]
+    reducers = [dp.reducer(m, bucket_mb=1e-4, transport=t) for m, t in zip(models, ("peer", "nccl"))]
+    g = torch.Generator().manual_seed(1)
+    mine = slice(dp.rank * batch // dp.world_size, (dp.rank + 1) * batch // dp.world_size)
+    for step in range(steps):
+        images = (torch.randn(batch, 2, 4, 4, generator=g) * 1.5 + 0.3).to(dp.device)
+        labels = torch.randint(0, 3, (batch,), generator=g).to(dp.device)
+        for model, reducer in zip([local, *models], [None, *reducers]):
+            model.zero_grad(set_to_none=True)
+            nn.functional.cross_entropy(model(images[mine]), labels[mine]).backward()
+            if reducer is not None:
+                reducer.finish()
+        means = []
+        for (name, p), peer, nccl in zip(local.named_parameters(), *(m.parameters() for m in models)):
+            if p.grad is None:
+                assert peer.grad is None and nccl.grad is None, name
+                means.append(None)
+                continue
+            rows = [torch.empty_like(p.grad) for _ in range(dp.world_size)]
+            dist.all_gather(rows, p.grad.contiguous())
+            rows = torch.stack(rows)
+            means.append(mean_rows_reference(rows.flatten(1)).view_as(p.grad))
+            if step:  # (the first step, which cuts the buckets, is torch.distributed's)
+                torch.testing.assert_close(peer.grad, means[-1], rtol=0, atol=0,
+                                           msg=lambda m: f"step {step}, {name}: {m}")
+            ulps = 4 * dp.world_size * torch.finfo(torch.float32).eps * rows.abs().max().item()
+            torch.testing.assert_close(nccl.grad, means[-1], rtol=0, atol=ulps, msg=lambda m: f"NCCL, {name}: {m}")
+        with torch.no_grad():  # every model takes the same step
+            for mean, *ps in zip(means, local.parameters(), *(m.parameters() for m in models)):
+                for q in ps if mean is not None else ():
+                    q -= 0.5 * mean
+
+
+def _gpus_for(world: int):
+    return pytest.mark.skipif(torch.cuda.device_count() < world, reason=f"needs {world} GPUs")
+
+
+@pytest.mark.gpu
+@pytest.mark.multi_gpu
+@_gpus_for(3)
+@pytest.mark.parametrize("share_bytes", [0, 2**20])
+def test_peer_buckets_beyond_two_gpus_are_the_rank_order_mean(share_bytes):
+    on_ranks(min(torch.cuda.device_count(), 4), _peer_is_the_rank_order_mean, share_bytes, device="cuda")
+
+
 def _peer_refused_on_gloo(dp):
     with pytest.raises(RuntimeError, match="transport='peer'\\): it takes CUDA tensors"):
         dp.reducer(nn.Linear(2, 2), transport="peer")
@@ -218,9 +274,10 @@ def _captured_equals_eager(dp, transport):
 
 @pytest.mark.gpu
 @pytest.mark.multi_gpu
-@pytest.mark.parametrize("transport", ["nccl", "peer", "auto"])
-def test_captured_reducer_on_two_gpus_equals_eager(transport):
-    on_ranks(2, _captured_equals_eager, transport, device="cuda")
+@pytest.mark.parametrize("transport, world", [("nccl", 2), ("peer", 2), ("auto", 2),
+                                              pytest.param("peer", 4, marks=_gpus_for(4))])
+def test_captured_reducer_equals_eager(transport, world):
+    on_ranks(world, _captured_equals_eager, transport, device="cuda")
 
 
 def _trainer_matches_one_process(dp):

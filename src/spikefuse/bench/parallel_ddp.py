@@ -13,8 +13,9 @@ Modes (fp32 and bf16):
 On one GPU there is no reducer, DDP or SyncBN: the -local-bn and -ddp modes are their base mode there.
 Times: CUDA events, the median of 10 x 10 steps queued back to back after warm-up, the
 slowest rank's; samples/s = world size x 64 / step time. A check trains 15 steps captured and
-15 eager from the same weights and inputs under DDP + SyncBN and reports the parameters'
-largest relative difference (the captured all-reduces computed what the eager ones do).
+15 eager from the same weights and inputs under SyncBN, both averaging their gradients through
+the transport the captured step took, and reports the parameters' largest relative difference
+(the captured all-reduces computed what the eager ones do).
 
     torchrun --standalone --nproc-per-node N -m spikefuse.bench.parallel_ddp --out DIR   # DIR/ddp-<N>gpu.json
     python -m spikefuse.bench.parallel_ddp --merge --out DIR    # DIR/ddp-scaling-<device>.json and .md
@@ -70,9 +71,10 @@ TRANSPORT = "auto"  # --transport: how SyncBN's statistics travel (spikefuse.par
 GRAD_TRANSPORT = "auto"  # --grad-transport: how the reducer's gradient buckets travel (GradientReducer)
 
 
-def make_step(mode: str, precision: str, device, dp):
+def make_step(mode: str, precision: str, device, dp, grad_transport: str | None = None):
     """(step(x, y) -> loss, the model, its GradientReducer or None): forward, loss, backward,
-    SGD step; captured modes return a CapturedStep."""
+    SGD step; captured modes return a CapturedStep. grad_transport: the reducer's
+    (default GRAD_TRANSPORT)."""
     model = build(mode, device, dp)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     captured, ours = mode.startswith("captured"), mode != "spikingjelly"
@@ -88,7 +90,7 @@ def make_step(mode: str, precision: str, device, dp):
         elif ddp:
             forward = dp.wrap(model, stream=stream, bucket_cap_mb=BUCKET_MB)
         else:
-            reducer = dp.reducer(model, bucket_mb=BUCKET_MB, transport=GRAD_TRANSPORT)
+            reducer = dp.reducer(model, bucket_mb=BUCKET_MB, transport=grad_transport or GRAD_TRANSPORT)
 
     def step(x, y):
         if reducer is not None:
@@ -164,16 +166,19 @@ def measure(mode, precision, device, dp) -> dict:
 
 def check_capture(device, dp, steps: int = 15) -> dict:
     """Captured vs eager SyncBN steps (GradientReducer) from the same start: the parameters' largest
-    relative difference after `steps` steps (fp32)."""
-    params = []
+    relative difference after `steps` steps (fp32). The eager twin averages its gradients through
+    the transport the captured step took ("auto" keeps NCCL in eager steps; beyond two ranks NCCL
+    and peer memory sum in different orders, whose last-bit differences training grows)."""
+    params, transport = [], None
     for mode in ("captured", "eager"):
-        step, model, _ = make_step(mode, "fp32", device, dp)
+        step, model, reducer = make_step(mode, "fp32", device, dp, grad_transport=transport)
         batches = inputs(device, dp.rank)
         for i in range(steps):
             step(*batches[i % 2])
+        transport = reducer.transport_in_use
         params.append([p.detach().clone() for p in model.parameters()])
     diff = max(((a - b).abs().max() / b.abs().max().clamp_min(1e-12)).item() for a, b in zip(*params))
-    return {"steps": steps, "max_relative_difference": slowest(diff, dp)}
+    return {"steps": steps, "grad_transport": transport, "max_relative_difference": slowest(diff, dp)}
 
 
 @precisions.applied("fp32")  # as spikefuse train and bench steps, for every library; the caller's flags after
