@@ -10,21 +10,25 @@ block of channels:
 1. computes its rank's row (forward: mean, variance and count from the statistics pass's
    partials; backward: the two gradient sums) and stores it into row `rank` of every rank's
    buffer;
-2. raises flag [program, rank] on every rank's buffer (release, system scope: the row's
-   stores are visible first) and waits until its own buffer's flags [program, w] are raised
-   by every rank w, lowering each (acquire);
+2. counts this exchange of its buffer (the epoch: a counter per program in its own buffer,
+   which every rank advances alike), writes the epoch into flag [program, rank] of every
+   rank's buffer (release, system scope: the row's stores are visible first; no reply is
+   awaited, so a rank's signals to all peers are in flight at once) and waits until its own
+   buffer's flags [program, w] reach the epoch for every rank w (acquire);
 3. reads the rows, all in its own memory now, in rank order (the same result on every rank)
    and finishes as bn_exchange does.
 
-A flag is raised from 0 only (a sender waits while the previous signal is unread) and lowered
-by its reader, so the flags serve every exchange of their site. A rank may write a buffer again
-only after it passed the exchange in between, which no rank reaches before it finished reading
-(every site has two buffers, used in turn: spikefuse.parallel.sync_bn). Programs wait on
-their own flags only: no program waits for another of its grid to be resident.
+Flags only grow, so nothing lowers them and a sender never waits for a reader. (The first
+protocol, compare-and-swap 0 -> 1 and back, waited for each peer's reply in turn: an
+exchange took 5.5 us on 2 H100s and 11.3 us on 4 inside a graph,
+benchmarks/probe_bn_exchange.py.) A rank may write a buffer again only after it passed the
+exchange in between, which no rank reaches before it finished reading (every site has two
+buffers, used in turn: spikefuse.parallel.sync_bn). Programs wait on their own flags only:
+no program waits for another of its grid to be resident.
 
 This module knows addresses, not torch.distributed: `buffers` is an int64 tensor on the
 device holding every rank's buffer address as mapped here. A buffer holds the rows, then the
-flags (int32; buffer_size says where), zero before its first exchange.
+flags and the epochs (int32; buffer_size says where), zero before its first exchange.
 """
 from __future__ import annotations
 
@@ -43,10 +47,12 @@ def channel_block(channels: int) -> int:
 
 
 def buffer_size(rows: int, channels: int, world: int) -> tuple[int, int]:
-    """(float32 elements of an exchange's buffer, where its flags start) for `rows` [world,
-    `rows`] of data over `channels` channels: one flag per program and rank after the rows."""
+    """(32-bit elements of an exchange's buffer, where its flags start) for `rows` [world,
+    `rows`] of data over `channels` channels: after the rows, one flag per program and rank,
+    then one epoch per program."""
     flags_at = world * rows
-    return flags_at + cdiv(channels, channel_block(channels)) * world, flags_at
+    programs = cdiv(channels, channel_block(channels))
+    return flags_at + programs * (world + 1), flags_at
 
 
 @triton.jit
@@ -56,18 +62,20 @@ def _address(table_ptr, w, DTYPE: tl.constexpr):
 
 @triton.jit
 def _meet(buffers_ptr, flags_at, program, rank, world):
-    """Raise this program's flag on every rank's buffer, then wait for every rank's on ours."""
-    tl.debug_barrier()  # every thread's stores of the row come before the signal
+    """Signal this exchange's epoch on every rank's buffer, then wait for every rank's on ours."""
+    own = _address(buffers_ptr, rank, tl.int32) + flags_at
+    programs = tl.num_programs(0)
+    counter = own + programs * world + program  # this program's exchanges of this buffer so far
+    epoch = tl.load(counter, volatile=True) + 1
+    tl.debug_barrier()  # every thread has read the count, and stored its part of the row
+    tl.store(counter, epoch)
+    for w in range(0, world):  # the reply is not used: the signals go out without waiting
+        tl.atomic_xchg(_address(buffers_ptr, w, tl.int32) + flags_at + program * world + rank, epoch,
+                       sem="release", scope="sys")
     for w in range(0, world):
-        flag = _address(buffers_ptr, w, tl.int32) + flags_at + program * world + rank
-        unread = tl.atomic_cas(flag, 0, 1, sem="release", scope="sys")
-        while unread != 0:
-            unread = tl.atomic_cas(flag, 0, 1, sem="release", scope="sys")
-    own = _address(buffers_ptr, rank, tl.int32) + flags_at + program * world
-    for w in range(0, world):
-        raised = tl.atomic_cas(own + w, 1, 0, sem="acquire", scope="sys")
-        while raised != 1:
-            raised = tl.atomic_cas(own + w, 1, 0, sem="acquire", scope="sys")
+        seen = tl.atomic_add(own + program * world + w, 0, sem="acquire", scope="sys")
+        while seen < epoch:
+            seen = tl.atomic_add(own + program * world + w, 0, sem="acquire", scope="sys")
     tl.debug_barrier()
 
 
