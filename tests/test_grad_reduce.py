@@ -145,7 +145,7 @@ def _peer_is_the_rank_order_mean(dp, share_bytes, steps=3, batch=12):
             rows = [torch.empty_like(p.grad) for _ in range(dp.world_size)]
             dist.all_gather(rows, p.grad.contiguous())
             rows = torch.stack(rows)
-            means.append(mean_rows_reference(rows.flatten(1)).view_as(p.grad))
+            means.append(mean_rows_reference(rows.reshape(dp.world_size, -1)).view_as(p.grad))
             if step:  # (the first step, which cuts the buckets, is torch.distributed's)
                 torch.testing.assert_close(peer.grad, means[-1], rtol=0, atol=0,
                                            msg=lambda m: f"step {step}, {name}: {m}")

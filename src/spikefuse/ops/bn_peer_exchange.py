@@ -7,34 +7,35 @@ mapped every other's exchange buffers (PyTorch's symmetric memory, set up by
 spikefuse.parallel.sync_bn), and one kernel per exchange does it all. Each program, for its
 block of channels:
 
-1. computes its rank's row (forward: mean, variance and count from the statistics pass's
+1. counts this exchange of its buffer (the epoch: a counter per program in its own buffer;
+   every rank's programs count alike);
+2. computes its rank's row (forward: mean, variance and count from the statistics pass's
    partials; backward: the two gradient sums) and stores it into row `rank` of every rank's
-   buffer;
-2. counts this exchange of its buffer (the epoch: a counter per program in its own buffer,
-   which every rank advances alike), writes the epoch into flag [program, rank] of every
-   rank's buffer (release, system scope: the row's stores are visible first; no reply is
-   awaited, so a rank's signals to all peers are in flight at once) and waits until its own
-   buffer's flags [program, w] reach the epoch for every rank w (acquire);
-3. reads the rows, all in its own memory now, in rank order (the same result on every rank)
-   and finishes as bn_exchange does.
+   buffer, each float32 value in one 64-bit word beside the epoch;
+3. reads its own buffer's rows until every word carries this epoch, then merges them in rank
+   order (the same result on every rank) and finishes as bn_exchange does.
 
-Flags only grow, so nothing lowers them and a sender never waits for a reader. (The first
-protocol, compare-and-swap 0 -> 1 and back, waited for each peer's reply in turn: an
-exchange took 5.5 us on 2 H100s and 11.3 us on 4 inside a graph,
-benchmarks/probe_bn_exchange.py.) A rank may write a buffer again only after it passed the
-exchange in between, which no rank reaches before it finished reading (every site has two
-buffers, used in turn: spikefuse.parallel.sync_bn). Programs wait on their own flags only:
-no program waits for another of its grid to be resident.
+A 64-bit store arrives whole, so a word that shows the epoch holds its value: no fence and no
+separate flag (NCCL's low-latency protocol does the same). The first protocol stored plain
+rows, then raised flags after a system-scope release; each fence waited a round trip over
+NVLink, one per peer: an exchange cost 5.4 us on 2 H100s and 11 us on 4 inside a graph
+(benchmarks/probe_bn_exchange.py), 6.5 us a layer in a CIFAR-medium step on 2. A rank may
+write a buffer again only after it passed the exchange in between, which no rank reaches
+before it finished reading (every site has two buffers, used in turn:
+spikefuse.parallel.sync_bn), so a stale word shows an older epoch. Programs wait on their own
+words only: no program waits for another of its grid to be resident.
 
 This module knows addresses, not torch.distributed: `buffers` is an int64 tensor on the
-device holding every rank's buffer address as mapped here. A buffer holds the rows, then the
-flags and the epochs (int32; buffer_size says where), zero before its first exchange.
+device holding every rank's buffer address as mapped here. A buffer holds the rows' words,
+then one epoch counter per program (64-bit; buffer_size says where), zero before its first
+exchange.
 """
+
 from __future__ import annotations
 
 import torch
 
-from .bn_exchange import finish_statistics, merge_rows
+from .bn_exchange import finish_statistics
 from .bn_lif import STAT_CHANNELS, _batch_moments, _batch_partials
 from .kernel_base import cdiv, f32, next_power_of_2
 from .launch import cached_launch
@@ -47,12 +48,10 @@ def channel_block(channels: int) -> int:
 
 
 def buffer_size(rows: int, channels: int, world: int) -> tuple[int, int]:
-    """(32-bit elements of an exchange's buffer, where its flags start) for `rows` [world,
-    `rows`] of data over `channels` channels: after the rows, one flag per program and rank,
-    then one epoch per program."""
-    flags_at = world * rows
-    programs = cdiv(channels, channel_block(channels))
-    return flags_at + programs * (world + 1), flags_at
+    """(float32 elements an exchange's buffer takes, where its counters start in 64-bit
+    words) for [world, `rows`] words of data over `channels` channels."""
+    counters_at = world * rows
+    return 2 * (counters_at + cdiv(channels, channel_block(channels))), counters_at
 
 
 @triton.jit
@@ -61,42 +60,79 @@ def _address(table_ptr, w, DTYPE: tl.constexpr):
 
 
 @triton.jit
-def _meet(buffers_ptr, flags_at, program, rank, world):
-    """Signal this exchange's epoch on every rank's buffer, then wait for every rank's on ours."""
-    own = _address(buffers_ptr, rank, tl.int32) + flags_at
-    programs = tl.num_programs(0)
-    counter = own + programs * world + program  # this program's exchanges of this buffer so far
+def _epoch(buffers_ptr, counters_at, rank):
+    """This program's count of its buffer's exchanges, this one included."""
+    counter = _address(buffers_ptr, rank, tl.int64) + counters_at + tl.program_id(0)
     epoch = tl.load(counter, volatile=True) + 1
-    tl.debug_barrier()  # every thread has read the count, and stored its part of the row
+    tl.debug_barrier()  # every thread has read the count before it changes
     tl.store(counter, epoch)
-    for w in range(0, world):  # the reply is not used: the signals go out without waiting
-        tl.atomic_xchg(_address(buffers_ptr, w, tl.int32) + flags_at + program * world + rank, epoch,
-                       sem="release", scope="sys")
+    return epoch
+
+
+@triton.jit
+def _flagged(value, epoch):
+    """A float32 and the epoch in one 64-bit word."""
+    return (epoch << 32) | value.to(tl.uint32, bitcast=True).to(tl.int64)
+
+
+@triton.jit
+def _value(word):
+    return (word & 0xFFFFFFFF).to(tl.uint32).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _awaited(ptr, epoch, mask):
+    """The float32 values of the words at ptr (this GPU's memory, written by any rank), once
+    each carries `epoch`; masked lanes 0."""
+    word = tl.load(ptr, mask=mask, other=0, volatile=True)
+    while tl.min(tl.where(mask, (word >> 32) == epoch, True).to(tl.int32), axis=0) == 0:
+        word = tl.load(ptr, mask=mask, other=0, volatile=True)
+    return _value(word)
+
+
+@triton.jit
+def _merged_moments(rows, c, c_mask, C, world, epoch):
+    """merge_rows (bn_exchange) over the flagged rows, once they have arrived: the same float64
+    arithmetic in the same order, so the same bits as the all-reduce path."""
+    width = 2 * C + 1
+    every = c >= 0
+    total = tl.zeros_like(c).to(tl.float64)
+    weighted = tl.zeros_like(c).to(tl.float64)
     for w in range(0, world):
-        seen = tl.atomic_add(own + program * world + w, 0, sem="acquire", scope="sys")
-        while seen < epoch:
-            seen = tl.atomic_add(own + program * world + w, 0, sem="acquire", scope="sys")
-    tl.debug_barrier()
+        n = _awaited(rows + w * width + 2 * C + c * 0, epoch, every).to(tl.float64)
+        m = _awaited(rows + w * width + c, epoch, c_mask).to(tl.float64)
+        _awaited(rows + w * width + C + c, epoch, c_mask)  # the variances, read below
+        total += n
+        weighted += n * m
+    mean = weighted / tl.maximum(total, 1.0)
+    m2 = tl.zeros_like(c).to(tl.float64)
+    for w in range(0, world):
+        n = _value(tl.load(rows + w * width + 2 * C + c * 0, volatile=True)).to(tl.float64)
+        m = _value(tl.load(rows + w * width + c, mask=c_mask, other=0, volatile=True)).to(tl.float64)
+        v = _value(tl.load(rows + w * width + C + c, mask=c_mask, other=0, volatile=True)).to(tl.float64)
+        d = m - mean
+        m2 += n * (v + d * d)
+    return mean.to(tl.float32), (m2 / tl.maximum(total, 1.0)).to(tl.float32), total
 
 
 @cached_launch
 @triton.jit(do_not_specialize=["rank", "world"])  # one compiled kernel for every rank
-def _moments_exchange_kernel(x_ptr, inner, part_ptr, buffers_ptr, flags_at, stats_ptr, w_ptr, b_ptr, rm_ptr,
+def _moments_exchange_kernel(x_ptr, inner, part_ptr, buffers_ptr, counters_at, stats_ptr, w_ptr, b_ptr, rm_ptr,
                              rv_ptr, scale_ptr, M, C, P, rows_per_program, rank, world, count, eps, momentum,
                              UPDATE: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr, PB: tl.constexpr,
                              CB: tl.constexpr):
     program = tl.program_id(0)
     c = program * CB + tl.arange(0, CB)
     c_mask = c < C
+    epoch = _epoch(buffers_ptr, counters_at, rank)
     mean, var = _batch_moments(x_ptr, inner, part_ptr, c, c_mask, M, C, P, rows_per_program, PB, CB)
     width = 2 * C + 1
-    for w in range(0, world):  # bn_exchange's row; each program writes the count (the same value)
-        row = _address(buffers_ptr, w, tl.float32) + rank * width
-        tl.store(row + c, mean, mask=c_mask)
-        tl.store(row + C + c, var, mask=c_mask)
-        tl.store(row + 2 * C + c * 0, f32(count), mask=c == program * CB)
-    _meet(buffers_ptr, flags_at, program, rank, world)
-    mean, var, total = merge_rows(_address(buffers_ptr, rank, tl.float32), c, c_mask, C, world, True)
+    for w in range(0, world):  # bn_exchange's row; each program writes the count (the same word)
+        row = _address(buffers_ptr, w, tl.int64) + rank * width
+        tl.store(row + c, _flagged(mean, epoch), mask=c_mask)
+        tl.store(row + C + c, _flagged(var, epoch), mask=c_mask)
+        tl.store(row + 2 * C + c * 0, _flagged(f32(count) + tl.zeros_like(mean), epoch), mask=c == program * CB)
+    mean, var, total = _merged_moments(_address(buffers_ptr, rank, tl.int64), c, c_mask, C, world, epoch)
     finish_statistics(mean, var, total, stats_ptr, w_ptr, b_ptr, rm_ptr, rv_ptr, scale_ptr, c, c_mask, C,
                       count, eps, momentum, UPDATE, HAS_W, HAS_B)
 
@@ -108,7 +144,7 @@ def exchange_moments(x: torch.Tensor, rank: int, world: int, buffers: torch.Tens
     buffer_size(2C + 1, C, world)."""
     C = x.shape[2]
     parts = _batch_partials(x)
-    assert parts.CB == channel_block(C), "the buffer's flags are counted by channel_block's programs"
+    assert parts.CB == channel_block(C), "the buffer holds a counter for each of channel_block's programs"
     stats = torch.empty((4, C), device=x.device, dtype=torch.float32)
     scale = torch.empty(1, device=x.device, dtype=torch.float32)
     _moments_exchange_kernel[(cdiv(C, parts.CB),)](
@@ -123,23 +159,24 @@ def exchange_moments(x: torch.Tensor, rank: int, world: int, buffers: torch.Tens
 
 @cached_launch
 @triton.jit(do_not_specialize=["rank", "world"])
-def _sums_exchange_kernel(sums_ptr, buffers_ptr, flags_at, out_ptr, scale_ptr, C, rank, world, CB: tl.constexpr):
+def _sums_exchange_kernel(sums_ptr, buffers_ptr, counters_at, out_ptr, scale_ptr, C, rank, world,
+                          CB: tl.constexpr):
     program = tl.program_id(0)
     c = program * CB + tl.arange(0, CB)
     c_mask = c < C
+    epoch = _epoch(buffers_ptr, counters_at, rank)
     first = tl.load(sums_ptr + c, mask=c_mask, other=0.0)
     second = tl.load(sums_ptr + C + c, mask=c_mask, other=0.0)
     for w in range(0, world):
-        row = _address(buffers_ptr, w, tl.float32) + rank * 2 * C
-        tl.store(row + c, first, mask=c_mask)
-        tl.store(row + C + c, second, mask=c_mask)
-    _meet(buffers_ptr, flags_at, program, rank, world)
-    rows = _address(buffers_ptr, rank, tl.float32)
+        row = _address(buffers_ptr, w, tl.int64) + rank * 2 * C
+        tl.store(row + c, _flagged(first, epoch), mask=c_mask)
+        tl.store(row + C + c, _flagged(second, epoch), mask=c_mask)
+    rows = _address(buffers_ptr, rank, tl.int64)
     first = tl.zeros_like(first)
     second = tl.zeros_like(second)
     for w in range(0, world):
-        first += tl.load(rows + w * 2 * C + c, mask=c_mask, other=0.0, volatile=True)
-        second += tl.load(rows + w * 2 * C + C + c, mask=c_mask, other=0.0, volatile=True)
+        first += _awaited(rows + w * 2 * C + c, epoch, c_mask)
+        second += _awaited(rows + w * 2 * C + C + c, epoch, c_mask)
     scale = tl.load(scale_ptr + c * 0)
     tl.store(out_ptr + c, first * scale, mask=c_mask)
     tl.store(out_ptr + C + c, second * scale, mask=c_mask)

@@ -168,7 +168,7 @@ class RankSync:
 
     def peer_buffers(self, site, rows: int, channels: int, device) -> torch.Tensor:
         """The ranks' addresses of this rank's next buffer for exchange site `site` (a hashable
-        naming a layer's forward or backward): [world, rows] float32 rows, then flags
+        naming a layer's forward or backward): [world, rows] 64-bit words, then counters
         (bn_peer_exchange.buffer_size). Each site has two, used in turn: a rank writes one
         again only after the exchange in between, which no rank reaches before it finished
         reading the one before (inside a CUDA graph a site's choice is fixed; the step's other
