@@ -22,40 +22,29 @@ BLOCK = 2048
 
 @cached_launch
 @triton.jit(do_not_specialize=["n", "row_stride"])
-def _mean_rows_kernel(rows_ptr, out_ptr, also_ptr, n, row_stride, scale, WORLD: tl.constexpr, ALSO: tl.constexpr,
-                      BLOCK: tl.constexpr):
+def _mean_rows_kernel(rows_ptr, out_ptr, n, row_stride, scale, WORLD: tl.constexpr, BLOCK: tl.constexpr):
     i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     inside = i < n
     total = tl.load(rows_ptr + i, mask=inside)
     for r in tl.static_range(1, WORLD):
         total += tl.load(rows_ptr + r * row_stride + i, mask=inside)
     tl.store(out_ptr + i, total * scale, mask=inside)
-    if ALSO:
-        tl.store(also_ptr + i, total * scale, mask=inside)
 
 
-def mean_rows(rows: torch.Tensor, out: torch.Tensor, also: torch.Tensor | None = None) -> torch.Tensor:
+def mean_rows(rows: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     """out = the mean of float32 rows [world, n] over its first dimension, the rows added in
     order 0, 1, ... then scaled by 1/world; rows' elements contiguous within a row, out
-    contiguous [n]. also: a second contiguous [n] float32 tensor given the same values (out
-    may be one of the rows, which are read first). Returns out."""
+    contiguous [n]. Returns out."""
     world, n = rows.shape
-    outs = (out,) if also is None else (out, also)
-    if rows.dtype != torch.float32 or any(o.dtype != torch.float32 for o in outs):
-        raise ValueError(f"mean_rows: float32 rows and out expected, got {rows.dtype} and "
-                         f"{', '.join(str(o.dtype) for o in outs)}")
-    if any(o.shape != (n,) or not o.is_contiguous() for o in outs) or rows.stride(1) != 1:
+    if rows.dtype != torch.float32 or out.dtype != torch.float32:
+        raise ValueError(f"mean_rows: float32 rows and out expected, got {rows.dtype} and {out.dtype}")
+    if out.shape != (n,) or not out.is_contiguous() or rows.stride(1) != 1:
         raise ValueError(f"mean_rows: rows [world, n] with contiguous rows and a contiguous out [n] expected, "
-                         f"got rows {tuple(rows.shape)} strides {rows.stride()}, out "
-                         f"{', '.join(str(tuple(o.shape)) for o in outs)}")
+                         f"got rows {tuple(rows.shape)} strides {rows.stride()}, out {tuple(out.shape)}")
     if not use_triton(rows):
-        mean = mean_rows_reference(rows)
-        for o in outs:
-            o.copy_(mean)
-        return out
+        return out.copy_(mean_rows_reference(rows))
     if n:
-        _mean_rows_kernel[(cdiv(n, BLOCK),)](rows, out, also if also is not None else out, n, rows.stride(0),
-                                             1.0 / world, WORLD=world, ALSO=also is not None, BLOCK=BLOCK)
+        _mean_rows_kernel[(cdiv(n, BLOCK),)](rows, out, n, rows.stride(0), 1.0 / world, WORLD=world, BLOCK=BLOCK)
     return out
 
 

@@ -11,16 +11,14 @@ no SM moves data between GPUs (PyTorch's low-contention collectives do the same)
         barrier                                   # every rank's row b is written
       a bucket of SHARE_BYTES or more, in shares: share s of every row is averaged by rank s
         rows[p, b, mine] <- rank p's rows[p, b, mine]   # copy-engine pulls of this rank's share
-        rows[rank, b, mine] = out[b, mine] = mean(rows[:, b, mine])   # rows added in rank order
+        rows[rank, b, mine] = mean(rows[:, b, mine])    # rows added in rank order
         barrier                                   # every share averaged
         out[b, s] <- rank s's rows[s, b, s]       # copy-engine pulls of the other shares
       a smaller one whole (on the step's tail a barrier costs more than the averaging saves):
         rows[p, b] <- rank p's rows[p, b]; out[b] = mean(rows[:, b])
 
 Averaging in shares leaves each GPU 1/world of the averaging, which runs on SMs next to
-backward's kernels; the averaging pass also writes the share into this rank's gradients (a
-copy of it took a copy engine in local-BN graphs but an SM kernel, the driver's memcpy32_post,
-in SyncBN's: 0.22 ms a step beside backward on 2 H100s). Every element's mean is the same sum in the same order wherever it is
+backward's kernels. Every element's mean is the same sum in the same order wherever it is
 computed, so every rank gets the same bits (on 2 ranks, (a + b) / 2: NCCL's average). Each
 .grad then views `out`. The barriers are symmetric memory's (a release at system scope before
 the signal), so a pull reads what was written before it; the first bucket's barrier keeps a
@@ -73,8 +71,9 @@ class PeerBuckets:
         own = share[rank]
         return {"mine": self.rows[rank, span], "out": self.out[span], "rows": self.rows[:, own],
                 "pull": [(self.rows[p, own], theirs[p, own]) for p, theirs in self.theirs.items()],
-                "averaged": self.rows[rank, own], "kept": self.out[own],
-                "gather": [(self.out[share[p]], theirs[p, share[p]]) for p, theirs in self.theirs.items()]}
+                "averaged": self.rows[rank, own],
+                "gather": [(self.out[own], self.rows[rank, own])]
+                + [(self.out[share[p]], theirs[p, share[p]]) for p, theirs in self.theirs.items()]}
 
     def launch(self, b: int, params: list[torch.Tensor]) -> None:
         """Start bucket b's all-reduce of `params`' gradients; each .grad becomes its view of
@@ -92,8 +91,7 @@ class PeerBuckets:
             if "gather" not in plan:
                 mean_rows(plan["rows"], plan["out"])
             else:
-                # over this rank's own share of its row (the peers pull it), and into its gradients
-                mean_rows(plan["rows"], plan["averaged"], also=plan["kept"])
+                mean_rows(plan["rows"], plan["averaged"])  # over this rank's own share of its row
                 self.handle.barrier(channel=0)
                 for local, remote in plan["gather"]:
                     local.copy_(remote)
