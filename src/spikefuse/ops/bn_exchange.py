@@ -62,7 +62,8 @@ def pack_moments(x: torch.Tensor, rank: int, world: int) -> torch.Tensor:
 def merge_rows(payload_ptr, c, c_mask, C, world, VOLATILE: tl.constexpr):
     """Channels c's float32 (mean, biased variance) and float64 total count from the [world,
     2C+1] rows of pack_moments, merged by Chan's formula in float64, every rank's row in rank
-    order (the same result on every rank). VOLATILE: the rows were written by other GPUs."""
+    order (the same result on every rank). VOLATILE: the rows were written by other GPUs.
+    (bn_peer_exchange merges its 64-bit words with the same arithmetic in the same order.)"""
     width = 2 * C + 1
     total = tl.zeros_like(c).to(tl.float64)
     weighted = tl.zeros_like(c).to(tl.float64)

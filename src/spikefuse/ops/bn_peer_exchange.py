@@ -19,7 +19,7 @@ A 64-bit store arrives whole, so a word that shows the epoch holds its value: no
 separate flag (NCCL's low-latency protocol does the same). The first protocol stored plain
 rows, then raised flags after a system-scope release; each fence waited a round trip over
 NVLink, one per peer: an exchange cost 5.4 us on 2 H100s and 11 us on 4 inside a graph
-(benchmarks/probe_bn_exchange.py), 6.5 us a layer in a CIFAR-medium step on 2. A rank may
+(benchmarks/probe_bn_exchange.py), now 1.9 and 3.4 us. A rank may
 write a buffer again only after it passed the exchange in between, which no rank reaches
 before it finished reading (every site has two buffers, used in turn:
 spikefuse.parallel.sync_bn), so a stale word shows an older epoch. Programs wait on their own
