@@ -59,25 +59,25 @@ def pack_moments(x: torch.Tensor, rank: int, world: int) -> torch.Tensor:
 
 
 @triton.jit
-def merge_rows(payload_ptr, c, c_mask, C, world, VOLATILE: tl.constexpr):
+def merge_rows(payload_ptr, c, c_mask, C, world):
     """Channels c's float32 (mean, biased variance) and float64 total count from the [world,
     2C+1] rows of pack_moments, merged by Chan's formula in float64, every rank's row in rank
-    order (the same result on every rank). VOLATILE: the rows were written by other GPUs.
-    (bn_peer_exchange merges its 64-bit words with the same arithmetic in the same order.)"""
+    order (the same result on every rank). (bn_peer_exchange merges its 64-bit words with the
+    same arithmetic in the same order.)"""
     width = 2 * C + 1
     total = tl.zeros_like(c).to(tl.float64)
     weighted = tl.zeros_like(c).to(tl.float64)
     for w in range(0, world):
-        n = tl.load(payload_ptr + w * width + 2 * C + c * 0, volatile=VOLATILE).to(tl.float64)
-        m = tl.load(payload_ptr + w * width + c, mask=c_mask, other=0.0, volatile=VOLATILE).to(tl.float64)
+        n = tl.load(payload_ptr + w * width + 2 * C + c * 0).to(tl.float64)
+        m = tl.load(payload_ptr + w * width + c, mask=c_mask, other=0.0).to(tl.float64)
         total += n
         weighted += n * m
     mean = weighted / tl.maximum(total, 1.0)
     m2 = tl.zeros_like(c).to(tl.float64)
     for w in range(0, world):
-        n = tl.load(payload_ptr + w * width + 2 * C + c * 0, volatile=VOLATILE).to(tl.float64)
-        m = tl.load(payload_ptr + w * width + c, mask=c_mask, other=0.0, volatile=VOLATILE).to(tl.float64)
-        v = tl.load(payload_ptr + w * width + C + c, mask=c_mask, other=0.0, volatile=VOLATILE).to(tl.float64)
+        n = tl.load(payload_ptr + w * width + 2 * C + c * 0).to(tl.float64)
+        m = tl.load(payload_ptr + w * width + c, mask=c_mask, other=0.0).to(tl.float64)
+        v = tl.load(payload_ptr + w * width + C + c, mask=c_mask, other=0.0).to(tl.float64)
         d = m - mean
         m2 += n * (v + d * d)
     return mean.to(tl.float32), (m2 / tl.maximum(total, 1.0)).to(tl.float32), total
@@ -101,7 +101,7 @@ def _combine_kernel(payload_ptr, stats_ptr, w_ptr, b_ptr, rm_ptr, rv_ptr, scale_
                     UPDATE: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr, CB: tl.constexpr):
     c = tl.program_id(0) * CB + tl.arange(0, CB)
     c_mask = c < C
-    mean, var, total = merge_rows(payload_ptr, c, c_mask, C, world, False)
+    mean, var, total = merge_rows(payload_ptr, c, c_mask, C, world)
     finish_statistics(mean, var, total, stats_ptr, w_ptr, b_ptr, rm_ptr, rv_ptr, scale_ptr, c, c_mask, C,
                       count, eps, momentum, UPDATE, HAS_W, HAS_B)
 
