@@ -42,7 +42,7 @@ from spikefuse.bench.report import atomic_write, environment, table, write_resul
 from spikefuse.bench.timing import median_ms
 from spikefuse.models import build_model
 from spikefuse.parallel import GradientReducer, convert_sync_batchnorm, init_data_parallel, launched
-from spikefuse.parallel.peer_memory import symmetric_unavailable
+from spikefuse.parallel.grad_reduce import peer_unavailable
 from spikefuse.parallel.sync_bn import RankSync
 from spikefuse.capture import CaptureFallback, CapturedStep, prepare_optimizer
 
@@ -173,7 +173,8 @@ def check_capture(device, dp, steps: int = 15) -> dict:
     whose last-bit differences training grows (0.87-1.03 after 15 steps on 4 H100s)."""
     transport = GRAD_TRANSPORT
     if transport == "auto":
-        transport = "nccl" if symmetric_unavailable(torch.empty(1, device=device), dp.group) else "peer"
+        params = list(build("captured", device, dp).parameters())
+        transport = "nccl" if peer_unavailable(params, dp.group) else "peer"
     params = []
     for mode in ("captured", "eager"):
         step, model, _ = make_step(mode, "fp32", device, dp, grad_transport=transport)

@@ -167,12 +167,7 @@ class GradientReducer:
         """Peer buckets for the cut just learnt, where the transport asks for them and they work."""
         if self.transport == "nccl":
             return None
-        why_not = peer_memory.symmetric_unavailable(self.params[0], self.group) if self.params else "no parameters"
-        if not why_not and not servable(self.params):
-            why_not = "it needs float32 parameters, each dense in memory"
-        if not why_not and self.transport == "auto":
-            why_not = too_large_for_peer(buffer_bytes(sum(p.numel() for p in self.params), self.world),
-                                         torch.cuda.get_device_properties(self.params[0].device).total_memory)
+        why_not = peer_unavailable(self.params, self.group, self.transport)
         self.peer_unavailable = why_not  # why the buckets stay with torch.distributed ('' where they need not)
         if why_not:
             if self.transport == "peer":
@@ -198,6 +193,18 @@ class GradientReducer:
         for hook in self._hooks:
             hook.remove()
         self._hooks = []
+
+
+def peer_unavailable(params: list[torch.Tensor], group, transport: str = "auto") -> str:
+    """Why the buckets of `params` cannot travel through peer memory under `transport` ("auto"
+    or "peer"; '' where they can)."""
+    why_not = peer_memory.symmetric_unavailable(params[0], group) if params else "no parameters"
+    if not why_not and not servable(params):
+        why_not = "it needs float32 parameters, each dense in memory"
+    if not why_not and transport == "auto":
+        why_not = too_large_for_peer(buffer_bytes(sum(p.numel() for p in params), dist.get_world_size(group)),
+                                     torch.cuda.get_device_properties(params[0].device).total_memory)
+    return why_not
 
 
 def too_large_for_peer(held: int, gpu_memory: int) -> str:
