@@ -169,6 +169,91 @@ def test_peer_buckets_beyond_two_gpus_are_the_rank_order_mean(share_bytes):
     on_ranks(min(torch.cuda.device_count(), 4), _peer_is_the_rank_order_mean, share_bytes, device="cuda")
 
 
+def _stepped_in_buckets(dp, make_optimizer, monkeypatch_capturing):
+    """A reducer holding the optimizer steps each bucket's parameters as its mean is ready (as
+    in a captured step: grad_reduce.capturing_on is made to say so); the weights
+    are those of stepping every parameter after finish(), bit for bit. A parameter of the
+    optimizer that is not the model's is stepped too."""
+    torch.manual_seed(0)
+    models = [WithSpare(), None]
+    if make_optimizer is _lazy_adam:  # it needs contiguous parameters
+        models[0].net.conv2.to(memory_format=torch.contiguous_format)
+    models[1] = copy.deepcopy(models[0])
+    extra = [nn.Parameter(torch.ones(3)) for _ in models]
+    optimizers = [make_optimizer(list(m.parameters()) + [e]) for m, e in zip(models, extra)]
+    reducers = [dp.reducer(models[0], bucket_mb=1e-4),  # a bucket per parameter, or nearly
+                dp.reducer(models[1], bucket_mb=1e-4, optimizer=optimizers[1])]
+    g = torch.Generator().manual_seed(1 + dp.rank)
+    for step in range(3):
+        images, labels = torch.randn(3, 2, 4, 4, generator=g), torch.randint(0, 3, (3,), generator=g)
+        for model, reducer, optimizer, e in zip(models, reducers, optimizers, extra):
+            optimizer.zero_grad(set_to_none=True)
+            e.grad = torch.full_like(e, 0.5)
+            with monkeypatch_capturing(step > 0):  # the first step, which learns the cut, is eager
+                nn.functional.cross_entropy(model(images), labels).backward()
+                reducer.finish()
+            if reducer.optimizer is None:
+                optimizer.step()
+            assert reducer.stepped_in_buckets == (reducer.optimizer is not None and step > 0)
+        for (name, p), q in zip(models[1].named_parameters(), models[0].parameters()):
+            torch.testing.assert_close(p, q, rtol=0, atol=0, msg=lambda m: f"step {step}, {name}: {m}")
+        torch.testing.assert_close(extra[1], extra[0], rtol=0, atol=0)
+    assert extra[1].ne(1).all()
+
+
+def _capturing_switch():
+    """A context in which the reducer sees its steps as captured into a CUDA graph, or not."""
+    import contextlib
+
+    from spikefuse.parallel import grad_reduce
+
+    @contextlib.contextmanager
+    def capturing(on: bool):
+        real = grad_reduce.capturing_on
+        grad_reduce.capturing_on = lambda device: on
+        try:
+            yield
+        finally:
+            grad_reduce.capturing_on = real
+    return capturing
+
+
+def _sgd(params):
+    return torch.optim.SGD(params, lr=0.1, momentum=0.9, weight_decay=1e-3)
+
+
+def _adam(params):
+    return torch.optim.Adam(params, lr=0.01)
+
+
+def _lazy_adam(params):
+    from spikefuse.optim import LazyAdam
+    return LazyAdam(params, lr=0.01)
+
+
+def _stepped_in_buckets_on_ranks(dp, make_optimizer):
+    _stepped_in_buckets(dp, make_optimizer, _capturing_switch())
+
+
+@pytest.mark.parametrize("make_optimizer", [_sgd, _adam, _lazy_adam], ids=["sgd", "adam", "lazy-adam"])
+def test_the_optimizer_stepped_bucket_by_bucket_equals_one_step(make_optimizer):
+    on_ranks(2, _stepped_in_buckets_on_ranks, make_optimizer)
+
+
+class _GlobalNormSGD(torch.optim.SGD):
+    """Stands for an optimizer whose update could read every gradient."""
+
+
+def _unknown_optimizer_refused(dp):
+    model = nn.Linear(2, 2)
+    with pytest.raises(ValueError, match="optimizer: _GlobalNormSGD may update a parameter from more than"):
+        dp.reducer(model, optimizer=_GlobalNormSGD(model.parameters(), lr=0.1))
+
+
+def test_an_optimizer_that_may_read_other_gradients_is_refused_by_name():
+    on_ranks(2, _unknown_optimizer_refused)
+
+
 def _peer_refused_on_gloo(dp):
     with pytest.raises(RuntimeError, match="transport='peer'\\): it takes CUDA tensors"):
         dp.reducer(nn.Linear(2, 2), transport="peer")
@@ -236,9 +321,11 @@ def test_a_bucket_size_of_zero_is_refused():
     on_ranks(2, _bucket_size_refused)
 
 
-def _captured_equals_eager(dp, transport):
-    """A CUDA graph of forward, backward and the reducer replays what the eager step computes."""
-    from spikefuse.capture import CapturedStep
+def _captured_equals_eager(dp, transport, holds_optimizer=False):
+    """A CUDA graph of forward, backward and the reducer replays what the eager step computes;
+    with the reducer holding the optimizer, the graph steps it bucket by bucket and the eager
+    step once after the last bucket."""
+    from spikefuse.capture import CapturedStep, prepare_optimizer
 
     torch.backends.cudnn.deterministic = True  # the two models' own gradients bit for bit alike
 
@@ -250,15 +337,18 @@ def _captured_equals_eager(dp, transport):
                 torch.randint(0, 3, (3,), generator=g).to(dp.device)) for _ in range(2)]
     results = []
     for model, captured in zip(models, (False, True)):
-        reducer = dp.reducer(model, bucket_mb=1e-4, transport=transport)  # several buckets in flight
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        prepare_optimizer(optimizer)  # the fused update, eager and captured
+        reducer = dp.reducer(model, bucket_mb=1e-4, transport=transport,  # several buckets in flight
+                             optimizer=optimizer if holds_optimizer else None)
 
         def step(x, y):
             loss = nn.functional.cross_entropy(model(x), y)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             reducer.finish()
-            optimizer.step()
+            if not holds_optimizer:
+                optimizer.step()
             return loss
         run = (CapturedStep(step, stream=torch.cuda.Stream(dp.device), agree_across=dist.group.WORLD)
                if captured else step)
@@ -267,6 +357,7 @@ def _captured_equals_eager(dp, transport):
         assert not captured or run.captured > 0, "the step was not captured"
         # auto: peer memory in the captured step, NCCL in eager ones (bit for bit alike on two ranks)
         assert reducer.transport_in_use == (transport if transport != "auto" else "peer" if captured else "nccl")
+        assert reducer.stepped_in_buckets == (holds_optimizer and captured)
         results.append([loss.detach().clone()] + [p.detach().clone() for p in model.parameters()])
     for a, b in zip(*results):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
@@ -274,15 +365,17 @@ def _captured_equals_eager(dp, transport):
 
 @pytest.mark.gpu
 @pytest.mark.multi_gpu
-@pytest.mark.parametrize("transport, world", [("nccl", 2), ("peer", 2), ("auto", 2),
-                                              pytest.param("peer", 4, marks=_gpus_for(4))])
-def test_captured_reducer_equals_eager(transport, world):
-    on_ranks(world, _captured_equals_eager, transport, device="cuda")
+@pytest.mark.parametrize("transport, world, holds_optimizer",
+                         [("nccl", 2, False), ("peer", 2, False), ("auto", 2, False), ("nccl", 2, True),
+                          ("auto", 2, True), pytest.param("peer", 4, True, marks=_gpus_for(4))])
+def test_captured_reducer_equals_eager(transport, world, holds_optimizer):
+    on_ranks(world, _captured_equals_eager, transport, holds_optimizer, device="cuda")
 
 
-def _trainer_matches_one_process(dp):
-    """Trainer under data parallel (reducer, SyncBN, gradient clipping, LazyAdam) trains the
-    weights one process trains on the combined batches."""
+def _trainer_matches_one_process(dp, clip):
+    """Trainer under data parallel (reducer, SyncBN, LazyAdam, with or without gradient
+    clipping) trains the weights one process trains on the combined batches. Without
+    clipping the reducer holds the optimizer (it steps it in finish())."""
     from types import SimpleNamespace
 
     from spikefuse.data.dataset import DenseSpikeDataset
@@ -304,8 +397,11 @@ def _trainer_matches_one_process(dp):
                               MeanOverTime())
         if parallel is not None:
             model = convert_sync_batchnorm(model, parallel.sync_bn_group)
-        trainer = Trainer(model, splits, LazyAdam(model.parameters(), lr=0.05), epochs=2, batch_size=8,
-                          clip_grad_norm=0.05, seed=3, progress=False, data_parallel=parallel)
+        optimizer = LazyAdam(model.parameters(), lr=0.05)
+        trainer = Trainer(model, splits, optimizer, epochs=2, batch_size=8, clip_grad_norm=clip, seed=3,
+                          progress=False, data_parallel=parallel)
+        if parallel is not None:
+            assert trainer.reducer.optimizer is (None if clip else optimizer)
         trainer.fit()
         return model.state_dict()
 
@@ -314,5 +410,6 @@ def _trainer_matches_one_process(dp):
         close(ranks[name].double(), value.double(), name)
 
 
-def test_trainer_on_two_ranks_trains_what_one_process_trains():
-    on_ranks(2, _trainer_matches_one_process)
+@pytest.mark.parametrize("clip", [0.05, None])
+def test_trainer_on_two_ranks_trains_what_one_process_trains(clip):
+    on_ranks(2, _trainer_matches_one_process, clip)

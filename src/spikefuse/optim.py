@@ -90,6 +90,15 @@ class LazyAdam(torch.optim.Optimizer):
         super().zero_grad(set_to_none)
 
 
+def steps_each_parameter_alone(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether `optimizer`'s update of a parameter reads only that parameter's gradient and
+    state, so that stepping its parameters in parts is stepping them together (what
+    spikefuse.parallel.GradientReducer does to overlap the step with backward): torch's
+    elementwise optimizers and LazyAdam, not a subclass (its step may differ) or an unknown one."""
+    return type(optimizer) in (torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW, torch.optim.RMSprop,
+                               torch.optim.Adagrad, torch.optim.Adamax, torch.optim.NAdam, torch.optim.RAdam, LazyAdam)
+
+
 def _check_dtype(p: torch.Tensor, which: str) -> None:
     if p.dtype not in LazyAdam.DTYPES:
         raise TypeError(f"LazyAdam: {which} is {p.dtype}; LazyAdam updates float32, bfloat16 and float16 "
@@ -97,4 +106,4 @@ def _check_dtype(p: torch.Tensor, which: str) -> None:
                         f"{p.dtype}, or convert the model with .float()")
 
 
-__all__ = ["LazyAdam"]
+__all__ = ["LazyAdam", "steps_each_parameter_alone"]

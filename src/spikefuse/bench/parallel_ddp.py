@@ -3,7 +3,8 @@ on one GPU and on N GPUs under torchrun, spikefuse beside SpikingJelly 2.0's sam
 
 Modes (fp32 and bf16):
     captured            spikefuse's step in one CUDA graph, temporal SyncBN, the gradients averaged
-                        by spikefuse.parallel.GradientReducer (what the Trainer uses)
+                        by spikefuse.parallel.GradientReducer, which steps SGD bucket by bucket
+                        (what the Trainer does)
     captured-local-bn   the same with each rank's own BN statistics (as SpikingJelly's DDP runs)
     captured-ddp        the captured SyncBN step with torch's DistributedDataParallel instead
     eager               spikefuse's step issued from Python, SyncBN, GradientReducer
@@ -70,6 +71,7 @@ def build(mode: str, device, dp):
 BUCKET_MB = None  # --bucket-mb: the bucket size of spikefuse's modes (None: the reducer's or DDP's default)
 TRANSPORT = "auto"  # --transport: how SyncBN's statistics travel (spikefuse.parallel.sync_bn.RankSync)
 GRAD_TRANSPORT = "auto"  # --grad-transport: how the reducer's gradient buckets travel (GradientReducer)
+STEP_IN_BUCKETS = True  # the reducer steps SGD bucket by bucket in captured steps (--step-after-buckets: off)
 
 
 def make_step(mode: str, precision: str, device, dp, grad_transport: str | None = None):
@@ -91,7 +93,8 @@ def make_step(mode: str, precision: str, device, dp, grad_transport: str | None 
         elif ddp:
             forward = dp.wrap(model, stream=stream, bucket_cap_mb=BUCKET_MB)
         else:
-            reducer = dp.reducer(model, bucket_mb=BUCKET_MB, transport=grad_transport or GRAD_TRANSPORT)
+            reducer = dp.reducer(model, bucket_mb=BUCKET_MB, transport=grad_transport or GRAD_TRANSPORT,
+                                 optimizer=optimizer if STEP_IN_BUCKETS else None)
 
     def step(x, y):
         if reducer is not None:
@@ -101,8 +104,9 @@ def make_step(mode: str, precision: str, device, dp, grad_transport: str | None 
         optimizer.zero_grad(set_to_none=not ddp)  # DDP's gradients live in its buckets
         loss.backward()
         if reducer is not None:
-            reducer.finish()
-        optimizer.step()
+            reducer.finish()  # (stepping the optimizer where it holds it)
+        if reducer is None or reducer.optimizer is None:
+            optimizer.step()
         return loss
     if captured:
         warmup = {} if dp is None else {"warmup": dp.capture_warmup if ddp else dp.reducer_warmup,
@@ -150,6 +154,7 @@ def measure(mode, precision, device, dp) -> dict:
         syncs = {m.sync.transport_in_use for m in model.modules() if getattr(m, "sync", None) is not None}
         case["sync_bn_transport"] = syncs.pop() if syncs else None
         case["grad_transport"] = reducer.transport_in_use if reducer is not None else None
+        case["stepped_in_buckets"] = reducer.stepped_in_buckets if reducer is not None else None
         case["warnings"] = sorted({str(w.message)[:200] for w in caught})
         case["loss"] = float(call().detach())
     except Exception as e:  # noqa: BLE001  (recorded; the other modes still run)
@@ -195,7 +200,7 @@ def run(args) -> int:
     modes = [m for m in args.modes.split(",") if m and (world > 1 or m not in ONE_GPU_ALIAS)]
     payload = {"gpus": world, "environment": environment(), "cases": [], "capture_check": None,
                "bucket_cap_mb": BUCKET_MB, "sync_bn_transport": TRANSPORT,
-               "grad_transport": GRAD_TRANSPORT, "quick": args.quick, "batch_per_gpu": BATCH, "time_steps": TIME_STEPS,
+               "grad_transport": GRAD_TRANSPORT, "step_in_buckets": STEP_IN_BUCKETS, "quick": args.quick, "batch_per_gpu": BATCH, "time_steps": TIME_STEPS,
                "width": WIDTH, "timing": f"{REPS} x {BACK_TO_BACK}"}
     name = f"ddp-{world}gpu{args.tag}" + ("-quick" if args.quick else "")
 
@@ -296,13 +301,17 @@ def main(argv=None) -> int:
                         help="how SyncBN's statistics travel (default auto: GPU peer memory where it works)")
     parser.add_argument("--grad-transport", default="auto", choices=GradientReducer.TRANSPORTS,
                         help="how the gradient buckets travel (default auto: GPU peer memory where it works)")
+    parser.add_argument("--step-after-buckets", action="store_true",
+                        help="SGD steps after the last bucket (default: the reducer steps each bucket's parameters "
+                             "as its mean is ready, in captured steps)")
     parser.add_argument("--tag", default="", help="suffix of the output file (runs --merge leaves alone)")
     parser.add_argument("--no-check", action="store_true", help="skip the captured-vs-eager check")
     parser.add_argument("--merge", action="store_true", help="merge ddp-*gpu.json in --out into one table")
     parser.add_argument("--quick", action="store_true", help="a smoke test: tiny network, few steps (*-quick files)")
     args = parser.parse_args(argv)
-    global BUCKET_MB, TRANSPORT, GRAD_TRANSPORT
+    global BUCKET_MB, TRANSPORT, GRAD_TRANSPORT, STEP_IN_BUCKETS
     BUCKET_MB, TRANSPORT, GRAD_TRANSPORT = args.bucket_mb, args.transport, args.grad_transport
+    STEP_IN_BUCKETS = not args.step_after_buckets
     if args.quick and not args.merge:  # a worker process of its own (torchrun): its constants, this run's
         quick_settings(args, parser)
     os.makedirs(args.out, exist_ok=True)

@@ -99,13 +99,16 @@ class DataParallel:
         main.wait_stream(stream)
         return wrapped
 
-    def reducer(self, model: nn.Module, *, bucket_mb: float | None = None, transport: str = "auto") -> GradientReducer:
+    def reducer(self, model: nn.Module, *, bucket_mb: float | None = None, transport: str = "auto",
+                optimizer: torch.optim.Optimizer | None = None) -> GradientReducer:
         """A GradientReducer for `model` over this run's group (what the Trainer uses instead of
         wrap: the same averaged gradients, without DDP's bookkeeping inside the step). Buffers
         of modules that are not synchronised BN layers are broadcast by sync_buffers().
-        transport: how the buckets travel (GradientReducer)."""
+        transport: how the buckets travel; optimizer: stepped by the reducer, bucket by bucket
+        in captured steps (GradientReducer)."""
         options = {} if bucket_mb is None else {"bucket_mb": bucket_mb}
-        return GradientReducer(model, self.group, buffers=_local_buffers(model), transport=transport, **options)
+        return GradientReducer(model, self.group, buffers=_local_buffers(model), transport=transport,
+                               optimizer=optimizer, **options)
 
     def shard(self, dataset, *, pad: bool) -> "Shard":
         return Shard(dataset, self.rank, self.world_size, pad=pad)

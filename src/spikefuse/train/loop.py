@@ -38,6 +38,7 @@ from . import checkpoint, metrics, plots, rundir
 from ..nn.sparse_linear import dispatch_report, update_dispatch
 from ..capture import CaptureFallback, CapturedStep, prepare_optimizer
 from ..ops.launch import background_compiles
+from ..optim import steps_each_parameter_alone
 from .activity import RateRegularizer, check_rate_options
 from .config import (FLOAT32_RANGE, check_count, check_first_step, check_float32, check_kind,
                      check_path_name, check_seed)
@@ -177,7 +178,12 @@ class Trainer:
         captured = self._capture_wanted(capture)
         # one side stream for the warm-ups and the capture
         stream = torch.cuda.Stream(self.device) if captured else None
-        self.reducer = data_parallel.reducer(self.model) if data_parallel is not None else None
+        # the reducer steps the optimizer bucket by bucket (overlapping backward) where the update needs
+        # no gradient but a parameter's own: clipping wants the global norm first, fp16 scaling every
+        # gradient's inf check
+        overlap = clip_grad_norm is None and precision != "fp16" and steps_each_parameter_alone(optimizer)
+        self.reducer = (data_parallel.reducer(self.model, optimizer=self.optimizer if overlap else None)
+                        if data_parallel is not None else None)
         compiled = torch.compile if compile else (lambda module: module)
         # evaluation runs the same model: no collectives (ranks may evaluate unequal batch counts)
         self.forward = self.eval_forward = compiled(self.model)
@@ -229,12 +235,13 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         self.scaler.scale(loss if penalty is None else loss + penalty).backward()
         if self.reducer is not None:
-            self.reducer.finish()  # gradients averaged over the ranks before clipping and the step
-        if self.clip_grad_norm is not None:
-            self.scaler.unscale_(self.optimizer)
-            nn.utils.clip_grad_norm_(self.model.parameters(), self.clip_grad_norm, foreach=True)
-        self.scaler.step(self.optimizer)
-        self.scaler.update()
+            self.reducer.finish()  # gradients averaged over the ranks (and stepped, where it holds the optimizer)
+        if self.reducer is None or self.reducer.optimizer is None:
+            if self.clip_grad_norm is not None:
+                self.scaler.unscale_(self.optimizer)
+                nn.utils.clip_grad_norm_(self.model.parameters(), self.clip_grad_norm, foreach=True)
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
         with torch.no_grad():
             self.sums[0].add_(loss.detach().double() * y.shape[0])
             self.sums[1].add_((metrics.predicted(logits) == y).sum())
