@@ -4,23 +4,26 @@ NCCL's all-reduce runs as kernels that hold SMs while they wait on the peers and
 data; overlapped with backward's convolutions it slowed them. Here no kernel waits long and
 no SM moves data between GPUs (PyTorch's low-contention collectives do the same):
 
-    rows = [world, total] in peer memory          # row r: rank r's gradients, every bucket
+    rows = [world + 1, total] in peer memory      # row r < world: rank r's gradients, every
+    out = rows[world]                             # bucket; the last row: the averages
     bucket b, on a side stream:
         (b == 0) barrier                          # every rank has read last step's rows
         cat(gradients) -> rows[rank, b]           # this rank's row
         barrier                                   # every rank's row b is written
       a bucket of SHARE_BYTES or more, in shares: share s of every row is averaged by rank s
         rows[p, b, mine] <- rank p's rows[p, b, mine]   # copy-engine pulls of this rank's share
-        rows[rank, b, mine] = mean(rows[:, b, mine])    # rows added in rank order
+        out[b, mine] = mean(rows[:world, b, mine])      # rows added in rank order
         barrier                                   # every share averaged
-        out[b, s] <- rank s's rows[s, b, s]       # copy-engine pulls of the other shares
+        out[b, s] <- rank s's out[b, s]           # copy-engine pulls of the other shares
       a smaller one whole (on the step's tail a barrier costs more than the averaging saves):
-        rows[p, b] <- rank p's rows[p, b]; out[b] = mean(rows[:, b])
+        rows[p, b] <- rank p's rows[p, b]; out[b] = mean(rows[:world, b])
 
 Averaging in shares leaves each GPU 1/world of the averaging, which runs on SMs next to
 backward's kernels. Every element's mean is the same sum in the same order wherever it is
 computed, so every rank gets the same bits (on 2 ranks, (a + b) / 2: NCCL's average). Each
-.grad then views `out`. The barriers are symmetric memory's (a release at system scope before
+.grad then views `out`, which peers read their shares from: no copy of this rank's own share
+(an averaged share kept in a row of its own cost a local copy, 26 MB a step for CIFAR-medium
+on 2 GPUs). The barriers are symmetric memory's (a release at system scope before
 the signal), so a pull reads what was written before it; the first bucket's barrier keeps a
 rank from overwriting its row while a peer may still be pulling from it.
 """
@@ -49,10 +52,11 @@ class PeerBuckets:
         self.rank, self.world = rank, world
         total = sum(sizes)
         self.rows, self.handle = peer_memory.mapped(
-            (world, total), torch.float32, device, group, purpose="GradientReducer",
+            (world + 1, total), torch.float32, device, group, purpose="GradientReducer",
             fallback="GradientReducer(..., transport='nccl') all-reduces the gradients through NCCL instead")
-        self.theirs = {p: self.handle.get_buffer(p, (world, total), torch.float32) for p in range(world) if p != rank}
-        self.out = torch.empty(total, device=device)  # the averaged gradients
+        self.theirs = {p: self.handle.get_buffer(p, (world + 1, total), torch.float32)
+                       for p in range(world) if p != rank}
+        self.out = self.rows[world]  # the averaged gradients
         start, self.buckets = 0, []
         for size in sizes:
             self.buckets.append(self._plan(slice(start, start + size), size * 4 >= SHARE_BYTES))
@@ -63,17 +67,17 @@ class PeerBuckets:
     def _plan(self, span: slice, in_shares: bool) -> dict:
         """A bucket's views: this rank's row, the copies before and after the averaging."""
         rank, n = self.rank, span.stop - span.start
+        world = self.world
         if not in_shares:
-            return {"mine": self.rows[rank, span], "out": self.out[span], "rows": self.rows[:, span],
+            return {"mine": self.rows[rank, span], "out": self.out[span], "rows": self.rows[:world, span],
                     "pull": [(self.rows[p, span], theirs[p, span]) for p, theirs in self.theirs.items()]}
-        cuts = [span.start + k * n // self.world for k in range(self.world + 1)]
+        cuts = [span.start + k * n // world for k in range(world + 1)]
         share = [slice(a, b) for a, b in zip(cuts, cuts[1:])]
         own = share[rank]
-        return {"mine": self.rows[rank, span], "out": self.out[span], "rows": self.rows[:, own],
+        return {"mine": self.rows[rank, span], "out": self.out[span], "rows": self.rows[:world, own],
                 "pull": [(self.rows[p, own], theirs[p, own]) for p, theirs in self.theirs.items()],
-                "averaged": self.rows[rank, own],
-                "gather": [(self.out[own], self.rows[rank, own])]
-                + [(self.out[share[p]], theirs[p, share[p]]) for p, theirs in self.theirs.items()]}
+                "averaged": self.out[own],
+                "gather": [(self.out[share[p]], theirs[world, share[p]]) for p, theirs in self.theirs.items()]}
 
     def launch(self, b: int, params: list[torch.Tensor]) -> None:
         """Start bucket b's all-reduce of `params`' gradients; each .grad becomes its view of
