@@ -15,8 +15,9 @@ block of channels:
 3. reads its own buffer's rows until every word carries this epoch, then merges them in rank
    order (the same result on every rank) and finishes as bn_exchange does.
 
-A 64-bit store arrives whole, so a word that shows the epoch holds its value: no fence and no
-separate flag (NCCL's low-latency protocol does the same). The first protocol stored plain
+A strong 64-bit store arrives whole (_publish: PTX promises it for relaxed system-scope
+stores, not for plain weak ones), so a word that shows the epoch holds its value: no fence and
+no separate flag (NCCL's low-latency protocol does the same). The first protocol stored plain
 rows, then raised flags after a system-scope release; each fence waited a round trip over
 NVLink, one per peer: an exchange cost 5.4 us on 2 H100s and 11 us on 4 inside a graph
 (benchmarks/probe_bn_exchange.py), now 1.9 and 3.4 us. A rank may
@@ -39,7 +40,7 @@ from .bn_exchange import finish_statistics
 from .bn_lif import STAT_CHANNELS, _batch_moments, _batch_partials
 from .kernel_base import cdiv, f32, next_power_of_2
 from .launch import cached_launch
-from .triton_or_stub import tl, triton
+from .triton_or_stub import INTERPRETED, tl, triton
 
 
 def channel_block(channels: int) -> int:
@@ -73,6 +74,20 @@ def _epoch(buffers_ptr, counters_at, rank):
 def _flagged(value, epoch):
     """A float32 and the epoch in one 64-bit word."""
     return (epoch << 32) | value.to(tl.uint32, bitcast=True).to(tl.int64)
+
+
+@triton.jit
+def _publish(ptr, word, mask, STRONG: tl.constexpr):
+    """Store 64-bit words that arrive whole. PTX promises that only of strong stores (relaxed
+    or volatile, here system scope: the reader is another GPU); a plain st.global is weak and
+    might, in principle, be seen half-written. The interpreter has no PTX: a plain store."""
+    if STRONG:
+        tl.inline_asm_elementwise(
+            "{ .reg .pred %publish; setp.ne.b32 %publish, $1, 0;"
+            " @%publish st.relaxed.sys.global.b64 [$2], $3; mov.b32 $0, 0; }",
+            "=r,r,l,l", [mask.to(tl.int32), ptr, word], dtype=tl.int32, is_pure=False, pack=1)
+    else:
+        tl.store(ptr, word, mask=mask)
 
 
 @triton.jit
@@ -120,7 +135,7 @@ def _merged_moments(rows, c, c_mask, C, world, epoch):
 def _moments_exchange_kernel(x_ptr, inner, part_ptr, buffers_ptr, counters_at, stats_ptr, w_ptr, b_ptr, rm_ptr,
                              rv_ptr, scale_ptr, M, C, P, rows_per_program, rank, world, count, eps, momentum,
                              UPDATE: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr, PB: tl.constexpr,
-                             CB: tl.constexpr):
+                             CB: tl.constexpr, STRONG: tl.constexpr):
     program = tl.program_id(0)
     c = program * CB + tl.arange(0, CB)
     c_mask = c < C
@@ -129,9 +144,9 @@ def _moments_exchange_kernel(x_ptr, inner, part_ptr, buffers_ptr, counters_at, s
     width = 2 * C + 1
     for w in range(0, world):  # bn_exchange's row; each program writes the count (the same word)
         row = _address(buffers_ptr, w, tl.int64) + rank * width
-        tl.store(row + c, _flagged(mean, epoch), mask=c_mask)
-        tl.store(row + C + c, _flagged(var, epoch), mask=c_mask)
-        tl.store(row + 2 * C + c * 0, _flagged(f32(count) + tl.zeros_like(mean), epoch), mask=c == program * CB)
+        _publish(row + c, _flagged(mean, epoch), c_mask, STRONG)
+        _publish(row + C + c, _flagged(var, epoch), c_mask, STRONG)
+        _publish(row + 2 * C + c * 0, _flagged(f32(count) + tl.zeros_like(mean), epoch), c == program * CB, STRONG)
     mean, var, total = _merged_moments(_address(buffers_ptr, rank, tl.int64), c, c_mask, C, world, epoch)
     finish_statistics(mean, var, total, stats_ptr, w_ptr, b_ptr, rm_ptr, rv_ptr, scale_ptr, c, c_mask, C,
                       count, eps, momentum, UPDATE, HAS_W, HAS_B)
@@ -153,14 +168,14 @@ def exchange_moments(x: torch.Tensor, rank: int, world: int, buffers: torch.Tens
         running_mean if running_mean is not None else stats, running_var if running_var is not None else stats,
         scale, parts.M, C, parts.P, parts.rows_per_program, rank, world, x.numel() // C, eps, momentum,
         UPDATE=running_mean is not None, HAS_W=weight is not None, HAS_B=bias is not None, PB=128, CB=parts.CB,
-        num_warps=4)
+        STRONG=not INTERPRETED, num_warps=4)
     return stats, scale
 
 
 @cached_launch
 @triton.jit(do_not_specialize=["rank", "world"])
 def _sums_exchange_kernel(sums_ptr, buffers_ptr, counters_at, out_ptr, scale_ptr, C, rank, world,
-                          CB: tl.constexpr):
+                          CB: tl.constexpr, STRONG: tl.constexpr):
     program = tl.program_id(0)
     c = program * CB + tl.arange(0, CB)
     c_mask = c < C
@@ -169,8 +184,8 @@ def _sums_exchange_kernel(sums_ptr, buffers_ptr, counters_at, out_ptr, scale_ptr
     second = tl.load(sums_ptr + C + c, mask=c_mask, other=0.0)
     for w in range(0, world):
         row = _address(buffers_ptr, w, tl.int64) + rank * 2 * C
-        tl.store(row + c, _flagged(first, epoch), mask=c_mask)
-        tl.store(row + C + c, _flagged(second, epoch), mask=c_mask)
+        _publish(row + c, _flagged(first, epoch), c_mask, STRONG)
+        _publish(row + C + c, _flagged(second, epoch), c_mask, STRONG)
     rows = _address(buffers_ptr, rank, tl.int64)
     first = tl.zeros_like(first)
     second = tl.zeros_like(second)
@@ -190,5 +205,5 @@ def exchange_sums(sums: torch.Tensor, scale: torch.Tensor, rank: int, world: int
     out = torch.empty_like(sums)
     CB = channel_block(C)
     _sums_exchange_kernel[(cdiv(C, CB),)](sums.contiguous(), buffers, buffer_size(2 * C, C, world)[1], out, scale,
-                                          C, rank, world, CB=CB, num_warps=4)
+                                          C, rank, world, CB=CB, STRONG=not INTERPRETED, num_warps=4)
     return out
