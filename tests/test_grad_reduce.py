@@ -355,8 +355,7 @@ def _captured_equals_eager(dp, transport, holds_optimizer=False):
         for i in range(8):
             loss = run(*batches[i % 2])
         assert not captured or run.captured > 0, "the step was not captured"
-        # auto: peer memory in the captured step, NCCL in eager ones (bit for bit alike on two ranks)
-        assert reducer.transport_in_use == (transport if transport != "auto" else "peer" if captured else "nccl")
+        assert reducer.transport_in_use == (transport if transport != "auto" else "peer")
         assert reducer.stepped_in_buckets == (holds_optimizer and captured)
         results.append([loss.detach().clone()] + [p.detach().clone() for p in model.parameters()])
     for a, b in zip(*results):

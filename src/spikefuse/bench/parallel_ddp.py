@@ -173,9 +173,9 @@ def measure(mode, precision, device, dp) -> dict:
 def check_capture(device, dp, steps: int = 15) -> dict:
     """Captured vs eager SyncBN steps (GradientReducer) from the same start: the parameters' largest
     relative difference after `steps` steps (fp32). Both average their gradients through one
-    transport, the one a captured step takes: under "auto" the eager warm-up steps would take
-    NCCL and the graph peer memory, and beyond two ranks the two sum in different orders,
-    whose last-bit differences training grows (0.87-1.03 after 15 steps on 4 H100s)."""
+    transport, named: beyond two ranks NCCL and peer memory sum in different orders, whose
+    last-bit differences training grows (0.87-1.03 after 15 steps on 4 H100s, when "auto"
+    still gave eager steps NCCL and captured ones peer memory)."""
     transport = GRAD_TRANSPORT
     if transport == "auto":
         params = list(build("captured", device, dp).parameters())

@@ -24,8 +24,9 @@ before sending it. Here autograd hands each gradient over as it is, a post-accum
 marks it ready, and each bucket goes out as one all-reduce averaged by NCCL itself (AVG):
 its gradients copied into one flat tensor (one kernel), which then holds them. On 2 H100s the
 captured SyncBN step ran at 1.915x one GPU's throughput, against 1.895x under DDP in the same run.
-In captured steps the buckets travel through GPU peer memory instead, pulled by the copy
-engines (grad_peer.py): 1.935x in the same setting (0.05-0.13 ms a step less than NCCL's).
+From the second step on the buckets travel through GPU peer memory instead, pulled by the copy
+engines (grad_peer.py): captured, 1.935x in the same setting (0.05-0.13 ms a step less than
+NCCL's); eager, 0.6-2.3 ms a step less than NCCL's (2 H200s, four alternated pairs).
 
 Buckets are launched strictly in order on every rank, so the collectives match across ranks
 whatever order the hooks fire in. They are cut from the order in which gradients became
@@ -68,9 +69,8 @@ class GradientReducer:
         "nccl" (torch.distributed.all_reduce on the group's backend), "peer" (GPU peer memory
         and copy engines, grad_peer.py; every rank on this host with a GPU of its own, an NCCL
         group, float32 parameters; it holds ranks + 1 copies of the gradients), "auto" ("peer"
-        in steps captured in a CUDA graph where it works and those copies fit in 1/16 of the
-        GPU's memory, else "nccl": an eager step is bound by the host, and peer buckets cost
-        it more launches; peer_unavailable says why not). optimizer: finish() steps it too; in
+        where it works and those copies fit in 1/16 of the GPU's memory, else "nccl";
+        peer_unavailable says why not). optimizer: finish() steps it too; in
         steps captured in a CUDA graph bucket by bucket as their means arrive (overlapping the
         rest of backward), in eager steps once after the last bucket (each step() call costs
         the host ~0.1 ms). Every update is the one a whole step gives, bit for bit, only where
@@ -159,10 +159,8 @@ class GradientReducer:
                 p.grad = torch.zeros_like(p)
             grad_rows.clear(p)  # a sparse backward's row list is this rank's, not the mean's
         # (a sparse gradient, the same on every rank, takes torch.distributed's all-reduce)
-        capturing = capturing_on(params[0].device)
-        stepping = self.optimizer is not None and capturing
-        if self.peer is not None and (self.transport == "peer" or capturing) \
-                and all(p.grad.layout == torch.strided for p in params):
+        stepping = self.optimizer is not None and capturing_on(params[0].device)
+        if self.peer is not None and all(p.grad.layout == torch.strided for p in params):
             self.peer.launch(b, params)
             self.via_peer = True
             if stepping:
