@@ -26,7 +26,7 @@ its gradients copied into one flat tensor (one kernel), which then holds them. O
 captured SyncBN step ran at 1.915x one GPU's throughput, against 1.895x under DDP in the same run.
 From the second step on the buckets travel through GPU peer memory instead, pulled by the copy
 engines (grad_peer.py): captured, 1.935x in the same setting (0.05-0.13 ms a step less than
-NCCL's); eager, 0.6-2.3 ms a step less than NCCL's (2 H200s, four alternated pairs).
+NCCL's); eager, 0.6-2.3 ms a step less than NCCL's (2 H200s, three alternated pairs on two instances).
 
 Buckets are launched strictly in order on every rank, so the collectives match across ranks
 whatever order the hooks fire in. They are cut from the order in which gradients became
