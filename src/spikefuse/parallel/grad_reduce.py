@@ -13,8 +13,9 @@ by the global norm, no fp16 gradient scaling: both must see every gradient first
     reducer.finish()                            # averaged and stepped
 
 In captured steps each bucket's parameters are then stepped as soon as the bucket's mean is
-ready, on the bucket's stream while backward goes on, instead of all after the last bucket
-(SGD took 98 us of the captured CIFAR-medium step's tail on 2 H100s).
+ready, on the bucket's stream while backward goes on, instead of all after the last bucket.
+(SGD took 98 us of the captured CIFAR-medium step's tail on 2 H100s; moved beside backward it
+shares the GPU's memory with it, and the step measured no faster on 2 H200s, docs/parallel.md.)
 
 Why not DDP: inside a captured step DDP's bookkeeping cost ~0.3 ms of an 11 ms CIFAR-medium step
 on 2 H100s, measured with a comm hook that sends nothing (docs/parallel.md). Its gradients live
