@@ -43,7 +43,6 @@ from spikefuse.bench.report import atomic_write, environment, table, write_resul
 from spikefuse.bench.timing import median_ms
 from spikefuse.models import build_model
 from spikefuse.parallel import GradientReducer, convert_sync_batchnorm, init_data_parallel, launched
-from spikefuse.parallel.grad_reduce import peer_unavailable
 from spikefuse.parallel.sync_bn import RankSync
 from spikefuse.capture import CaptureFallback, CapturedStep, prepare_optimizer
 
@@ -74,10 +73,9 @@ GRAD_TRANSPORT = "auto"  # --grad-transport: how the reducer's gradient buckets 
 STEP_IN_BUCKETS = True  # the reducer steps SGD bucket by bucket in captured steps (--step-after-buckets: off)
 
 
-def make_step(mode: str, precision: str, device, dp, grad_transport: str | None = None):
+def make_step(mode: str, precision: str, device, dp):
     """(step(x, y) -> loss, the model, its GradientReducer or None): forward, loss, backward,
-    SGD step; captured modes return a CapturedStep. grad_transport: the reducer's
-    (default GRAD_TRANSPORT)."""
+    SGD step; captured modes return a CapturedStep."""
     model = build(mode, device, dp)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     captured, ours = mode.startswith("captured"), mode != "spikingjelly"
@@ -93,7 +91,7 @@ def make_step(mode: str, precision: str, device, dp, grad_transport: str | None 
         elif ddp:
             forward = dp.wrap(model, stream=stream, bucket_cap_mb=BUCKET_MB)
         else:
-            reducer = dp.reducer(model, bucket_mb=BUCKET_MB, transport=grad_transport or GRAD_TRANSPORT,
+            reducer = dp.reducer(model, bucket_mb=BUCKET_MB, transport=GRAD_TRANSPORT,
                                  optimizer=optimizer if STEP_IN_BUCKETS else None)
 
     def step(x, y):
@@ -172,23 +170,21 @@ def measure(mode, precision, device, dp) -> dict:
 
 def check_capture(device, dp, steps: int = 15) -> dict:
     """Captured vs eager SyncBN steps (GradientReducer) from the same start: the parameters' largest
-    relative difference after `steps` steps (fp32). Both average their gradients through one
-    transport, named: beyond two ranks NCCL and peer memory sum in different orders, whose
-    last-bit differences training grows (0.87-1.03 after 15 steps on 4 H100s, when "auto"
-    still gave eager steps NCCL and captured ones peer memory)."""
-    transport = GRAD_TRANSPORT
-    if transport == "auto":
-        params = list(build("captured", device, dp).parameters())
-        transport = "nccl" if peer_unavailable(params, dp.group) else "peer"
-    params = []
+    relative difference after `steps` steps (fp32). Both must average their gradients through
+    one transport (as "auto" now does, captured or eager): beyond two ranks NCCL and peer
+    memory sum in different orders, whose last-bit differences training grows (0.87-1.03 after
+    15 steps on 4 H100s, when "auto" gave eager steps NCCL and captured ones peer memory)."""
+    params, transports = [], set()
     for mode in ("captured", "eager"):
-        step, model, _ = make_step(mode, "fp32", device, dp, grad_transport=transport)
+        step, model, reducer = make_step(mode, "fp32", device, dp)
         batches = inputs(device, dp.rank)
         for i in range(steps):
             step(*batches[i % 2])
         params.append([p.detach().clone() for p in model.parameters()])
+        transports.add(reducer.transport_in_use)
     diff = max(((a - b).abs().max() / b.abs().max().clamp_min(1e-12)).item() for a, b in zip(*params))
-    return {"steps": steps, "grad_transport": transport, "max_relative_difference": slowest(diff, dp)}
+    return {"steps": steps, "grad_transport": ",".join(sorted(transports)),
+            "max_relative_difference": slowest(diff, dp)}
 
 
 @precisions.applied("fp32")  # as spikefuse train and bench steps, for every library; the caller's flags after
@@ -200,7 +196,8 @@ def run(args) -> int:
     modes = [m for m in args.modes.split(",") if m and (world > 1 or m not in ONE_GPU_ALIAS)]
     payload = {"gpus": world, "environment": environment(), "cases": [], "capture_check": None,
                "bucket_cap_mb": BUCKET_MB, "sync_bn_transport": TRANSPORT,
-               "grad_transport": GRAD_TRANSPORT, "step_in_buckets": STEP_IN_BUCKETS, "quick": args.quick, "batch_per_gpu": BATCH, "time_steps": TIME_STEPS,
+               "grad_transport": GRAD_TRANSPORT, "step_in_buckets": STEP_IN_BUCKETS, "quick": args.quick,
+               "batch_per_gpu": BATCH, "time_steps": TIME_STEPS,
                "width": WIDTH, "timing": f"{REPS} x {BACK_TO_BACK}"}
     name = f"ddp-{world}gpu{args.tag}" + ("-quick" if args.quick else "")
 

@@ -211,12 +211,12 @@ class GradientReducer:
             torch._foreach_div_([p.grad for p in self.params], float(self.world))
         if self._stepping and self._step_stream is not None:
             torch.cuda.current_stream(self.params[0].device).wait_stream(self._step_stream)
-        if self.optimizer is not None:
+        if self.optimizer is not None and not self._stepping:
+            self.optimizer.step()
+        elif self.optimizer is not None:  # the buckets stepped the model's; the optimizer's others now
             own = {id(p) for p in self.params}
             rest = [p for g in self.optimizer.param_groups for p in g["params"] if id(p) not in own]
-            if not self._stepping:
-                self.optimizer.step()
-            elif rest:  # the optimizer's parameters that are not the model's
+            if rest:
                 step_only(self.optimizer, rest)
         self._last = "peer" if self.via_peer else "nccl"
         self.stepped_in_buckets = self._stepping  # (the last finished step's)
