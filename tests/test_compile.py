@@ -300,8 +300,10 @@ def test_compiled_graphs_launch_the_kernels_not_the_ops(name):
         assert sorted(set(fw_kernels)) == ["_bn_lif_forward_kernel", "_lif_forward_kernel", "_pack_kernel",
                                            "_stats_finalize_kernel", "_stats_partial_kernel"]
         assert fw_kernels.count("_lif_forward_kernel") == 3 and fw_kernels.count("_pack_kernel") == 3
-        assert sorted(set(bw_kernels)) == ["_bn_grad_x_kernel", "_bn_lif_backward_kernel",
-                                           "_lif_backward_kernel", "_unpack_kernel"]
+        # the conv's spikes unpacked as they were, the two linears' (float32) transposed
+        assert sorted(set(bw_kernels)) == ["_bn_grad_x_kernel", "_bn_lif_backward_kernel", "_lif_backward_kernel",
+                                           "_unpack_kernel", "_unpack_transposed_kernel"]
+        assert bw_kernels.count("_unpack_transposed_kernel") == 2
 
 
 def test_custom_ops_pass_opcheck():

@@ -11,7 +11,7 @@ from torch import nn
 
 from spikefuse import precision as precisions
 from spikefuse.cli import main
-from spikefuse.ops.recurrent_lif import _tf32
+from spikefuse.ops.kernel_base import tf32_matmuls
 from spikefuse.train import checkpoint
 from spikefuse.train.loop import Trainer
 from test_train_data import install, make_splits
@@ -141,12 +141,12 @@ def test_autocast_dtypes():
 
 
 def test_the_kernels_tf32_choice_follows_the_policy():
-    cuda = SimpleNamespace(is_cuda=True)  # _tf32 reads only this of its tensor
+    cuda = SimpleNamespace(is_cuda=True)  # tf32_matmuls reads only this of its tensor
     with precisions.applied("fp32"):
-        assert _tf32(cuda) and not _tf32(torch.ones(1))  # TF32 is a GPU matter
+        assert tf32_matmuls(cuda) and not tf32_matmuls(torch.ones(1))  # TF32 is a GPU matter
     with precisions.applied("fp32-strict"):
-        assert not _tf32(cuda)
-    assert not _tf32(cuda)  # PyTorch's default: IEEE matmuls
+        assert not tf32_matmuls(cuda)
+    assert not tf32_matmuls(cuda)  # PyTorch's default: IEEE matmuls
 
 
 @needs_new_api
@@ -154,7 +154,7 @@ def test_the_kernels_tf32_choice_reads_the_newer_api_without_raising():
     b.cuda.matmul.fp32_precision = "tf32"  # allow_tf32 now raises (legacy and new API mixed)
     with pytest.raises(RuntimeError):
         b.cuda.matmul.allow_tf32
-    assert _tf32(SimpleNamespace(is_cuda=True))
+    assert tf32_matmuls(SimpleNamespace(is_cuda=True))
 
 
 # ---- Trainer / fit ----

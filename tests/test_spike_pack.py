@@ -50,3 +50,30 @@ def test_unpack_checks_sizes():
         spike_pack.unpack(torch.zeros(3, dtype=torch.uint8), (2, 5))
     with pytest.raises(TypeError, match="uint8"):
         spike_pack.unpack(torch.zeros(2), (2, 5))
+
+
+@pytest.mark.parametrize("rows, cols", [(1, 1), (1, 13), (7, 9), (64, 64), (65, 130), (131, 3), (0, 5), (5, 0)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_unpack_transposed_exact(rows, cols, dtype):
+    """s^T of a packed [rows, cols], rows rounded up in its stride (aligned for cuBLAS)."""
+    s = spikes((rows, cols), seed=rows * 7 + cols, dtype=dtype)
+    t = spike_pack.unpack_transposed(spike_pack.pack(s), rows, cols, dtype)
+    assert t.shape == (cols, rows) and t.dtype == dtype
+    assert t.stride() == (-(-rows // 8) * 8 or 8, 1)
+    assert torch.equal(t, s.t())
+
+
+def test_unpack_transposed_torch_twin(monkeypatch):
+    s = spikes((37, 21), seed=5)
+    packed = spike_pack.pack(s)
+    kernel = spike_pack.unpack_transposed(packed, 37, 21)
+    monkeypatch.setattr(spike_pack, "INTERPRETED", False)
+    twin = spike_pack.unpack_transposed(packed, 37, 21)
+    assert torch.equal(twin, kernel) and twin.stride() == kernel.stride()
+
+
+def test_unpack_transposed_checks_sizes():
+    with pytest.raises(ValueError, match="needs 2"):
+        spike_pack.unpack_transposed(torch.zeros(3, dtype=torch.uint8), 2, 5)
+    with pytest.raises(TypeError, match="uint8"):
+        spike_pack.unpack_transposed(torch.zeros(2), 2, 5)

@@ -371,6 +371,20 @@ _RULES_BY_DTYPE = {getattr(torch, name): rules for name, rules in LAUNCH_RULES.i
 
 # host-side twins of triton.cdiv / triton.next_power_of_2, which are ConstexprFunctions in
 # newer Triton: several us a call, on every launch
+# torch >= 2.9 also names cuBLAS's TF32 choice fp32_precision; reading allow_tf32 raises once a
+# caller has set that newer name, so it is read where it exists
+_FP32_PRECISION = hasattr(torch.backends.cuda.matmul, "fp32_precision")
+
+
+def tf32_matmuls(x: torch.Tensor) -> bool:
+    """Whether float32 matmuls on x's device take TF32 inputs (cuBLAS; the recurrent kernels' dots follow it)."""
+    if not x.is_cuda:
+        return False
+    if _FP32_PRECISION:
+        return torch.backends.cuda.matmul.fp32_precision == "tf32"
+    return torch.backends.cuda.matmul.allow_tf32
+
+
 def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 

@@ -26,8 +26,8 @@ import torch
 from .alif import adaptive_grads
 from .double_backward import grads_with_graph
 from .launch import cached_launch
-from .kernel_base import EAGER, reset_code, TRACED, cdiv, f32, surrogate_grad
-from .recurrent_common import _tf32, _tiles, charge, fire_and_store, incoming_grads, step_tile, weight_grad
+from .kernel_base import EAGER, reset_code, TRACED, cdiv, f32, surrogate_grad, tf32_matmuls
+from .recurrent_common import _tiles, charge, fire_and_store, incoming_grads, step_tile, weight_grad
 from ..surrogates import SURROGATES
 from .triton_or_stub import tl, triton
 
@@ -103,7 +103,7 @@ def _forward(x, weight, decay, adapt_decay, beta, threshold, reset, v_reset, sav
         kernel[grid](
             x, weight, v, a, spikes, h if save else unused, adapt if save else unused, t,
             decay, adapt_decay, beta, threshold, v_reset, M, N, weight.stride(0), weight.stride(1),
-            RESET=reset_code(reset, "ralif"), FIRST=t == 0, SAVE=save, TF32=_tf32(x),
+            RESET=reset_code(reset, "ralif"), FIRST=t == 0, SAVE=save, TF32=tf32_matmuls(x),
             BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, num_warps=warps, enable_fp_fusion=False)
     return spikes, v, a, h, adapt
 
@@ -133,7 +133,7 @@ def _backward(grad_s, grad_vT, grad_aT, h, adapt, spikes, weight, decay, adapt_d
             decay, adapt_decay, beta, threshold, v_reset, alpha, grad_threshold, M, N,
             weight.stride(0), weight.stride(1),
             RESET=reset_code(reset, "ralif"), DETACH=detach, SURROGATE=SURROGATES[surrogate], LAST=t == T - 1,
-            HAS_GVT=gvT is not None, TF32=_tf32(gs), HAS_GHX=ghx is not None,
+            HAS_GVT=gvT is not None, TF32=tf32_matmuls(gs), HAS_GHX=ghx is not None,
             BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, num_warps=warps, enable_fp_fusion=False)
     return gh.to(spikes.dtype), weight_grad(gh, spikes).to(weight.dtype)
 

@@ -2,11 +2,9 @@
 spikefuse.ops.sparse_recurrent_lif, and spikefuse.ops.recurrent_alif): a step's tile of
 (row, neuron), the charge h = decay*v + x[t] + s[t-1] @ W^T accumulated in registers, the
 fire-and-store epilogue, the incoming gradients of a reverse step and the reverse step of
-the recurrent LIF itself, the tile sizes, the TF32 choice, and dL/dW as one GEMM. The
-equations are in spikefuse.ops.recurrent_lif's docstring."""
+the recurrent LIF itself, the tile sizes, and dL/dW as one GEMM (the TF32 choice is
+kernel_base.tf32_matmuls). The equations are in spikefuse.ops.recurrent_lif's docstring."""
 from __future__ import annotations
-
-import torch
 
 from .kernel_base import f32, grad_h, reset_potential, spike_value, surrogate_grad
 from .launch import cached_launch
@@ -141,20 +139,6 @@ def _tiles(M, N):
     if M <= 64:
         return 16, 16, 32, 4
     return 64, 64, 32, 4
-
-
-# torch >= 2.9 also names cuBLAS's TF32 choice fp32_precision; reading allow_tf32 raises once a
-# caller has set that newer name, so it is read where it exists
-_FP32_PRECISION = hasattr(torch.backends.cuda.matmul, "fp32_precision")
-
-
-def _tf32(x):
-    """Whether the kernels' dots take TF32 inputs: as torch's float32 matmuls do (cuBLAS)."""
-    if not x.is_cuda:
-        return False
-    if _FP32_PRECISION:
-        return torch.backends.cuda.matmul.fp32_precision == "tf32"
-    return torch.backends.cuda.matmul.allow_tf32
 
 
 def weight_grad(gh, spikes):

@@ -34,8 +34,8 @@ import torch
 
 from .double_backward import grads_with_graph
 from .launch import cached_launch
-from .kernel_base import EAGER, reset_code, TRACED, cdiv, f32
-from .recurrent_common import _rlif_backward_step, _tf32, _tiles, charge, fire_and_store, step_tile, weight_grad
+from .kernel_base import EAGER, reset_code, TRACED, cdiv, f32, tf32_matmuls
+from .recurrent_common import _rlif_backward_step, _tiles, charge, fire_and_store, step_tile, weight_grad
 from . import sparse_recurrent_lif
 from ..surrogates import SURROGATES
 from .triton_or_stub import tl, triton
@@ -75,7 +75,7 @@ def _forward(x, weight, decay, threshold, reset, v_reset, save, launch=EAGER):
         kernel[grid](
             x, weight, v, spikes, h if save else unused, t,
             decay, threshold, v_reset, M, N, weight.stride(0), weight.stride(1),
-            RESET=reset_code(reset, "rlif"), FIRST=t == 0, SAVE_H=save, TF32=_tf32(x),
+            RESET=reset_code(reset, "rlif"), FIRST=t == 0, SAVE_H=save, TF32=tf32_matmuls(x),
             BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, num_warps=warps, enable_fp_fusion=False)
     return spikes, v, h
 
@@ -103,7 +103,7 @@ def _backward(grad_s, grad_vT, h, spikes, weight, decay, threshold, reset, v_res
             gs, weight, h, gvT if gvT is not None else unused, gh, ghx if ghx is not None else unused, t,
             decay, threshold, v_reset, alpha, grad_threshold, M, N, weight.stride(0), weight.stride(1),
             RESET=reset_code(reset, "rlif"), DETACH=detach, SURROGATE=SURROGATES[surrogate], LAST=last,
-            HAS_GVT=gvT is not None, TF32=_tf32(gs), RECURRENT=True, HAS_GHX=ghx is not None,
+            HAS_GVT=gvT is not None, TF32=tf32_matmuls(gs), RECURRENT=True, HAS_GHX=ghx is not None,
             BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, num_warps=warps, enable_fp_fusion=False)
     return gh.to(spikes.dtype), weight_grad(gh, spikes).to(weight.dtype)
 

@@ -30,10 +30,9 @@ from __future__ import annotations
 
 import torch
 
-from .kernel_base import cdiv
+from .kernel_base import cdiv, tf32_matmuls
 from . import grad_rows
 from .launch import cached_launch, fused_or
-from .recurrent_lif import _tf32
 from .spike_index import line_flags, nonzero_lines
 from .spike_linear import _backward as dense_backward, graph_edge, linear_forward, spikes_with_graph
 from .spike_pack import pack, use_triton
@@ -169,7 +168,7 @@ def weight_grad(gyt, bits, cols, count, gw, precision):
 def _precision(t: torch.Tensor) -> str:
     """TF32 exactly when torch's float32 matmuls would use it (the dense path's rule, as in
     the recurrent LIF's kernels)."""
-    return "tf32" if _tf32(t) else "ieee"
+    return "tf32" if tf32_matmuls(t) else "ieee"
 
 
 def carrying_columns(gy2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

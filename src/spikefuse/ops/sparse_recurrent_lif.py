@@ -27,8 +27,8 @@ from __future__ import annotations
 import torch
 
 from .launch import cached_launch
-from .kernel_base import EAGER, reset_code, cdiv, f32
-from .recurrent_common import _rlif_backward_step, _tf32, fire_and_store, store_adjoint
+from .kernel_base import EAGER, reset_code, cdiv, f32, tf32_matmuls
+from .recurrent_common import _rlif_backward_step, fire_and_store, store_adjoint
 from ..surrogates import SURROGATES
 from .triton_or_stub import tl, triton
 
@@ -220,7 +220,7 @@ def forward(x, weight, decay, threshold, reset, v_reset, grad_threshold, save, l
         step_kernel[grid](
             x, wt, v, spikes, h if save else unused, active, active_count, spiked, near if save else unused,
             t, decay, threshold, v_reset, grad_threshold, M, N, nseg,
-            RESET=reset_code(reset, "rlif"), FIRST=t == 0, SAVE_H=save, CARRY=save, TF32=_tf32(x),
+            RESET=reset_code(reset, "rlif"), FIRST=t == 0, SAVE_H=save, CARRY=save, TF32=tf32_matmuls(x),
             BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, SEG=SEG, num_warps=warps,
             enable_fp_fusion=False)
         list_kernel[(nseg,)](
@@ -261,7 +261,7 @@ def backward(grad_s, grad_vT, h, spikes, wt, carry, carry_count, weight, decay, 
             BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, num_warps=warps, enable_fp_fusion=False)
         if not last:  # the carrying columns again, now with gh[t+1] @ W
             partial[(*lists, nchunk)](
-                gh, wt, carry, carry_count, partials, t, M, N, nseg, chunk, TF32=_tf32(gs),
+                gh, wt, carry, carry_count, partials, t, M, N, nseg, chunk, TF32=tf32_matmuls(gs),
                 BLOCK_M=BLOCK_M, BLOCK_K=LIST_BLOCK, BLOCK_I=32, SEG=SEG, num_warps=warps)
             finish[lists](
                 gs, h, gh, ghx_arg, partials, carry, carry_count, t,

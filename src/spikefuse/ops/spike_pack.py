@@ -51,6 +51,19 @@ def _unpack_kernel(p_ptr, out_ptr, n, n_bytes, BLOCK: tl.constexpr):
     tl.store(out_ptr + idx, s.to(out_ptr.dtype.element_ty), mask=idx < n)
 
 
+@cached_launch
+@triton.jit(do_not_specialize=["rows", "ld"])  # as _pack_kernel's: rows follow the batch
+def _unpack_transposed_kernel(p_ptr, out_ptr, rows, cols, ld, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    # out[c, r] (row stride ld) = spike (r, c) of the [rows, cols] tensor packed row by row
+    r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    inside = (c[:, None] < cols) & (r[None, :] < rows)
+    idx = r.to(tl.int64)[None, :] * cols + c[:, None]
+    p = tl.load(p_ptr + (idx >> 3), mask=inside, other=0).to(tl.int32)
+    s = ((p >> (idx & 7).to(tl.int32)) & 1).to(tl.float32)  # (through float32: see _unpack_kernel)
+    tl.store(out_ptr + c.to(tl.int64)[:, None] * ld + r[None, :], s.to(out_ptr.dtype.element_ty), mask=inside)
+
+
 def use_triton(t: torch.Tensor) -> bool:
     """Whether the Triton kernels run on t: on CUDA, or on the CPU under the interpreter."""
     return HAVE_TRITON and (t.is_cuda or INTERPRETED)
@@ -112,6 +125,42 @@ def unpack(packed: torch.Tensor, shape, dtype: torch.dtype = torch.float32, laun
             launch(_unpack_kernel)[(cdiv(packed.numel(), BLOCK),)](packed, out, n, packed.numel(), BLOCK=BLOCK)
         return out
     return fused_or(kernel, lambda: _unpack_in_torch(packed, shape, dtype, n))  # torch while the kernel compiles
+
+
+TRANSPOSED_BLOCK = (64, 64)  # (rows, cols) per program
+ROW_ALIGN = 8  # the transposed spikes' row stride, in elements: 32 bytes in fp32
+
+
+def unpack_transposed(packed: torch.Tensor, rows: int, cols: int, dtype: torch.dtype = torch.float32,
+                      launch=EAGER) -> torch.Tensor:
+    """The spikes of a packed [rows, cols] tensor, transposed: a [cols, rows] view whose row
+    stride is rows rounded up to ROW_ALIGN (cuBLAS's fast kernels want aligned strides).
+
+    Why: in a weight gradient gy^T @ s the sum runs over the rows, which neither operand holds
+    contiguously; Hopper's TF32 tensor-core instructions read operands only in that order, and
+    cuBLAS's kernel for it took 1.4-1.7x as long as with s^T contiguous (spike_linear)."""
+    if packed.dtype != torch.uint8 or packed.dim() != 1:
+        raise TypeError(f"packed must be a 1-d uint8 tensor, got {packed.dtype} of shape {tuple(packed.shape)}")
+    if packed.numel() != (rows * cols + 7) // 8:
+        raise ValueError(f"packed holds {packed.numel()} bytes; shape ({rows}, {cols}) needs {(rows * cols + 7) // 8}")
+    ld = -(-rows // ROW_ALIGN) * ROW_ALIGN if rows else ROW_ALIGN
+    if not use_triton(packed):
+        return _unpack_transposed_in_torch(packed, rows, cols, dtype, ld)
+
+    def kernel():
+        out = torch.empty((cols, ld), dtype=dtype, device=packed.device)
+        if rows * cols:
+            block_r, block_c = TRANSPOSED_BLOCK
+            launch(_unpack_transposed_kernel)[(cdiv(rows, block_r), cdiv(cols, block_c))](
+                packed, out, rows, cols, ld, BLOCK_R=block_r, BLOCK_C=block_c)
+        return out[:, :rows]
+    return fused_or(kernel, lambda: _unpack_transposed_in_torch(packed, rows, cols, dtype, ld))
+
+
+def _unpack_transposed_in_torch(packed, rows, cols, dtype, ld):
+    out = torch.empty((cols, ld), dtype=dtype, device=packed.device)[:, :rows]
+    out.copy_(_unpack_in_torch(packed, (rows, cols), dtype, rows * cols).t())
+    return out
 
 
 def _unpack_in_torch(packed, shape, dtype, n):
