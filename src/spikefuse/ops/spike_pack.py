@@ -138,7 +138,7 @@ def unpack_transposed(packed: torch.Tensor, rows: int, cols: int, dtype: torch.d
 
     Why: in a weight gradient gy^T @ s the sum runs over the rows, which neither operand holds
     contiguously; Hopper's TF32 tensor-core instructions read operands only in that order, and
-    cuBLAS's kernel for it took 1.4-1.7x as long as with s^T contiguous (spike_linear)."""
+    cuBLAS's kernel for it took 1.3-1.7x as long as with s^T contiguous (spike_linear)."""
     if packed.dtype != torch.uint8 or packed.dim() != 1:
         raise TypeError(f"packed must be a 1-d uint8 tensor, got {packed.dtype} of shape {tuple(packed.shape)}")
     if packed.numel() != (rows * cols + 7) // 8:
