@@ -8,7 +8,7 @@
   time-chunked kernels (a program owns BLOCK neurons and walks time K rows at a time: the
   chunk's registers, the reverse walk's prefetch, the spikes-and-potentials store);
 - host helpers: x as [T, N] with its launch rule per dtype (measured, ops/lif_tuning.json),
-  state buffers, cdiv, powers of 2.
+  state buffers, cdiv, powers of 2, whether float32 matmuls take TF32 (tf32_matmuls).
 """
 from __future__ import annotations
 
@@ -369,8 +369,6 @@ LAUNCH_RULES = _load_tuning()
 _RULES_BY_DTYPE = {getattr(torch, name): rules for name, rules in LAUNCH_RULES.items()}
 
 
-# host-side twins of triton.cdiv / triton.next_power_of_2, which are ConstexprFunctions in
-# newer Triton: several us a call, on every launch
 # torch >= 2.9 also names cuBLAS's TF32 choice fp32_precision; reading allow_tf32 raises once a
 # caller has set that newer name, so it is read where it exists
 _FP32_PRECISION = hasattr(torch.backends.cuda.matmul, "fp32_precision")
@@ -385,6 +383,8 @@ def tf32_matmuls(x: torch.Tensor) -> bool:
     return torch.backends.cuda.matmul.allow_tf32
 
 
+# host-side twins of triton.cdiv / triton.next_power_of_2, which are ConstexprFunctions in
+# newer Triton: several us a call, on every launch
 def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
