@@ -93,6 +93,8 @@ CASES = {
     "spiking readout, hard C=3": Case("spiking-readout", 3),
     "spiking readout, soft C=5": Case("spiking-readout", 5, reset="soft"),
     "fused kernels, spiking readout, hard C=2": Case("spiking-readout", 2, backend="fused"),
+    "hard C=4, weight gradients in step (lag 0)": Case("deep-lif", 4, options=dict(weight_grad_lag=0)),
+    "hard C=4, all weight gradients held to the end": Case("deep-lif", 4, options=dict(weight_grad_lag=9)),
 }
 BN_CASE = Case("batch-norm", 3, options=dict(batch_norm="per_chunk"))
 
@@ -244,6 +246,17 @@ def test_pipeline_equals_single_device(pipelined, name):
     assert_matches(got, single_device(CASES[name]), spikes=CASES[name].net == "spiking-readout")
 
 
+def test_holding_weight_gradients_back_changes_no_bit(pipelined):
+    """The lag only moves when each chunk's weight gradients run; they are added in the same
+    order, so the gradients are the same bits (the default lag, 2k + 1, is in the cases above)."""
+    _, ranks = pipelined
+    in_step = gathered(ranks, "hard C=4, weight gradients in step (lag 0)")
+    held = gathered(ranks, "hard C=4, all weight gradients held to the end")
+    assert torch.equal(in_step[0][0], held[0][0])
+    for n, g in in_step[2].items():
+        assert torch.equal(g, held[2][n]), n
+
+
 def test_batch_norm_per_chunk_is_chunked_statistics(pipelined):
     _, ranks = pipelined
     got = gathered(ranks, "batch norm per chunk")
@@ -370,6 +383,9 @@ def test_named_errors():
         PipelineTrainer(layers, rate_cross_entropy, 2, cut=[range(0, 4)])
     with pytest.raises(ValueError, match=r"^x: the first stage needs the input"):
         trainer.step(None, data()[1])
+    for lag in (-1, 1.0, True):
+        with pytest.raises(ValueError, match=r"^weight_grad_lag: expected an integer >= 0 or None"):
+            PipelineTrainer(layers, rate_cross_entropy, 2, weight_grad_lag=lag)
 
 
 def test_batch_norm_is_refused_by_default():

@@ -14,7 +14,10 @@ Schedule (GPipe, over time chunks):
               back to stage k-1, and the state gradient is carried down the chunks: dL/dv0
               of chunk c+1 is the incoming dL/dv[T-1] of chunk c. The weight gradients of
               SpikingLinear layers are computed after the send (ops.weight_grad_queue, the
-              zero-bubble split of backward), so stage k-1 does not wait for them.
+              zero-bubble split of backward), so stage k-1 does not wait for them, and
+              stage k holds the last 2k + 1 chunks' of them back (_lag): its input
+              gradients run ahead, and the held-back products fill the drain, where stage
+              k would otherwise idle while the stages before finish their last chunks.
 Exactness: each chunk's autograd graph lives from its forward to its backward, its initial
 states v0 being leaves; backward is torch.autograd.backward on (the chunk's output, its final
 states) with (the received gradient, the carried state gradient). That is backpropagation
@@ -38,7 +41,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -165,11 +168,15 @@ class PipelineTrainer:
     pack_spikes: hand a stage's output over as bits when the stage ends in neurons.
     timeout: seconds to wait for a neighbour before PipelinePeerError (default: the group's).
     device: where this stage's layers go (the network is built anywhere, e.g. on the CPU).
+    weight_grad_lag: how many chunks' weight gradients this stage holds back in backward, so that
+        the input gradients the stage before waits for go out first (default: 2k + 1 on stage
+        k > 0, 0 on the first; the gradients are the same bits whatever the lag).
     """
 
     def __init__(self, layers: Sequence[nn.Module], loss_fn: Callable, chunks: int, group=None, *,
                  stages: int | None = None, cut: Sequence[range] | None = None, batch_norm: str = "refuse",
-                 pack_spikes: bool = True, timeout: float | None = None, device=None):
+                 pack_spikes: bool = True, timeout: float | None = None, device=None,
+                 weight_grad_lag: int | None = None):
         layers = list(layers)
         check_layers(layers, batch_norm)
         _check_chunks(chunks)
@@ -190,6 +197,7 @@ class PipelineTrainer:
                              f"0..{len(layers) - 1} (one per rank), got {cut}")
         self.cut, self.chunks, self.batch_norm = cut, int(chunks), batch_norm
         self.loss_fn, self.pack_spikes = loss_fn, pack_spikes
+        self.weight_grad_lag = _check_lag(weight_grad_lag)
         own = cut[self.peers.index]
         self.stage = nn.Sequential(OrderedDict((str(i), layers[i]) for i in own))
         if device is not None:
@@ -218,7 +226,7 @@ class PipelineTrainer:
         on the first stage only (elsewhere, if given, only its shape is checked), the
         target on the last only."""
         loss, self.outputs = _step(list(self.stage), x, target, self.loss_fn, self.chunks, self.peers,
-                                   self.pack_spikes)
+                                   self.pack_spikes, self.weight_grad_lag)
         return loss
 
     def captured(self, optimizer: torch.optim.Optimizer | None = None, *, warmup: int = 3) -> Callable:
@@ -277,7 +285,7 @@ class PipelineTrainer:
 
 def pipeline_step(stage: nn.Sequential, x: torch.Tensor | None, target, loss_fn: Callable, chunks: int,
                   group=None, *, batch_norm: str = "refuse", pack_spikes: bool = True,
-                  timeout: float | None = None, return_outputs: bool = False):
+                  timeout: float | None = None, return_outputs: bool = False, weight_grad_lag: int | None = None):
     """One pipelined training step of this rank's `stage` (its rank in `group` is its place
     in the pipeline; see PipelineTrainer for the arguments). Returns the loss on every rank
     (with return_outputs, also the last stage's outputs [T, B, ...], None elsewhere) and
@@ -286,7 +294,8 @@ def pipeline_step(stage: nn.Sequential, x: torch.Tensor | None, target, loss_fn:
     check_layers(layers, batch_norm)
     _check_chunks(chunks)
     pack_spikes, return_outputs = check_flag("pack_spikes", pack_spikes), check_flag("return_outputs", return_outputs)
-    loss, outputs = _step(layers, x, target, loss_fn, chunks, _Peers(group, timeout), pack_spikes)
+    loss, outputs = _step(layers, x, target, loss_fn, chunks, _Peers(group, timeout), pack_spikes,
+                          _check_lag(weight_grad_lag))
     return (loss, outputs) if return_outputs else loss
 
 
@@ -303,7 +312,7 @@ def chunked_step(layers: Sequence[nn.Module], x: torch.Tensor, target, loss_fn: 
     return (loss, outputs) if return_outputs else loss
 
 
-def _step(layers, x, target, loss_fn, chunks, peers, pack_spikes):
+def _step(layers, x, target, loss_fn, chunks, peers, pack_spikes, weight_grad_lag=None):
     if x is not None:
         _check_input(x, chunks)
     elif peers.first:
@@ -320,8 +329,17 @@ def _step(layers, x, target, loss_fn, chunks, peers, pack_spikes):
             raise ValueError(f"loss_fn: expected a scalar tensor, got {loss!r}")
         output_grads = torch.autograd.grad(loss, chunk_outputs, allow_unused=True)
         loss, outputs = loss.detach().float().reshape(()), outputs.detach()
-    _backward(records, output_grads, peers, later)
+    _backward(records, output_grads, peers, later, _lag(weight_grad_lag, peers.index))
     return peers.share_loss(loss), outputs
+
+
+def _lag(asked: int | None, index: int) -> int:
+    """How many chunks' weight gradients stage `index` holds back in backward. The default
+    covers the drain: after stage k's last input gradient, the stages before it still run the
+    input gradients of their last chunk (about 2/3 of a chunk's work each) and the first
+    stage its weight gradients too (1/3), while a held-back chunk's weight gradients are
+    about 1/3 of a chunk's work: 2k + 1 chunks. The first stage has no one to wait for it."""
+    return (2 * index + 1 if index > 0 else 0) if asked is None else asked
 
 
 # ---- one step: forward over the chunks, then backward in reverse ----
@@ -430,8 +448,9 @@ def _forward(layers, x, chunks, peers, pack_spikes):
     return records, outputs
 
 
-def _backward(records, output_grads, peers, later):
+def _backward(records, output_grads, peers, later, lag):
     chunks = len(records)
+    waiting = deque()  # per chunk, oldest first: weight-gradient work held back by `lag`
     carried = [None] * len(records[-1].v0)  # per layer: dL/dv[T-1] of the chunk at hand
     if not peers.last:
         incoming = peers.receive_grad(chunks - 1, records[-1].out_shape, records[-1].out_dtype)
@@ -460,8 +479,13 @@ def _backward(records, output_grads, peers, later):
             if g_in is None:  # the input did not reach the loss
                 g_in = torch.zeros(rec.in_shape, dtype=rec.in_dtype, device=peers.device)
             peers.send_grad(g_in, c)
-        weight_grad_queue.run(later)
+        waiting.append(later[:])
+        later.clear()
+        while len(waiting) > lag:
+            weight_grad_queue.run(waiting.popleft())
         records[c] = None  # this chunk's graph is done: free it
+    while waiting:  # the drain: the stages before finish their last chunks meanwhile
+        weight_grad_queue.run(waiting.popleft())
     peers.flush()
 
 
@@ -667,6 +691,12 @@ def check_real(name: str, value, expected: str, whole=None, **bounds) -> float:
         return check_number(name, value, **bounds)
     except ValueError:
         raise ValueError(f"{name}: expected {expected}, got {value if whole is None else whole!r}") from None
+
+
+def _check_lag(lag):
+    if lag is not None and (isinstance(lag, bool) or not isinstance(lag, int) or lag < 0):
+        raise ValueError(f"weight_grad_lag: expected an integer >= 0 or None (the default), got {lag!r}")
+    return lag
 
 
 def _check_chunks(chunks):
