@@ -9,6 +9,7 @@ bracketed by a host barrier and synchronize on both ranks, the slower rank's tim
 Writes OUT/pipeline-lag-ab-<device>[-<tag>].json (tag: $TAG, e.g. an NCCL setting).
 """
 import datetime
+import gc
 import json
 import os
 import statistics
@@ -100,6 +101,7 @@ def main(out, cases):
                                                                    if k.startswith("NCCL_")},
                        "results": results}, f, indent=1)
     dist.barrier(group=host)
+    gc.collect()  # CUDA graphs holding NCCL work go first (pytorch#115388)
     torch.cuda.synchronize()
     dist.destroy_process_group()
 
