@@ -15,9 +15,9 @@ Schedule (GPipe, over time chunks):
               of chunk c+1 is the incoming dL/dv[T-1] of chunk c. The weight gradients of
               SpikingLinear layers are computed after the send (ops.weight_grad_queue, the
               zero-bubble split of backward), so stage k-1 does not wait for them, and
-              stage k holds the last 2k + 1 chunks' of them back (_lag): its input
-              gradients run ahead, and the held-back products fill the drain, where stage
-              k would otherwise idle while the stages before finish their last chunks.
+              stage k keeps up to 2k + 1 chunks' of them waiting (_lag): its input
+              gradients run ahead, and the waiting products fill the drain, where stage k
+              would otherwise idle while the stages before finish their last chunks.
 Exactness: each chunk's autograd graph lives from its forward to its backward, its initial
 states v0 being leaves; backward is torch.autograd.backward on (the chunk's output, its final
 states) with (the received gradient, the carried state gradient). That is backpropagation
@@ -334,11 +334,13 @@ def _step(layers, x, target, loss_fn, chunks, peers, pack_spikes, weight_grad_la
 
 
 def _lag(asked: int | None, index: int) -> int:
-    """How many chunks' weight gradients stage `index` holds back in backward. The default
-    covers the drain: after stage k's last input gradient, the stages before it still run the
-    input gradients of their last chunk (about 2/3 of a chunk's work each) and the first
-    stage its weight gradients too (1/3), while a held-back chunk's weight gradients are
-    about 1/3 of a chunk's work: 2k + 1 chunks. The first stage has no one to wait for it."""
+    """How many chunks' weight gradients stage `index` keeps waiting in backward. The default
+    covers the drain: after stage k's last input gradient, each stage before it still runs
+    its last chunk's input gradients (about 1/3 of a chunk's work, as the forward and the
+    weight gradients are) and hands them on, and the first stage its weight gradients too,
+    while one chunk's weight gradients are about 1/3 of a chunk's work: k + 1 chunks with free
+    hand-offs, 2k + 1 leaving one chunk per stage for them (k = 1, 3 chunks: measured in
+    docs/parallel.md). The first stage has no one waiting for it."""
     return (2 * index + 1 if index > 0 else 0) if asked is None else asked
 
 
