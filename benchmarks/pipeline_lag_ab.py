@@ -85,8 +85,8 @@ def main(out, cases):
                     times[k].append(timed(fn, together))
             row = {"T": T, "chunks": C, "ms": {k: statistics.median(v) for k, v in times.items()},
                    "rounds": times}
-            one = row["ms"]["one GPU"]
-            row["speedup"] = {k: one / v for k, v in row["ms"].items() if k != "one GPU"}
+            one_ms = row["ms"]["one GPU"]
+            row["speedup"] = {k: one_ms / v for k, v in row["ms"].items() if k != "one GPU"}
             results.append(row)
             if rank == 0:
                 print(f"T={T} C={C}: " + ", ".join(f"{k} {v:.3f} ms" for k, v in row["ms"].items())
