@@ -1,6 +1,8 @@
-"""The pipeline's weight-gradient lag, alternated: the 2-stage captured pipeline with its
-weight gradients computed chunk by chunk (lag 0) against the default lag (2k + 1 chunks held
-back on stage k), and one GPU's captured step for the speedups, in one run.
+"""The pipeline's weight-gradient lag and hand-off communicator, alternated: the 2-stage
+captured pipeline with its weight gradients computed chunk by chunk (lag 0), with the default
+lag (2k + 1 chunks held back on stage k), and with the default lag but its hand-offs on the
+process group itself (NCCL's default thread blocks, not PipelineTrainer's 4-block
+communicator), and one GPU's captured step for the speedups, in one run.
 
     torchrun --standalone --nproc-per-node 2 benchmarks/pipeline_lag_ab.py OUT [T:C ...]
 
@@ -23,6 +25,7 @@ from spikefuse import precision
 from spikefuse.bench.parallel_pipeline import batch, fresh_layers, rate_cross_entropy
 from spikefuse.bench.report import environment
 from spikefuse.capture import CapturedStep
+from spikefuse.parallel import pipeline
 from spikefuse.parallel.pipeline import PipelineTrainer
 
 ROUNDS, REPS = 5, 5
@@ -68,8 +71,12 @@ def main(out, cases):
                 steps["one GPU"] = (lambda: one(x, y), False)
             else:
                 steps["one GPU"] = (lambda: None, False)
-            for name, lag in (("lag 0", 0), ("default lag", None)):
+            capped = pipeline._handoff_group
+            for name, lag, handoffs in (("lag 0", 0, capped), ("default lag", None, capped),
+                                        ("default lag, NCCL's default blocks", None, lambda group: group)):
+                pipeline._handoff_group = handoffs
                 trainer = PipelineTrainer(fresh_layers(Args), rate_cross_entropy, C, device=device, weight_grad_lag=lag)
+                pipeline._handoff_group = capped
                 step = trainer.captured()
                 run = (lambda step=step, first=rank == 0: step(x if first else T, y))
                 steps[name] = (run, True)

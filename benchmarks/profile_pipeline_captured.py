@@ -46,15 +46,28 @@ def kind(name):
     return "other"
 
 
+def busy_us(intervals):
+    """Length of the union of [start, end) intervals: time the GPU ran at least one kernel."""
+    total, reach = 0.0, float("-inf")
+    for start, end in sorted(intervals):
+        if end > reach:
+            total += end - max(start, reach)
+            reach = end
+    return total
+
+
 def kernel_table(prof, tag, rank, reps):
     by_name, by_kind = collections.defaultdict(lambda: [0, 0.0]), collections.defaultdict(float)
+    intervals, nccl = [], []
     for e in prof.events():
         if e.device_type == torch.autograd.DeviceType.CUDA:
             by_name[e.name][0] += 1
             by_name[e.name][1] += e.device_time_total
             by_kind[kind(e.name)] += e.device_time_total
+            (nccl if kind(e.name) == "nccl" else intervals).append((e.time_range.start, e.time_range.end))
     lines = [f"== {tag} rank {rank}: {sum(c for c, _ in by_name.values()) / reps:.0f} kernels/step, kernel time "
-             f"{sum(by_kind.values()) / reps / 1e3:.3f} ms/step; "
+             f"{sum(by_kind.values()) / reps / 1e3:.3f} ms/step, busy (union of non-NCCL kernels) "
+             f"{busy_us(intervals) / reps / 1e3:.3f} ms/step; "
              + ", ".join(f"{k} {v / reps / 1e3:.3f}" for k, v in sorted(by_kind.items(), key=lambda kv: -kv[1]))]
     for name, (count, us) in sorted(by_name.items(), key=lambda kv: -kv[1][1])[:30]:
         lines.append(f"   {count / reps:7.1f} x {us / max(count, 1):8.1f} us = {us / reps / 1e3:7.3f} ms  {name[:110]}")
