@@ -9,7 +9,7 @@ import pytest
 from spikefuse.models import build_model
 from spikefuse.parallel.planner import (LayerProfile, configure, format_plan, ideal_pipeline_speedup,
                                         paper_optimum, paper_speedup, pipeline_speedup, pipeline_time, plan,
-                                        predict, predict_row, run, stage_memory)
+                                        predict, predict_row, run, split_schedule_time, stage_memory)
 
 
 def simulated_time(n, chunks, t, h):
@@ -32,6 +32,41 @@ def simulated_time(n, chunks, t, h):
                                           (4, 3, 1.0, 2.5), (5, 9, 0.2, 0.05), (8, 16, 1.0, 0.0)])
 def test_pipeline_time_is_the_schedule(n, chunks, t, h):
     assert pipeline_time(n, chunks, t, h) == pytest.approx(simulated_time(n, chunks, t, h))
+
+
+@pytest.mark.parametrize("chunks", [1, 2, 5, 8])
+def test_split_schedule_equal_stages_wait_once_at_the_turn(chunks):
+    """Two equal stages (forward, input gradient, weight gradients 1 each): the first runs its
+    3C and waits once, after its last forward, for the second's forward and input gradient of
+    the last chunk; the second's held weight gradients never hold it up."""
+    assert split_schedule_time([(1.0, 1.0, 1.0)] * 2, chunks, 0.0) == pytest.approx(3 * chunks + 2)
+
+
+def test_split_schedule_a_slower_last_stage_starts_one_forward_late():
+    # its 6 per chunk from the first stage's first forward on; the first stage, 3 per chunk,
+    # finishes while the second still runs its held weight gradients
+    assert split_schedule_time([(1.0, 1.0, 1.0), (2.0, 2.0, 2.0)], 4, 0.0) == pytest.approx(1 + 4 * 6)
+    # a hand-off of 0.5 each way: the second stage starts 0.5 later
+    assert split_schedule_time([(1.0, 1.0, 1.0), (2.0, 2.0, 2.0)], 4, 0.5) == pytest.approx(1.5 + 4 * 6)
+
+
+def test_split_schedule_a_slow_link_carries_one_chunk_at_a_time():
+    """Hand-offs of 3 against 1 of forward per chunk (backward free): the chunks reach the
+    second stage every 3, and their gradients come back every 3."""
+    t = split_schedule_time([(1.0, 0.0, 0.0), (1.0, 0.0, 0.0)], 4, 3.0)
+    assert t == pytest.approx(1 + 4 * 3 + 1 + 4 * 3)  # first forward, 4 hand-offs, last forward, 4 back
+    assert split_schedule_time([(1.0, 0.0, 0.0)], 4, 3.0) == pytest.approx(4)  # one stage: no link
+
+
+def test_split_schedule_holding_weight_gradients_back_fills_the_drain():
+    """Worked by hand, 2 chunks: forwards 0-2 on the first stage, 1-3 on the second. In step
+    (lag 0) the second stage sends chunk 1's gradient at 4, runs its weight gradients to 6 and
+    sends chunk 0's at 7 (ends at 9); the first stage waits for it after chunk 1's 2.5 (4-6.5)
+    and ends at 9.5. Held back (the default lag), chunk 0's gradient goes at 5 and the first
+    stage ends at 9, when the second does."""
+    stages = [(1.0, 1.5, 1.0), (1.0, 1.0, 2.0)]
+    assert split_schedule_time(stages, 2, 0.0, lags=[0, 0]) == pytest.approx(9.5)
+    assert split_schedule_time(stages, 2, 0.0) == pytest.approx(9.0)
 
 
 def test_paper_model_and_its_optimum():
@@ -80,7 +115,11 @@ def test_predict_balances_measured_time_and_picks_chunks():
     for r in (rows[1], rows[3]):  # balanced, free hand-offs, chunks free: the most chunks measured
         assert r.chunks == 64
         assert r.predicted_speedup == pytest.approx(ideal_pipeline_speedup(r.gpus, 64))
-    assert rows[2].predicted_speedup == pytest.approx(64 * 4 / 2 / (64 + 2))  # 3 stages of 2, 1, 1: t = Ts/2/C
+    # 3 stages of 2, 1, 1 layers (u = a layer's time on a chunk, Ts/4/C): the first, slowest, runs
+    # 2u per chunk and waits once, at the turn, for the last chunk's forward and backward through
+    # the two others (2u)
+    u = ts / 4 / 64
+    assert rows[2].predicted_speedup == pytest.approx(ts / (64 * 2 * u + 2 * u))
 
 
 def test_a_per_chunk_cost_and_a_slow_link_mean_fewer_chunks():
@@ -93,8 +132,9 @@ def test_a_per_chunk_cost_and_a_slow_link_mean_fewer_chunks():
     latency = predict(layers, profiles(times, spikes), T, ts, chunked(ts), (0.05, math.inf), 0, max_gpus=2)[1]
     assert free.chunks == 64 and costly.chunks < 64 and latency.chunks < 64
     for row, per_chunk, lat in [(costly, 0.1, 0.0), (latency, 0.0, 0.05)]:
-        def t_pipe(c):
-            return pipeline_time(2, c, 0.5 * (ts + per_chunk * c) / c, 2 * lat)
+        def t_pipe(c):  # each stage: 2 of the 4 layer units; forward a third of a layer's time
+            unit = (ts + per_chunk * c) / c / 4
+            return split_schedule_time([(2 * unit / 3, 4 * unit / 3, 0.0)] * 2, c, 2 * lat)
         assert row.handoff_s == pytest.approx(2 * lat)
         assert row.step_time_s == pytest.approx(t_pipe(row.chunks))
         assert row.step_time_s == pytest.approx(min(t_pipe(2**i) for i in range(7)))
@@ -108,10 +148,12 @@ def test_unmeasured_chunk_counts_are_interpolated():
     p = profiles(times, spikes)
     cut = [range(0, 5), range(5, 10)]
     measured = {1: 4.0, 2: 4.2, 4: 5.0}
+    def stages(chunk_time):  # each stage half of it; forward a third of a layer's time
+        return [(chunk_time / 6, chunk_time / 3, 0.0)] * 2
     row = predict_row(p, cut, 64, 4.0, measured, (0.0, math.inf), 0, chunks=3)
-    assert row.step_time_s == pytest.approx(pipeline_time(2, 3, 0.5 * 4.6 / 3, 0.0))
+    assert row.step_time_s == pytest.approx(split_schedule_time(stages(4.6 / 3), 3, 0.0))
     row = predict_row(p, cut, 64, 4.0, measured, (0.0, math.inf), 0, chunks=8)  # beyond: per-chunk cost of C=4
-    assert row.step_time_s == pytest.approx(pipeline_time(2, 8, 0.5 * 5.0 / 4, 0.0))
+    assert row.step_time_s == pytest.approx(split_schedule_time(stages(5.0 / 4), 8, 0.0))
     with pytest.raises(ValueError, match=r"^chunks: expected 1 <= chunks <= T=64, got 65"):
         predict_row(p, cut, 64, 4.0, measured, (0.0, math.inf), 0, chunks=65)
 
@@ -142,7 +184,12 @@ def test_plan_measures_and_formats_a_table():
     p = plan("deep-lif", 8, 2, gpus=2, input_shape=(6,), hidden=8, depth=4, backend="reference",
              link=(1e-5, 1e9), reps=1)
     assert p.link_source == "given" and p.ts_s > 0 and sorted(p.chunked_s) == [1, 2, 4, 8]
-    assert len(p.profiles) == 10 and all(q.seconds >= 0 for q in p.profiles)
+    assert len(p.profiles) == 10 and all(0 <= q.forward_seconds <= q.seconds for q in p.profiles)
+    # what a stage holds back: the SpikingLinears' weight gradients, half their backward
+    for q in p.profiles:
+        spiking = q.name.endswith(":SpikingLinear")
+        assert q.held_seconds == (pytest.approx((q.seconds - q.forward_seconds) / 2) if spiking else 0.0), q.name
+    assert sum(q.name.endswith(":SpikingLinear") for q in p.profiles) == 4  # 3 hidden and the readout
     assert [r.gpus for r in p.rows] == list(range(1, 9))
     assert p.chosen.gpus == 2 and p.best in p.rows
     for r in p.rows:

@@ -18,21 +18,31 @@ With balanced stages, t = Ts/(N*C), and free hand-offs (h = 0):
 With h = Tc <= t and C -> infinity, T_pipe -> Ts/N + (N-1)*Tc: the paper's model (which counts
 N hand-offs where the pipeline has N-1 boundaries).
 
+The prediction itself follows PipelineTrainer's own schedule (split_schedule_time), simulated
+chunk by chunk: a stage runs its forwards in order, then per chunk, in reverse, the backward
+the stage before waits for (b) and, held back by the weight-gradient lag (2k + 1 chunks on
+stage k, 0 on the first), its SpikingLinear weight gradients (w). Held, those fill the drain
+that GPipe's form charges, so fewer chunks pay than that form says: on 2 H200s (deep-lif,
+B = 16, T = 4096) it chose 32 chunks, which ran 1.63x, where 8 ran 1.71x (docs/parallel.md).
+
 What `plan` measures, instead of assuming balance, free chunks and a fixed Tc:
 - Ts, the ordinary single-device step, and the same step on one device cut into C chunks
   (spikefuse.parallel.pipeline.chunked_step: every per-chunk cost of a stage but the
   hand-offs: smaller GEMMs, more launches), for C = 1, 2, 4, ...; on CUDA both are captured
   in a CUDA graph, as PipelineTrainer.captured runs the pipeline (issued eagerly, a chunk of
   deep-lif cost ~4 ms of host time on an H200 machine whatever its length);
-- each layer's forward+backward time: the stage cut balances those (split_stages), and
-  t = (the slowest stage's share of the layer time) * (the C-chunk step) / C;
+- each layer's forward+backward time and its forward alone: the stage cut balances the
+  former (split_stages); a stage's share of the layer time times the C-chunk step, over C,
+  is its work on one chunk, split into forward, what the stage before waits for and the
+  held weight gradients (a SpikingLinear's backward counted half input, half weight
+  gradient, or all weight gradient where its input needs none);
 - the link between two GPUs (latency and bandwidth of device-to-device copies, or given):
   h is two messages' latency plus one chunk's spikes (bits after a neuron layer) and its
   float gradient over the bandwidth;
 - the bytes each layer saves for backward per time step (saved-tensor hooks): a GPU holds its
   stage's parameters and gradients, its saved activations over all T steps, the input (first
   stage), the outputs (last stage) and the chunks in flight; no optimizer state, no workspace.
-The chunk count is the measured C with the shortest predicted T_pipe.
+The chunk count is the measured C with the shortest predicted step.
 """
 from __future__ import annotations
 
@@ -49,7 +59,8 @@ from torch import nn
 from .. import precision as precisions
 from ..data.events import check_device
 from ..nn import LIF
-from .pipeline import _check_input, check_count, check_layers, check_real, chunked_step, split_stages
+from ..nn.spiking_layers import SpikingLinear
+from .pipeline import _check_input, _lag, check_count, check_layers, check_real, chunked_step, split_stages
 
 MAX_GPUS = 8
 MAX_CHUNKS = 256
@@ -86,6 +97,41 @@ def pipeline_speedup(n: int, chunks: int, ts: float, tc: float) -> float:
     return ts / pipeline_time(n, chunks, ts / (n * chunks), tc)
 
 
+def split_schedule_time(stages: list[tuple[float, float, float]], chunks: int, handoff: float,
+                        lags: list[int] | None = None) -> float:
+    """One step of PipelineTrainer's schedule, simulated: stage k spends f, b, w = stages[k] on
+    each chunk's forward, on the backward the stage before waits for, and on its held weight
+    gradients. Stage k runs chunk c's forward once it has the chunk (the stage before's
+    forward of it, then `handoff` on the link, which carries one chunk at a time each way),
+    then, chunk by chunk in reverse, b once the stage after's gradient of the chunk has come
+    the same way, and the weight gradients of the oldest held chunk while more than lags[k]
+    are held (default: the trainer's, 2k + 1 on stage k > 0); the rest at the end."""
+    n = len(stages)
+    lags = [_lag(None, k) for k in range(n)] if lags is None else lags
+    free = [0.0] * n  # when each stage is next idle
+    ready = [0.0] * chunks  # when the stage before's forward of chunk c was done
+    for k, (f, _, _) in enumerate(stages):
+        link = 0.0  # when the link from the stage before is next free
+        for c in range(chunks):
+            if k:
+                ready[c] = link = max(ready[c], link) + handoff
+            free[k] = ready[c] = max(free[k], ready[c]) + f
+    ready = [0.0] * chunks  # when the stage after's gradient of chunk c was done
+    for k in reversed(range(n)):
+        _, b, w = stages[k]
+        held, link = 0, 0.0
+        for c in reversed(range(chunks)):
+            if k < n - 1:
+                ready[c] = link = max(ready[c], link) + handoff
+            free[k] = ready[c] = max(free[k], ready[c]) + b
+            held += 1
+            if held > lags[k]:
+                free[k] += w
+                held -= 1
+        free[k] += held * w
+    return max(free)
+
+
 # ---- what plan() returns ----
 
 @dataclass
@@ -98,6 +144,8 @@ class LayerProfile:
     out_per_step: float
     param_bytes: int
     spikes: bool
+    forward_seconds: float | None = None  # the forward alone (None: a third of `seconds`)
+    held_seconds: float = 0.0  # of the backward, what a pipeline stage can hold back (weight gradients)
 
 
 @dataclass
@@ -106,7 +154,7 @@ class PlanRow:
     gpus: int
     chunks: int
     cut: list[range]
-    step_time_s: float  # predicted T_pipe
+    step_time_s: float  # the predicted step (split_schedule_time)
     handoff_s: float  # h: one chunk across the slowest boundary, spikes forward and gradient back
     predicted_speedup: float  # Ts / T_pipe, from the measurements
     ideal_speedup: float  # N*C/(C+N-1) at this C
@@ -179,7 +227,7 @@ def _step_seconds_of(run, x: torch.Tensor, reps: int) -> float:
     for _ in range(3):  # warm-up steps, then the capture
         step(x)
     seconds = _seconds_of(lambda: step(x), x.device, reps)
-    del step
+    step = None  # the graph's memory goes back before the next measurement
     torch.cuda.empty_cache()
     return seconds
 
@@ -209,10 +257,15 @@ def profile_layers(layers, x: torch.Tensor, reps: int = 3, memory_steps: int = 1
             y = layer(a_in)
             if y.requires_grad:
                 y.backward(grad)
-        profiles.append(LayerProfile(f"{i}:{type(layer).__name__}", _seconds_of(run, x.device, reps),
+        seconds = _seconds_of(run, x.device, reps)
+        forward = min(_seconds_of(lambda: layer(a_in), x.device, reps), seconds)  # saving, as in training
+        held = 0.0  # the pipeline holds back a SpikingLinear's weight gradient (weight_grad_queue)
+        if isinstance(layer, SpikingLinear) and layer.weight.requires_grad:
+            held = (seconds - forward) / (2 if a_in.requires_grad else 1)
+        profiles.append(LayerProfile(f"{i}:{type(layer).__name__}", seconds,
                                      saved[i] / min(T, memory_steps), out.numel() * out.element_size() / T,
                                      sum(p.numel() * p.element_size() for p in layer.parameters()),
-                                     isinstance(layer, LIF)))
+                                     isinstance(layer, LIF), forward, held))
         a = out
         layer.zero_grad(set_to_none=True)
     return profiles
@@ -424,8 +477,8 @@ def predict_row(profiles: list[LayerProfile], cut: list[range], time_steps: int,
     shortest T_pipe. chunked: C -> the one-device step in C chunks (interpolated linearly
     in C between measured counts); t is the slowest stage's share of it, divided by C."""
     T, (latency, bandwidth), n = time_steps, link, len(cut)
-    times = [p.seconds for p in profiles]
-    share = max(sum(times[i] for i in r) for r in cut) / max(sum(times), 1e-30)
+    whole = max(sum(p.seconds for p in profiles), 1e-30)
+    parts = [stage_parts([profiles[i] for i in r]) for r in cut]  # per stage: f, b, w over the layer time
     boundaries = [profiles[r.stop - 1] for r in cut[:-1]]
     counts = sorted(chunked)
 
@@ -433,8 +486,10 @@ def predict_row(profiles: list[LayerProfile], cut: list[range], time_steps: int,
         return max((2 * latency + steps * p.out_per_step * ((1 / 32 if p.spikes else 1) + 1) / bandwidth
                     for p in boundaries), default=0.0)
 
-    def total(c):
-        return pipeline_time(n, c, share * _interpolate(chunked, c) / c, handoff(math.ceil(T / c)))
+    def total(c):  # the stages' parts scaled to one chunk of the one-device step in c chunks
+        scale = _interpolate(chunked, c) / c / whole
+        return split_schedule_time([tuple(v * scale for v in f_b_w) for f_b_w in parts], c,
+                                   handoff(math.ceil(T / c)))
     if chunks is None:
         chunks = min(counts if n > 1 else [1], key=lambda c: (round(total(c) / ts, 9), c))  # ties: fewer
     elif not 1 <= chunks <= T:
@@ -444,6 +499,14 @@ def predict_row(profiles: list[LayerProfile], cut: list[range], time_steps: int,
         t_pipe = ts
     return PlanRow(n, chunks, cut, t_pipe, h, ts / t_pipe, ideal_pipeline_speedup(n, chunks),
                    paper_speedup(n, ts, h), max(stage_memory(profiles, r, T, chunks, input_bytes) for r in cut))
+
+
+def stage_parts(profiles: list[LayerProfile]) -> tuple[float, float, float]:
+    """A stage's layer time split as split_schedule_time takes it: forward, the backward the
+    stage before waits for, the held weight gradients."""
+    forward = sum(p.seconds / 3 if p.forward_seconds is None else p.forward_seconds for p in profiles)
+    held = sum(p.held_seconds for p in profiles)
+    return forward, sum(p.seconds for p in profiles) - forward - held, held
 
 
 def _interpolate(measured: dict[int, float], c: int) -> float:
@@ -483,8 +546,9 @@ def format_plan(p: Plan) -> str:
         f"temporal pipeline plan: {p.model}, T={p.time_steps}, B={p.batch}, measured on {p.device}",
         f"Ts = {_seconds(p.ts_s)} (one device, forward+backward); in C chunks on one device: {chunked}",
         f"link: {_seconds(p.link_latency_s)} + bytes / {p.link_bandwidth / 1e9:.3g} GB/s ({p.link_source})",
-        "paper: Ts/(Ts/N + N*Tc); ideal pipeline: N*C/(C+N-1); predicted: Ts/T_pipe, T_pipe = (C-1)*max(t,h)",
-        "  + N*t + (N-1)*h with t the slowest stage's share of a chunk and h = Tc the hand-off of one chunk",
+        "paper: Ts/(Ts/N + N*Tc); ideal pipeline: N*C/(C+N-1); predicted: Ts/T_pipe, T_pipe the pipeline's",
+        "  schedule simulated chunk by chunk (weight gradients held back), each stage's work on a chunk its",
+        "  share of the C-chunk step, and h = Tc the hand-off of one chunk",
         "",
         f"{'N':>2} {'chunks':>6} {'paper':>6} {'ideal':>6} {'predicted':>9} {'T_pipe':>9} {'Tc':>9} "
         f"{'memory/GPU':>10}  stage cut (layers)",
@@ -577,5 +641,6 @@ def run(args) -> int:
 
 
 __all__ = ["paper_speedup", "paper_optimum", "ideal_pipeline_speedup", "pipeline_time", "pipeline_speedup",
+           "split_schedule_time",
            "Plan", "PlanRow", "LayerProfile", "profile_layers", "saved_bytes", "step_seconds", "chunked_seconds",
            "measure_link", "check_link", "plan", "predict", "predict_row", "stage_memory", "format_plan"]
