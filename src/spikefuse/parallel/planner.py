@@ -22,8 +22,9 @@ The prediction itself follows PipelineTrainer's own schedule (split_schedule_tim
 chunk by chunk: a stage runs its forwards in order, then per chunk, in reverse, the backward
 the stage before waits for (b) and, held back by the weight-gradient lag (2k + 1 chunks on
 stage k, 0 on the first), its SpikingLinear weight gradients (w). Held, those fill the drain
-that GPipe's form charges, so fewer chunks pay than that form says: on 2 H200s (deep-lif,
-B = 16, T = 4096) it chose 32 chunks, which ran 1.63x, where 8 ran 1.71x (docs/parallel.md).
+that GPipe's form charges. Measured on 2 H200s (deep-lif, B = 16, T = 1024..16384, 4-32
+chunks) the steps came within 6 % of it; at 16 and 32 chunks 5-6 % slower than predicted,
+whose hand-offs cost more than this model charges (docs/parallel.md).
 
 What `plan` measures, instead of assuming balance, free chunks and a fixed Tc:
 - Ts, the ordinary single-device step, and the same step on one device cut into C chunks
