@@ -1,12 +1,14 @@
-"""Produces benchmarks/results/s25-2026-11-28/profile-pipeline-before-<gpu>.txt (on 2 GPUs).
+"""Produces benchmarks/results/s25-2026-11-28/profile-pipeline-before-<gpu>.txt and
+s27-2026-11-28/profile-pipeline-*.txt (on 2 GPUs).
 
-Where a pipelined step's time goes, captured as users run it: deep-lif (B = 16, T = 1024,
-TF32) on one GPU unchunked and in 8 and 16 chunks (chunked_step), then the 2-stage
-PipelineTrainer.captured step at 8 and 16 chunks. Each: the median step time, and the
-profiler's kernels over 2 replays grouped by name and by kind (GEMM, LIF, NCCL, bit packing,
-other), per step. Chrome traces of the 8-chunk runs go to OUT for a timeline.
+Where a pipelined step's time goes, captured as users run it: deep-lif (B = 16, T = 1024 or
+as given, TF32) on one GPU unchunked and in C chunks (chunked_step; C = 8 and 16 or as given),
+then the 2-stage PipelineTrainer.captured step at each C. Each: the median step time, and
+the profiler's kernels over 2 replays grouped by name and by kind (GEMM, LIF, NCCL, bit
+packing, other) with each rank's busy time, per step. Chrome traces of the first C's runs go
+to OUT for a timeline.
 
-    torchrun --standalone --nproc-per-node 2 benchmarks/profile_pipeline_captured.py OUT
+    torchrun --standalone --nproc-per-node 2 benchmarks/profile_pipeline_captured.py OUT [T [C ...]]
 """
 import collections
 import datetime
@@ -26,6 +28,7 @@ from spikefuse.models import build_model
 from spikefuse.parallel.pipeline import PipelineTrainer, chunked_step
 
 T, B = 1024, 16
+CHUNKS = (8, 16)
 
 
 def loss_fn(outputs, target):
@@ -121,24 +124,24 @@ def main(out):
             def whole(x, y):
                 net.zero_grad(set_to_none=True)
                 loss_fn(net(x), y).backward()
-            for C in (1, 8, 16):
+            for C in (1, *CHUNKS):
                 def chunked(x, y, C=C):
                     net.zero_grad(set_to_none=True)
                     return chunked_step(list(net), x, y, loss_fn, C)
                 step = CapturedStep(whole if C == 1 else chunked, name=f"one GPU, {C} chunks")
                 tag = "one-unchunked" if C == 1 else f"one-chunked{C}"
                 log.append(f"one GPU, {C} chunks: {median_ms(lambda: step(x, y)):.3f} ms")
-                log.append(profiled(lambda: step(x, y), tag, trace=C == 8))
+                log.append(profiled(lambda: step(x, y), tag, trace=C == CHUNKS[0]))
             net = step = None  # freed before the pipeline runs
             torch.cuda.empty_cache()
         dist.barrier(group=host)
-        for C in (8, 16):
+        for C in CHUNKS:
             trainer = PipelineTrainer(layers(), loss_fn, C, device=device)
             step = trainer.captured()
             run = lambda: step(x if rank == 0 else T, y)  # noqa: E731
             ms = median_ms(run, together=True)
             dist.barrier(group=host)
-            table = profiled(run, f"pipe{C}", trace=C == 8)
+            table = profiled(run, f"pipe{C}", trace=C == CHUNKS[0])
             tables = [None, None]
             dist.all_gather_object(tables, table, group=host)
             log.append(f"pipeline, 2 stages, {C} chunks: {ms:.3f} ms\n" + "\n".join(tables))
@@ -153,4 +156,7 @@ def main(out):
 
 
 if __name__ == "__main__":
+    if len(sys.argv) > 2:
+        T = int(sys.argv[2])
+        CHUNKS = tuple(int(c) for c in sys.argv[3:]) or CHUNKS
     main(sys.argv[1])
