@@ -1,8 +1,8 @@
-"""The pipeline's options, alternated: the 2-stage captured pipeline with its weight gradients
-computed chunk by chunk (lag 0), with the defaults (2k + 1 chunks held back on stage k, the
-hand-offs on PipelineTrainer's 4-block communicator, the first boundary balanced), with its
-hand-offs on the process group itself (NCCL's default thread blocks), and without the
-balanced boundary, and one GPU's captured step for the speedups, in one run. $VARIANTS
+"""The pipeline's weight-gradient lag and hand-off communicator, alternated: the 2-stage
+captured pipeline with its weight gradients computed chunk by chunk (lag 0), with the default
+lag (2k + 1 chunks held back on stage k), and with the default lag but its hand-offs on the
+process group itself (NCCL's default thread blocks, not PipelineTrainer's 4-block
+communicator), and one GPU's captured step for the speedups, in one run. $VARIANTS
 (comma-separated names of VARIANT_OPTIONS) picks some.
 
     torchrun --standalone --nproc-per-node 2 benchmarks/pipeline_lag_ab.py OUT [T:C ...]
@@ -32,9 +32,8 @@ from spikefuse.parallel.pipeline import PipelineTrainer
 ROUNDS, REPS = 5, 5
 VARIANT_OPTIONS = {  # name -> PipelineTrainer options ("uncapped": hand-offs on the group itself)
     "lag 0": dict(weight_grad_lag=0),
-    "defaults": {},
-    "hand-offs on NCCL's default blocks": dict(uncapped=True),
-    "boundary not balanced": dict(balance_boundary=False),
+    "default lag": {},
+    "default lag, NCCL's default blocks": dict(uncapped=True),
 }
 VARIANTS = [v for v in os.environ.get("VARIANTS", ",".join(VARIANT_OPTIONS)).split(",") if v]
 

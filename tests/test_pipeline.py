@@ -49,18 +49,7 @@ def with_batch_norm():
                          nn.Linear(8, 8), snn.LIF(threshold=0.5, backend="reference"), nn.Linear(8, CLASSES))
 
 
-def deep_lif_frozen(reset="hard", backend="reference"):
-    """deep-lif with every SpikingLinear's weight frozen: the gradient still reaches the layers
-    before, through the products a balanced boundary moves to the first stage."""
-    layers = deep_lif(reset, backend)
-    for layer in layers:
-        if isinstance(layer, SpikingLinear):
-            layer.weight.requires_grad_(False)
-    return layers
-
-
-NETWORKS = {"deep-lif": deep_lif, "spiking-readout": spiking_readout, "batch-norm": with_batch_norm,
-            "deep-lif-frozen": deep_lif_frozen}
+NETWORKS = {"deep-lif": deep_lif, "spiking-readout": spiking_readout, "batch-norm": with_batch_norm}
 
 
 def rate_cross_entropy(out, y):
@@ -106,9 +95,6 @@ CASES = {
     "fused kernels, spiking readout, hard C=2": Case("spiking-readout", 2, backend="fused"),
     "hard C=4, weight gradients in step (lag 0)": Case("deep-lif", 4, options=dict(weight_grad_lag=0)),
     "hard C=4, all weight gradients held to the end": Case("deep-lif", 4, options=dict(weight_grad_lag=9)),
-    "hard C=4": Case("deep-lif", 4),
-    "hard C=4, boundary not balanced": Case("deep-lif", 4, options=dict(balance_boundary=False)),
-    "hard C=5, spiking weights frozen": Case("deep-lif-frozen", 5),
 }
 BN_CASE = Case("batch-norm", 3, options=dict(batch_norm="per_chunk"))
 
@@ -122,7 +108,7 @@ def single_device(case):
     out = layers(x)
     loss = case.loss_fn()(out, y)
     loss.backward()
-    return loss.detach(), out.detach(), {n: p.grad.clone() for n, p in layers.named_parameters() if p.requires_grad}
+    return loss.detach(), out.detach(), {n: p.grad.clone() for n, p in layers.named_parameters()}
 
 
 def chunked_single_device(case):
@@ -195,9 +181,8 @@ def run_cases(rank, world, cases):
         trainer = PipelineTrainer(layers, case.loss_fn(), case.chunks, timeout=20, **case.options)
         x, y = data()
         loss = trainer.step(x if trainer.stage_index == 0 else None, y if trainer.is_last else None)
-        grads = {n: p.grad.clone() for n, p in trainer.named_parameters() if p.requires_grad}
+        grads = {n: p.grad.clone() for n, p in trainer.named_parameters()}
         results[name] = (loss, trainer.outputs, grads, [list(r) for r in trainer.cut])
-        results.setdefault("balanced", {})[name] = trainer.boundary is not None
     case = CASES["hard C=3 (7 steps: uneven chunks)"]  # two steps with an optimizer, as a captured step
     trainer = PipelineTrainer(case.build(), case.loss_fn(), case.chunks, timeout=20)
     step = trainer.captured(torch.optim.SGD(trainer.parameters(), lr=0.5))
@@ -270,21 +255,6 @@ def test_holding_weight_gradients_back_changes_no_bit(pipelined):
     assert torch.equal(in_step[0][0], held[0][0])
     for n, g in in_step[2].items():
         assert torch.equal(g, held[2][n]), n
-
-
-def test_a_balanced_boundary_changes_no_bit(pipelined):
-    """The first stage computing every other chunk's input-gradient product of the second
-    stage's first layer (a SpikingLinear) runs the same product: the same bits. It is on by
-    default on the first two stages, and off where asked."""
-    _, ranks = pipelined
-    assert [ranks[r]["balanced"]["hard C=4"] for r in sorted(ranks)][:2] == [True, True]
-    assert not any(ranks[r]["balanced"]["hard C=4"] for r in sorted(ranks)[2:])  # only the first boundary
-    assert not any(ranks[r]["balanced"]["hard C=4, boundary not balanced"] for r in ranks)
-    balanced, plain = gathered(ranks, "hard C=4"), gathered(ranks, "hard C=4, boundary not balanced")
-    assert torch.equal(balanced[0][0], plain[0][0]) and torch.equal(balanced[1], plain[1])
-    assert balanced[2].keys() == plain[2].keys()
-    for n, g in balanced[2].items():
-        assert torch.equal(g, plain[2][n]), n
 
 
 def test_batch_norm_per_chunk_is_chunked_statistics(pipelined):

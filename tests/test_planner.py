@@ -158,18 +158,6 @@ def test_unmeasured_chunk_counts_are_interpolated():
         predict_row(p, cut, 64, 4.0, measured, (0.0, math.inf), 0, chunks=65)
 
 
-def test_the_second_stages_first_spiking_linear_gives_half_its_input_gradient_to_the_first():
-    """PipelineTrainer's balanced boundary: the first stage runs every other chunk's input-gradient
-    product of the second stage's first SpikingLinear (here 0.4 of its 1.0: forward 0.2, held 0.4)."""
-    p = [LayerProfile("0:Linear", 1.0, 0, 1.0, 0, False, 0.5, 0.5),
-         LayerProfile("1:SpikingLinear", 1.0, 0, 1.0, 0, False, 0.2, 0.4)]
-    row = predict_row(p, [range(0, 1), range(1, 2)], 8, 2.0, {1: 2.0, 4: 2.0}, (0.0, math.inf), 0, chunks=4)
-    scale = 2.0 / 4 / 2.0  # the 4-chunk step over 4 chunks, over the layers' 2.0
-    want = split_schedule_time([(0.5 * scale, 0.2 * scale, 0.5 * scale), (0.2 * scale, 0.2 * scale, 0.4 * scale)],
-                               4, 0.0)
-    assert row.step_time_s == pytest.approx(want)
-
-
 def test_handoff_counts_spikes_as_bits_and_gradients_as_floats():
     layers = deep_lif_layers()
     spikes = [type(m).__name__ == "LIF" for m in layers]

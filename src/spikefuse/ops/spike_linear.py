@@ -118,13 +118,6 @@ def _backward(gy, packed, weight, s_shape, s_dtype, need_s, need_w, need_b, laun
     return gs, gw, gb
 
 
-def input_grad(gy: torch.Tensor, weight: torch.Tensor, s_shape, s_dtype: torch.dtype) -> torch.Tensor:
-    """dL/ds of spike_linear from its output gradient gy, as its backward computes it (the same
-    product, so the same bits): for a caller holding the weight elsewhere (the temporal
-    pipeline's stage before, spikefuse.parallel.pipeline)."""
-    return _backward(gy, None, weight, torch.Size(s_shape), s_dtype, True, False, False)[0]
-
-
 def saved_spikes(packed, s_shape, dtype, launch=EAGER) -> torch.Tensor:
     """The saved spikes as the weight gradient's operand s [M, IN] (M: all leading dims).
     Where the product runs on TF32 (and on the CPU under the interpreter, for the tests), a

@@ -18,12 +18,6 @@ Schedule (GPipe, over time chunks):
               stage k keeps up to 2k + 1 chunks' of them waiting (_lag): its input
               gradients run ahead, and the waiting products fill the drain, where stage k
               would otherwise idle while the stages before finish their last chunks.
-    balance   the first stage's first layer needs no input gradient, so the first stage has
-              one product per chunk fewer than a stage after it. When the second stage begins
-              with a SpikingLinear, the first stage computes that layer's input-gradient
-              product for every other chunk (the odd ones): the second stage sends it the
-              layer's weight once a step and, for those chunks, the layer's output gradient
-              instead of its input gradient (PipelineTrainer(balance_boundary=)).
 Exactness: each chunk's autograd graph lives from its forward to its backward, its initial
 states v0 being leaves; backward is torch.autograd.backward on (the chunk's output, its final
 states) with (the received gradient, the carried state gradient). That is backpropagation
@@ -60,16 +54,13 @@ from ..data.events import check_flag
 from ..errors import one_line
 from ..neuron_options import MAX_INT, check_int, check_number
 from ..nn import ALIF, BNLIF, CUBA, LIF, RecurrentALIF, RecurrentCUBA, RecurrentLIF
-from ..nn.spiking_layers import SpikingLinear
 from ..ops import spike_pack, weight_grad_queue
-from ..ops.spike_linear import input_grad
 
 BATCH_NORM = ("refuse", "per_chunk")
 CARRIES_NO_STATE_HERE = (ALIF, CUBA, RecurrentLIF, RecurrentALIF, RecurrentCUBA)  # neurons whose state is not handed over
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 _HEADER_WORDS = 16  # int64: T, chunks, dtype index, packed, ndim, then the trailing shape
 _HEADER_TAG = 0
-_WEIGHT_TAG = 2**31 - 1  # the shared boundary's weight (chunks use 1 + 2c and 2 + 2c)
 
 
 class PipelinePeerError(RuntimeError):
@@ -180,20 +171,16 @@ class PipelineTrainer:
     weight_grad_lag: how many chunks' weight gradients this stage holds back in backward, so that
         the input gradients the stage before waits for go out first (default: 2k + 1 on stage
         k > 0, 0 on the first; the gradients are the same bits whatever the lag).
-    balance_boundary: where the second stage begins with a SpikingLinear, the first stage
-        computes that layer's input-gradient product for every other chunk (see the module
-        docstring; the same product either way, so the same bits). Every rank must pass the same.
     """
 
     def __init__(self, layers: Sequence[nn.Module], loss_fn: Callable, chunks: int, group=None, *,
                  stages: int | None = None, cut: Sequence[range] | None = None, batch_norm: str = "refuse",
                  pack_spikes: bool = True, timeout: float | None = None, device=None,
-                 weight_grad_lag: int | None = None, balance_boundary: bool = True):
+                 weight_grad_lag: int | None = None):
         layers = list(layers)
         check_layers(layers, batch_norm)
         _check_chunks(chunks)
         pack_spikes = check_flag("pack_spikes", pack_spikes)
-        balance_boundary = check_flag("balance_boundary", balance_boundary)
         if device is not None:  # NaN was taken and ignored, 2**70 or '3' failed inside .to()
             from ..data.registry import check_device
             device = check_device(device)
@@ -215,7 +202,6 @@ class PipelineTrainer:
         self.stage = nn.Sequential(OrderedDict((str(i), layers[i]) for i in own))
         if device is not None:
             self.stage.to(device)
-        self.boundary = _Boundary.of(layers, cut, self.peers.index) if balance_boundary else None
         self.outputs: torch.Tensor | None = None  # the last stage's outputs of the latest step
         self.peers.check_all_present()
 
@@ -240,7 +226,7 @@ class PipelineTrainer:
         on the first stage only (elsewhere, if given, only its shape is checked), the
         target on the last only."""
         loss, self.outputs = _step(list(self.stage), x, target, self.loss_fn, self.chunks, self.peers,
-                                   self.pack_spikes, self.weight_grad_lag, self.boundary)
+                                   self.pack_spikes, self.weight_grad_lag)
         return loss
 
     def captured(self, optimizer: torch.optim.Optimizer | None = None, *, warmup: int = 3) -> Callable:
@@ -352,19 +338,15 @@ def chunked_step(layers: Sequence[nn.Module], x: torch.Tensor, target, loss_fn: 
     return (loss, outputs) if return_outputs else loss
 
 
-def _step(layers, x, target, loss_fn, chunks, peers, pack_spikes, weight_grad_lag=None, boundary=None):
+def _step(layers, x, target, loss_fn, chunks, peers, pack_spikes, weight_grad_lag=None):
     if x is not None:
         _check_input(x, chunks)
     elif peers.first:
         raise ValueError("x: the first stage needs the input [T, B, ...], got None")
     peers.device = _stage_device(layers, x, peers)
-    if boundary is not None and chunks > 1:  # (one chunk: none is shared)
-        boundary.start(peers)
-    else:
-        boundary = None
     later = []  # the weight gradients of the chunk at hand, computed after its input gradient is sent
     with weight_grad_queue.deferring(later):
-        records, chunk_outputs = _forward(layers, x, chunks, peers, pack_spikes, boundary)
+        records, chunk_outputs = _forward(layers, x, chunks, peers, pack_spikes)
     loss = outputs = output_grads = None
     if peers.last:
         outputs = torch.cat(chunk_outputs)
@@ -373,7 +355,7 @@ def _step(layers, x, target, loss_fn, chunks, peers, pack_spikes, weight_grad_la
             raise ValueError(f"loss_fn: expected a scalar tensor, got {loss!r}")
         output_grads = torch.autograd.grad(loss, chunk_outputs, allow_unused=True)
         loss, outputs = loss.detach().float().reshape(()), outputs.detach()
-    _backward(records, output_grads, peers, later, _lag(weight_grad_lag, peers.index), boundary)
+    _backward(records, output_grads, peers, later, _lag(weight_grad_lag, peers.index))
     return peers.share_loss(loss), outputs
 
 
@@ -393,58 +375,6 @@ def _lag(asked: int | None, index: int) -> int:
 class _Box:
     """Where a gradient is put (or found) outside autograd's own bookkeeping."""
     grad: torch.Tensor | None = None
-
-
-class _GradientTap(torch.autograd.Function):
-    """Identity that records the gradient passing through into its box (and lets it pass):
-    `trigger` (a leaf needing a gradient) makes the output need one even where nothing before
-    it does."""
-
-    @staticmethod
-    def forward(ctx, trigger, y, box):
-        ctx.box = box
-        return y.view_as(y)
-
-    @staticmethod
-    def backward(ctx, grad):
-        ctx.box.grad = grad
-        return None, grad, None
-
-
-@dataclass
-class _Boundary:
-    """The first stage boundary's shared product (the module docstring's "balance"): on the
-    second stage its first layer's weight (sent each step), on the first stage that weight's
-    shape and dtype and, per step, the weight received and its output gradients' dtype."""
-    giver: bool  # this rank is the second stage
-    weight: nn.Parameter | None  # the second stage's
-    shape: torch.Size
-    dtype: torch.dtype
-    received: "_Incoming | None" = None
-    grad_dtype: torch.dtype | None = None
-
-    @staticmethod
-    def of(layers, cut, index) -> "_Boundary | None":
-        """This rank's part in it, or None (not the first two stages, or no SpikingLinear there)."""
-        if len(cut) < 2 or index > 1 or not isinstance(layers[cut[1].start], SpikingLinear):
-            return None
-        weight = layers[cut[1].start].weight
-        return _Boundary(index == 1, weight if index == 1 else None, weight.shape, weight.dtype)
-
-    @staticmethod
-    def shared(c: int) -> bool:
-        """Whether the first stage computes chunk c's product: every other chunk."""
-        return c % 2 == 1
-
-    def start(self, peers) -> None:
-        """The step's weight, sent or its receive posted, before any chunk goes either way."""
-        if self.giver:
-            peers.send_weight(self.weight.detach())
-            return
-        self.received = peers.receive_weight(self.shape, self.dtype)
-        # the layer's output gradient comes in the dtype of its product: autocast's, if on
-        kind = peers.device.type
-        self.grad_dtype = torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else self.dtype
 
 
 class _ReceivedInput(torch.autograd.Function):
@@ -490,18 +420,14 @@ class _Chunk:
     vT: list  # per layer: the neurons' final state, else None
 
 
-def _run_layers(layers, x, v0, tap=None):
-    """The stage on one chunk, its neurons starting from v0; returns (output, final states).
-    tap: (trigger, box): the first layer's output gradient is recorded in the box."""
+def _run_layers(layers, x, v0):
+    """The stage on one chunk, its neurons starting from v0; returns (output, final states)."""
     vT = []
-    for i, (layer, v) in enumerate(zip(layers, v0)):
+    for layer, v in zip(layers, v0):
         if isinstance(layer, LIF):
             x, v = F.lif(x, v0=v, return_state=True, **_lif_options(layer))
         else:
             x, v = layer(x), None
-        if i == 0 and tap is not None:
-            x = _GradientTap.apply(tap[0], x, tap[1])
-            tap[1].shape, tap[1].dtype = x.shape, x.dtype
         vT.append(v)
     return x, vT
 
@@ -513,10 +439,8 @@ def _lif_options(m: LIF) -> dict:
                 grad_threshold=m.grad_threshold, grad_scope=m.grad_scope)
 
 
-def _forward(layers, x, chunks, peers, pack_spikes, boundary=None):
-    """Runs the chunks in order; returns their records and (last stage) their outputs as leaves.
-    On the second stage of a shared boundary, the shared chunks' inputs take no gradient: the
-    first layer's output gradient is recorded instead, for the first stage's product."""
+def _forward(layers, x, chunks, peers, pack_spikes):
+    """Runs the chunks in order; returns their records and (last stage) their outputs as leaves."""
     if peers.first:
         T, pieces = x.shape[0], x.tensor_split(chunks)
     else:
@@ -526,7 +450,6 @@ def _forward(layers, x, chunks, peers, pack_spikes, boundary=None):
     trigger = torch.zeros((), device=peers.device, requires_grad=True)
     states, records, outputs = [None] * len(layers), [], []
     for c in range(chunks):
-        shared = boundary is not None and boundary.giver and boundary.shared(c)
         if peers.first:
             x_c, received, in_box = pieces[c], None, None
         else:
@@ -534,17 +457,16 @@ def _forward(layers, x, chunks, peers, pack_spikes, boundary=None):
             if c + 1 < chunks:  # the next chunk streams in while this one computes
                 incoming = peers.receive_chunk(c + 1, sizes[c + 1])
             in_box = _Box()
-            x_c = received if shared else _ReceivedInput.apply(trigger, received, in_box)
+            x_c = _ReceivedInput.apply(trigger, received, in_box)
             bits = spike_pack.attached_bits(received)
             if bits is not None:  # a spiking layer reading x_c saves these bits instead of packing again
                 spike_pack.attach_bits(x_c, bits)
         v0 = [s.detach().requires_grad_(s.requires_grad) if s is not None else None for s in states]
-        y, states = _run_layers(layers, x_c, v0, (trigger, in_box) if shared else None)
+        y, states = _run_layers(layers, x_c, v0)
         out_box = _Box()
         anchor = _OutputAnchor.apply(y, out_box) if y.requires_grad else None
-        sent = in_box if shared else received  # what the gradient sent back for this chunk is of
-        records.append(_Chunk(anchor, out_box, y.shape, y.dtype, in_box, getattr(sent, "shape", None),
-                              getattr(sent, "dtype", None), v0, states))
+        records.append(_Chunk(anchor, out_box, y.shape, y.dtype, in_box, getattr(received, "shape", None),
+                              getattr(received, "dtype", None), v0, states))
         if peers.last:
             outputs.append(y.detach().requires_grad_(y.requires_grad))
         else:
@@ -554,19 +476,12 @@ def _forward(layers, x, chunks, peers, pack_spikes, boundary=None):
     return records, outputs
 
 
-def _backward(records, output_grads, peers, later, lag, boundary=None):
+def _backward(records, output_grads, peers, later, lag):
     chunks = len(records)
     waiting = deque()  # per chunk, oldest first: weight-gradient work held back by `lag`
     carried = [None] * len(records[-1].v0)  # per layer: dL/dv[T-1] of the chunk at hand
-    taker = boundary is not None and not boundary.giver
-
-    def receive(c):  # chunk c's gradient from the stage after: its output's, or (shared) the layer's after it
-        rec = records[c]
-        if taker and boundary.shared(c):
-            return peers.receive_grad(c, (*rec.out_shape[:-1], boundary.shape[0]), boundary.grad_dtype)
-        return peers.receive_grad(c, rec.out_shape, rec.out_dtype)
     if not peers.last:
-        incoming = receive(chunks - 1)
+        incoming = peers.receive_grad(chunks - 1, records[-1].out_shape, records[-1].out_dtype)
     for c in reversed(range(chunks)):
         rec = records[c]
         if peers.last:
@@ -574,9 +489,7 @@ def _backward(records, output_grads, peers, later, lag, boundary=None):
         else:
             grad = incoming.result()
             if c > 0:  # the next gradient streams in while this chunk runs backward
-                incoming = receive(c - 1)
-            if taker and boundary.shared(c):  # the product the stage after left to this one
-                grad = input_grad(grad, boundary.received.result(), rec.out_shape, rec.out_dtype)
+                incoming = peers.receive_grad(c - 1, records[c - 1].out_shape, records[c - 1].out_dtype)
         roots, grads = [], []
         if rec.anchor is not None and grad is not None:
             rec.out_box.grad = grad
@@ -761,14 +674,6 @@ class _Peers:
                               f"receiving input chunk {c}")
         buffer = torch.empty(full, dtype=dtype, device=self.device)
         return self._recv(buffer, self.prev, 1 + 2 * c, lambda b: b, f"receiving input chunk {c}")
-
-    # the shared boundary's weight, second stage to first, once a step before any chunk
-    def send_weight(self, weight):
-        self._send(weight.contiguous(), self.prev, _WEIGHT_TAG, "sending its first layer's weight")
-
-    def receive_weight(self, shape, dtype):
-        buffer = torch.empty(shape, dtype=dtype, device=self.device)
-        return self._recv(buffer, self.next, _WEIGHT_TAG, lambda b: b, "receiving the next stage's first weight")
 
     # backward: the chunks' gradients, last chunk first
     def send_grad(self, grad, c):

@@ -36,9 +36,7 @@ What `plan` measures, instead of assuming balance, free chunks and a fixed Tc:
   former (split_stages); a stage's share of the layer time times the C-chunk step, over C,
   is its work on one chunk, split into forward, what the stage before waits for and the
   held weight gradients (a SpikingLinear's backward counted half input, half weight
-  gradient, or all weight gradient where its input needs none; half the input-gradient
-  product of the second stage's first SpikingLinear counted on the first stage, as
-  PipelineTrainer's balanced boundary runs it);
+  gradient, or all weight gradient where its input needs none);
 - the link between two GPUs (latency and bandwidth of device-to-device copies, or given):
   h is two messages' latency plus one chunk's spikes (bits after a neuron layer) and its
   float gradient over the bandwidth;
@@ -481,12 +479,7 @@ def predict_row(profiles: list[LayerProfile], cut: list[range], time_steps: int,
     in C between measured counts); t is the slowest stage's share of it, divided by C."""
     T, (latency, bandwidth), n = time_steps, link, len(cut)
     whole = max(sum(p.seconds for p in profiles), 1e-30)
-    parts = [list(stage_parts([profiles[i] for i in r])) for r in cut]  # per stage: f, b, w over the layer time
-    if n > 1 and profiles[cut[1].start].name.endswith(":SpikingLinear"):  # the balanced first boundary:
-        first = profiles[cut[1].start]  # half its input-gradient product moves to the first stage
-        moved = (first.seconds - (first.forward_seconds or first.seconds / 3) - first.held_seconds) / 2
-        parts[0][1] += moved
-        parts[1][1] -= moved
+    parts = [stage_parts([profiles[i] for i in r]) for r in cut]  # per stage: f, b, w over the layer time
     boundaries = [profiles[r.stop - 1] for r in cut[:-1]]
     counts = sorted(chunked)
 
