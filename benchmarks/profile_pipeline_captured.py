@@ -61,13 +61,14 @@ def busy_us(intervals):
 
 def kernel_table(prof, tag, rank, reps):
     by_name, by_kind = collections.defaultdict(lambda: [0, 0.0]), collections.defaultdict(float)
-    intervals, nccl = [], []
+    intervals = []  # of the non-NCCL kernels (NCCL's receives spin, resident, while others compute)
     for e in prof.events():
         if e.device_type == torch.autograd.DeviceType.CUDA:
             by_name[e.name][0] += 1
             by_name[e.name][1] += e.device_time_total
             by_kind[kind(e.name)] += e.device_time_total
-            (nccl if kind(e.name) == "nccl" else intervals).append((e.time_range.start, e.time_range.end))
+            if kind(e.name) != "nccl":
+                intervals.append((e.time_range.start, e.time_range.end))
     lines = [f"== {tag} rank {rank}: {sum(c for c, _ in by_name.values()) / reps:.0f} kernels/step, kernel time "
              f"{sum(by_kind.values()) / reps / 1e3:.3f} ms/step, busy (union of non-NCCL kernels) "
              f"{busy_us(intervals) / reps / 1e3:.3f} ms/step; "

@@ -464,7 +464,7 @@ def _default(value, defaults, name, model_name):
 def predict(layers, profiles: list[LayerProfile], time_steps: int, ts: float, chunked: dict[int, float],
             link: tuple[float, float], input_bytes: int, max_gpus: int = MAX_GPUS) -> list[PlanRow]:
     """For N = 1..max_gpus (at most one stage per layer): the stage cut balanced by the
-    profiled layer times, the measured chunk count with the shortest T_pipe, the prediction."""
+    profiled layer times, the measured chunk count with the shortest predicted step, the prediction."""
     times = [p.seconds for p in profiles]
     return [predict_row(profiles, split_stages(layers, n, costs=times, slack=CUT_SLACK), time_steps, ts,
                         chunked, link, input_bytes)
@@ -475,8 +475,9 @@ def predict_row(profiles: list[LayerProfile], cut: list[range], time_steps: int,
                 chunked: dict[int, float], link: tuple[float, float], input_bytes: int,
                 chunks: int | None = None) -> PlanRow:
     """The prediction for one stage cut, at `chunks` or at the measured chunk count with the
-    shortest T_pipe. chunked: C -> the one-device step in C chunks (interpolated linearly
-    in C between measured counts); t is the slowest stage's share of it, divided by C."""
+    shortest predicted step. chunked: C -> the one-device step in C chunks (interpolated
+    linearly in C between measured counts); each stage's share of it, over C, is its work on
+    a chunk, split by stage_parts, for split_schedule_time."""
     T, (latency, bandwidth), n = time_steps, link, len(cut)
     whole = max(sum(p.seconds for p in profiles), 1e-30)
     parts = [stage_parts([profiles[i] for i in r]) for r in cut]  # per stage: f, b, w over the layer time
