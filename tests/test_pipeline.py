@@ -21,7 +21,7 @@ import spikefuse.functional as F
 import spikefuse.nn as snn
 from spikefuse.models import build_model
 from spikefuse.nn.spiking_layers import SpikingLinear
-from spikefuse.parallel.pipeline import (PipelinePeerError, PipelineTrainer, check_layers, chunked_step,
+from spikefuse.parallel.pipeline import (PipelinePeerError, PipelineTrainer, _Incoming, check_layers, chunked_step,
                                          pipeline_step, split_stages)
 from helpers import worker_start_method
 
@@ -355,6 +355,19 @@ def test_one_stage_chunked_equals_unchunked():
     loss, out = pipeline_step(layers, x, y, rate_mse, 4, return_outputs=True)
     grads = {n: p.grad for n, p in layers.named_parameters()}
     assert_matches(([loss], out, grads, None), single_device(case), spikes=True)
+
+
+def test_a_receive_is_waited_for_once():
+    """A second wait on a gloo receive would wait for another message: result() keeps the first."""
+    class Peers:
+        waits = 0
+
+        def wait(self, work, what, peer):
+            self.waits += 1
+    peers = Peers()
+    incoming = _Incoming(peers, None, torch.ones(2), lambda b: b * 2, "receiving", 1)
+    first = incoming.result()
+    assert incoming.result() is first and peers.waits == 1 and torch.equal(first, torch.full((2,), 2.0))
 
 
 def test_split_stages_balances_parameters_and_cuts_after_neurons():
