@@ -3,7 +3,7 @@
 (15 x 10 replays) in fp32 and bf16, and the eager step's kernels by GPU time (profiler, 5 steps).
 Old trees come from `git archive COMMIT src`; every tree runs in a process of its own.
     PYTHONPATH=TREE/src python benchmarks/bf16_step_profile.py LABEL OUT.json"""
-import json, sys, time, statistics
+import json, sys, statistics
 import torch
 from torch import nn
 from spikefuse.models import build_model

@@ -85,7 +85,7 @@ for spec in sys.argv[1:]:
         print(f"NCCL_MAX_P2P_NCHANNELS={os.environ.get('NCCL_MAX_P2P_NCHANNELS', 'default')} T={T} C={C}: one GPU "
               f"{single * 1e3:.1f} ms, pipeline {seconds * 1e3:.1f} ms, {single / seconds:.3f}x, "
               f"captured {pstep.graphs.captured > 0}", flush=True)
-    del trainer, pstep
+    trainer = pstep = None  # the graphs go before the next setting
     torch.cuda.empty_cache()
 dist.barrier(group=host)
 gc.collect()

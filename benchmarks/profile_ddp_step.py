@@ -13,7 +13,6 @@ import torch
 
 from spikefuse.bench.parallel_ddp import inputs, make_step
 from spikefuse.parallel import init_data_parallel
-from spikefuse.capture import CapturedStep
 
 torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
 dp = init_data_parallel("cuda")

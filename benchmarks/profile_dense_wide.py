@@ -64,7 +64,7 @@ for width in (1, 4, 16):
         for name, ms in top:
             print(f"  {ms:8.4f} ms  {name}")
         results.append({"width": width, "B": B, "kernel_ms": total, "top": top, "activity": stats})
-        del model, opt
+        model = opt = None  # freed before the next width
         torch.cuda.empty_cache()
 if len(sys.argv) > 1:
     json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "cases": results},

@@ -1,7 +1,6 @@
 """Produces benchmarks/results/profile-train-data-<gpu>.txt and profile-train-bits-<gpu>.txt (stdout; on a GPU).
 
 Profile fused CIFAR-medium training steps (fp32 with TF32, bf16 autocast) and a few GPU-store data batches (H200)."""
-import sys
 import time
 
 import torch

@@ -6,7 +6,6 @@ Prints, per shape, forward and backward times of each configuration and the best
 bytes moved over time (GB/s) next to the copy bandwidth. Used to choose
 spikefuse.ops.lif.launch_config; results go to the JSON file given as argv[1].
 """
-import itertools
 import json
 import sys
 
