@@ -57,7 +57,6 @@ Conventions (docs/nir.md has the full table):
 """
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import numpy as np
