@@ -77,7 +77,10 @@ class BNLIF(nn.modules.batchnorm._BatchNorm):
         check_input(self, x, "[T, B, C, *]", rank=tuple(range(3, 9)), channels=self.num_features)
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None,
-                time_steps: int | None = None) -> torch.Tensor:
+                time_steps: int | None = None, *, half_twin: bool = False) -> torch.Tensor:
+        """half_twin: x is a spiking conv's output (SpikingConv2d, spiking_conv2d) whose weight
+        gradient will be taken; the fused backward hands that conv an fp16 copy of dL/dx for it
+        (spikefuse.ops.half_grad: fp32 with TF32 on CUDA only)."""
         if time_steps is not None:
             check_input(self, x, "[B, C, *] (repeated over time_steps)", rank=tuple(range(2, 8)),
                         channels=self.num_features, dim=1)
@@ -106,7 +109,8 @@ class BNLIF(nn.modules.batchnorm._BatchNorm):
                                 training, momentum, self.eps, decay_value, decay_tensor, self.options,
                                 residual, steps, sync=sync.fused(self) if sync is not None else None,
                                 unfused=lambda update: self._unfused(x, residual, steps, training,
-                                                                    momentum, sync, decay, update))
+                                                                    momentum, sync, decay, update),
+                                half_twin=half_twin)
         return self._unfused(x, residual, steps, training, momentum, sync, decay)
 
     def _unfused(self, x, residual, steps, training, momentum, sync, decay, update_running=None):

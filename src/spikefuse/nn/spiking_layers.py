@@ -140,6 +140,8 @@ class _BNLIFBlock(nn.Module):
     papers' baseline, a per-step loop over T, torch batch norm and the reference LIF.
     Both forms have the same state_dict keys (layer.*, bn.*)."""
 
+    half_twin = False  # whether the spiking layer's weight gradient takes the BN's fp16 twin of dL/dy
+
     def __init__(self, layer, bn_cls, channels, fused, spike_input, backend, lif):
         super().__init__()
         self.layer, self.fused, self.spike_input = layer, bool(fused), bool(spike_input)
@@ -161,11 +163,10 @@ class _BNLIFBlock(nn.Module):
             return self.lif(y if residual is None else y + residual)
         if static:  # the layer runs once; BN+LIF reads its output at every step
             return self.bn(self._dense(x), residual, time_steps=time_steps)
-        if self.spike_input:
-            y = self._spiking(x)
-        else:
-            y = unfold(self._dense(fold(x)), x.shape[0])
-        return self.bn(y, residual)
+        if self.spike_input:  # a conv's weight gradient reads an fp16 twin of dL/dy (ops/half_grad)
+            half_twin = self.half_twin and self.layer.weight.requires_grad
+            return self.bn(self._spiking(x), residual, half_twin=half_twin)
+        return self.bn(unfold(self._dense(fold(x)), x.shape[0]), residual)
 
     def _check(self, x, static):
         layout, rank, channels, dim = self._layout(static)
@@ -174,6 +175,7 @@ class _BNLIFBlock(nn.Module):
 
 
 class ConvBNLIF(_BNLIFBlock):
+    half_twin = True
     def __init__(self, in_channels: int, out_channels: int, kernel_size: int = 3, stride: int = 1,
                  padding: int | None = None, fused: bool = True, spike_input: bool = True,
                  backend: str = "auto", **lif):

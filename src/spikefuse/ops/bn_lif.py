@@ -54,6 +54,7 @@ import torch
 from .kernel_base import (EAGER, TRACED, Speculate, cdiv, f32, grad_h, load_per_neuron, meta_like, next_power_of_2,
                           or_empty, program_neurons, reset_code, reset_potential, row, spike_value, store_bits,
                           surrogate_grad)
+from . import half_grad
 from .double_backward import grads_with_graph
 from .launch import Compiling, cached_launch, fused_or, speculation_enabled
 from .spike_pack import attach_bits
@@ -404,9 +405,11 @@ def _bn_lif_backward_kernel(
     x_ptr, r_ptr, gs_ptr, ckpt_ptr, gy_ptr, part_ptr, stats_ptr, decay_ptr,
     decay, threshold, v_reset, alpha, T, N, stride_t, inner, C,
     RESET: tl.constexpr, DETACH: tl.constexpr, SURROGATE: tl.constexpr, DECAY: tl.constexpr,
-    HAS_RES: tl.constexpr, NEED_GD: tl.constexpr, STORE_GY: tl.constexpr,
+    HAS_RES: tl.constexpr, NEED_GD: tl.constexpr, STORE_GY: tl.constexpr, ABS_ROW: tl.constexpr,
     BLOCK: tl.constexpr, K: tl.constexpr,
 ):
+    """ABS_ROW > 0: also the per-neuron sum of |dL/dy| into part's row ABS_ROW (half_grad's
+    bound on the conv gradient's channel sums)."""
     decay, threshold, v_reset, alpha = f32(decay), f32(threshold), f32(v_reset), f32(alpha)
     n = program_neurons(BLOCK)
     n_mask = n < N
@@ -420,6 +423,7 @@ def _bn_lif_backward_kernel(
     sum_gy = tl.zeros([BLOCK], tl.float32)
     sum_gyx = tl.zeros([BLOCK], tl.float32)
     gd = tl.zeros([BLOCK], tl.float32)
+    sum_abs_gy = tl.zeros([BLOCK], tl.float32)
     k = tl.arange(0, K)
     chunks = tl.cdiv(T, K)
     for c in range(0, chunks):
@@ -453,6 +457,8 @@ def _bn_lif_backward_kernel(
                 gd += gh * row(V, sel)
             gv = tl.where(ci * K + j < T, gh * d, gv)
             GY = tl.where(sel, gh[None, :], GY)
+            if ABS_ROW > 0:  # per row, in registers: no reduction across the chunk's rows
+                sum_abs_gy += tl.abs(gh)
         if STORE_GY:
             tl.store(gy_ptr + offs, GY, mask=mask)
         sum_gy += tl.sum(GY, axis=0)
@@ -461,16 +467,22 @@ def _bn_lif_backward_kernel(
     tl.store(part_ptr + _offset(1, N, n), sum_gyx, mask=n_mask)  # int64: 2 * N may pass 2^31
     if NEED_GD:
         tl.store(part_ptr + _offset(2, N, n), gd, mask=n_mask)
+    if ABS_ROW > 0:
+        tl.store(part_ptr + _offset(ABS_ROW, N, n), sum_abs_gy, mask=n_mask)
 
 
 @cached_launch
 @triton.jit
 def _bn_grad_x_kernel(gy_ptr, x_ptr, gx_ptr, stats_ptr, sums_ptr, count, steps,
-                      N, stride_t, inner, C, rows, rows_per_program,
-                      BATCH_STATS: tl.constexpr, BLOCK: tl.constexpr):
+                      N, stride_t, inner, C, rows, rows_per_program, half_ptr, abs_ptr, scale_ptr, share_ptr,
+                      BATCH_STATS: tl.constexpr, HALF: tl.constexpr, SHARED: tl.constexpr, BLOCK: tl.constexpr):
     """Eq. 8: dL/dx = gamma*invstd * (dL/dy - mean(dL/dy) - xhat * mean(dL/dy * xhat)).
     For one input repeated over `steps` steps, gy is its sum over time (and so are the means).
-    Time steps t = program_id(1) + i * num_programs(1): a grid's second dimension stops at 65535."""
+    Time steps t = program_id(1) + i * num_programs(1): a grid's second dimension stops at 65535.
+    HALF: also dL/dx * scale in fp16 (ops/half_grad), scale per channel the power of two that
+    brings a bound on the channel's sum of |dL/dx| (from abs_ptr's sum of |dL/dy|) under
+    half_grad.SUM_LIMIT; the scales go to scale_ptr. SHARED (SyncBN): share_ptr holds this
+    rank's count / the global count."""
     count = f32(count)
     n = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     n_mask = n < N
@@ -481,6 +493,22 @@ def _bn_grad_x_kernel(gy_ptr, x_ptr, gx_ptr, stats_ptr, sums_ptr, count, steps,
         istd = tl.load(stats_ptr + C + ch, mask=n_mask)
         mgy = tl.load(sums_ptr + ch, mask=n_mask) / count
         mgyx = tl.load(sums_ptr + C + ch, mask=n_mask) / count
+    if HALF:  # |dL/dx| <= |a| (|dL/dy| + |mgy| + |xhat| |mgyx|), summed over the channel, where
+        # sum |xhat| <= sqrt(count * sum xhat^2) <= sqrt(count * global count): the batch's
+        # standardised x has sum xhat^2 <= its count over all ranks
+        bound = tl.load(abs_ptr + ch, mask=n_mask, other=0.0)
+        if BATCH_STATS:
+            xhat_sum = count
+            if SHARED:
+                xhat_sum = count / tl.sqrt(tl.load(share_ptr))
+            bound += count * tl.abs(mgy) + xhat_sum * tl.abs(mgyx)
+        bound = tl.abs(a) * bound
+        # 2^(14 - ceil(log2 bound)): bound * scale <= 2^14, to within an approximate log2's
+        # error (65504 / 2^14 absorbs it); bound at least 2^-100, so the scale stays finite
+        scale = tl.exp2(14.0 - tl.ceil(tl.log2(tl.maximum(bound, 7.888609052210118e-31))))
+        # each channel's scale once: from its first neuron in memory order, at the first step
+        first = (n < tl.where(tl.program_id(1) == 0, C * inner, 0)) & (n % inner == 0)
+        tl.store(scale_ptr + ch, scale, mask=first)
     for i in range(0, rows_per_program):
         t = tl.program_id(1).to(tl.int64) + i * tl.num_programs(1)
         mask = n < tl.where(t < rows, N, 0)  # (n_mask & (t < rows) gives an int mask in the interpreter)
@@ -489,7 +517,10 @@ def _bn_grad_x_kernel(gy_ptr, x_ptr, gx_ptr, stats_ptr, sums_ptr, count, steps,
             x = tl.load(x_ptr + t * stride_t + n, mask=mask, other=0.0).to(tl.float32)
             xhat = (x - mu) * istd
             gy = gy - steps * (mgy + xhat * mgyx)
-        tl.store(gx_ptr + t * N + n, (a * gy).to(gx_ptr.dtype.element_ty), mask=mask)
+        gx = a * gy
+        tl.store(gx_ptr + t * N + n, gx.to(gx_ptr.dtype.element_ty), mask=mask)
+        if HALF:
+            tl.store(half_ptr + t * N + n, (gx * scale).to(tl.float16), mask=mask)
 
 
 def _config(num_neurons: int, dtype: torch.dtype) -> tuple[int, int]:
@@ -538,18 +569,23 @@ def _forward(x, residual, stats, decay, decay_tensor, threshold, reset, v_reset,
 
 
 def _backward(grad_s, x, residual, ckpt, stats, decay, decay_tensor, threshold, reset, v_reset,
-              detach, surrogate, alpha, batch_stats, need_gd, time_steps, launch=EAGER, sync=None):
+              detach, surrogate, alpha, batch_stats, need_gd, time_steps, launch=EAGER, sync=None,
+              half_twin=False):
     """dL/dx has x's shape: for one step repeated over time it is the sum over the steps,
     computed from the per-neuron sums of dL/dy without storing dL/dy per step.
-    sync: SyncBN's hook (spikefuse.parallel.sync_bn), or None."""
+    sync: SyncBN's hook (spikefuse.parallel.sync_bn), or None.
+    half_twin: offer dL/dx's fp16 twin to the spiking conv that made x (ops/half_grad), where
+    half_grad.enabled(x) and dL/dx is a float32 tensor of its own (no residual, not summed)."""
     summed = x.shape[0] != time_steps
+    half_twin = half_twin and not summed and residual is None and not launch.traced and half_grad.enabled(x)
     x = over_time(x, time_steps)
     T, C = x.shape[0], x.shape[2]
     channels_last, N, stride_t, inner = _geometry(x)
     gs = as_layout(grad_s, channels_last)
     store_gy = not summed or residual is not None
     gy = _empty(x.shape if store_gy else (0,), channels_last and store_gy, torch.float32, x.device)
-    part = torch.empty((3 if need_gd else 2, N), device=x.device, dtype=torch.float32)
+    abs_row = (3 if need_gd else 2) if half_twin else 0
+    part = torch.empty((abs_row + 1 if half_twin else 3 if need_gd else 2, N), device=x.device, dtype=torch.float32)
     BLOCK, warps = _config(N, x.dtype)
     if N > 0:
         unused = launch.unused(x)
@@ -559,8 +595,9 @@ def _backward(grad_s, x, residual, ckpt, stats, decay, decay_tensor, threshold, 
             decay, threshold, v_reset, alpha, T, N, stride_t, inner, C,
             RESET=reset_code(reset, "bn_lif"), DETACH=detach, SURROGATE=SURROGATES[surrogate],
             DECAY=_decay_code(decay_tensor), HAS_RES=residual is not None, NEED_GD=need_gd,
-            STORE_GY=store_gy, BLOCK=BLOCK, K=_steps(T), num_warps=warps, enable_fp_fusion=False)
-    sums = _channel_sums(part[:2], x.shape, channels_last)  # [sum dL/dy (Eq. 11), sum dL/dy*xhat (Eq. 10)]
+            STORE_GY=store_gy, ABS_ROW=abs_row, BLOCK=BLOCK, K=_steps(T), num_warps=warps, enable_fp_fusion=False)
+    channel_sums = _channel_sums(part if half_twin else part[:2], x.shape, channels_last)
+    sums = channel_sums[:2]  # [sum dL/dy (Eq. 11), sum dL/dy*xhat (Eq. 10)]
     count = x.numel() // C
     # SyncBN: Eq. 8's means run over every rank (sums scaled to this rank's count); weight
     # and bias keep this rank's sums, which DDP averages like any other gradient
@@ -570,17 +607,25 @@ def _backward(grad_s, x, residual, ckpt, stats, decay, decay_tensor, threshold, 
     in_place = x.dtype == torch.float32 and residual is None and not summed and not launch.traced
     gx_shape = (1, *x.shape[1:]) if summed else x.shape
     gx = gy if in_place else _empty(gx_shape, channels_last, x.dtype, x.device)
+    half = _empty(gx_shape, channels_last, torch.float16, x.device) if half_twin else None
+    scale = torch.empty(C, device=x.device, dtype=torch.float32) if half_twin else None
+    share = sync.scale if half_twin and sync is not None and batch_stats else None  # count / global count
     BLOCK2 = 1024
     if N > 0:
         rows = gx_shape[0]
+        unused = launch.unused(x)
         launch(_bn_grad_x_kernel)[(cdiv(N, BLOCK2), min(rows, MAX_GRID_Y))](
             part if summed else gy, x, gx, stats, mean_sums, float(count), T if summed else 1,
-            N, stride_t, inner, C, rows, cdiv(rows, MAX_GRID_Y), BATCH_STATS=batch_stats, BLOCK=BLOCK2,
-            num_warps=4)
+            N, stride_t, inner, C, rows, cdiv(rows, MAX_GRID_Y),
+            half if half_twin else unused, channel_sums[abs_row:] if half_twin else unused,
+            scale if half_twin else unused, share if share is not None else unused, BATCH_STATS=batch_stats,
+            HALF=half_twin, SHARED=share is not None, BLOCK=BLOCK2, num_warps=4)
+    if half_twin:
+        half_grad.offer(gx, half, scale)
     gd = None
     if need_gd:  # dL/d decay: one value, or one per channel
         gd = (part[2].sum().reshape(1) if decay_tensor.numel() == 1
-              else _channel_sums(part[2:], x.shape, channels_last)[0])
+              else _channel_sums(part[2:3], x.shape, channels_last)[0])
     return gx, (gy if residual is not None else None), sums, gd
 
 
@@ -735,9 +780,9 @@ class BNLIFFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, residual, stats, weight, bias, decay, decay_tensor, threshold, reset,
-                v_reset, detach, surrogate, alpha, batch_stats, time_steps, bits, sync):
+                v_reset, detach, surrogate, alpha, batch_stats, time_steps, bits, sync, half_twin):
         save = any(ctx.needs_input_grad)
-        ctx.sync = sync
+        ctx.sync, ctx.half_twin = sync, half_twin
         misses = _bn_lif_forward_kernel.misses
         try:
             spikes, ckpt = _forward(x, residual, stats, decay, decay_tensor, threshold, reset,
@@ -765,12 +810,12 @@ class BNLIFFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_s):
         if torch.is_grad_enabled():  # create_graph=True: this backward will be differentiated
-            return (*_reference_grads(ctx, grad_s), *[None] * 10)
-        backward = _backward if ctx.sync is None else functools.partial(_backward, sync=ctx.sync)
+            return (*_reference_grads(ctx, grad_s), *[None] * 11)
+        backward = functools.partial(_backward, sync=ctx.sync, half_twin=ctx.half_twin)
 
         def fallback():  # a kernel is compiling (background compiles): the reference's gradients
             return tuple(None if g is None else g.detach() for g in _reference_grads(ctx, grad_s))
-        return (*fused_or(lambda: _input_grads(ctx, grad_s, backward), fallback), *[None] * 10)
+        return (*fused_or(lambda: _input_grads(ctx, grad_s, backward), fallback), *[None] * 11)
 
 
 def _under_torch_compile() -> bool:
@@ -779,7 +824,8 @@ def _under_torch_compile() -> bool:
 
 
 def bn_lif_fused(x, weight, bias, running_mean, running_var, training, momentum, eps,
-                 decay, decay_tensor, options, residual=None, time_steps=None, sync=None, unfused=None):
+                 decay, decay_tensor, options, residual=None, time_steps=None, sync=None, unfused=None,
+                 half_twin=False):
     """Entry point for spikefuse.nn.BNLIF (arguments already checked there; `options` its
     spikefuse.neuron_options.NeuronOptions, whose grad_threshold and grad_scope it leaves at
     their defaults).
@@ -794,6 +840,8 @@ def bn_lif_fused(x, weight, bias, running_mean, running_var, training, momentum,
     unfused(update_running): the layer in torch ops, run instead while a kernel compiles in the
     background (ops/launch.py); update_running False once the statistics kernel has updated the
     running statistics. None: the kernels compile before they run, as always without it.
+    half_twin: x is a spiking conv's output whose weight gradient will be taken: the backward
+    offers it dL/dx's fp16 twin where ops/half_grad applies. Eager only.
     """
     use_batch = training or running_mean is None
     time_steps = x.shape[0] if time_steps is None else time_steps
@@ -835,7 +883,7 @@ def bn_lif_fused(x, weight, bias, running_mean, running_var, training, momentum,
             args = tuple(a.detach() if isinstance(a, torch.Tensor) else a for a in args)
 
         def apply():
-            return BNLIFFunction.apply(*args, bits, sync)
+            return BNLIFFunction.apply(*args, bits, sync, half_twin)
         spikes = apply() if unfused is None else fused_or(apply, lambda: None)
         if spikes is None:  # its kernel is compiling, and the running statistics took this batch already
             return unfused(False)

@@ -21,6 +21,7 @@ import contextlib
 import torch
 from torch.nn import functional as F
 
+from . import half_grad
 from .kernel_base import EAGER, TRACED
 from .spike_linear import autocast_args, graph_edge, spikes_with_graph
 from .spike_pack import pack, unpack
@@ -58,28 +59,62 @@ def _backward(gy, packed, weight, s_shape, s_dtype, channels_last, has_bias, con
               need_s, need_w, need_b, launch=EAGER, graph=False, edge=None):
     """(dL/ds, dL/dweight, dL/dbias), each None unless needed; conv = (stride, padding,
     dilation, groups). graph (create_graph, eager only): the weight gradient is
-    differentiable w.r.t. s too, through `edge` (spike_linear.GraphEdge)."""
-    stride, padding, dilation, groups = conv
+    differentiable w.r.t. s too, through `edge` (spike_linear.GraphEdge). The weight
+    gradient runs in fp16 when gy comes with an fp16 twin (ops/half_grad)."""
+    twin = half_grad.take(gy) if need_w and not graph and not launch.traced else None
+    gw = _half_weight_grad(gy, twin, packed, weight, s_shape, channels_last, conv, launch) if twin else None
+    half_taken, twin = twin is not None, None  # the fp16 copy freed before dL/ds is allocated
     w = weight.to(gy.dtype)
-    if need_w:  # transient, in the forward's layout: only for this call
-        n, c, h, wd = s_shape
-        shape = (n, h, wd, c) if channels_last else (n, c, h, wd)
+    if need_w and not half_taken:  # both gradients in one call; the spikes transient, in the forward's layout
         if graph:
+            n, c, h, wd = s_shape
             edge = memory_order(edge, channels_last) if edge is not None else None
-            s = spikes_with_graph(packed, edge, shape, gy.dtype)
+            s = spikes_with_graph(packed, edge, (n, h, wd, c) if channels_last else (n, c, h, wd), gy.dtype)
+            s = s.permute(_FROM_NHWC) if channels_last else s
         else:
-            s = unpack(packed, shape, gy.dtype, launch)
-        s = s.permute(_FROM_NHWC) if channels_last else s
-    else:  # the input gradient needs only the input's shape
-        s = gy.new_empty(1).expand(s_shape)
-    on_cpu_strided = gy.device.type == "cpu" and need_w and any(step != 1 for step in stride)
-    with without_onednn() if on_cpu_strided else contextlib.nullcontext():
-        gs, gw, gb = torch.ops.aten.convolution_backward(
-            gy, s, w, [weight.shape[0]] if has_bias else None, list(stride), list(padding),
-            list(dilation), False, [0, 0], groups, [need_s, need_w, need_b and has_bias])
+            s = _spikes(packed, s_shape, channels_last, gy.dtype, launch)
+        stride, padding, dilation, groups = conv
+        on_cpu_strided = gy.device.type == "cpu" and any(step != 1 for step in stride)
+        with without_onednn() if on_cpu_strided else contextlib.nullcontext():
+            gs, gw, gb = torch.ops.aten.convolution_backward(
+                gy, s, w, [weight.shape[0]] if has_bias else None, list(stride), list(padding),
+                list(dilation), False, [0, 0], groups, [need_s, True, need_b and has_bias])
+    else:
+        gs = _input_grad(gy, w, s_shape, conv) if need_s else None
+        gb = gy.sum((0, 2, 3)) if need_b and has_bias else None
     return (gs.to(s_dtype) if gs is not None else None,
             gw.to(weight.dtype) if gw is not None else None,
             gb.to(weight.dtype) if gb is not None else None)
+
+
+def _input_grad(gy, w, s_shape, conv):
+    """dL/ds alone: the transposed convolution of gy (cuDNN's input-gradient kernels). Not
+    convolution_backward with a stand-in for s, which it would copy out to s's full size."""
+    stride, padding, dilation, groups = conv
+    kernel = w.shape[2:]
+    output_padding = [s_shape[2 + i] - ((gy.shape[2 + i] - 1) * stride[i] - 2 * padding[i]
+                                        + dilation[i] * (kernel[i] - 1) + 1) for i in range(2)]
+    return F.conv_transpose2d(gy, w, None, stride, padding, output_padding, groups, dilation)
+
+
+def _spikes(packed, s_shape, channels_last, dtype, launch):
+    """The saved spikes unpacked into `dtype`, in the forward's layout (transient)."""
+    n, c, h, wd = s_shape
+    if channels_last:
+        return unpack(packed, (n, h, wd, c), dtype, launch).permute(_FROM_NHWC)
+    return unpack(packed, (n, c, h, wd), dtype, launch)
+
+
+def _half_weight_grad(gy, twin, packed, weight, s_shape, channels_last, conv, launch):
+    """dL/dweight from gy's fp16 twin and the spikes in fp16 (exact), fp32 sums in cuDNN,
+    the twin's per-channel scales taken off exactly (powers of two); float32."""
+    stride, padding, dilation, groups = conv
+    s = _spikes(packed, s_shape, channels_last, torch.float16, launch)
+    shape_only = torch.empty_like(weight, dtype=torch.float16)  # the weight's shape and layout: never read
+    _, gw, _ = torch.ops.aten.convolution_backward(
+        half_grad.half_view(twin, gy), s, shape_only, None, list(stride), list(padding), list(dilation), False,
+        [0, 0], groups, [False, True, False])
+    return gw.float() / twin.scale.view(-1, *[1] * (gw.dim() - 1))
 
 
 class SpikeConv2dFunction(torch.autograd.Function):
