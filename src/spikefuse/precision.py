@@ -3,7 +3,10 @@ the benchmarks.
 
     fp32         float32; matmuls and convolutions on TF32 tensor cores where the GPU has
                  them (Ampere and later: a 10-bit mantissa, float32's range and float32
-                 sums), cuBLAS, cuDNN and spikefuse's Triton kernels alike
+                 sums), cuBLAS, cuDNN and spikefuse's Triton kernels alike; a spiking
+                 convolution's weight gradient on fp16 tensor cores instead, from exact
+                 spikes and a per-channel scaled gradient: as close to float64 as TF32's or
+                 closer (spikefuse.ops.half_grad, docs/capture.md)
     fp32-strict  float32 with IEEE matmuls and convolutions (TF32 off for both)
     bf16, fp16   torch.autocast to that dtype; what stays float32 follows fp32 (TF32)
 
