@@ -129,3 +129,34 @@ def test_gpu_twin_weight_gradient_is_as_close_to_float64_as_tf32(stride):
     exact = torch.ops.aten.convolution_backward(gy, s, w, None, [stride] * 2, [1, 1], [1, 1], False, [0, 0], 1,
                                                 [False, True, False])[1]
     assert rel_err(twinned, exact) <= rel_err(tf32, exact) * 1.05
+
+
+def test_twin_bound_holds_with_statistics_over_several_ranks(monkeypatch):
+    """SyncBN: xhat is standardised over every rank's batch, so this rank's sum of |xhat| may pass
+    its own count; the bound then takes the global count (sync.scale = count / global count)."""
+    from spikefuse.ops.bn_lif import _backward, _forward, _statistics
+
+    offers = []
+    monkeypatch.setattr(half_grad, "enabled", lambda x: x.dtype == torch.float32)
+    monkeypatch.setattr(half_grad, "offer", lambda g, h, s: offers.append((g.clone(), h.clone(), s.clone())))
+    torch.manual_seed(5)
+    T, B, C, H, W = 3, 2, 4, 5, 5
+    x = torch.randn(T, B, C, H, W, device=DEVICE) * 5.0
+    other_rank = torch.randn(T, B, C, H, W, device=DEVICE) * 0.01  # narrow: this rank's |xhat| sum 1.1x its count
+    weight, bias = torch.rand(C, device=DEVICE) + 0.5, torch.zeros(C, device=DEVICE)
+    stats = _statistics(torch.cat([x, other_rank], 1), weight, bias, None, None, True, 0.1, 1e-5)
+
+    class TwoRanks:  # what spikefuse.parallel.sync_bn's hook offers the backward (the other rank's sums: 0)
+        scale = torch.tensor([0.5], device=DEVICE)
+
+        def gradient_sums(self, sums, count):
+            return sums * self.scale
+
+    spikes, ckpt = _forward(x, None, stats, 0.5, None, 0.3, "hard", 0.0, T, True)
+    _backward(torch.randn_like(spikes) * 1e3, x, None, ckpt, stats, 0.5, None, 0.3, "hard", 0.0, False,
+              "rectangular", 1.0, True, False, T, sync=TwoRanks(), half_twin=True)
+    grad, half, scale = offers[0]
+    sums = half.float().abs().sum(dim=(0, 1, 3, 4))
+    assert (sums <= half_grad.SUM_LIMIT * (1 + 2 ** -10)).all() and sums.max() > half_grad.SUM_LIMIT / 64
+    torch.testing.assert_close(half.float() / scale.view(-1, 1, 1), grad, rtol=2 ** -11,
+                               atol=float(grad.abs().max()) * 2 ** -20)
