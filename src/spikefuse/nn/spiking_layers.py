@@ -175,7 +175,8 @@ class _BNLIFBlock(nn.Module):
 
 
 class ConvBNLIF(_BNLIFBlock):
-    half_twin = True
+    half_twin = True  # fp32 with TF32 on CUDA: weight gradients on fp16 tensor cores (False: on TF32)
+
     def __init__(self, in_channels: int, out_channels: int, kernel_size: int = 3, stride: int = 1,
                  padding: int | None = None, fused: bool = True, spike_input: bool = True,
                  backend: str = "auto", **lif):
