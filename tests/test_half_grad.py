@@ -160,3 +160,15 @@ def test_twin_bound_holds_with_statistics_over_several_ranks(monkeypatch):
     assert (sums <= half_grad.SUM_LIMIT * (1 + 2 ** -10)).all() and sums.max() > half_grad.SUM_LIMIT / 64
     torch.testing.assert_close(half.float() / scale.view(-1, 1, 1), grad, rtol=2 ** -11,
                                atol=float(grad.abs().max()) * 2 ** -20)
+
+
+def test_an_untaken_twin_is_not_kept(twin_on):
+    """Only the input's gradient asked for: the conv's backward still empties the slot."""
+    offers, taken = twin_on
+    torch.manual_seed(0)
+    blk = ConvBNLIF(4, 8, 3, 1, backend="fused").to(DEVICE)
+    s = (torch.rand(2, 2, 4, 6, 6, device=DEVICE) < 0.3).float().requires_grad_(True)
+    out = blk(s)
+    (grad_s,) = torch.autograd.grad(out.sum(), [s])
+    assert len(offers) == 1 and taken == [True] and grad_s.shape == s.shape
+    assert getattr(half_grad._slot, "twin", None) is None or DEVICE == "cuda"  # (CUDA: another thread's slot)

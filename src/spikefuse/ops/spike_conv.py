@@ -61,7 +61,8 @@ def _backward(gy, packed, weight, s_shape, s_dtype, channels_last, has_bias, con
     dilation, groups). graph (create_graph, eager only): the weight gradient is
     differentiable w.r.t. s too, through `edge` (spike_linear.GraphEdge). The weight
     gradient runs in fp16 when gy comes with an fp16 twin (ops/half_grad)."""
-    twin = half_grad.take(gy) if need_w and not graph and not launch.traced else None
+    twin = half_grad.take(gy) if not launch.traced else None  # taken even if unused: the slot empties
+    twin = twin if need_w and not graph else None
     gw = _half_weight_grad(gy, twin, packed, weight, s_shape, channels_last, conv, launch) if twin else None
     half_taken, twin = twin is not None, None  # the fp16 copy freed before dL/ds is allocated
     w = weight.to(gy.dtype)
