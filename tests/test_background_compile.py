@@ -397,12 +397,25 @@ def test_the_bn_lif_stand_in_runs_its_lif_on_the_loop_path(stalled, monkeypatch)
     assert not loops  # the reference backend stays the reference
 
 
+class _HalfTwin(torch.nn.Module):
+    """A BNLIF called as a spiking conv's block calls it (its backward writes dL/dx's fp16 twin)."""
+
+    def __init__(self, bn):
+        super().__init__()
+        self.bn = bn
+
+    def forward(self, x):
+        return self.bn(x, half_twin=True)
+
+
 @cpu_only
-@pytest.mark.parametrize("channels_last", [False, True])
-def test_bn_lif_sends_its_other_kernels_to_compile_while_its_statistics_compile(channels_last, stalled, monkeypatch):
+@pytest.mark.parametrize("channels_last,half_twin", [(False, False), (True, False), (True, True)])
+def test_bn_lif_sends_its_other_kernels_to_compile_while_its_statistics_compile(channels_last, half_twin, stalled,
+                                                                                monkeypatch):
     """Else each kernel would start compiling only once the one before it is ready: the guesses
     are the variants the layer then launches (its statistics, forward, backward and dL/dx, and
-    its evaluation's forward)."""
+    its evaluation's forward; with half_twin, the backward's variants that write the fp16 twin)."""
+    from spikefuse.ops import half_grad
     from spikefuse.ops.launch import _argument_classes
 
     def variant(kernel, args, meta):
@@ -418,6 +431,9 @@ def test_bn_lif_sends_its_other_kernels_to_compile_while_its_statistics_compile(
     monkeypatch.setattr(CachedLaunch, "_launch", record)
     torch.manual_seed(0)
     module = BNLIF(8, decay=0.6, threshold=0.3, backend="fused")
+    if half_twin:  # (CUDA only otherwise)
+        monkeypatch.setattr(half_grad, "enabled", lambda x: x.dtype == torch.float32)
+        module = _HalfTwin(module)
     x = torch.randn(6, 2, 8, 3, 2) + 0.2
     if channels_last:
         x = x.movedim(2, -1).contiguous().movedim(-1, 2)
@@ -427,11 +443,14 @@ def test_bn_lif_sends_its_other_kernels_to_compile_while_its_statistics_compile(
     kernels = {guess[0] for guess in guessed}
     assert {bn_lif_ops._stats_finalize_kernel, bn_lif_ops._bn_lif_forward_kernel,
             bn_lif_ops._bn_lif_backward_kernel, bn_lif_ops._bn_grad_x_kernel} <= kernels
+    assert any(("HALF", True) in guess[1] for guess in guessed) == half_twin
     finalize_variants = {guess for guess in guessed if guess[0] is bn_lif_ops._stats_finalize_kernel}
     assert len(finalize_variants) == 2  # the training step's and the evaluation's statistics
     launched.clear()
     monkeypatch.undo()  # the kernels "compiled": the layer runs them all
     monkeypatch.setattr(CachedLaunch, "_launch", record)
+    if half_twin:
+        monkeypatch.setattr(half_grad, "enabled", lambda x: x.dtype == torch.float32)
     bn_run(module, x)
     module.eval()
     with torch.no_grad():  # an evaluation's statistics and forward are among the guesses too

@@ -574,10 +574,10 @@ def _backward(grad_s, x, residual, ckpt, stats, decay, decay_tensor, threshold, 
     """dL/dx has x's shape: for one step repeated over time it is the sum over the steps,
     computed from the per-neuron sums of dL/dy without storing dL/dy per step.
     sync: SyncBN's hook (spikefuse.parallel.sync_bn), or None.
-    half_twin: offer dL/dx's fp16 twin to the spiking conv that made x (ops/half_grad), where
-    half_grad.enabled(x) and dL/dx is a float32 tensor of its own (no residual, not summed)."""
+    half_twin: offer dL/dx's fp16 twin to the spiking conv that made x (ops/half_grad; the forward
+    asked half_grad.enabled), where dL/dx is a float32 tensor of its own (no residual, not summed)."""
     summed = x.shape[0] != time_steps
-    half_twin = half_twin and not summed and residual is None and not launch.traced and half_grad.enabled(x)
+    half_twin = half_twin and not summed and residual is None and not launch.traced
     x = over_time(x, time_steps)
     T, C = x.shape[0], x.shape[2]
     channels_last, N, stride_t, inner = _geometry(x)
@@ -620,7 +620,7 @@ def _backward(grad_s, x, residual, ckpt, stats, decay, decay_tensor, threshold, 
             half if half_twin else unused, channel_sums[abs_row:] if half_twin else unused,
             scale if half_twin else unused, share if share is not None else unused, BATCH_STATS=batch_stats,
             HALF=half_twin, SHARED=share is not None, BLOCK=BLOCK2, num_warps=4)
-    if half_twin:
+    if half_twin and not isinstance(launch, Speculate):  # (a speculative compile's tensors are meta)
         half_grad.offer(gx, half, scale)
     gd = None
     if need_gd:  # dL/d decay: one value, or one per channel
@@ -737,20 +737,21 @@ bn_lif_forward.register_autograd(_backward_rule, setup_context=_setup_context)
 
 
 def _speculate_next(spikes, x, residual, ckpt, stats, decay, decay_tensor, threshold, reset, v_reset, detach, surrogate,
-                    alpha, batch_stats, time_steps, need_gd, save):
+                    alpha, batch_stats, time_steps, need_gd, save, half_twin=False):
     """After a forward that compiled a new variant: compile in the background (ops/launch.py's
-    speculative compiles) this layer's backward kernels, when it saved for them, and its
-    forward without gradients (an evaluation's). The host functions run on meta tensors."""
+    speculative compiles) this layer's backward kernels, when it saved for them (with the fp16
+    twin's variants under half_twin), and its forward without gradients (an evaluation's). The
+    host functions run on meta tensors."""
     launch, xm, rm, sm, dm = (Speculate(x.device.index), meta_like(x), meta_like(residual), meta_like(stats),
                               meta_like(decay_tensor))
     if save:
         _backward(meta_like(spikes), xm, rm, meta_like(ckpt), sm, decay, dm, threshold, reset, v_reset, detach,
-                  surrogate, alpha, batch_stats, need_gd, time_steps, launch=launch)
+                  surrogate, alpha, batch_stats, need_gd, time_steps, launch=launch, half_twin=half_twin)
     _forward(xm, rm, sm, decay, dm, threshold, reset, v_reset, time_steps, False, launch=launch)
 
 
 def _speculate_layer(x, residual, weight, bias, running_mean, running_var, use_batch, momentum, eps, decay,
-                     decay_tensor, options, time_steps):
+                     decay_tensor, options, time_steps, half_twin=False):
     """While its statistics kernels compile (background compiles): compile every kernel this
     layer launches, its statistics (the evaluation's too), forward and backward, in the background
     too (else each would start only once the one before it is ready). The host functions run on
@@ -771,7 +772,7 @@ def _speculate_layer(x, residual, weight, bias, running_mean, running_var, use_b
                             time_steps, save, bits, launch=launch)
     need_gd = decay_tensor is not None and decay_tensor.requires_grad
     _speculate_next(spikes, x, residual, ckpt, stats, decay, decay_tensor, threshold, reset, v_reset, detach,
-                    surrogate, alpha, use_batch, time_steps, need_gd, save)
+                    surrogate, alpha, use_batch, time_steps, need_gd, save, half_twin)
 
 
 class BNLIFFunction(torch.autograd.Function):
@@ -794,13 +795,13 @@ class BNLIFFunction(torch.autograd.Function):
                                             meta_like(decay_tensor), threshold, reset, v_reset, time_steps, save,
                                             meta_like(bits), launch=Speculate(x.device.index))
                 _speculate_next(spikes_m, x, residual, ckpt_m, stats, decay, decay_tensor, threshold, reset, v_reset,
-                                detach, surrogate, alpha, batch_stats, time_steps, need_gd, save)
+                                detach, surrogate, alpha, batch_stats, time_steps, need_gd, save, half_twin)
             raise
         if _bn_lif_forward_kernel.misses != misses and speculation_enabled():  # a new variant: more will follow
             need_gd = decay_tensor is not None and ctx.needs_input_grad[6]
             with contextlib.suppress(Exception):  # a guess never fails the forward (tests check the guesses)
                 _speculate_next(spikes, x, residual, ckpt, stats, decay, decay_tensor, threshold, reset, v_reset,
-                                detach, surrogate, alpha, batch_stats, time_steps, need_gd, save)
+                                detach, surrogate, alpha, batch_stats, time_steps, need_gd, save, half_twin)
         if save:
             ctx.save_for_backward(x, residual, ckpt, stats, weight, bias, decay_tensor)
             ctx.options = (decay, threshold, reset, v_reset, detach, surrogate, alpha, batch_stats,
@@ -857,6 +858,7 @@ def bn_lif_fused(x, weight, bias, running_mean, running_var, training, momentum,
     if decay_tensor is not None:
         decay_tensor = decay_tensor.float()
     compiling = _under_torch_compile()
+    half_twin = half_twin and not compiling and half_grad.enabled(x)  # decided with the forward, as TF32 is now
     statistics = (sync.statistics if sync is not None and use_batch
                   else bn_statistics if compiling else _statistics)
 
@@ -868,7 +870,7 @@ def bn_lif_fused(x, weight, bias, running_mean, running_var, training, momentum,
     if stats is None:  # its kernel is compiling: the layer's others compile alongside
         with contextlib.suppress(Exception):
             _speculate_layer(x, residual, weight, bias, running_mean, running_var, use_batch, momentum, eps,
-                             decay, decay_tensor, options, time_steps)
+                             decay, decay_tensor, options, time_steps, half_twin)
         return unfused(True)
     args = (x, residual, stats, weight, bias, decay, decay_tensor, *options.common(), use_batch,
             time_steps)  # flat: the op's schema order
