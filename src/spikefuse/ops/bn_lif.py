@@ -475,13 +475,14 @@ def _bn_lif_backward_kernel(
 @triton.jit
 def _bn_grad_x_kernel(gy_ptr, x_ptr, gx_ptr, stats_ptr, sums_ptr, count, steps,
                       N, stride_t, inner, C, rows, rows_per_program, half_ptr, abs_ptr, scale_ptr, share_ptr,
-                      BATCH_STATS: tl.constexpr, HALF: tl.constexpr, SHARED: tl.constexpr, BLOCK: tl.constexpr):
+                      BATCH_STATS: tl.constexpr, HALF: tl.constexpr, SHARED: tl.constexpr, LIMIT_LOG2: tl.constexpr,
+                      BLOCK: tl.constexpr):
     """Eq. 8: dL/dx = gamma*invstd * (dL/dy - mean(dL/dy) - xhat * mean(dL/dy * xhat)).
     For one input repeated over `steps` steps, gy is its sum over time (and so are the means).
     Time steps t = program_id(1) + i * num_programs(1): a grid's second dimension stops at 65535.
     HALF: also dL/dx * scale in fp16 (ops/half_grad), scale per channel the power of two that
     brings a bound on the channel's sum of |dL/dx| (from abs_ptr's sum of |dL/dy|) under
-    half_grad.SUM_LIMIT; the scales go to scale_ptr. SHARED (SyncBN): share_ptr holds this
+    2^LIMIT_LOG2 (half_grad.SUM_LIMIT); the scales go to scale_ptr. SHARED (SyncBN): share_ptr holds this
     rank's count / the global count."""
     count = f32(count)
     n = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
@@ -503,9 +504,9 @@ def _bn_grad_x_kernel(gy_ptr, x_ptr, gx_ptr, stats_ptr, sums_ptr, count, steps,
                 xhat_sum = count / tl.sqrt(tl.load(share_ptr))
             bound += count * tl.abs(mgy) + xhat_sum * tl.abs(mgyx)
         bound = tl.abs(a) * bound
-        # 2^(14 - ceil(log2 bound)): bound * scale <= 2^14, to within an approximate log2's
-        # error (65504 / 2^14 absorbs it); bound at least 2^-100, so the scale stays finite
-        scale = tl.exp2(14.0 - tl.ceil(tl.log2(tl.maximum(bound, 7.888609052210118e-31))))
+        # 2^(LIMIT_LOG2 - ceil(log2 bound)): bound * scale <= the limit, to within an approximate
+        # log2's error (65504 / 2^14 absorbs it); bound at least 2^-100: the scale stays finite
+        scale = tl.exp2(LIMIT_LOG2 - tl.ceil(tl.log2(tl.maximum(bound, 7.888609052210118e-31))))
         # each channel's scale once: from its first neuron in memory order, at the first step
         first = (n < tl.where(tl.program_id(1) == 0, C * inner, 0)) & (n % inner == 0)
         tl.store(scale_ptr + ch, scale, mask=first)
@@ -619,7 +620,8 @@ def _backward(grad_s, x, residual, ckpt, stats, decay, decay_tensor, threshold, 
             N, stride_t, inner, C, rows, cdiv(rows, MAX_GRID_Y),
             half if half_twin else unused, channel_sums[abs_row:] if half_twin else unused,
             scale if half_twin else unused, share if share is not None else unused, BATCH_STATS=batch_stats,
-            HALF=half_twin, SHARED=share is not None, BLOCK=BLOCK2, num_warps=4)
+            HALF=half_twin, SHARED=share is not None, LIMIT_LOG2=half_grad.SUM_LIMIT_LOG2, BLOCK=BLOCK2,
+            num_warps=4)
     if half_twin and not isinstance(launch, Speculate):  # (a speculative compile's tensors are meta)
         half_grad.offer(gx, half, scale)
     gd = None

@@ -21,7 +21,8 @@ import typing
 
 import torch
 
-SUM_LIMIT = 2.0 ** 14  # per channel, sum |scaled gy| <= this: under fp16's 65504 with room for rounding
+SUM_LIMIT_LOG2 = 14  # per channel, sum |scaled gy| <= 2^14: under fp16's 65504 with room for rounding
+SUM_LIMIT = 2.0 ** SUM_LIMIT_LOG2
 
 
 class Twin(typing.NamedTuple):
