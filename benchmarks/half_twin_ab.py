@@ -50,10 +50,12 @@ def weight_grad_errors(template, inputs):
     saved gy and spikes are recorded and its weight gradient recomputed in float64)."""
     from spikefuse.ops import spike_conv
     records = []
-    real = spike_conv._half_weight_grad
+    real = spike_conv._twin_weight_grad
 
-    def recording(gy, twin, packed, weight, s_shape, channels_last, conv, launch):
-        gw = real(gy, twin, packed, weight, s_shape, channels_last, conv, launch)
+    def recording(gy, wanted, packed, weight, s_shape, channels_last, conv, launch):
+        gw = real(gy, wanted, packed, weight, s_shape, channels_last, conv, launch)
+        if gw is None:  # no twin came with gy
+            return gw
         s = spike_conv._spikes(packed, s_shape, channels_last, torch.float64, launch)
         stride, padding, dilation, groups = conv
         exact = torch.ops.aten.convolution_backward(
@@ -67,13 +69,13 @@ def weight_grad_errors(template, inputs):
             return ((g.double() - exact).norm() / exact.norm()).item()
         records.append({"weight": list(weight.shape), "twin": err(gw), "tf32": err(tf32)})
         return gw
-    spike_conv._half_weight_grad = recording
+    spike_conv._twin_weight_grad = recording
     try:
         model = copy.deepcopy(template)
         x, y = inputs[0]
         torch.nn.functional.cross_entropy(model(x), y).backward()
     finally:
-        spike_conv._half_weight_grad = real
+        spike_conv._twin_weight_grad = real
     return records
 
 

@@ -585,8 +585,8 @@ def _backward(grad_s, x, residual, ckpt, stats, decay, decay_tensor, threshold, 
     gs = as_layout(grad_s, channels_last)
     store_gy = not summed or residual is not None
     gy = _empty(x.shape if store_gy else (0,), channels_last and store_gy, torch.float32, x.device)
-    abs_row = (3 if need_gd else 2) if half_twin else 0
-    part = torch.empty((abs_row + 1 if half_twin else 3 if need_gd else 2, N), device=x.device, dtype=torch.float32)
+    abs_row = 2 + need_gd  # after [sum dL/dy, sum dL/dy*xhat] (and dL/d decay): the twin's row
+    part = torch.empty((abs_row + half_twin, N), device=x.device, dtype=torch.float32)
     BLOCK, warps = _config(N, x.dtype)
     if N > 0:
         unused = launch.unused(x)
@@ -596,7 +596,7 @@ def _backward(grad_s, x, residual, ckpt, stats, decay, decay_tensor, threshold, 
             decay, threshold, v_reset, alpha, T, N, stride_t, inner, C,
             RESET=reset_code(reset, "bn_lif"), DETACH=detach, SURROGATE=SURROGATES[surrogate],
             DECAY=_decay_code(decay_tensor), HAS_RES=residual is not None, NEED_GD=need_gd,
-            STORE_GY=store_gy, ABS_ROW=abs_row, BLOCK=BLOCK, K=_steps(T), num_warps=warps, enable_fp_fusion=False)
+            STORE_GY=store_gy, ABS_ROW=abs_row if half_twin else 0, BLOCK=BLOCK, K=_steps(T), num_warps=warps, enable_fp_fusion=False)
     channel_sums = _channel_sums(part if half_twin else part[:2], x.shape, channels_last)
     sums = channel_sums[:2]  # [sum dL/dy (Eq. 11), sum dL/dy*xhat (Eq. 10)]
     count = x.numel() // C
@@ -614,7 +614,6 @@ def _backward(grad_s, x, residual, ckpt, stats, decay, decay_tensor, threshold, 
     BLOCK2 = 1024
     if N > 0:
         rows = gx_shape[0]
-        unused = launch.unused(x)
         launch(_bn_grad_x_kernel)[(cdiv(N, BLOCK2), min(rows, MAX_GRID_Y))](
             part if summed else gy, x, gx, stats, mean_sums, float(count), T if summed else 1,
             N, stride_t, inner, C, rows, cdiv(rows, MAX_GRID_Y),

@@ -61,12 +61,10 @@ def _backward(gy, packed, weight, s_shape, s_dtype, channels_last, has_bias, con
     dilation, groups). graph (create_graph, eager only): the weight gradient is
     differentiable w.r.t. s too, through `edge` (spike_linear.GraphEdge). The weight
     gradient runs in fp16 when gy comes with an fp16 twin (ops/half_grad)."""
-    twin = half_grad.take(gy) if not launch.traced else None  # taken even if unused: the slot empties
-    twin = twin if need_w and not graph else None
-    gw = _half_weight_grad(gy, twin, packed, weight, s_shape, channels_last, conv, launch) if twin else None
-    half_taken, twin = twin is not None, None  # the fp16 copy freed before dL/ds is allocated
+    gw = (None if launch.traced else
+          _twin_weight_grad(gy, need_w and not graph, packed, weight, s_shape, channels_last, conv, launch))
     w = weight.to(gy.dtype)
-    if need_w and not half_taken:  # both gradients in one call; the spikes transient, in the forward's layout
+    if need_w and gw is None:  # both gradients in one call; the spikes transient, in the forward's layout
         if graph:
             n, c, h, wd = s_shape
             edge = memory_order(edge, channels_last) if edge is not None else None
@@ -106,9 +104,14 @@ def _spikes(packed, s_shape, channels_last, dtype, launch):
     return unpack(packed, (n, c, h, wd), dtype, launch)
 
 
-def _half_weight_grad(gy, twin, packed, weight, s_shape, channels_last, conv, launch):
-    """dL/dweight from gy's fp16 twin and the spikes in fp16 (exact), fp32 sums in cuDNN,
-    the twin's per-channel scales taken off exactly (powers of two); float32."""
+def _twin_weight_grad(gy, wanted, packed, weight, s_shape, channels_last, conv, launch):
+    """dL/dweight from gy's fp16 twin (ops/half_grad) and the spikes in fp16 (exact), fp32 sums
+    in cuDNN, the twin's per-channel scales taken off exactly (powers of two); float32. None
+    when no twin came with gy or the gradient is not `wanted`. The twin is taken either way (none
+    outlives this backward) and freed on return, before dL/ds is allocated."""
+    twin = half_grad.take(gy)
+    if twin is None or not wanted:
+        return None
     stride, padding, dilation, groups = conv
     s = _spikes(packed, s_shape, channels_last, torch.float16, launch)
     shape_only = torch.empty_like(weight, dtype=torch.float16)  # the weight's shape and layout: never read
