@@ -11,7 +11,7 @@ from spikefuse.cli import main
 from spikefuse.data import load
 from spikefuse.models import build_model
 from spikefuse.train import fit
-from spikefuse.train.activity import RateRegularizer, per_neuron_rate
+from spikefuse.train.activity import LOG_SCALE, RateRegularizer
 from spikefuse.train.spikes import EXACT_IN_FLOAT32, SpikeMonitor
 from helpers import one_thread  # noqa: F401  (the fixture)
 
@@ -71,16 +71,46 @@ def test_l1_term_lowers_a_neuron_near_threshold_that_never_fires():
     assert (grads["l1"] > 0).all()  # more input, more rate: descent lowers the potential
 
 
-@pytest.mark.parametrize("shape", [(7, 3, 5), (4, 2, 3, 2, 2), (1, 1, 1)])
-def test_per_neuron_rate_equals_the_mean_over_time_and_batch(shape):
+def reference_penalty(spikes, max_rate, weight, l1, log):
+    """The formula through autograd (the twin of the penalty's own derivative)."""
+    rates = spikes.float().mean(dim=(0, 1))
+    penalty = l1 * rates.mean() + log * torch.log1p(rates / LOG_SCALE).mean()
+    if max_rate is not None:
+        penalty = penalty + weight * torch.relu(rates - max_rate).square().mean()
+    return penalty
+
+
+@pytest.mark.parametrize("shape", [(7, 3, 5), (4, 2, 3, 2, 2), (1, 1, 1), (5, 6)])
+@pytest.mark.parametrize("options", [dict(max_rate=0.2, weight=3.0), dict(max_rate=None, l1=2.5),
+                                     dict(max_rate=None, log=0.3), dict(max_rate=0.1, weight=7.0, l1=1.5, log=0.05)])
+def test_each_layers_penalty_and_gradient_equal_the_formula_through_autograd(shape, options):
     torch.manual_seed(0)
-    spikes = (torch.rand(shape) < 0.4).float().requires_grad_()
-    grad = torch.randn(shape[2:])
-    ours, theirs = per_neuron_rate(spikes), spikes.mean(dim=(0, 1))
-    assert torch.equal(ours, theirs)
-    torch.testing.assert_close(torch.autograd.grad(ours, spikes, grad)[0], torch.autograd.grad(theirs, spikes, grad)[0])
-    view = spikes.detach().transpose(0, 1).requires_grad_()  # not contiguous
-    assert torch.equal(per_neuron_rate(view), view.mean(dim=(0, 1)))
+    lif = snn.LIF(threshold=0.3, backend="reference")
+    spikes = (torch.rand(shape) < 0.4).float()
+    spikes.view(-1)[0] = 1  # a neuron over every bound here
+    grads = []
+    for view in (spikes.clone(), spikes.transpose(0, 1).contiguous().transpose(0, 1)):  # and not contiguous
+        view.requires_grad_()
+        with RateRegularizer(lif, **options) as reg:
+            reg._hook(lif, (), view)
+            ours = reg.take()
+        theirs = reference_penalty(view, options["max_rate"], options.get("weight", 100.0),
+                                   options.get("l1", 0.0), options.get("log", 0.0))
+        torch.testing.assert_close(ours, theirs, rtol=1e-6, atol=0)
+        g_ours, = torch.autograd.grad(ours, view)
+        g_theirs, = torch.autograd.grad(theirs, view)
+        torch.testing.assert_close(g_ours, g_theirs, rtol=1e-5, atol=1e-12)
+        grads.append(g_ours)
+    assert grads[0].abs().sum() > 0  # the case tests something
+
+
+def test_log_term_pulls_hardest_on_the_rarely_firing_neurons():
+    """Its slope falls with the rate (halved at LOG_SCALE): a silent neuron is pulled 1/LOG_SCALE
+    times log's weight, one at rate 10 x LOG_SCALE eleven times less."""
+    lif = snn.LIF(threshold=0.3, backend="reference")
+    rates = torch.tensor([0.0, LOG_SCALE, 10 * LOG_SCALE])
+    _, slope = RateRegularizer(lif, max_rate=None, log=2.0).penalty_and_slope(rates)
+    torch.testing.assert_close(slope * 3, 2.0 / (rates + LOG_SCALE))
 
 
 def test_monitor_counts_exactly_past_float32s_integers():
@@ -126,7 +156,9 @@ def test_evaluation_and_no_grad_forwards_add_nothing():
     (dict(max_rate=0.05, rate_weight=float("inf")), "rate_weight"),
     (dict(rate_l1=-1.0), "rate_l1: expected a finite number >= 0"),
     (dict(max_rate=0.05, rate_l1=float("nan")), "rate_l1"),
-    (dict(max_rate=0.05, rate_l1=1e300), "rate_l1: .*at most float32's"),  # inf in the float32 penalty
+    (dict(max_rate=0.05, rate_l1=1e300), "rate_l1: .*at most 3.4e\\+38, float32's range"),  # inf in the penalty
+    (dict(rate_log=-0.1), "rate_log: expected a finite number >= 0"),
+    (dict(max_rate=0.05, rate_log=1e37), "rate_log: .*at most 1.7e\\+36"),  # its slope on a silent neuron: inf
     (dict(max_rate=0.05, rate_weight=1e39), "rate_weight: .*at most float32's"),
 ])
 def test_bad_options_are_refused_naming_them(kwargs, message):
@@ -145,6 +177,7 @@ def test_a_model_without_spiking_layers_is_refused():
     ("--max-rate", "1.5", "max-rate: expected a firing rate in [0, 1)"),
     ("--rate-weight", "0", "rate-weight: expected a finite number > 0"),
     ("--rate-l1", "-1", "rate-l1: expected a finite number >= 0"),
+    ("--rate-log", "1e37", "rate-log: expected a finite number >= 0 (at most 1.7e+36, float32's range), got 1e+37"),
     ("--rate-weight", "1e300", "rate-weight: expected a finite number > 0 (at most float32's 3.4e+38), got 1e+300"),
 ])
 def test_cli_refuses_bad_rate_options_in_one_line(option, value, message, tmp_path, capsys):
@@ -186,13 +219,15 @@ def test_the_penalty_is_inside_the_captured_step():
 
 
 @pytest.mark.parametrize("given, expected", [
-    ({}, (0.05, 0.0)),                                   # the measured default
-    ({"max_rate": 0.1}, (0.1, 0.0)),                     # either option given: only what was given
-    ({"rate_l1": 0.0}, (None, 0.0)),                     # --rate-l1 0 alone: no regulariser
+    ({}, (0.05, 0.0, 0.05)),                              # the measured default
+    ({"max_rate": 0.1}, (0.1, 0.0, 0.0)),                 # any option given: only what was given
+    ({"rate_log": 0.2}, (None, 0.0, 0.2)),
+    ({"rate_l1": 0.0}, (None, 0.0, 0.0)),                 # --rate-l1 0 alone: no regulariser
 ])
 def test_sparse_training_takes_the_measured_regulariser_unless_one_is_given(given, expected):
     from spikefuse.train.config import SPARSE_REGULARISER, make
     cfg = make({"model": "ipu-shd", "sparse": True}, given)
-    assert (cfg.max_rate, cfg.rate_l1) == expected
-    assert make({"model": "ipu-shd"}).max_rate is None and make({"model": "ipu-shd"}).rate_l1 == 0.0  # dense: off
-    assert SPARSE_REGULARISER == {"max_rate": 0.05}
+    assert (cfg.max_rate, cfg.rate_l1, cfg.rate_log) == expected
+    dense = make({"model": "ipu-shd"})
+    assert (dense.max_rate, dense.rate_l1, dense.rate_log) == (None, 0.0, 0.0)  # dense: off
+    assert SPARSE_REGULARISER == {"max_rate": 0.05, "rate_log": 0.05}

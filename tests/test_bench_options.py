@@ -8,7 +8,7 @@ for "--batches 1,x", skipped unknown --modes silently and took --batches 0; `ben
 sizes, batches and time steps of 2**70 and a seed of 2**70 into torch (exit 1);
 `bench sparse` took a NaN, infinite or negative --lr and, in --cases, an infinite or 1e300
 width, a batch of 2**70 and a NaN theta; `bench sparse --train` checked none of --epochs,
---lr, --max-rate, --rate-weight, --rate-l1, --grad-threshold, --margin or the seeds' range;
+--lr, --max-rate, --rate-weight, --rate-l1, --rate-log, --grad-threshold, --margin or the seeds' range;
 `bench parallel` passed time steps, chunks and widths past what a worker can build, and 2**70
 CPU processes, to the launcher; empty lists ("--libraries ,", "--neurons ,", "--only ,")
 measured spikefuse alone, wrote a results file of no cases, or ran every part.
@@ -79,7 +79,7 @@ CASES = {  # class of attack: [(argv after `bench`, the option the message names
     "a real that is NaN, infinite, negative or past float32": [
         *[(["sparse", "--lr", value], "--lr") for value in ("nan", "inf", "-1", "1e300", "1e38")],
         *[(["sparse", "--train", option, value], option)
-          for option in ("--lr", "--max-rate", "--rate-weight", "--rate-l1", "--margin")
+          for option in ("--lr", "--max-rate", "--rate-weight", "--rate-l1", "--rate-log", "--margin")
           for value in ("nan", "inf", "-1", "1e300")],
         (["sparse", "--train", "--lr", "1e38"], "--lr must be at most 3.4e+37"),  # Adam's first step: 1e39
         *[(["sparse", "--train", "--grad-threshold", value], "--grad-threshold") for value in ("nan", "inf")],

@@ -339,6 +339,7 @@ NUMBERS = {  # entry: (name, call, values outside the bounds besides the non-fin
     "Trainer.max_rate": ("max_rate", lambda v: _trainer(max_rate=v), [-0.1, 1.0]),
     "Trainer.rate_weight": ("rate_weight", lambda v: _trainer(rate_weight=v), [0.0, 1e39]),
     "Trainer.rate_l1": ("rate_l1", lambda v: _trainer(rate_l1=v), [-1.0, 1e39]),
+    "Trainer.rate_log": ("rate_log", lambda v: _trainer(rate_log=v), [-1.0, 1e37]),
     "to_nir.dt": ("dt", lambda v: to_nir(_lif_net(), (3,), dt=v), [0.0, -1e-3]),
     "from_nir.dt": ("dt", lambda v: from_nir(to_nir(_lif_net(), (3,)), dt=v), [0.0, -1e-3]),
     "split_stages.slack": ("slack", lambda v: split_stages(

@@ -80,7 +80,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
                             "(--cases then takes task:net:width:batch items, or 'default')")
     train.add_argument("--runs", default="dense,sparse,dense-lazyadam,dense-free",
                        help="comma-separated, of dense, sparse, dense-lazyadam, dense-free (the dense run "
-                            "without the regulariser; only with --max-rate or --rate-l1)")
+                            "without the regulariser; only with --max-rate, --rate-l1 or --rate-log)")
     train.add_argument("--epochs", type=int, default=20, help="epochs per run (default: 20)")
     train.add_argument("--seeds", default="0", help="comma-separated seeds: init and data order (default: 0)")
     train.add_argument("--max-rate", type=float, default=None,
@@ -89,6 +89,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     train.add_argument("--rate-l1", type=float, default=0.0,
                        help="weight of the L1 term on spikes of spikefuse train --rate-l1, on every run but "
                             "dense-free (default: 0, none)")
+    train.add_argument("--rate-log", type=float, default=0.0,
+                       help="weight of the log term on rates of spikefuse train --rate-log, on every run but "
+                            "dense-free (default: 0, none; spikefuse train --sparse's default: 0.05)")
     train.add_argument("--grad-threshold", type=float, default=0.9,
                        help="the sparse run's cut, as a fraction of the threshold (default: 0.9, IPUNet's)")
     train.add_argument("--margin", type=float, default=1.0,

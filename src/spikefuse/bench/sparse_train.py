@@ -22,7 +22,7 @@ epoch up to the first that reached it. The first epoch includes Triton's compila
 the CUDA-graph capture: run with a fresh TRITON_CACHE_DIR for a cold-cache figure.
 
     spikefuse bench sparse --train --out benchmarks/results
-    spikefuse bench sparse --train --cases shd-synthetic-hard:ff:4:8 --epochs 20 --seeds 0,1,2 --max-rate 0.05
+    spikefuse bench sparse --train --cases shd-synthetic-hard:ff:4:8 --epochs 20 --seeds 0,1,2 --max-rate 0.05 --rate-log 0.05
     spikefuse bench sparse --train --quick --out /tmp/bench   # tiny, on the CPU too: a smoke test
 """
 from __future__ import annotations
@@ -149,7 +149,8 @@ def train_run(run, splits, case, seed, state, args, device) -> dict:
     regularised = _regularised(args) and run != "dense-free"
     trainer = Trainer(model, splits, optimizer, epochs=args.epochs, batch_size=batch, scheduler=scheduler,
                       device=device, seed=seed, progress=False, max_rate=args.max_rate if regularised else None,
-                      rate_weight=args.rate_weight, rate_l1=args.rate_l1 if regularised else 0.0)
+                      rate_weight=args.rate_weight, rate_l1=args.rate_l1 if regularised else 0.0,
+                      rate_log=args.rate_log if regularised else 0.0)
     setup = time.perf_counter() - start
     history = trainer.fit()
     epochs = [{k: h.get(k) for k in ("epoch", "epoch_time_s", "train_time_s", "samples_per_s", "train_acc",
@@ -165,15 +166,16 @@ def check_args(args) -> None:
     options.count("--epochs", args.epochs)
     options.rate("--lr", args.lr)
     try:
-        check_rate_options(0.0 if args.max_rate is None else args.max_rate, args.rate_weight, args.rate_l1)
-    except ValueError as e:  # the words of `spikefuse train`'s --max-rate, --rate-weight, --rate-l1
+        check_rate_options(0.0 if args.max_rate is None else args.max_rate, args.rate_weight, args.rate_l1,
+                           args.rate_log)
+    except ValueError as e:  # the words of `spikefuse train`'s --max-rate, --rate-weight, --rate-l1, --rate-log
         raise UsageError("--" + str(e).replace("_", "-", 1)) from None
     options.number("--grad-threshold", args.grad_threshold)
     options.number("--margin", args.margin, low=0, high=100)
 
 
 def _regularised(args) -> bool:
-    return args.max_rate is not None or args.rate_l1 > 0
+    return args.max_rate is not None or args.rate_l1 > 0 or args.rate_log > 0
 
 
 def steady_rate(row) -> float:
@@ -249,6 +251,7 @@ def run(args) -> int:
                    "smoke": args.smoke and not args.quick,
                    "recipe": {"epochs": args.epochs, "lr": args.lr, "schedule": "cosine", "max_rate": args.max_rate,
                               "rate_weight": args.rate_weight, "rate_l1": args.rate_l1,
+                              "rate_log": args.rate_log,
                               "sparse_grad_threshold": args.grad_threshold, "margin_points": args.margin,
                               "precision": "fp32 (TF32 matmuls)", "captured": cuda,
                               "init": f"fluctuation-driven, {INIT_SAMPLES} training samples"},
@@ -288,6 +291,8 @@ def _regulariser_text(recipe) -> str:
         terms.append(f"max rate {recipe['max_rate']:g}, weight {recipe['rate_weight']:g}")
     if recipe.get("rate_l1"):
         terms.append(f"L1 on spikes, weight {recipe['rate_l1']:g}")
+    if recipe.get("rate_log"):
+        terms.append(f"log term on rates, weight {recipe['rate_log']:g}")
     return " + ".join(terms) or "off"
 
 

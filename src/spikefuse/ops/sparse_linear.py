@@ -115,10 +115,11 @@ def _weight_grad_kernel(gyt_ptr, bits_ptr, cols_ptr, count_ptr, gw_ptr, R, IN, P
                  mask=k_mask[:, None] & i_mask[None, :])
 
 
-# tiles (rows, inputs, carrying columns, warps) of the input gradient and (carrying columns,
-# inputs, rows, warps) of the weight gradient; benchmarks/tune_sparse_linear.py times others
-INPUT_GRAD_TILES = (32, 128, 32, 4)
-WEIGHT_GRAD_TILES = (64, 128, 32, 4)
+# tiles (rows, inputs, carrying columns, warps, stages) of the input gradient and (carrying
+# columns, inputs, rows, warps, stages) of the weight gradient; benchmarks/tune_sparse_linear.py
+# times others
+INPUT_GRAD_TILES = (32, 128, 32, 4, 3)
+WEIGHT_GRAD_TILES = (64, 128, 32, 4, 3)
 
 
 def persistent_programs(device: torch.device) -> int:
@@ -147,9 +148,9 @@ def input_grad(gyt, weight, cols, count, precision):
     w = weight if weight.is_contiguous() else weight.contiguous()
     gs = torch.empty(R, IN, device=gyt.device, dtype=gyt.dtype)
     if R > 0 and IN > 0:
-        br, bi, bk, warps = INPUT_GRAD_TILES
+        br, bi, bk, warps, stages = INPUT_GRAD_TILES
         _input_grad_kernel[(cdiv(R, br), cdiv(IN, bi))](gyt, w, cols, count, gs, R, IN, BR=br, BI=bi, BK=bk,
-                                                          PRECISION=precision, num_warps=warps)
+                                                          PRECISION=precision, num_warps=warps, num_stages=stages)
     return gs
 
 
@@ -159,10 +160,11 @@ def weight_grad(gyt, bits, cols, count, gw, precision):
     OUT, R = gyt.shape
     IN = gw.shape[1]
     if R > 0 and OUT > 0 and IN > 0:
-        bk, bi, br, warps = WEIGHT_GRAD_TILES
+        bk, bi, br, warps, stages = WEIGHT_GRAD_TILES
         programs = min(persistent_programs(gyt.device), cdiv(OUT, bk) * cdiv(IN, bi))
         _weight_grad_kernel[(programs,)](gyt, bits, cols, count, gw, R, IN, programs, BK=bk, BI=bi, BR=br,
-                                         PRECISION=precision, ALIGNED=IN % 8 == 0, num_warps=warps)
+                                         PRECISION=precision, ALIGNED=IN % 8 == 0, num_warps=warps,
+                                         num_stages=stages)
 
 
 def _precision(t: torch.Tensor) -> str:

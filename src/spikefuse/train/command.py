@@ -79,8 +79,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add("--sparse", action="store_true", default=s,
         help="sparse training (the ipu-* models): gradient only through neurons that came near threshold "
              "(0.9), the sparse backward where measured activity makes it pay, LazyAdam; starts from the "
-             "fluctuation-driven init and, unless --max-rate or --rate-l1 is given, the measured regulariser "
-             "--max-rate 0.05 (docs/sparse.md)")
+             "fluctuation-driven init and, unless --max-rate, --rate-l1 or --rate-log is given, the measured "
+             "regulariser --max-rate 0.05 --rate-log 0.05 (docs/sparse.md)")
     add("--max-rate", type=float, default=s, metavar="RATE",
         help="keep each hidden neuron's firing rate (spikes per time step) under RATE: a penalty on the "
              "squared excess, added to the loss inside the step (default: off; 0.05 with --sparse)")
@@ -88,7 +88,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add("--rate-l1", type=float, default=s, metavar="W",
         help="add W x each hidden layer's mean firing rate to the loss: it also lowers potentials that come "
              "near threshold without firing, which --sparse's backward would otherwise still carry "
-             "(default: 0, off; --rate-l1 0 alone turns --sparse's default --max-rate off)")
+             "(default: 0, off; --rate-l1 0 alone turns --sparse's default regulariser off)")
+    add("--rate-log", type=float, default=s, metavar="W",
+        help="add W x each hidden layer's mean of log(1 + rate / 0.005) to the loss: it quiets the neurons "
+             "that fire rarely and leaves those the task uses (default: 0, off; 0.05 with --sparse)")
     add("--seed", type=int, default=s, help="seeds init, data order and every RNG (default: 0)")
     add("--stop-on-nan", action=argparse.BooleanOptionalAction, default=s,
         help="stop when an epoch's training loss is NaN or infinite, keeping the last finite checkpoint "
@@ -273,7 +276,7 @@ def _train(cfg, device, run_dir, args, state, dp=None) -> int:
                       seed=cfg.seed, run_dir=run_dir, progress=not args.quiet, stop_on_nan=cfg.stop_on_nan,
                       config={"options": cfg.as_dict(), "model": model_args}, data_parallel=dp,
                       max_rate=cfg.max_rate, rate_weight=cfg.rate_weight, rate_l1=cfg.rate_l1,
-                      overwrite=getattr(args, "overwrite", False), background_compile=cfg.background_compile)
+                      rate_log=cfg.rate_log, overwrite=getattr(args, "overwrite", False), background_compile=cfg.background_compile)
     if args.resume:
         try:
             trainer.resume()

@@ -91,6 +91,8 @@ class Trainer:
         metrics (train_loss stays the task's). None: no such term.
     rate_l1: weight of an L1 term on spikes (each layer's mean firing rate), which also lowers
         potentials that come near threshold without firing (RateRegularizer); 0: none.
+    rate_log: weight of a log term on each neuron's rate, which quiets the rarely firing
+        neurons first (RateRegularizer); 0: none.
     background_compile: while a fused kernel compiles (from a cold Triton cache, 1-5 s a
         variant), its layer runs its pure-PyTorch twin (same spikes, gradients within 1e-5;
         slower, and it keeps more for backward), or a LIF layer quick kernels that compile
@@ -114,7 +116,7 @@ class Trainer:
                  seed: int = 0, run_dir=None, config: dict | None = None,
                  loss_fn=F.cross_entropy, progress: bool = True, stop_on_nan: bool = True,
                  data_parallel: DataParallel | None = None, max_rate: float | None = None,
-                 rate_weight: float = 100.0, rate_l1: float = 0.0, overwrite: bool = False,
+                 rate_weight: float = 100.0, rate_l1: float = 0.0, rate_log: float = 0.0, overwrite: bool = False,
                  background_compile: bool = False):
         # the CLI's checks (train.config), under these keywords' names: one rule for fit and the CLI
         # (epochs 2**70 trained forever and NaN failed in range(); a NaN or 2**70 seed inside
@@ -149,7 +151,7 @@ class Trainer:
         if data_parallel is not None and not getattr(splits.train, "shardable", True):
             raise ValueError("splits: DataLoaders are not sharded over processes; under data_parallel "
                              "pass spikefuse.data.load(...)'s splits")
-        check_rate_options(0.0 if max_rate is None else max_rate, rate_weight, rate_l1)
+        check_rate_options(0.0 if max_rate is None else max_rate, rate_weight, rate_l1, rate_log)
         self.device = torch.device(device)
         if background_compile and data_parallel is not None:  # ranks must capture the same step
             raise ValueError("background_compile: not under data_parallel (every rank must capture the same "
@@ -173,8 +175,8 @@ class Trainer:
         # per epoch: summed loss, correct predictions, summed rate penalty; on the device, updated in the step
         self.sums = torch.zeros(3, dtype=torch.float64, device=self.device)
         self.monitors = {mode: SpikeMonitor(self.model, mode=mode, device=self.device) for mode in ("train", "eval")}
-        self.regularizer = (RateRegularizer(self.model, max_rate, rate_weight, rate_l1)
-                            if max_rate is not None or rate_l1 else None)
+        self.regularizer = (RateRegularizer(self.model, max_rate, rate_weight, rate_l1, rate_log)
+                            if max_rate is not None or rate_l1 or rate_log else None)
         captured = self._capture_wanted(capture)
         # one side stream for the warm-ups and the capture
         stream = torch.cuda.Stream(self.device) if captured else None
