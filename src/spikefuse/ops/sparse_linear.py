@@ -80,43 +80,6 @@ def _input_grad_kernel(gyt_ptr, w_ptr, cols_ptr, count_ptr, gs_ptr, R, IN,
 
 @cached_launch
 @triton.jit
-def _gather_rows_transposed_kernel(w_ptr, cols_ptr, count_ptr, wt_ptr, OUT, IN, BK: tl.constexpr, BI: tl.constexpr):
-    """wt[i, k] = w[cols[k], i] for k < count: W's carrying rows, transposed (wt [IN, OUT])."""
-    n = tl.load(count_ptr)
-    if tl.program_id(1) * BK < n:
-        k = tl.program_id(1) * BK + tl.arange(0, BK)
-        i = tl.program_id(0) * BI + tl.arange(0, BI)
-        mask = (k < n)[:, None] & (i < IN)[None, :]
-        col = tl.load(cols_ptr + k, mask=k < n, other=0).to(tl.int64)
-        w = tl.load(w_ptr + col[:, None] * IN + i[None, :], mask=mask, other=0.0)
-        tl.store(wt_ptr + i.to(tl.int64)[None, :] * OUT + k[:, None], w, mask=mask)
-
-
-@cached_launch
-@triton.jit
-def _input_grad_kmajor_kernel(gyt_ptr, wt_ptr, count_ptr, gs_ptr, R, IN, OUT,
-                              BR: tl.constexpr, BI: tl.constexpr, BK: tl.constexpr, PRECISION: tl.constexpr):
-    """gs[r, i] = sum_{k < count} gyt[k, r] * wt[i, k]: both operands contiguous along k,
-    the layout Hopper's TF32 tensor-core instructions (wgmma) take from shared memory."""
-    r = tl.program_id(0) * BR + tl.arange(0, BR)
-    i = tl.program_id(1) * BI + tl.arange(0, BI)
-    r_mask, i_mask = r < R, i < IN
-    n = tl.load(count_ptr)
-    acc = tl.zeros([BR, BI], tl.float32)
-    for k0 in range(0, n, BK):
-        k = k0 + tl.arange(0, BK)
-        k_mask = k < n
-        a = tl.load(gyt_ptr + k.to(tl.int64)[None, :] * R + r[:, None],
-                    mask=r_mask[:, None] & k_mask[None, :], other=0.0).to(tl.float32)
-        b = tl.load(wt_ptr + i.to(tl.int64)[None, :] * OUT + k[:, None],
-                    mask=k_mask[:, None] & i_mask[None, :], other=0.0).to(tl.float32)
-        acc = tl.dot(a, b, acc, input_precision=PRECISION)
-    tl.store(gs_ptr + r.to(tl.int64)[:, None] * IN + i[None, :], acc.to(gs_ptr.dtype.element_ty),
-             mask=r_mask[:, None] & i_mask[None, :])
-
-
-@cached_launch
-@triton.jit
 def _weight_grad_kernel(gyt_ptr, bits_ptr, cols_ptr, count_ptr, gw_ptr, R, IN, PROGRAMS,
                         BK: tl.constexpr, BI: tl.constexpr, BR: tl.constexpr, PRECISION: tl.constexpr,
                         ALIGNED: tl.constexpr):
@@ -191,25 +154,6 @@ def input_grad(gyt, weight, cols, count, precision):
     return gs
 
 
-KMAJOR_TILES = (64, 128, 32, 4, 3)  # experiment: tiles of _input_grad_kmajor_kernel
-INPUT_GRAD_KMAJOR = False
-
-
-def input_grad_kmajor(gyt, weight, cols, count, precision):
-    """input_grad through W's carrying rows gathered transposed first (wt [IN, OUT])."""
-    R, IN, OUT = gyt.shape[1], weight.shape[1], weight.shape[0]
-    w = weight if weight.is_contiguous() else weight.contiguous()
-    gs = torch.empty(R, IN, device=gyt.device, dtype=gyt.dtype)
-    if R > 0 and IN > 0:
-        wt = torch.empty(IN, OUT, device=w.device, dtype=w.dtype)
-        _gather_rows_transposed_kernel[(cdiv(IN, 128), cdiv(OUT, 32))](w, cols, count, wt, OUT, IN, BK=32, BI=128)
-        br, bi, bk, warps, stages = KMAJOR_TILES
-        _input_grad_kmajor_kernel[(cdiv(R, br), cdiv(IN, bi))](gyt, wt, count, gs, R, IN, OUT, BR=br, BI=bi, BK=bk,
-                                                                 PRECISION=precision, num_warps=warps,
-                                                                 num_stages=stages)
-    return gs
-
-
 def weight_grad(gyt, bits, cols, count, gw, precision):
     """Rows cols[:count] of gw [OUT, IN] from the gathered gyt [OUT, R] and the spikes' bits
     (pack of s [R, IN])."""
@@ -240,8 +184,7 @@ def sparse_backward(gy2, bits, weight, need_s: bool, need_w: bool, carry=None):
     noted on `weight` (grad_rows)."""
     gyt, cols, count = gather_carrying(gy2)
     precision = _precision(gy2)
-    gs = ((input_grad_kmajor if INPUT_GRAD_KMAJOR else input_grad)(gyt, weight, cols, count, precision)
-          if need_s else None)
+    gs = input_grad(gyt, weight, cols, count, precision) if need_s else None
     gw = None
     if need_w:
         gw = torch.zeros_like(weight, memory_format=torch.contiguous_format)
