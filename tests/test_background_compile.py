@@ -495,7 +495,7 @@ def test_sparse_linear_takes_the_dense_backward_while_a_sparse_kernel_compiles(s
     def call():
         x = s.clone().requires_grad_()
         w = torch.randn(41, 37, generator=torch.Generator().manual_seed(0)).requires_grad_()
-        carry = torch.zeros(2, dtype=torch.float64)
+        carry = torch.zeros(3, dtype=torch.float64)
         y = sparse_linear.sparse_spike_linear(x, w, None, carry=carry)
         y.backward(gy)
         return x.grad, w.grad, carry

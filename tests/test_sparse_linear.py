@@ -267,6 +267,44 @@ def test_lazy_adam_takes_a_tensor_learning_rate_and_rejects_bad_arguments():
         opt.step()
 
 
+@pytest.mark.parametrize("capacity", [1, 7, 64, 200])
+@pytest.mark.parametrize("T,B,IN,OUT,share", [(5, 3, 37, 41, 0.2), (1, 1, 17, 70, 0.05), (3, 2, 130, 33, 1.0),
+                                              (2, 5, 65, 129, 0.0), (4, 3, 136, 50, 0.3)])
+def test_sparse_backward_with_a_capacity_equals_dense(T, B, IN, OUT, share, capacity):
+    """The first `capacity` carrying columns through cuBLAS (W's rows gathered, the weight
+    gradient's rows scattered), the rest through the Triton kernels: the same gradients as the
+    dense backward whether the capacity is under, at or past the count (and past OUT)."""
+    torch.manual_seed(T * 100 + OUT)
+    s = (torch.rand(T, B, IN) < 0.3).float().to(DEVICE)
+    w = torch.randn(OUT, IN, device=DEVICE, requires_grad=True)
+    gy = _sparse_gy((T, B), OUT, share, seed=OUT).to(DEVICE)
+    grads = []
+    for op in (lambda x: sparse_spike_linear(x, w, None, capacity=capacity), lambda x: spike_linear(x, w, None)):
+        x = s.transpose(0, 1).contiguous().transpose(0, 1).requires_grad_()  # not contiguous
+        grads.append(torch.autograd.grad(op(x), (x, w), gy))
+    for a, d in zip(*grads):
+        assert rel(a, d) < 1e-5 if d.abs().max() > 0 else torch.equal(a, d)
+    carrying = gy.reshape(-1, OUT).ne(0).any(0)
+    assert torch.equal(grads[0][1][~carrying], torch.zeros_like(grads[0][1][~carrying]))
+
+
+def test_gather_carrying_zeroes_the_rows_up_to_the_capacity():
+    gy = torch.zeros(3, 20)
+    gy[:, [2, 5]] = 1.0
+    gyt, cols, count = gather_carrying(gy.to(DEVICE), capacity=6)
+    assert int(count) == 2 and torch.equal(gyt[:6].cpu(), torch.cat([gy[:, [2, 5]].t(), torch.zeros(4, 3)]))
+
+
+def test_dispatch_sets_the_capacity_from_the_largest_count_and_keeps_it_within_a_band():
+    layer = SparseSpikingLinear(30, 300, bias=False, backward="sparse")
+    for most, expected, changed in ((100, 128, True), (110, 128, False), (128, 128, False), (130, 192, True),
+                                    (60, 192, False), (40, 64, True), (0, 0, True), (1000, 300, True)):
+        layer.carry.copy_(torch.tensor([most * 2.0, 3.0, most]))
+        assert update_dispatch(layer) is changed and layer.capacity == expected, (most, layer.capacity)
+    layer.carry.zero_()  # no backward since: nothing measured, nothing changes
+    assert update_dispatch(layer) is False and layer.capacity == 300
+
+
 @pytest.mark.parametrize("shape", [(37, 1100), (1, 1), (5, 3), (0, 7), (6, 0), (130, 41)])
 @pytest.mark.parametrize("over", [0, 1])
 def test_line_flags_match_torch_on_strided_inputs_with_nan(shape, over):

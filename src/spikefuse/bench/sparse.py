@@ -272,8 +272,9 @@ def measure(case, mode, args, device, template_state, activity="natural"):
         step = make_step(model, opt)
         for x, y in inputs * 2:  # warm-up: lazy state, Triton compiles, the carrying counts
             step(x, y)
-        if mode == "auto":
+        if mode != "spikingjelly":  # the sparse layers' capacities, and auto's choices, as a trainer sets them
             update_dispatch(model)
+        if mode == "auto":
             row["auto_choice"] = ["sparse" if m.sparse else "dense" for m in dispatched(model)]
         if capture and mode != "spikingjelly":
             step = CapturedStep(step)

@@ -8,8 +8,11 @@ backwards count the carrying outputs on the device (no host sync inside a step);
 `update_dispatch(model)`, called where the loop already reads the device (between epochs,
 or every few hundred steps), reads the counts and picks the sparse backward where the
 mean carrying share is at most `sparse_below` (0.35: where the sparse step stops paying at
-IPU width 4 and batch 64 on an H100, docs/sparse.md), the dense one elsewhere. It returns whether any layer
-changed its choice: a captured step must then be captured again.
+IPU width 4 and batch 64 on an H100, docs/sparse.md), the dense one elsewhere. It also sets
+each sparse layer's `capacity` (the carrying outputs its backward hands to cuBLAS, the rest
+to the Triton kernels: spikefuse.ops.sparse_linear) from the largest count it measured. It
+returns whether any layer changed its choice or capacity: a captured step must then be
+captured again.
 """
 from __future__ import annotations
 
@@ -28,6 +31,9 @@ BACKWARDS = ("auto", "sparse", "dense")
 # IPU width 4 and batch 8, 0.35 at batch 64, above 0.7 at width 1; 0.25 flipped a run to dense
 # while sparse was still 1.45x faster (docs/sparse.md).
 SPARSE_BELOW = 0.35
+CAPACITY_MARGIN = 1.25  # capacity: the largest count measured, times this, rounded up to CAPACITY_STEP
+CAPACITY_STEP = 64
+CAPACITY_KEEP = 0.6  # a capacity stays while the new target is above this share of it (fewer re-captures)
 
 
 class SparseSpikingLinear(SpikingLinear):
@@ -42,8 +48,10 @@ class SparseSpikingLinear(SpikingLinear):
             raise ValueError(f"backward: unknown {backward!r}; expected one of {list(BACKWARDS)}")
         self.backward_mode, self.sparse_below = backward, check_number("sparse_below", sparse_below, low=0.0, high=1.0)
         self.sparse = backward != "dense"
-        self.register_buffer("carry", torch.zeros(2, dtype=torch.float64, device=device), persistent=False)
+        # summed carrying count, backward calls, the largest count; on the device, read by update_dispatch
+        self.register_buffer("carry", torch.zeros(3, dtype=torch.float64, device=device), persistent=False)
         self.last_share: float | None = None  # the carrying share update_dispatch decided on last
+        self.capacity = 0  # carrying outputs the backward's cuBLAS products take; 0 until measured
 
     def forward(self, s: torch.Tensor) -> torch.Tensor:
         if torch.compiler.is_dynamo_compiling():  # the traced op is SpikingLinear's (dense)
@@ -52,15 +60,27 @@ class SparseSpikingLinear(SpikingLinear):
                     channels=self.in_features, dim=-1)
         x = s if s.is_contiguous() else s.contiguous()
         return sparse_spike_linear(x, self.weight, self.bias, _saved_bits(s, x, self.weight),
-                                   self.carry, self.sparse)
+                                   self.carry, self.sparse, self.capacity)
 
     def carrying_share(self, reset: bool = True) -> float | None:
         """Mean share of outputs that carried gradient per backward since the last reset
         (None before any backward). Reads the device: call it between steps."""
-        total, calls = self.carry.tolist()
+        return self._measured(reset)[0]
+
+    def _measured(self, reset: bool) -> tuple[float | None, int]:
+        """(mean carrying share or None, largest carrying count) since the last reset."""
+        total, calls, most = self.carry.tolist()
         if reset:
             self.carry.zero_()
-        return None if calls == 0 else total / calls / max(self.out_features, 1)
+        return (None if calls == 0 else total / calls / max(self.out_features, 1)), int(most)
+
+    def _update_capacity(self, most: int) -> bool:
+        """Capacity from the largest count measured; True if it changed."""
+        target = min(-(-int(most * CAPACITY_MARGIN) // CAPACITY_STEP) * CAPACITY_STEP, self.out_features)
+        if most <= self.capacity and target > CAPACITY_KEEP * self.capacity:
+            return False
+        changed, self.capacity = target != self.capacity, target
+        return changed
 
     def extra_repr(self):
         return super().extra_repr() + f", backward={self.backward_mode!r}"
@@ -73,21 +93,25 @@ class NoGradientWarning(UserWarning):
 def update_dispatch(model: torch.nn.Module) -> bool:
     """Re-choose the backward of every backward="auto" SparseSpikingLinear in `model` from
     the carrying share measured since the last call, and the path of every path="auto"
-    RecurrentLIF from its share of spiking columns; True if any choice changed. Warns
+    RecurrentLIF from its share of spiking columns, and every sparse layer's capacity from
+    its largest carrying count; True if any choice or capacity changed. Warns
     (NoGradientWarning) when a layer got no gradient at all: with a secondary threshold a
     network silent at initialisation never learns (no potential reaches it)."""
     changed = False
     for layer in model.modules():
-        if isinstance(layer, SparseSpikingLinear) and layer.backward_mode == "auto":
-            share = layer.carrying_share()
-            layer.last_share = share
-            if share == 0.0:
-                warnings.warn(f"{layer_name(layer)}: no output carried gradient since the last dispatch (the "
-                              "neurons after it never reached their grad_threshold), so no gradient reaches "
-                              "the layers before it: lower grad_threshold, or train dense until the network "
-                              "is active", NoGradientWarning, stacklevel=2)
-            if share is not None and (share <= layer.sparse_below) != layer.sparse:
-                layer.sparse = not layer.sparse
+        if isinstance(layer, SparseSpikingLinear):
+            share, most = layer._measured(reset=True)
+            if layer.backward_mode == "auto":
+                layer.last_share = share
+                if share == 0.0:
+                    warnings.warn(f"{layer_name(layer)}: no output carried gradient since the last dispatch (the "
+                                  "neurons after it never reached their grad_threshold), so no gradient reaches "
+                                  "the layers before it: lower grad_threshold, or train dense until the network "
+                                  "is active", NoGradientWarning, stacklevel=2)
+                if share is not None and (share <= layer.sparse_below) != layer.sparse:
+                    layer.sparse = not layer.sparse
+                    changed = True
+            if share is not None and layer.sparse and layer._update_capacity(most):
                 changed = True
         elif getattr(layer, "path", None) == "auto":  # RecurrentLIF: by the share of columns that spike
             share = layer.active_share()
