@@ -7,8 +7,9 @@ then only the outputs whose neurons came near threshold carry gradient, and the 
 backwards count the carrying outputs on the device (no host sync inside a step);
 `update_dispatch(model)`, called where the loop already reads the device (between epochs,
 or every few hundred steps), reads the counts and picks the sparse backward where the
-mean carrying share is at most `sparse_below` (0.35: where the sparse step stops paying at
-IPU width 4 and batch 64 on an H100, docs/sparse.md), the dense one elsewhere. It also sets
+mean carrying share is at most `sparse_below` (0.5: the sparse step paid up to about 0.6 at
+the IPU networks' widths 1 and 4, batches 8 and 64, on an H200, docs/sparse.md), the dense
+one elsewhere. It also sets
 each sparse layer's `capacity` (the carrying outputs its backward hands to cuBLAS, the rest
 to the Triton kernels: spikefuse.ops.sparse_linear) from the largest count it measured. It
 returns whether any layer changed its choice or capacity: a captured step must then be
@@ -26,11 +27,12 @@ from .layers import check_input, layer_name
 from .spiking_layers import SpikingLinear, _saved_bits
 
 BACKWARDS = ("auto", "sparse", "dense")
-# The carrying share up to which the sparse backward pays. Measured on one H100 with a fixed share
-# carrying (bench sparse --activity, sparse-dispatch-crossover-*): it breaks even near 0.57 at
-# IPU width 4 and batch 8, 0.35 at batch 64, above 0.7 at width 1; 0.25 flipped a run to dense
-# while sparse was still 1.45x faster (docs/sparse.md).
-SPARSE_BELOW = 0.35
+# The carrying share up to which the sparse backward pays. Measured on one H200 with a fixed share
+# carrying (bench sparse --activity 0.05,0.2,0.4,0.6, benchmarks/results/s29-2026-11-28/), the
+# capacity's cuBLAS products in: sparse / dense step 1.22x, 1.19x, 1.09x at 0.4 and 1.03x, 1.01x,
+# 1.04x at 0.6 (IPU width 4 batch 8, width 4 batch 64, width 1 batch 8). Before the capacity
+# (Triton kernels alone) the bound was 0.35, where batch 64 broke even on an H100.
+SPARSE_BELOW = 0.5
 CAPACITY_MARGIN = 1.25  # capacity: the largest count measured, times this, rounded up to CAPACITY_STEP
 CAPACITY_STEP = 64
 CAPACITY_KEEP = 0.6  # a capacity stays while the new target is above this share of it (fewer re-captures)
