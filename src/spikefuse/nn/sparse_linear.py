@@ -9,11 +9,10 @@ backwards count the carrying outputs on the device (no host sync inside a step);
 or every few hundred steps), reads the counts and picks the sparse backward where the
 mean carrying share is at most `sparse_below` (0.5: the sparse step paid up to about 0.6 at
 the IPU networks' widths 1 and 4, batches 8 and 64, on an H200, docs/sparse.md), the dense
-one elsewhere. It also sets
-each sparse layer's `capacity` (the carrying outputs its backward hands to cuBLAS, the rest
-to the Triton kernels: spikefuse.ops.sparse_linear) from the largest count it measured. It
-returns whether any layer changed its choice or capacity: a captured step must then be
-captured again.
+one elsewhere. It also sets each sparse layer's `capacity` (the carrying outputs its
+backward hands to cuBLAS, the rest to the Triton kernels: spikefuse.ops.sparse_linear) from
+the largest count it measured. It returns whether any layer changed its choice or capacity:
+a captured step must then be captured again.
 """
 from __future__ import annotations
 

@@ -189,7 +189,8 @@ def gather_carrying(gy2: torch.Tensor, capacity: int = 0) -> tuple[torch.Tensor,
     return gyt, cols, count
 
 
-def _row_tiles(rows: int, width: int) -> tuple[int, int]:
+def _block_grid(rows: int, width: int) -> tuple[int, int]:
+    """The grid of the block's gather or scatter: (column tiles, row tiles)."""
     return cdiv(width, BLOCK_TILE[1]), cdiv(rows, BLOCK_TILE[0])
 
 
@@ -203,7 +204,7 @@ def input_grad(gyt, weight, cols, count, precision, capacity: int = 0):
     if R > 0 and IN > 0:
         if capacity:
             block = torch.empty(capacity, IN, device=gyt.device, dtype=gyt.dtype)
-            _gather_rows_kernel[_row_tiles(capacity, IN)](w, cols, count, block, IN, capacity,
+            _gather_rows_kernel[_block_grid(capacity, IN)](w, cols, count, block, IN, capacity,
                                                           BK=BLOCK_TILE[0], BI=BLOCK_TILE[1])
             torch.mm(gyt[:capacity].t(), block, out=gs)
         br, bi, bk, warps, stages = INPUT_GRAD_TILES
@@ -223,7 +224,7 @@ def weight_grad(gyt, bits, cols, count, gw, precision, capacity: int = 0):
     if R > 0 and OUT > 0 and IN > 0:
         if capacity:
             block = gyt[:capacity] @ saved_spikes(bits, (R, IN), gyt.dtype)
-            _scatter_rows_kernel[_row_tiles(capacity, IN)](block, cols, count, gw, IN, capacity,
+            _scatter_rows_kernel[_block_grid(capacity, IN)](block, cols, count, gw, IN, capacity,
                                                            BK=BLOCK_TILE[0], BI=BLOCK_TILE[1])
         bk, bi, br, warps, stages = WEIGHT_GRAD_TILES
         programs = min(persistent_programs(gyt.device), cdiv(OUT, bk) * cdiv(IN, bi))
