@@ -12,7 +12,7 @@ spikefuse.train.Trainer as `fit` runs it (captured on CUDA, fp32 with TF32 matmu
                    epochs, LazyAdam;
 - dense-lazyadam:  the dense network with LazyAdam: the optimizer's own share of any
                    accuracy difference;
-- dense-free:      the dense run without the regulariser (only with a regulariser): the
+- dense-free:      the dense run without the regulariser (when one is given): the
                    accuracy the others are held to.
 Per epoch: wall time (training, evaluation, dispatch, re-capture), training samples/s, each
 hidden layer's firing rate, each sparse layer's carrying share and chosen backward, train
