@@ -596,7 +596,8 @@ def test_valid_edges_work():
     assert _pipeline_trainer(4, stages=1, timeout=2.5, pack_spikes=False, device="cpu").chunks == 4
     loss, outputs = _chunked(4, return_outputs=True)  # chunks == T
     assert outputs.shape == (4, 2, 2) and math.isfinite(loss.item())
-    assert _plan(rate=1.0, gpus=2**31 - 1).chosen.gpus == 1  # more GPUs than layers: noted, not refused
+    many = _plan(rate=1.0, gpus=2**31 - 1)  # more GPUs than layers: noted, not refused
+    assert many.gpus == 2**31 - 1 and many.chosen is many.best  # (which row is best is timed: reps=1 on a busy CPU)
     assert median_ms(int, warmup=0, min_reps=1, max_reps=1, budget_s=0, warmup_s=0)[1].__len__() == 1
     assert in_rounds(lambda call: call(), {"a": int}, 1) == ({"a": [0]}, {})
     import numpy as np
