@@ -67,31 +67,25 @@ def _gather_columns_kernel(gy_ptr, cols_ptr, count_ptr, gyt_ptr, R, OUT, CAP, BR
 
 @cached_launch
 @triton.jit
-def _gather_rows_kernel(w_ptr, cols_ptr, count_ptr, block_ptr, IN, CAP, BK: tl.constexpr, BI: tl.constexpr):
-    """block[k] = w[cols[k]] for k < min(count, CAP), 0 for count <= k < CAP."""
+def _listed_rows_kernel(src_ptr, cols_ptr, count_ptr, dst_ptr, IN, CAP, SCATTER: tl.constexpr,
+                        BK: tl.constexpr, BI: tl.constexpr):
+    """Between a matrix's listed rows and a block of them, for k < min(count, CAP): gather
+    dst[k] = src[cols[k]] (and dst[k] = 0 for count <= k < CAP: the block's padding), or
+    scatter dst[cols[k]] = src[k] (SCATTER)."""
     k = tl.program_id(1) * BK + tl.arange(0, BK)
     i = tl.program_id(0) * BI + tl.arange(0, BI)
     n = tl.load(count_ptr)
     taken = (k < n) & (k < CAP)
     col = tl.load(cols_ptr + k, mask=taken, other=0).to(tl.int64)
-    w = tl.load(w_ptr + col[:, None] * IN + i[None, :], mask=taken[:, None] & (i < IN)[None, :], other=0.0)
-    tl.store(block_ptr + k.to(tl.int64)[:, None] * IN + i[None, :], w.to(block_ptr.dtype.element_ty),
-             mask=(k < CAP)[:, None] & (i < IN)[None, :])
-
-
-@cached_launch
-@triton.jit
-def _scatter_rows_kernel(block_ptr, cols_ptr, count_ptr, gw_ptr, IN, CAP, BK: tl.constexpr, BI: tl.constexpr):
-    """gw[cols[k]] = block[k] for k < min(count, CAP)."""
-    k = tl.program_id(1) * BK + tl.arange(0, BK)
-    i = tl.program_id(0) * BI + tl.arange(0, BI)
-    n = tl.load(count_ptr)
-    if tl.program_id(1) * BK < n:
-        taken = (k < n) & (k < CAP)
-        mask = taken[:, None] & (i < IN)[None, :]
-        col = tl.load(cols_ptr + k, mask=taken, other=0).to(tl.int64)
-        g = tl.load(block_ptr + k.to(tl.int64)[:, None] * IN + i[None, :], mask=mask, other=0.0)
-        tl.store(gw_ptr + col[:, None] * IN + i[None, :], g.to(gw_ptr.dtype.element_ty), mask=mask)
+    listed = col[:, None] * IN + i[None, :]
+    packed = k.to(tl.int64)[:, None] * IN + i[None, :]
+    in_row = (i < IN)[None, :]
+    if SCATTER:
+        v = tl.load(src_ptr + packed, mask=taken[:, None] & in_row, other=0.0)
+        tl.store(dst_ptr + listed, v.to(dst_ptr.dtype.element_ty), mask=taken[:, None] & in_row)
+    else:
+        v = tl.load(src_ptr + listed, mask=taken[:, None] & in_row, other=0.0)
+        tl.store(dst_ptr + packed, v.to(dst_ptr.dtype.element_ty), mask=(k < CAP)[:, None] & in_row)
 
 
 @cached_launch
@@ -204,7 +198,7 @@ def input_grad(gyt, weight, cols, count, precision, capacity: int = 0):
     if R > 0 and IN > 0:
         if capacity:
             block = torch.empty(capacity, IN, device=gyt.device, dtype=gyt.dtype)
-            _gather_rows_kernel[_block_grid(capacity, IN)](w, cols, count, block, IN, capacity,
+            _listed_rows_kernel[_block_grid(capacity, IN)](w, cols, count, block, IN, capacity, SCATTER=False,
                                                           BK=BLOCK_TILE[0], BI=BLOCK_TILE[1])
             torch.mm(gyt[:capacity].t(), block, out=gs)
         br, bi, bk, warps, stages = INPUT_GRAD_TILES
@@ -224,8 +218,8 @@ def weight_grad(gyt, bits, cols, count, gw, precision, capacity: int = 0):
     if R > 0 and OUT > 0 and IN > 0:
         if capacity:
             block = gyt[:capacity] @ saved_spikes(bits, (R, IN), gyt.dtype)
-            _scatter_rows_kernel[_block_grid(capacity, IN)](block, cols, count, gw, IN, capacity,
-                                                           BK=BLOCK_TILE[0], BI=BLOCK_TILE[1])
+            _listed_rows_kernel[_block_grid(capacity, IN)](block, cols, count, gw, IN, capacity, SCATTER=True,
+                                                          BK=BLOCK_TILE[0], BI=BLOCK_TILE[1])
         bk, bi, br, warps, stages = WEIGHT_GRAD_TILES
         programs = min(persistent_programs(gyt.device), cdiv(OUT, bk) * cdiv(IN, bi))
         _weight_grad_kernel[(programs,)](gyt, bits, cols, count, gw, R, IN, capacity, programs, BK=bk, BI=bi,
